@@ -1,0 +1,42 @@
+# gpubot: `make run` starts the bot (Slack when tokens are set, otherwise the local console);
+# `make test` sets up what it needs and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint agent bench clean
+
+run: $(STAMP)
+	@$(BIN)/gpubot
+
+test: $(STAMP) $(VENV)/.torch agent
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+agent: $(STAMP)
+	@$(BIN)/python -m agents.zipapp dist/gpu-agent.pyz >&2
+
+bench: $(STAMP) agent
+	$(BIN)/python bench/agent_status.py
+	$(BIN)/python bench/fleet_status.py
+	$(BIN)/python bench/ack_latency.py
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
+	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
+	@$(BIN)/python -m pip install --quiet -e '.[dev]' >&2
+	@touch $@
+
+# The CPU build of PyTorch serves the CUDA-check tests (a CPU-only build must fail them).
+$(VENV)/.torch: $(STAMP)
+	@$(BIN)/python -m pip install --quiet '$(TORCH_SPEC)' >&2
+	@touch $@
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info

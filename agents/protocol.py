@@ -1,0 +1,311 @@
+"""The agent's JSON schema as frozen dataclasses: the agent prints them, the bot parses them.
+
+Runs on Python 3.9 with the standard library only. Every document carries ``"schema": 1``;
+fields carry their unit in their name. A value the hardware or driver does not report is
+``None`` (JSON ``null``), never an error. Unknown keys are ignored so that a newer agent can
+add fields without breaking an older bot.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
+
+SCHEMA_VERSION = 1
+
+#: ``nvml_error.code`` values.
+NVML_ERROR_CODES = (
+    "library_not_found",
+    "driver_not_loaded",
+    "no_permission",
+    "blocked_by_os",
+    "driver_library_mismatch",
+    "gpu_lost",
+    "unknown",
+)
+
+#: Health check outcomes, best first; a report's status is the worst of its checks.
+CHECK_STATUSES = ("pass", "skip", "warn", "fail")
+
+#: Job states; the last four are final.
+JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
+FINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """A document that is not valid JSON of the expected schema version and shape."""
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """The machine the agent runs on."""
+
+    hostname: str
+    os: str
+    kernel: str
+    python_version: str
+    agent_version: str
+    cpu_count: int
+    mem_total_bytes: Optional[int]
+    uptime_s: Optional[float]
+    in_container: bool
+    is_wsl: bool
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The NVIDIA driver: ``version`` like "550.54.15", ``cuda_version`` the highest CUDA it supports."""
+
+    version: str
+    cuda_version: Optional[str]
+    nvml_version: Optional[str]
+
+
+@dataclass(frozen=True)
+class NvmlError:
+    """Why NVML could not be used, with a hint a newcomer can act on."""
+
+    code: str
+    message: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU at one moment. ``None`` means not supported or not reported by this GPU/driver."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    mem_total_bytes: Optional[int]
+    mem_used_bytes: Optional[int]
+    mem_free_bytes: Optional[int]
+    util_gpu_pct: Optional[int]
+    util_mem_pct: Optional[int]
+    temp_c: Optional[int]
+    power_draw_w: Optional[float]
+    power_limit_w: Optional[float]
+    power_default_limit_w: Optional[float]
+    sm_clock_mhz: Optional[int]
+    sm_clock_max_mhz: Optional[int]
+    clock_event_reasons: Optional[Tuple[str, ...]]
+    ecc_mode_enabled: Optional[bool]
+    ecc_uncorrected_volatile: Optional[int]
+    remapped_rows_pending: Optional[bool]
+    remapped_rows_failure: Optional[bool]
+    retired_pages_pending: Optional[bool]
+    pcie_gen_current: Optional[int]
+    pcie_gen_max: Optional[int]
+    pcie_width_current: Optional[int]
+    pcie_width_max: Optional[int]
+    persistence_mode: Optional[bool]
+    mig_mode: Optional[bool]
+    compute_capability: Optional[str]
+    sm_count: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProcessSnapshot:
+    """A process holding GPU memory; ``job_id`` is set when an agent job started it."""
+
+    gpu_index: int
+    pid: int
+    user: Optional[str]
+    command: Optional[str]
+    used_mem_bytes: Optional[int]
+    job_id: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """``gpu-agent status --json``. ``driver`` is None and ``nvml_error`` set when NVML failed."""
+
+    host: HostInfo
+    driver: Optional[DriverInfo]
+    nvml_error: Optional[NvmlError]
+    gpus: Tuple[GpuSnapshot, ...]
+    processes: Tuple[ProcessSnapshot, ...]
+    collected_at: str
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """One check: ``status`` is pass, warn, fail or skip; ``hint`` says what to do ("" on pass)."""
+
+    id: str
+    status: str
+    summary: str
+    hint: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """``gpu-agent health --json``: ``status`` is the worst status among the checks."""
+
+    status: str
+    checks: Tuple[HealthCheck, ...]
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class JobGpuStat:
+    """What one GPU did during a job: average utilisation % and peak memory in bytes."""
+
+    index: int
+    util_avg_pct: Optional[float]
+    mem_peak_bytes: Optional[int]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A finding about a job a person can act on, e.g. code "dataloader_bound"."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """Filled in when a job ends."""
+
+    duration_s: float
+    cpu_avg_pct: Optional[float]
+    gpus: Tuple[JobGpuStat, ...]
+    diagnoses: Tuple[Diagnosis, ...]
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job on an instance; times are ISO 8601 UTC strings."""
+
+    id: str
+    name: Optional[str]
+    state: str
+    command: Tuple[str, ...]
+    user: Optional[str]
+    gpus_requested: Optional[str]
+    gpus_assigned: Tuple[int, ...]
+    retries: int
+    attempt: int
+    created_at: str
+    started_at: Optional[str]
+    finished_at: Optional[str]
+    exit_code: Optional[int]
+    summary: Optional[JobSummary] = None
+
+
+@dataclass(frozen=True)
+class JobList:
+    """``gpu-agent jobs --json``."""
+
+    jobs: Tuple[JobRecord, ...]
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class WhoGpu:
+    """One GPU and every process on it, with the agent job that started it where known."""
+
+    index: int
+    name: str
+    processes: Tuple[ProcessSnapshot, ...]
+
+
+@dataclass(frozen=True)
+class WhoReport:
+    """``gpu-agent who --json``."""
+
+    gpus: Tuple[WhoGpu, ...]
+    schema: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """``gpu-agent version --json``."""
+
+    agent_version: str
+    python_version: str
+    schema: int = SCHEMA_VERSION
+
+
+# Which fields hold nested documents: name -> (class, is a list).
+_NESTING: Dict[type, Dict[str, Tuple[type, bool]]] = {
+    StatusSnapshot: {
+        "host": (HostInfo, False),
+        "driver": (DriverInfo, False),
+        "nvml_error": (NvmlError, False),
+        "gpus": (GpuSnapshot, True),
+        "processes": (ProcessSnapshot, True),
+    },
+    HealthReport: {"checks": (HealthCheck, True)},
+    JobSummary: {"gpus": (JobGpuStat, True), "diagnoses": (Diagnosis, True)},
+    JobRecord: {"summary": (JobSummary, False)},
+    JobList: {"jobs": (JobRecord, True)},
+    WhoGpu: {"processes": (ProcessSnapshot, True)},
+    WhoReport: {"gpus": (WhoGpu, True)},
+}
+
+
+def to_dict(doc: Any) -> Dict[str, Any]:
+    """A dataclass document as plain JSON-ready data (tuples become lists)."""
+    return asdict(doc)
+
+
+def dumps(doc: Any) -> str:
+    """A document as one line of JSON."""
+    return json.dumps(to_dict(doc), separators=(",", ":"), sort_keys=True)
+
+
+def loads(cls: Type[T], text: str) -> T:
+    """Parse ``text`` as a ``cls`` document. Raises ProtocolError on bad JSON, schema or shape."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {exc}") from exc
+    return from_dict(cls, data)
+
+
+def from_dict(cls: Type[T], data: Any) -> T:
+    """Build a ``cls`` document from parsed JSON. Raises ProtocolError when it does not fit."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    if "schema" in names and data.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ProtocolError(
+            f"{cls.__name__}: schema {data.get('schema')!r}, this build reads {SCHEMA_VERSION}"
+        )
+    nested = _NESTING.get(cls, {})
+    kwargs: Dict[str, Any] = {}
+    for f in fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        sub = nested.get(f.name)
+        if sub is not None and value is not None:
+            sub_cls, many = sub
+            if many:
+                if not isinstance(value, list):
+                    raise ProtocolError(f"{cls.__name__}.{f.name}: expected a list")
+                value = tuple(from_dict(sub_cls, item) for item in value)
+            else:
+                value = from_dict(sub_cls, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ProtocolError(f"{cls.__name__}: {exc}") from exc
+
+
+def worst_status(statuses: Tuple[str, ...]) -> str:
+    """The worst of some check statuses (fail > warn > skip > pass); "pass" for none."""
+    order = {name: rank for rank, name in enumerate(CHECK_STATUSES)}
+    return max(statuses, key=lambda s: order[s], default="pass")

@@ -1,0 +1,5 @@
+"""gpubot: Slack chat-ops for rented GPU instances."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"

@@ -1,0 +1,135 @@
+"""The one error tree. Every error a user can see says what went wrong and what to do.
+
+Outside errors (paramiko, SQLAlchemy, boto3, HTTP) are translated into these at the module that
+owns the outside thing, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class GpubotError(Exception):
+    """Base of every error the bot expects; ``str(err)`` is fit to show a user."""
+
+    #: Shown to the user as the next step; empty when the message already says it.
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+    @property
+    def message(self) -> str:
+        """The message, without the hint."""
+        return str(self.args[0]) if self.args else ""
+
+    def user_text(self) -> str:
+        """The message and, where there is one, the hint."""
+        return f"{self.message}\n{self.hint}" if self.hint else self.message
+
+
+class ConfigError(GpubotError):
+    """A setting in the environment cannot be used."""
+
+
+class UsageError(GpubotError):
+    """A command was typed wrong; ``usage`` holds the command's usage line."""
+
+    def __init__(self, message: str, *, usage: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.usage = usage
+
+
+class NotFound(GpubotError):
+    """A named instance, job or other thing does not exist."""
+
+
+class Conflict(GpubotError):
+    """The request clashes with the current state (a name in use, already released ...)."""
+
+
+class NotAuthorized(GpubotError):
+    """The user may not change this; only its owner or an admin may."""
+
+
+class BudgetExceeded(NotAuthorized):
+    """A budget's cap is reached: new rentals and extensions need an admin."""
+
+
+# --- Fleet: reaching instances and their agent ---------------------------------------------
+
+
+class FleetError(GpubotError):
+    """Talking to an instance failed; ``instance`` names it where known."""
+
+    def __init__(self, message: str, *, instance: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.instance = instance
+
+
+class Unreachable(FleetError):
+    """The host did not answer, refused the connection, or the connection dropped or timed out."""
+
+    hint = "Check that the instance is running and that its SSH port is open to the bot."
+
+
+class AuthenticationFailed(FleetError):
+    """The instance refused the bot's key."""
+
+    hint = "Add the bot's public key to ~/.ssh/authorized_keys of that user on the instance."
+
+
+class HostKeyChanged(FleetError):
+    """The host key differs from the one pinned at registration: refused, owner alerted."""
+
+    hint = (
+        "If the instance was rebuilt, re-register it; otherwise treat this as a possible "
+        "man-in-the-middle and do not use the instance."
+    )
+
+
+class AgentMissing(FleetError):
+    """gpu-agent is not on the instance (or no usable Python 3.9+ is)."""
+
+    hint = "Install python3 (3.9 or newer) on the instance; the bot uploads the agent itself."
+
+
+class AgentBroken(FleetError):
+    """The agent ran but failed or printed something that is not its JSON."""
+
+
+class CommandTimeout(Unreachable):
+    """A command on the instance did not finish in time."""
+
+
+# --- Providers ------------------------------------------------------------------------------
+
+
+class ProviderError(GpubotError):
+    """A platform API call failed; ``retryable`` tells whether trying again may help."""
+
+    retryable: bool = True
+
+    def __init__(
+        self, message: str, *, retryable: bool | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class ProviderAuthError(ProviderError):
+    """The platform rejected the API key (401/403)."""
+
+    retryable = False
+    hint = "Check the provider's API key in the bot's environment."
+
+
+class ProviderRateLimited(ProviderError):
+    """The platform asked to slow down (429)."""
+
+
+class ProviderNotFound(ProviderError):
+    """The platform does not know the instance (404): for a release, already gone."""
+
+    retryable = False

@@ -1,0 +1,51 @@
+"""How services speak first (warnings, completion replies, digests) without knowing Slack.
+
+The Slack implementation wraps the Web API client; the console's prints to the terminal; tests
+use either against the local Slack stand-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class MessageRef:
+    """Where a posted message lives, so it can be updated or replied to in its thread."""
+
+    channel: str
+    ts: str
+
+
+class Notifier(Protocol):
+    """Outgoing messages. Every method raises bot.errors.GpubotError subclasses on failure."""
+
+    def post(
+        self,
+        channel: str,
+        text: str,
+        blocks: Sequence[dict[str, Any]] = (),
+        *,
+        thread_ts: str | None = None,
+    ) -> MessageRef:
+        """Post to a channel ID (or a user ID, which opens a DM); ``text`` is the fallback."""
+        ...
+
+    def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
+        """Replace a message the bot posted."""
+        ...
+
+    def upload_file(
+        self,
+        channel: str,
+        filename: str,
+        content: bytes,
+        *,
+        title: str,
+        comment: str = "",
+        thread_ts: str | None = None,
+    ) -> None:
+        """Share a file (chart PNG, CSV) in a channel."""
+        ...

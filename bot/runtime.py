@@ -1,0 +1,39 @@
+"""The running bot's parts, handed to every handler and service entry point.
+
+Built once by ``bot.app.build_runtime`` (Slack and the console share it); tests build their own
+with a controlled clock, a temporary store and the Slack stand-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from bot.settings import Settings
+
+if TYPE_CHECKING:
+    from bot.fleet.fleet import Fleet
+    from bot.notify import Notifier
+    from bot.providers.base import ProviderRegistry
+    from bot.store.db import Database
+
+
+@dataclass
+class Runtime:
+    """Settings, store, fleet, providers, outgoing messages, the clock (naive UTC) and the
+    executor that runs slow work after a listener has acked."""
+
+    settings: Settings
+    db: Database
+    fleet: Fleet
+    providers: ProviderRegistry
+    notifier: Notifier
+    clock: Callable[[], datetime]
+    executor: Executor
+
+    def now(self) -> datetime:
+        """The current time, naive UTC, from the injected clock."""
+        return self.clock()

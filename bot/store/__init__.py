@@ -1,0 +1,3 @@
+"""The store: SQLModel tables, sessions and Alembic migrations (SQLite by default, PostgreSQL by URL)."""
+
+from __future__ import annotations

@@ -1,0 +1,256 @@
+"""Tables. Times are UTC (naive datetimes holding UTC, see ``utcnow``); money is integer micro-units
+of the configured currency (1 USD = 1_000_000 micros).
+
+Deadlines, prompts, releases, jobs and charges are rows: the scheduler only calls ``tick(now)``
+and everything it must not drop or double is guarded by a unique key here.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import Column, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+MICROS = 1_000_000
+
+
+def utcnow() -> datetime:
+    """Now in UTC, naive, as stored."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Person(SQLModel, table=True):
+    """A Slack user the bot knows (owners, requesters)."""
+
+    slack_id: str = Field(primary_key=True, max_length=64)
+    display_name: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Instance(SQLModel, table=True):
+    """A rented GPU instance. ``state``: registering, active, releasing, awaiting_confirmation,
+    released, lost. Names are unique among instances that are not released."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, max_length=64)
+    owner_id: str = Field(foreign_key="person.slack_id", max_length=64)
+    channel_id: str | None = Field(default=None, max_length=64)
+    project: str | None = Field(default=None, max_length=100, index=True)
+    state: str = Field(default="registering", max_length=32, index=True)
+
+    # Where it runs and how the bot reaches it.
+    provider: str = Field(default="manual", max_length=32)
+    provider_instance_id: str | None = Field(default=None, max_length=200)
+    host: str = Field(max_length=255)
+    port: int = 22
+    ssh_user: str = Field(max_length=64)
+    ssh_key_path: str | None = Field(default=None, max_length=1000)
+    host_key_type: str | None = Field(default=None, max_length=64)
+    host_key_b64: str | None = Field(default=None, sa_column=Column(Text))
+    host_key_fingerprint: str | None = Field(default=None, max_length=128)
+    python_path: str | None = Field(default=None, max_length=1000)
+    agent_version: str | None = Field(default=None, max_length=32)
+
+    # What was rented, and what was delivered.
+    gpu_model: str | None = Field(default=None, max_length=64)
+    gpu_count: int | None = None
+    delivered_gpu_name: str | None = Field(default=None, max_length=128)
+    delivered_gpu_count: int | None = None
+
+    # Billing rules (see bot.billing).
+    price_micros: int = 0
+    price_per: str = Field(default="instance_hour", max_length=16)  # or gpu_hour
+    billing_increment: str = Field(default="second", max_length=8)  # second, minute, hour
+    min_charge_s: int = 0
+    billing_from: str = Field(default="created", max_length=16)  # created, ssh_ready
+    disk_gb: float | None = None
+    storage_micros_per_gb_month: int = 0
+    egress_micros_per_gb: int = 0
+    currency: str = Field(default="USD", max_length=8)
+
+    # Life cycle (UTC).
+    created_at: datetime = Field(default_factory=utcnow)
+    ssh_ready_at: datetime | None = None
+    stopped_at: datetime | None = None  # compute stopped, storage may still bill
+    storage_deleted_at: datetime | None = None
+    released_at: datetime | None = None
+    release_mode: str | None = Field(default=None, max_length=16)  # terminate, stop
+
+    # Deadline and policy.
+    deadline_at: datetime | None = Field(default=None, index=True)
+    deadline_policy: str = Field(default="release", max_length=16)  # release, wait-for-jobs
+    max_grace_s: int = 3600
+    lifetime_cap_at: datetime | None = None  # set by an admin; only an admin lifts it
+    idle_release_after_s: int | None = None
+    release_when_done: bool = False
+
+    # Last poll of the agent.
+    last_polled_at: datetime | None = None
+    last_poll_ok: bool | None = None
+    last_status_json: str | None = Field(default=None, sa_column=Column(Text))
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    idle_since: datetime | None = None
+
+
+class InstanceAccess(SQLModel, table=True):
+    """People the owner allowed to run and cancel jobs on an instance."""
+
+    __table_args__ = (UniqueConstraint("instance_id", "person_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    person_id: str = Field(foreign_key="person.slack_id", max_length=64)
+    granted_by: str = Field(max_length=64)
+    granted_at: datetime = Field(default_factory=utcnow)
+
+
+class Prompt(SQLModel, table=True):
+    """Something the bot asked or told a person: a deadline warning, idle prompt, release confirmation.
+
+    ``key`` makes it unique per instance, so a restart never sends it twice (for a deadline warning
+    the key names the offset and the deadline it refers to). ``sent_at`` is set once posted.
+    """
+
+    __table_args__ = (UniqueConstraint("instance_id", "kind", "key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    kind: str = Field(max_length=32)
+    key: str = Field(max_length=128)
+    recipient: str = Field(max_length=64)
+    due_at: datetime
+    created_at: datetime = Field(default_factory=utcnow)
+    sent_at: datetime | None = None
+    channel_id: str | None = Field(default=None, max_length=64)
+    message_ts: str | None = Field(default=None, max_length=64)
+    resolved_at: datetime | None = None
+    resolved_by: str | None = Field(default=None, max_length=64)
+    resolution: str | None = Field(default=None, max_length=64)
+
+
+class Release(SQLModel, table=True):
+    """A request to release an instance; ``state``: pending, in_progress, confirmed, failed,
+    escalated, awaiting_owner (manual provider). Marked confirmed only when the provider says so."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    reason: str = Field(max_length=32)  # user, deadline, idle, jobs_done, reconcile
+    mode: str = Field(default="terminate", max_length=16)
+    requested_by: str = Field(max_length=64)
+    requested_at: datetime = Field(default_factory=utcnow)
+    state: str = Field(default="pending", max_length=32, index=True)
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    confirmed_at: datetime | None = None
+    escalated_at: datetime | None = None
+
+
+class Job(SQLModel, table=True):
+    """A job submitted through the bot; ``agent_job_id`` is the agent's id on the instance.
+
+    ``replied_at`` is set in the same transaction that records the completion reply, so every
+    finished job gets exactly one reply.
+    """
+
+    __table_args__ = (UniqueConstraint("instance_id", "agent_job_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    agent_job_id: str = Field(max_length=64)
+    requested_by: str = Field(max_length=64)
+    command_json: str = Field(sa_column=Column(Text))
+    gpus: str | None = Field(default=None, max_length=64)
+    gpu_count: int = 0
+    retries: int = 0
+    release_when_done: bool = False
+    state: str = Field(default="queued", max_length=16, index=True)
+    submitted_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    summary_json: str | None = Field(default=None, sa_column=Column(Text))
+    channel_id: str | None = Field(default=None, max_length=64)
+    message_ts: str | None = Field(default=None, max_length=64)
+    reply_claimed_at: datetime | None = None
+    replied_at: datetime | None = None
+    cost_micros: int | None = None
+
+
+class Charge(SQLModel, table=True):
+    """Money owed for one instance over [start_at, end_at): ``kind`` compute, storage or egress.
+
+    Unique per (instance, kind, start_at), so re-running the ledger never charges twice.
+    """
+
+    __table_args__ = (UniqueConstraint("instance_id", "kind", "start_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    kind: str = Field(max_length=16)
+    start_at: datetime = Field(index=True)
+    end_at: datetime
+    billed_s: int = 0
+    amount_micros: int = 0
+    currency: str = Field(default="USD", max_length=8)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class UtilSample(SQLModel, table=True):
+    """One poll of an instance: mean GPU utilisation %; ``ok`` False when the poll failed
+    (a failed poll counts as active, never idle)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    instance_id: int = Field(foreign_key="instance.id", index=True)
+    at: datetime = Field(index=True)
+    ok: bool = True
+    util_avg_pct: float | None = None
+    gpu_procs: int = 0
+    running_jobs: int = 0
+
+
+class Budget(SQLModel, table=True):
+    """A monthly budget for a user or a project."""
+
+    __table_args__ = (UniqueConstraint("scope", "subject"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    scope: str = Field(max_length=16)  # user, project
+    subject: str = Field(max_length=100)
+    limit_micros: int
+    created_by: str = Field(max_length=64)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class BudgetAlert(SQLModel, table=True):
+    """A budget alert sent: once per budget, month and threshold (50, 80, 100)."""
+
+    __table_args__ = (UniqueConstraint("budget_id", "month", "threshold_pct"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    budget_id: int = Field(foreign_key="budget.id", index=True)
+    month: str = Field(max_length=7)
+    threshold_pct: int
+    sent_at: datetime = Field(default_factory=utcnow)
+
+
+class Digest(SQLModel, table=True):
+    """The monthly digest of ``month`` ("YYYY-MM"): claimed before posting, so exactly one is sent."""
+
+    month: str = Field(primary_key=True, max_length=7)
+    claimed_at: datetime = Field(default_factory=utcnow)
+    posted_at: datetime | None = None
+    channel_id: str | None = Field(default=None, max_length=64)
+    message_ts: str | None = Field(default=None, max_length=64)
+
+
+class AuditLog(SQLModel, table=True):
+    """Who changed what, when."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, index=True)
+    actor: str = Field(max_length=64)
+    action: str = Field(max_length=64)
+    instance_id: int | None = Field(default=None, foreign_key="instance.id", index=True)
+    details_json: str = Field(default="{}", sa_column=Column(Text))
