@@ -1,0 +1,27 @@
+"""Shared test setup. Fixtures live in tests/fixtures/, one module per outside thing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins = [
+    "tests.fixtures.fake_nvml",
+    "tests.fixtures.sshd",
+    "tests.fixtures.slack",
+    "tests.fixtures.store",
+    "tests.fixtures.providers",
+]
+
+HAS_GPU = os.path.exists("/dev/nvidiactl")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests need a real NVIDIA GPU: skipped elsewhere, with the reason in the summary."""
+    if HAS_GPU:
+        return
+    no_gpu = pytest.mark.skip(reason="needs an NVIDIA GPU and driver (/dev/nvidiactl)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_gpu)
