@@ -57,7 +57,7 @@ class HostInfo:
 
 @dataclass(frozen=True)
 class DriverInfo:
-    """The NVIDIA driver: ``version`` like "550.54.15", ``cuda_version`` the highest CUDA it supports."""
+    """The NVIDIA driver: ``version`` like "550.54.15"; ``cuda_version``, the newest CUDA."""
 
     version: str
     cuda_version: Optional[str]

@@ -62,7 +62,9 @@ class BudgetExceeded(NotAuthorized):
 class FleetError(GpubotError):
     """Talking to an instance failed; ``instance`` names it where known."""
 
-    def __init__(self, message: str, *, instance: str | None = None, hint: str | None = None):
+    def __init__(
+        self, message: str, *, instance: str | None = None, hint: str | None = None
+    ) -> None:
         super().__init__(message, hint=hint)
         self.instance = instance
 

@@ -91,7 +91,9 @@ class Settings:
             if env.get(var):
                 values[name] = _number(var, env[var])
         if env.get("GPUBOT_IDLE_WINDOW_S"):
-            values["idle_window_s"] = int(_number("GPUBOT_IDLE_WINDOW_S", env["GPUBOT_IDLE_WINDOW_S"]))
+            values["idle_window_s"] = int(
+                _number("GPUBOT_IDLE_WINDOW_S", env["GPUBOT_IDLE_WINDOW_S"])
+            )
         values.update(overrides)
         settings = cls(**values)
         settings.tz()  # fail early on an unknown zone

@@ -32,7 +32,7 @@ _PRICE_UNITS = {
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90m``, ``2h``, ``1h30m``, ``3d``, ``45s``, ``1.5h`` as a positive timedelta (at most a year)."""
+    """``90m``, ``2h``, ``1h30m``, ``3d``, ``1.5h`` as a positive timedelta (at most a year)."""
     raw = text.strip().lower()
     pos = 0
     total = Decimal(0)

@@ -106,7 +106,7 @@ class InstanceAccess(SQLModel, table=True):
 
 
 class Prompt(SQLModel, table=True):
-    """Something the bot asked or told a person: a deadline warning, idle prompt, release confirmation.
+    """Something the bot asked or told a person: a deadline warning, an idle prompt, a confirmation.
 
     ``key`` makes it unique per instance, so a restart never sends it twice (for a deadline warning
     the key names the offset and the deadline it refers to). ``sent_at`` is set once posted.
@@ -236,7 +236,7 @@ class BudgetAlert(SQLModel, table=True):
 
 
 class Digest(SQLModel, table=True):
-    """The monthly digest of ``month`` ("YYYY-MM"): claimed before posting, so exactly one is sent."""
+    """The digest of ``month`` ("YYYY-MM"): claimed before posting, so exactly one is sent."""
 
     month: str = Field(primary_key=True, max_length=7)
     claimed_at: datetime = Field(default_factory=utcnow)
