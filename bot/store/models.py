@@ -3,12 +3,16 @@ of the configured currency (1 USD = 1_000_000 micros).
 
 Deadlines, prompts, releases, jobs and charges are rows: the scheduler only calls ``tick(now)``
 and everything it must not drop or double is guarded by a unique key here.
+
+Time columns are annotated ``NaiveDatetime`` so SQLModel maps them to a plain ``DateTime``
+(a bare ``datetime`` would become its UTC-aware type, which rejects naive values).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from pydantic import NaiveDatetime
 from sqlalchemy import Column, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -25,7 +29,7 @@ class Person(SQLModel, table=True):
 
     slack_id: str = Field(primary_key=True, max_length=64)
     display_name: str | None = Field(default=None, max_length=200)
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class Instance(SQLModel, table=True):
@@ -70,27 +74,27 @@ class Instance(SQLModel, table=True):
     currency: str = Field(default="USD", max_length=8)
 
     # Life cycle (UTC).
-    created_at: datetime = Field(default_factory=utcnow)
-    ssh_ready_at: datetime | None = None
-    stopped_at: datetime | None = None  # compute stopped, storage may still bill
-    storage_deleted_at: datetime | None = None
-    released_at: datetime | None = None
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
+    ssh_ready_at: NaiveDatetime | None = None
+    stopped_at: NaiveDatetime | None = None  # compute stopped, storage may still bill
+    storage_deleted_at: NaiveDatetime | None = None
+    released_at: NaiveDatetime | None = None
     release_mode: str | None = Field(default=None, max_length=16)  # terminate, stop
 
     # Deadline and policy.
-    deadline_at: datetime | None = Field(default=None, index=True)
+    deadline_at: NaiveDatetime | None = Field(default=None, index=True)
     deadline_policy: str = Field(default="release", max_length=16)  # release, wait-for-jobs
     max_grace_s: int = 3600
-    lifetime_cap_at: datetime | None = None  # set by an admin; only an admin lifts it
+    lifetime_cap_at: NaiveDatetime | None = None  # set by an admin; only an admin lifts it
     idle_release_after_s: int | None = None
     release_when_done: bool = False
 
     # Last poll of the agent.
-    last_polled_at: datetime | None = None
+    last_polled_at: NaiveDatetime | None = None
     last_poll_ok: bool | None = None
     last_status_json: str | None = Field(default=None, sa_column=Column(Text))
     last_error: str | None = Field(default=None, sa_column=Column(Text))
-    idle_since: datetime | None = None
+    idle_since: NaiveDatetime | None = None
 
 
 class InstanceAccess(SQLModel, table=True):
@@ -102,7 +106,7 @@ class InstanceAccess(SQLModel, table=True):
     instance_id: int = Field(foreign_key="instance.id", index=True)
     person_id: str = Field(foreign_key="person.slack_id", max_length=64)
     granted_by: str = Field(max_length=64)
-    granted_at: datetime = Field(default_factory=utcnow)
+    granted_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class Prompt(SQLModel, table=True):
@@ -119,12 +123,12 @@ class Prompt(SQLModel, table=True):
     kind: str = Field(max_length=32)
     key: str = Field(max_length=128)
     recipient: str = Field(max_length=64)
-    due_at: datetime
-    created_at: datetime = Field(default_factory=utcnow)
-    sent_at: datetime | None = None
+    due_at: NaiveDatetime
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
+    sent_at: NaiveDatetime | None = None
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
-    resolved_at: datetime | None = None
+    resolved_at: NaiveDatetime | None = None
     resolved_by: str | None = Field(default=None, max_length=64)
     resolution: str | None = Field(default=None, max_length=64)
 
@@ -138,13 +142,13 @@ class Release(SQLModel, table=True):
     reason: str = Field(max_length=32)  # user, deadline, idle, jobs_done, reconcile
     mode: str = Field(default="terminate", max_length=16)
     requested_by: str = Field(max_length=64)
-    requested_at: datetime = Field(default_factory=utcnow)
+    requested_at: NaiveDatetime = Field(default_factory=utcnow)
     state: str = Field(default="pending", max_length=32, index=True)
     attempts: int = 0
-    next_attempt_at: datetime | None = None
+    next_attempt_at: NaiveDatetime | None = None
     last_error: str | None = Field(default=None, sa_column=Column(Text))
-    confirmed_at: datetime | None = None
-    escalated_at: datetime | None = None
+    confirmed_at: NaiveDatetime | None = None
+    escalated_at: NaiveDatetime | None = None
 
 
 class Job(SQLModel, table=True):
@@ -166,15 +170,15 @@ class Job(SQLModel, table=True):
     retries: int = 0
     release_when_done: bool = False
     state: str = Field(default="queued", max_length=16, index=True)
-    submitted_at: datetime = Field(default_factory=utcnow)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    submitted_at: NaiveDatetime = Field(default_factory=utcnow)
+    started_at: NaiveDatetime | None = None
+    finished_at: NaiveDatetime | None = None
     exit_code: int | None = None
     summary_json: str | None = Field(default=None, sa_column=Column(Text))
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
-    reply_claimed_at: datetime | None = None
-    replied_at: datetime | None = None
+    reply_claimed_at: NaiveDatetime | None = None
+    replied_at: NaiveDatetime | None = None
     cost_micros: int | None = None
 
 
@@ -189,12 +193,12 @@ class Charge(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
     kind: str = Field(max_length=16)
-    start_at: datetime = Field(index=True)
-    end_at: datetime
+    start_at: NaiveDatetime = Field(index=True)
+    end_at: NaiveDatetime
     billed_s: int = 0
     amount_micros: int = 0
     currency: str = Field(default="USD", max_length=8)
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class UtilSample(SQLModel, table=True):
@@ -203,7 +207,7 @@ class UtilSample(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
-    at: datetime = Field(index=True)
+    at: NaiveDatetime = Field(index=True)
     ok: bool = True
     util_avg_pct: float | None = None
     gpu_procs: int = 0
@@ -220,7 +224,7 @@ class Budget(SQLModel, table=True):
     subject: str = Field(max_length=100)
     limit_micros: int
     created_by: str = Field(max_length=64)
-    created_at: datetime = Field(default_factory=utcnow)
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class BudgetAlert(SQLModel, table=True):
@@ -232,15 +236,15 @@ class BudgetAlert(SQLModel, table=True):
     budget_id: int = Field(foreign_key="budget.id", index=True)
     month: str = Field(max_length=7)
     threshold_pct: int
-    sent_at: datetime = Field(default_factory=utcnow)
+    sent_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class Digest(SQLModel, table=True):
     """The digest of ``month`` ("YYYY-MM"): claimed before posting, so exactly one is sent."""
 
     month: str = Field(primary_key=True, max_length=7)
-    claimed_at: datetime = Field(default_factory=utcnow)
-    posted_at: datetime | None = None
+    claimed_at: NaiveDatetime = Field(default_factory=utcnow)
+    posted_at: NaiveDatetime | None = None
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
 
@@ -249,7 +253,7 @@ class AuditLog(SQLModel, table=True):
     """Who changed what, when."""
 
     id: int | None = Field(default=None, primary_key=True)
-    at: datetime = Field(default_factory=utcnow, index=True)
+    at: NaiveDatetime = Field(default_factory=utcnow, index=True)
     actor: str = Field(max_length=64)
     action: str = Field(max_length=64)
     instance_id: int | None = Field(default=None, foreign_key="instance.id", index=True)
