@@ -135,3 +135,12 @@ class ProviderNotFound(ProviderError):
     """The platform does not know the instance (404): for a release, already gone."""
 
     retryable = False
+
+
+# --- Store ----------------------------------------------------------------------------------
+
+
+class StoreError(GpubotError):
+    """The database could not be reached or refused an operation (locked, gone, out of space)."""
+
+    hint = "Try again in a moment; if it keeps failing, check GPUBOT_DATABASE_URL and the database."
