@@ -144,3 +144,15 @@ class StoreError(GpubotError):
     """The database could not be reached or refused an operation (locked, gone, out of space)."""
 
     hint = "Try again in a moment; if it keeps failing, check GPUBOT_DATABASE_URL and the database."
+
+
+# --- Slack ----------------------------------------------------------------------------------
+
+
+class SlackError(GpubotError):
+    """The Slack Web API refused a call or could not be reached; ``error`` is Slack's error code
+    (``channel_not_found``, ``invalid_auth`` ...) or ``unreachable``."""
+
+    def __init__(self, message: str, *, error: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.error = error
