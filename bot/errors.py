@@ -89,6 +89,27 @@ class HostKeyChanged(FleetError):
         "man-in-the-middle and do not use the instance."
     )
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        instance: str | None = None,
+        hint: str | None = None,
+        expected_fingerprint: str | None = None,
+        presented_fingerprint: str | None = None,
+    ) -> None:
+        super().__init__(message, instance=instance, hint=hint)
+        #: The pinned key's ``SHA256:`` fingerprint, and the one the server showed (None when
+        #: it offered no key of the pinned type).
+        self.expected_fingerprint = expected_fingerprint
+        self.presented_fingerprint = presented_fingerprint
+
+
+class HostKeyNotPinned(FleetError):
+    """No host key is pinned for the instance, so the bot will not connect to it."""
+
+    hint = "Register the instance again so that its host key is pinned."
+
 
 class AgentMissing(FleetError):
     """gpu-agent is not on the instance (or no usable Python 3.9+ is)."""
