@@ -1,0 +1,343 @@
+"""Billing rules: what an instance costs between two moments. Pure functions, integer math only.
+
+Money is integer micro-units of the configured currency (1 unit = 1_000_000 micros). Every
+amount is rounded UP to the next whole micro-unit, once per quantity: a session's compute cost is
+``ceil(billed_s * hourly_micros / 3600)``. The ledger charges hourly buckets as differences of
+such cumulative totals, so its buckets add up exactly to the session's cost.
+
+Rules:
+
+- **Increment** (``second``, ``minute``, ``hour``): a billing session's length is rounded UP to a
+  whole number of increments, once per session (``1h10m`` on an hourly platform is billed as 2h).
+- **Minimum charge**: a session shorter than ``min_charge_s`` is billed as ``min_charge_s``.
+- **Billing from** ``created`` (the rental's creation) or ``ssh_ready`` (the first moment the
+  instance answered over SSH, as Lambda bills from passing health checks).
+- **Billing session**: from the billing start until compute stops (``stopped_at``) or the
+  instance is released (``released_at``), whichever is first.
+- **Storage** bills per second from creation until the disk is deleted: ``storage_deleted_at``,
+  or the release when the release terminated the instance. A stop keeps the disk, so a stopped
+  instance keeps billing storage. A GB-month is 730 hours (8760 h / 12), the month AWS uses for
+  monthly figures (EBS usage is reported in GB-hours and divided by 730 h; the AWS Pricing
+  Calculator's month); so a month's storage costs the same whichever month it is.
+- **Egress** is priced per GB (10^9 bytes) transferred, where a platform charges for it.
+
+Provider defaults, used for a field the instance left at the table's default value:
+AWS EC2 bills per second with a 60-second minimum per start; Lambda per minute from passing health
+checks; RunPod and Vast.ai per second; ``manual`` instances bill exactly as typed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from bot.errors import UsageError
+
+MICROS = 1_000_000
+SECONDS_PER_HOUR = 3600
+#: A storage month: 730 hours (365 days * 24 h / 12).
+STORAGE_MONTH_S = 730 * SECONDS_PER_HOUR
+#: Decimal megabytes per gigabyte: disk sizes are kept in whole MB for integer math.
+MB_PER_GB = 1000
+BYTES_PER_GB = 1_000_000_000
+
+INCREMENT_S: dict[str, int] = {"second": 1, "minute": 60, "hour": 3600}
+PRICE_PER = ("instance_hour", "gpu_hour")
+BILLING_FROM = ("created", "ssh_ready")
+
+
+@dataclass(frozen=True)
+class ProviderBilling:
+    """A platform's documented billing: increment, minimum per start, and when billing starts."""
+
+    increment: str
+    min_charge_s: int
+    billing_from: str
+    source: str
+
+
+#: Each platform's documented rules (see the module docstring); ``manual`` is as typed.
+PROVIDER_BILLING: dict[str, ProviderBilling] = {
+    "aws": ProviderBilling(
+        "second", 60, "created", "EC2 On-Demand: per-second billing, 60-second minimum per start"
+    ),
+    "lambda": ProviderBilling(
+        "minute", 0, "ssh_ready", "Lambda Cloud: per minute from passing health checks"
+    ),
+    "runpod": ProviderBilling("second", 0, "created", "RunPod: compute and storage per second"),
+    "vast": ProviderBilling("second", 0, "created", "Vast.ai: per second; storage while stopped"),
+    "manual": ProviderBilling("second", 0, "created", "as typed at registration"),
+}
+
+# The Instance table's column defaults: a field still holding one counts as "not said".
+_UNSET_INCREMENT = "second"
+_UNSET_MIN_CHARGE_S = 0
+_UNSET_BILLING_FROM = "created"
+
+
+@dataclass(frozen=True)
+class BillingRules:
+    """How one instance is billed. ``price_micros_per_hour`` is per instance-hour or per GPU-hour
+    as ``price_per`` says; ``disk_mb`` is the billed disk in decimal megabytes (GB * 1000).
+
+    Raises UsageError when a rule has a value no platform uses.
+    """
+
+    price_micros_per_hour: int
+    price_per: str = "instance_hour"
+    gpu_count: int = 1
+    increment: str = "second"
+    min_charge_s: int = 0
+    billing_from: str = "created"
+    storage_micros_per_gb_month: int = 0
+    disk_mb: int = 0
+    egress_micros_per_gb: int = 0
+    currency: str = "USD"
+
+    def __post_init__(self) -> None:
+        if self.increment not in INCREMENT_S:
+            raise UsageError(
+                f"billing increment {self.increment!r} is not known",
+                hint="Use --billing second, minute or hour.",
+            )
+        if self.price_per not in PRICE_PER:
+            raise UsageError(f"price per {self.price_per!r} is not known", hint=_PRICE_PER_HINT)
+        if self.billing_from not in BILLING_FROM:
+            raise UsageError(
+                f"billing from {self.billing_from!r} is not known",
+                hint="Billing starts at 'created' or at 'ssh_ready'.",
+            )
+        for name in (
+            "price_micros_per_hour",
+            "min_charge_s",
+            "storage_micros_per_gb_month",
+            "disk_mb",
+            "egress_micros_per_gb",
+        ):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must not be negative", hint="Give amounts of 0 or more.")
+        if self.gpu_count < 1:
+            raise UsageError("an instance has at least one GPU", hint="Use --count 1 or more.")
+
+    @property
+    def increment_s(self) -> int:
+        """The billing increment in seconds."""
+        return INCREMENT_S[self.increment]
+
+    @property
+    def hourly_micros(self) -> int:
+        """What one hour of the whole instance costs, in micros."""
+        if self.price_per == "gpu_hour":
+            return self.price_micros_per_hour * self.gpu_count
+        return self.price_micros_per_hour
+
+
+class BilledInstance(Protocol):
+    """The fields of bot.store.models.Instance that billing reads."""
+
+    provider: str
+    price_micros: int
+    price_per: str
+    billing_increment: str
+    min_charge_s: int
+    billing_from: str
+    gpu_count: int | None
+    delivered_gpu_count: int | None
+    disk_gb: float | None
+    storage_micros_per_gb_month: int
+    egress_micros_per_gb: int
+    currency: str
+    created_at: datetime
+    ssh_ready_at: datetime | None
+    stopped_at: datetime | None
+    storage_deleted_at: datetime | None
+    released_at: datetime | None
+    release_mode: str | None
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """An instance's cost at one moment, in micros."""
+
+    compute_micros: int
+    storage_micros: int
+
+    @property
+    def total_micros(self) -> int:
+        """Compute and storage together."""
+        return self.compute_micros + self.storage_micros
+
+
+def provider_billing(provider: str) -> ProviderBilling:
+    """The platform's documented rules; an unknown provider bills as typed (like ``manual``)."""
+    return PROVIDER_BILLING.get(provider, PROVIDER_BILLING["manual"])
+
+
+def rules_for(instance: BilledInstance) -> BillingRules:
+    """The instance's billing rules; fields left at their defaults take the provider's rules."""
+    platform = provider_billing(instance.provider)
+    increment = instance.billing_increment
+    min_charge_s = instance.min_charge_s
+    billing_from = instance.billing_from
+    if instance.provider != "manual":
+        if increment == _UNSET_INCREMENT:
+            increment = platform.increment
+        if min_charge_s == _UNSET_MIN_CHARGE_S:
+            min_charge_s = platform.min_charge_s
+        if billing_from == _UNSET_BILLING_FROM:
+            billing_from = platform.billing_from
+    return BillingRules(
+        price_micros_per_hour=instance.price_micros,
+        price_per=instance.price_per,
+        gpu_count=max(1, instance.gpu_count or instance.delivered_gpu_count or 1),
+        increment=increment,
+        min_charge_s=min_charge_s,
+        billing_from=billing_from,
+        storage_micros_per_gb_month=instance.storage_micros_per_gb_month,
+        disk_mb=round((instance.disk_gb or 0) * MB_PER_GB),
+        egress_micros_per_gb=instance.egress_micros_per_gb,
+        currency=instance.currency,
+    )
+
+
+def elapsed_seconds(start: datetime, end: datetime) -> int:
+    """Whole seconds from start to end, a started second counting in full; 0 when end <= start."""
+    micros = (end - start) // timedelta(microseconds=1)
+    return max(0, _ceil_div(micros, MICROS))
+
+
+def billed_seconds(rules: BillingRules, session_s: int) -> int:
+    """The seconds a session of ``session_s`` is billed for: rounded up to the increment, at
+    least the minimum charge. A session of 0 seconds never started and bills nothing."""
+    if session_s <= 0:
+        return 0
+    rounded = _ceil_div(session_s, rules.increment_s) * rules.increment_s
+    return max(rounded, rules.min_charge_s)
+
+
+def metered_cost(rules: BillingRules, seconds: int) -> int:
+    """``seconds`` of the instance at its hourly price, without increments or minimum (micros)."""
+    if seconds <= 0:
+        return 0
+    return _ceil_div(seconds * rules.hourly_micros, SECONDS_PER_HOUR)
+
+
+def compute_cost(rules: BillingRules, start: datetime, end: datetime) -> int:
+    """Compute cost in micros of one billing session from ``start`` to ``end``."""
+    return metered_cost(rules, billed_seconds(rules, elapsed_seconds(start, end)))
+
+
+def storage_cost(rules: BillingRules, start: datetime, end: datetime) -> int:
+    """Micros for the disk kept from ``start`` to ``end`` (per second; a month is 730 h)."""
+    seconds = elapsed_seconds(start, end)
+    if seconds == 0 or rules.disk_mb == 0:
+        return 0
+    return _ceil_div(
+        rules.disk_mb * rules.storage_micros_per_gb_month * seconds, MB_PER_GB * STORAGE_MONTH_S
+    )
+
+
+def egress_cost(rules: BillingRules, egress_bytes: int) -> int:
+    """Cost in micros of ``egress_bytes`` sent out of the platform."""
+    if egress_bytes <= 0:
+        return 0
+    return _ceil_div(egress_bytes * rules.egress_micros_per_gb, BYTES_PER_GB)
+
+
+def billing_start(instance: BilledInstance) -> datetime | None:
+    """When compute billing starts; None while an ``ssh_ready`` instance has not been reached."""
+    if rules_for(instance).billing_from == "ssh_ready":
+        return instance.ssh_ready_at
+    return instance.created_at
+
+
+def compute_end(instance: BilledInstance) -> datetime | None:
+    """When compute billing stopped (stop or release, the earlier); None while it runs."""
+    ends = [at for at in (instance.stopped_at, instance.released_at) if at is not None]
+    return min(ends) if ends else None
+
+
+def storage_end(instance: BilledInstance) -> datetime | None:
+    """When storage billing stopped: the disk deleted, or a release that was not a stop."""
+    if instance.storage_deleted_at is not None:
+        return instance.storage_deleted_at
+    if instance.released_at is not None and instance.release_mode != "stop":
+        return instance.released_at
+    return None
+
+
+def cost_breakdown(instance: BilledInstance, at: datetime) -> CostBreakdown:
+    """What the instance costs up to ``at``: the session cut at ``at`` if it still runs then.
+
+    A session cut short is billed as if it ended at ``at`` (increment and minimum applied), which
+    is what releasing it at ``at`` would cost.
+    """
+    rules = rules_for(instance)
+    compute = 0
+    start = billing_start(instance)
+    if start is not None:
+        end = _earlier(compute_end(instance), at)
+        compute = compute_cost(rules, start, end)
+    storage = storage_cost(rules, instance.created_at, _earlier(storage_end(instance), at))
+    return CostBreakdown(compute_micros=compute, storage_micros=storage)
+
+
+def cost_so_far(instance: BilledInstance, now: datetime) -> int:
+    """Compute and storage cost in micros up to ``now`` (what releasing it now would cost)."""
+    return cost_breakdown(instance, now).total_micros
+
+
+def projected_cost(instance: BilledInstance, until: datetime) -> int:
+    """Compute and storage cost in micros if the instance keeps running until ``until`` (its
+    deadline, say); an instance already stopped or released costs what it cost."""
+    return cost_breakdown(instance, until).total_micros
+
+
+def job_cost(
+    instance: BilledInstance, job_start: datetime, job_end: datetime, gpu_count: int | None
+) -> int:
+    """A job's share in micros: its run time at the instance's hourly price, times the share of
+    the instance's GPUs it held (``gpu_count`` of 0 or None means all of them). No increments:
+    the session's rounding belongs to the instance, not to a job."""
+    rules = rules_for(instance)
+    seconds = elapsed_seconds(job_start, job_end)
+    if seconds == 0:
+        return 0
+    held = rules.gpu_count if not gpu_count or gpu_count > rules.gpu_count else gpu_count
+    return _ceil_div(seconds * rules.hourly_micros * held, SECONDS_PER_HOUR * rules.gpu_count)
+
+
+def parse_increment(text: str) -> str:
+    """``second``/``s``, ``minute``/``min``/``m``, ``hour``/``h`` as an increment name."""
+    names = {
+        "s": "second",
+        "sec": "second",
+        "second": "second",
+        "seconds": "second",
+        "m": "minute",
+        "min": "minute",
+        "minute": "minute",
+        "minutes": "minute",
+        "h": "hour",
+        "hr": "hour",
+        "hour": "hour",
+        "hours": "hour",
+    }
+    name = names.get(text.strip().lower())
+    if name is None:
+        raise UsageError(
+            f"{text!r} is not a billing increment", hint="Use --billing second, minute or hour."
+        )
+    return name
+
+
+_PRICE_PER_HINT = "Prices are per instance-hour or per GPU-hour."
+
+
+def _ceil_div(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+def _earlier(first: datetime | None, second: datetime) -> datetime:
+    return second if first is None or second < first else first

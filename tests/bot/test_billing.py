@@ -1,0 +1,222 @@
+"""Billing rules against hand-computed cases and the platforms' documented examples."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from bot.billing import (
+    STORAGE_MONTH_S,
+    BillingRules,
+    billed_seconds,
+    compute_cost,
+    cost_breakdown,
+    cost_so_far,
+    egress_cost,
+    elapsed_seconds,
+    job_cost,
+    parse_increment,
+    projected_cost,
+    rules_for,
+    storage_cost,
+)
+from bot.errors import UsageError
+from bot.store.models import Instance
+
+T0 = datetime(2026, 3, 10, 10, 0, 0)
+USD = 1_000_000
+
+
+def _instance(**fields: object) -> Instance:
+    base: dict[str, object] = {
+        "name": "box",
+        "owner_id": "U1",
+        "host": "10.0.0.1",
+        "ssh_user": "ubuntu",
+        "created_at": T0,
+        "price_micros": 2 * USD,
+    }
+    base.update(fields)
+    return Instance(**base)
+
+
+def test_hourly_increment_bills_started_hours() -> None:
+    """1h10m on a per-started-hour platform is billed as 2h."""
+    rules = BillingRules(price_micros_per_hour=2 * USD, increment="hour")
+    assert compute_cost(rules, T0, T0 + timedelta(hours=1, minutes=10)) == 4 * USD
+    assert compute_cost(rules, T0, T0 + timedelta(hours=1)) == 2 * USD
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=1)) == 2 * USD
+
+
+def test_minute_increment_rounds_up_to_the_minute() -> None:
+    # $1.20/h is 2 cents a minute; 61 s is two started minutes.
+    rules = BillingRules(price_micros_per_hour=1_200_000, increment="minute")
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=61)) == 40_000
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=60)) == 20_000
+
+
+def test_second_increment_counts_a_started_second() -> None:
+    rules = BillingRules(price_micros_per_hour=3_600_000)  # $0.001 per second
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=90)) == 90_000
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=90, microseconds=1)) == 91_000
+    assert elapsed_seconds(T0, T0 - timedelta(seconds=5)) == 0
+
+
+def test_aws_documented_minimum_of_60_seconds_per_start() -> None:
+    """EC2 per-second billing: a 30-second run bills 60 s; 90 s bills 90 s."""
+    instance = _instance(provider="aws", price_micros=3_600_000)
+    rules = rules_for(instance)
+    assert (rules.increment, rules.min_charge_s, rules.billing_from) == ("second", 60, "created")
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=30)) == 60_000
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=90)) == 90_000
+
+
+def test_lambda_bills_per_minute_from_ssh_ready() -> None:
+    instance = _instance(
+        provider="lambda",
+        price_micros=1_200_000,
+        ssh_ready_at=T0 + timedelta(minutes=5),
+    )
+    rules = rules_for(instance)
+    assert (rules.increment, rules.billing_from) == ("minute", "ssh_ready")
+    # Booted at 10:00, ready at 10:05, now 10:15:30 -> 10m30s -> 11 started minutes at 2 cents.
+    assert cost_so_far(instance, T0 + timedelta(minutes=15, seconds=30)) == 220_000
+    not_ready = _instance(provider="lambda", price_micros=1_200_000)
+    assert cost_so_far(not_ready, T0 + timedelta(hours=1)) == 0
+
+
+def test_runpod_and_vast_bill_per_second_without_minimum() -> None:
+    for provider in ("runpod", "vast"):
+        rules = rules_for(_instance(provider=provider, price_micros=3_600_000))
+        assert (rules.increment, rules.min_charge_s) == ("second", 0)
+        assert compute_cost(rules, T0, T0 + timedelta(seconds=7)) == 7_000
+
+
+def test_manual_instance_bills_as_typed() -> None:
+    instance = _instance(provider="manual", billing_increment="second", min_charge_s=0)
+    rules = rules_for(instance)
+    assert (rules.increment, rules.min_charge_s, rules.billing_from) == ("second", 0, "created")
+
+
+def test_instance_values_win_over_provider_defaults() -> None:
+    instance = _instance(provider="aws", billing_increment="hour", min_charge_s=300)
+    rules = rules_for(instance)
+    assert (rules.increment, rules.min_charge_s) == ("hour", 300)
+
+
+def test_minimum_charge() -> None:
+    rules = BillingRules(price_micros_per_hour=6 * USD, increment="minute", min_charge_s=600)
+    assert billed_seconds(rules, 1) == 600
+    assert billed_seconds(rules, 601) == 660
+    assert billed_seconds(rules, 0) == 0
+    assert compute_cost(rules, T0, T0 + timedelta(minutes=3)) == 1 * USD
+
+
+def test_gpu_hour_price_multiplies_by_gpu_count() -> None:
+    instance = _instance(price_micros=2_500_000, price_per="gpu_hour", gpu_count=8)
+    assert rules_for(instance).hourly_micros == 20 * USD
+    assert cost_so_far(instance, T0 + timedelta(minutes=30)) == 10 * USD
+
+
+def test_amounts_round_up_to_the_micro() -> None:
+    rules = BillingRules(price_micros_per_hour=1_000_000)  # 277.7... micros per second
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=1)) == 278
+    assert compute_cost(rules, T0, T0 + timedelta(seconds=9)) == 2500
+
+
+def test_deadline_extended_mid_hour_on_an_hourly_platform() -> None:
+    """Started 10:00, deadline 11:00 -> 1 h projected; extended at 10:40 to 11:30 -> 2 h."""
+    instance = _instance(provider="manual", billing_increment="hour", price_micros=3 * USD)
+    deadline = T0 + timedelta(hours=1)
+    assert projected_cost(instance, deadline) == 3 * USD
+    extended = deadline + timedelta(minutes=30)
+    assert projected_cost(instance, extended) == 6 * USD
+    assert cost_so_far(instance, T0 + timedelta(minutes=40)) == 3 * USD
+    instance.released_at = extended
+    # Released at the new deadline: still 2 started hours, and it stays so afterwards.
+    assert cost_so_far(instance, extended + timedelta(days=2)) == 6 * USD
+
+
+def test_stop_then_storage_only_billing() -> None:
+    """Compute stops at the stop; the 200 GB disk at $0.10/GB-month keeps billing until deleted."""
+    instance = _instance(
+        provider="runpod",
+        price_micros=1 * USD,
+        disk_gb=200,
+        storage_micros_per_gb_month=100_000,
+        stopped_at=T0 + timedelta(hours=2),
+        release_mode="stop",
+    )
+    # 200 GB * $0.10 = $20 per 730 h month -> 20/730 $ per hour = 27_397.26 micros/hour.
+    at_stop = cost_breakdown(instance, T0 + timedelta(hours=2))
+    assert at_stop.compute_micros == 2 * USD
+    assert at_stop.storage_micros == 54_795  # ceil(2 * 20e6 / 730)
+    later = cost_breakdown(instance, T0 + timedelta(hours=2 + 730))
+    assert later.compute_micros == 2 * USD
+    assert later.storage_micros == 20_054_795  # ceil(732 * 20e6 / 730)
+    instance.storage_deleted_at = T0 + timedelta(hours=10)
+    final = cost_breakdown(instance, T0 + timedelta(days=40))
+    assert final.storage_micros == 273_973  # ceil(10 * 20e6 / 730)
+    assert final.total_micros == 2 * USD + 273_973
+
+
+def test_terminate_ends_storage_at_release() -> None:
+    instance = _instance(
+        disk_gb=100,
+        storage_micros_per_gb_month=73_000,  # $7.30 per month for 100 GB -> 1 cent an hour
+        released_at=T0 + timedelta(hours=3),
+        release_mode="terminate",
+    )
+    result = cost_breakdown(instance, T0 + timedelta(hours=50))
+    assert result.storage_micros == 30_000
+    assert result.compute_micros == 6 * USD
+
+
+def test_storage_month_is_730_hours() -> None:
+    rules = BillingRules(price_micros_per_hour=0, disk_mb=1000, storage_micros_per_gb_month=USD)
+    assert storage_cost(rules, T0, T0 + timedelta(seconds=STORAGE_MONTH_S)) == USD
+    # The documented EBS example: 30 GB for 24 hours at $0.10/GB-month is 0.986 GB-month.
+    ebs = BillingRules(price_micros_per_hour=0, disk_mb=30_000, storage_micros_per_gb_month=100_000)
+    assert storage_cost(ebs, T0, T0 + timedelta(hours=24)) == 98_631
+
+
+def test_month_boundary_splits_nothing_in_the_session_cost() -> None:
+    """A session across a month boundary costs the same as one inside a month."""
+    start = datetime(2026, 1, 31, 23, 30)
+    rules = BillingRules(price_micros_per_hour=2 * USD, increment="hour")
+    assert compute_cost(rules, start, datetime(2026, 2, 1, 0, 40)) == 4 * USD
+
+
+def test_egress_per_gb() -> None:
+    rules = BillingRules(price_micros_per_hour=0, egress_micros_per_gb=90_000)
+    assert egress_cost(rules, 2_500_000_000) == 225_000
+    assert egress_cost(rules, 0) == 0
+
+
+def test_job_share_of_gpus() -> None:
+    instance = _instance(price_micros=8 * USD, gpu_count=8)
+    start = T0 + timedelta(minutes=5)
+    assert job_cost(instance, start, start + timedelta(minutes=30), 2) == 1 * USD
+    assert job_cost(instance, start, start + timedelta(minutes=30), 0) == 4 * USD
+    assert job_cost(instance, start, start + timedelta(minutes=30), None) == 4 * USD
+    assert job_cost(instance, start, start, 2) == 0
+
+
+def test_bad_rules_are_refused_with_a_hint() -> None:
+    with pytest.raises(UsageError, match="increment"):
+        BillingRules(price_micros_per_hour=1, increment="day")
+    with pytest.raises(UsageError, match="negative"):
+        BillingRules(price_micros_per_hour=-1)
+    with pytest.raises(UsageError, match="billing from"):
+        BillingRules(price_micros_per_hour=1, billing_from="boot")
+    with pytest.raises(UsageError, match="price per"):
+        BillingRules(price_micros_per_hour=1, price_per="day")
+
+
+def test_parse_increment() -> None:
+    assert parse_increment("H") == "hour"
+    assert parse_increment("min") == "minute"
+    assert parse_increment("second") == "second"
+    with pytest.raises(UsageError, match="not a billing increment"):
+        parse_increment("fortnight")
