@@ -199,6 +199,10 @@ class JobRecord:
     finished_at: Optional[str]
     exit_code: Optional[int]
     summary: Optional[JobSummary] = None
+    #: When the agent last changed this record (``jobs --since`` compares against it).
+    updated_at: Optional[str] = None
+    #: Why a job failed to start, was killed or was lost, in words; None when nothing to add.
+    note: Optional[str] = None
 
 
 @dataclass(frozen=True)
