@@ -25,6 +25,19 @@ NVML_ERROR_CODES = (
     "unknown",
 )
 
+#: ``GpuSnapshot.clock_event_reasons`` names, by NVML clock-event (throttle) reason bit.
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
 #: Health check outcomes, best first; a report's status is the worst of its checks.
 CHECK_STATUSES = ("pass", "skip", "warn", "fail")
 
