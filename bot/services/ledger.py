@@ -1,0 +1,312 @@
+"""The ledger: what each instance owes, as Charge rows over hourly buckets.
+
+Buckets are aligned to UTC hours and also split at the first moment of each month in the
+configured time zone, so a month's spend is exactly the sum of the charges that start in it
+(zones with half-hour offsets included).
+
+Each charge is the difference between what the billing session owes at the bucket's end and what
+is already charged, so buckets always add up to the session's cost (see bot.billing):
+
+- a running session is charged only for complete buckets, at the metered price (no increment
+  rounding yet); the bucket that holds ``now`` is left for a later run;
+- when compute stops (stop or release) the last bucket ends there and carries the rest: the
+  rounding up to the increment and any minimum charge of the session;
+- storage is charged the same way, from creation until the disk is deleted.
+
+Runs are idempotent: a bucket starts where the last charge ended and ``(instance, kind,
+start_at)`` is unique, so running twice, from two processes at once, or after a crash never
+charges twice and never skips a bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from bot import billing
+from bot.store.models import Charge, Instance
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+    from bot.store.db import Database
+
+log = logging.getLogger(__name__)
+
+COMPUTE = "compute"
+STORAGE = "storage"
+EGRESS = "egress"
+
+#: Cumulative (billed seconds, micros) owed after a number of session seconds.
+_Totals = Callable[[int], tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class KindState:
+    """What the ledger holds for one instance and kind: where the last charge ended, and the
+    totals charged so far (micros, billed seconds)."""
+
+    last_end_at: datetime | None = None
+    charged_micros: int = 0
+    billed_s: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedCharge:
+    """A charge to write: ``[start_at, end_at)`` in naive UTC."""
+
+    kind: str
+    start_at: datetime
+    end_at: datetime
+    billed_s: int
+    amount_micros: int
+
+
+def accrue(db: Database, now: datetime, tz: ZoneInfo) -> int:
+    """Write every charge that is due up to ``now`` for every instance; returns how many.
+
+    Safe to run concurrently with itself: a bucket another process wrote first is skipped.
+    Raises StoreError when the database fails.
+    """
+    with db.session() as session:
+        ids = [
+            instance_id
+            for instance_id in session.exec(select(Instance.id).order_by(col(Instance.id)))
+            if instance_id is not None
+        ]
+    return sum(accrue_instance(db, instance_id, now, tz) for instance_id in ids)
+
+
+def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo) -> int:
+    """Write the charges due up to ``now`` for one instance (call it after a stop or release to
+    finalise at once); returns how many were written. Raises StoreError when the database fails.
+    """
+    try:
+        with db.session() as session:
+            instance = session.get(Instance, instance_id)
+            if instance is None:
+                return 0
+            states = _states(session, instance_id)
+            planned = plan_charges(instance, states, now, tz)
+            for charge in planned:
+                session.add(
+                    Charge(
+                        instance_id=instance_id,
+                        kind=charge.kind,
+                        start_at=charge.start_at,
+                        end_at=charge.end_at,
+                        billed_s=charge.billed_s,
+                        amount_micros=charge.amount_micros,
+                        currency=instance.currency,
+                        created_at=now,
+                    )
+                )
+            session.flush()
+    except sa_exc.IntegrityError:
+        # Another process wrote these buckets first; the next run continues from theirs.
+        log.info("ledger: instance %s was charged concurrently; skipped", instance_id)
+        return 0
+    return len(planned)
+
+
+def plan_charges(
+    instance: Instance, states: dict[str, KindState], now: datetime, tz: ZoneInfo
+) -> list[PlannedCharge]:
+    """The charges due for ``instance`` up to ``now`` given what is already charged. Pure."""
+    rules = billing.rules_for(instance)
+    planned: list[PlannedCharge] = []
+    start = billing.billing_start(instance)
+    if start is not None and rules.hourly_micros > 0:
+        planned += _plan_kind(
+            COMPUTE,
+            start,
+            billing.compute_end(instance),
+            states.get(COMPUTE, KindState()),
+            now,
+            tz,
+            running=lambda seconds: (seconds, billing.metered_cost(rules, seconds)),
+            final=lambda seconds: _final_compute(rules, seconds),
+        )
+    if rules.disk_mb > 0 and rules.storage_micros_per_gb_month > 0:
+        created = instance.created_at
+
+        def storage(seconds: int) -> tuple[int, int]:
+            return seconds, billing.storage_cost(
+                rules, created, created + timedelta(seconds=seconds)
+            )
+
+        planned += _plan_kind(
+            STORAGE,
+            created,
+            billing.storage_end(instance),
+            states.get(STORAGE, KindState()),
+            now,
+            tz,
+            running=storage,
+            final=storage,
+        )
+    return planned
+
+
+def next_boundary(at: datetime, tz: ZoneInfo) -> datetime:
+    """The first bucket boundary after ``at`` (naive UTC): the next UTC hour, or the start of
+    the next month in ``tz`` when that comes first."""
+    next_hour = at.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    local = at.replace(tzinfo=UTC).astimezone(tz)
+    year, month = (local.year + 1, 1) if local.month == 12 else (local.year, local.month + 1)
+    return min(next_hour, month_start_utc(year, month, tz))
+
+
+def month_start_utc(year: int, month: int, tz: ZoneInfo) -> datetime:
+    """Midnight on the 1st of ``year-month`` in ``tz``, as naive UTC."""
+    local = datetime(year, month, 1, tzinfo=tz)
+    return local.astimezone(UTC).replace(tzinfo=None)
+
+
+def month_bounds(month: str, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    """``YYYY-MM`` as ``[start, end)`` in naive UTC, the month taken in ``tz``.
+
+    Raises ValueError for text that is not a month (callers turn it into a UsageError).
+    """
+    year, number = parse_month(month)
+    following = (year + 1, 1) if number == 12 else (year, number + 1)
+    return month_start_utc(year, number, tz), month_start_utc(*following, tz)
+
+
+def parse_month(month: str) -> tuple[int, int]:
+    """``YYYY-MM`` as (year, month). Raises ValueError for anything else."""
+    parts = month.strip().split("-")
+    if len(parts) != 2 or len(parts[0]) != 4 or len(parts[1]) != 2:
+        raise ValueError(f"{month!r} is not YYYY-MM")
+    year, number = int(parts[0]), int(parts[1])
+    if not 1 <= number <= 12 or year < 2000:
+        raise ValueError(f"{month!r} is not YYYY-MM")
+    return year, number
+
+
+def month_of(at: datetime, tz: ZoneInfo) -> str:
+    """The ``YYYY-MM`` in ``tz`` of a naive UTC moment."""
+    local = at.replace(tzinfo=UTC).astimezone(tz)
+    return f"{local.year:04d}-{local.month:02d}"
+
+
+def previous_month(month: str) -> str:
+    """The month before ``YYYY-MM``."""
+    year, number = parse_month(month)
+    return f"{year - 1}-12" if number == 1 else f"{year:04d}-{number - 1:02d}"
+
+
+def next_month(month: str) -> str:
+    """The month after ``YYYY-MM``."""
+    year, number = parse_month(month)
+    return f"{year + 1}-01" if number == 12 else f"{year:04d}-{number + 1:02d}"
+
+
+def charged_micros(session: Session, instance_ids: Iterable[int]) -> dict[int, int]:
+    """Total charged so far per instance (all kinds, all months)."""
+    ids = list(instance_ids)
+    if not ids:
+        return {}
+    rows = session.exec(
+        select(Charge.instance_id, func.sum(Charge.amount_micros))
+        .where(col(Charge.instance_id).in_(ids))
+        .group_by(col(Charge.instance_id))
+    ).all()
+    return {instance_id: int(total or 0) for instance_id, total in rows}
+
+
+def unaccrued_micros(instance: Instance, charged: int, now: datetime) -> int:
+    """What the instance owes at ``now`` beyond its charges (the open bucket, and the rounding
+    a release now would add)."""
+    return max(0, billing.cost_so_far(instance, now) - charged)
+
+
+def ledger_tick(rt: Runtime, now: datetime) -> None:
+    """Tick hook: accrue every due charge."""
+    accrue(rt.db, now, rt.settings.tz())
+
+
+def _final_compute(rules: billing.BillingRules, seconds: int) -> tuple[int, int]:
+    billed = billing.billed_seconds(rules, seconds)
+    return billed, billing.metered_cost(rules, billed)
+
+
+def _plan_kind(
+    kind: str,
+    start: datetime,
+    end: datetime | None,
+    state: KindState,
+    now: datetime,
+    tz: ZoneInfo,
+    *,
+    running: _Totals,
+    final: _Totals,
+) -> list[PlannedCharge]:
+    """Buckets from the last charge's end to the last complete boundary (or to ``end``)."""
+    ended = end is not None and end <= now
+    horizon = end if ended and end is not None else _last_boundary(start, now, tz)
+    cursor = state.last_end_at or start
+    charged, billed = state.charged_micros, state.billed_s
+    planned: list[PlannedCharge] = []
+    while cursor < horizon:
+        bucket_end = min(next_boundary(cursor, tz), horizon)
+        seconds = billing.elapsed_seconds(start, bucket_end)
+        is_last = ended and bucket_end == end
+        total_billed, total_micros = (final if is_last else running)(seconds)
+        planned.append(
+            PlannedCharge(
+                kind=kind,
+                start_at=cursor,
+                end_at=bucket_end,
+                billed_s=max(0, total_billed - billed),
+                amount_micros=max(0, total_micros - charged),
+            )
+        )
+        charged, billed = max(charged, total_micros), max(billed, total_billed)
+        cursor = bucket_end
+    if ended and end is not None:
+        # The session ended where a bucket had already been charged as running: the rest of
+        # the session's rounding goes into a zero-length adjustment at the ledger's end.
+        total_billed, total_micros = final(billing.elapsed_seconds(start, end))
+        if total_micros > charged or total_billed > billed:
+            planned.append(
+                PlannedCharge(
+                    kind=kind,
+                    start_at=cursor,
+                    end_at=cursor,
+                    billed_s=max(0, total_billed - billed),
+                    amount_micros=max(0, total_micros - charged),
+                )
+            )
+    return planned
+
+
+def _last_boundary(start: datetime, now: datetime, tz: ZoneInfo) -> datetime:
+    """The last bucket boundary at or before ``now`` (``start`` if none has passed)."""
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    month = month_start_utc(*parse_month(month_of(now, tz)), tz)
+    return max(start, hour, month)
+
+
+def _states(session: Session, instance_id: int) -> dict[str, KindState]:
+    rows = session.exec(
+        select(
+            Charge.kind,
+            func.max(Charge.end_at),
+            func.sum(Charge.amount_micros),
+            func.sum(Charge.billed_s),
+        )
+        .where(Charge.instance_id == instance_id)
+        .group_by(col(Charge.kind))
+    ).all()
+    return {
+        kind: KindState(last_end_at=last, charged_micros=int(amount or 0), billed_s=int(s or 0))
+        for kind, last, amount, s in rows
+    }
