@@ -1,3 +1,3 @@
-"""The store: SQLModel tables, sessions and Alembic migrations (SQLite by default, PostgreSQL by URL)."""
+"""The store: SQLModel tables, sessions and Alembic migrations (SQLite or PostgreSQL)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Tables. Times are UTC (naive datetimes holding UTC, see ``utcnow``); money is integer micro-units
-of the configured currency (1 USD = 1_000_000 micros).
+of the configured currency (1 USD = 1_000_000 micros), in 64-bit columns.
 
 Deadlines, prompts, releases, jobs and charges are rows: the scheduler only calls ``tick(now)``
 and everything it must not drop or double is guarded by a unique key here.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pydantic import NaiveDatetime
-from sqlalchemy import Column, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 MICROS = 1_000_000
@@ -34,7 +34,17 @@ class Person(SQLModel, table=True):
 
 class Instance(SQLModel, table=True):
     """A rented GPU instance. ``state``: registering, active, releasing, awaiting_confirmation,
-    released, lost. Names are unique among instances that are not released."""
+    released, lost. Names are unique among instances that are not released (a partial index)."""
+
+    __table_args__ = (
+        Index(
+            "uq_instance_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("state != 'released'"),
+            postgresql_where=text("state != 'released'"),
+        ),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, max_length=64)
@@ -63,14 +73,14 @@ class Instance(SQLModel, table=True):
     delivered_gpu_count: int | None = None
 
     # Billing rules (see bot.billing).
-    price_micros: int = 0
+    price_micros: int = Field(default=0, sa_type=BigInteger)
     price_per: str = Field(default="instance_hour", max_length=16)  # or gpu_hour
     billing_increment: str = Field(default="second", max_length=8)  # second, minute, hour
     min_charge_s: int = 0
     billing_from: str = Field(default="created", max_length=16)  # created, ssh_ready
     disk_gb: float | None = None
-    storage_micros_per_gb_month: int = 0
-    egress_micros_per_gb: int = 0
+    storage_micros_per_gb_month: int = Field(default=0, sa_type=BigInteger)
+    egress_micros_per_gb: int = Field(default=0, sa_type=BigInteger)
     currency: str = Field(default="USD", max_length=8)
 
     # Life cycle (UTC).
@@ -179,7 +189,7 @@ class Job(SQLModel, table=True):
     message_ts: str | None = Field(default=None, max_length=64)
     reply_claimed_at: NaiveDatetime | None = None
     replied_at: NaiveDatetime | None = None
-    cost_micros: int | None = None
+    cost_micros: int | None = Field(default=None, sa_type=BigInteger)
 
 
 class Charge(SQLModel, table=True):
@@ -196,7 +206,7 @@ class Charge(SQLModel, table=True):
     start_at: NaiveDatetime = Field(index=True)
     end_at: NaiveDatetime
     billed_s: int = 0
-    amount_micros: int = 0
+    amount_micros: int = Field(default=0, sa_type=BigInteger)
     currency: str = Field(default="USD", max_length=8)
     created_at: NaiveDatetime = Field(default_factory=utcnow)
 
@@ -222,7 +232,7 @@ class Budget(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     scope: str = Field(max_length=16)  # user, project
     subject: str = Field(max_length=100)
-    limit_micros: int
+    limit_micros: int = Field(sa_type=BigInteger)
     created_by: str = Field(max_length=64)
     created_at: NaiveDatetime = Field(default_factory=utcnow)
 

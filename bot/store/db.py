@@ -1,0 +1,173 @@
+"""The database: engine, sessions and migrations, for SQLite (default) and PostgreSQL.
+
+SQLite runs in WAL mode with foreign keys on and a busy timeout; every transaction starts with
+``BEGIN IMMEDIATE`` so that concurrent writers from the bot's many threads queue up instead of
+failing half-way. PostgreSQL is reached through psycopg 3. Times are naive UTC.
+
+Connection-level failures (``OperationalError``, ``InterfaceError``) become
+:class:`bot.errors.StoreError`; an ``IntegrityError`` (a unique key hit) is left to the caller,
+which knows what the clash means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine.url import URL
+from sqlalchemy.pool import StaticPool
+from sqlmodel import Session, create_engine
+
+from bot.errors import StoreError
+from bot.settings import Settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class Database:
+    """One database. ``url`` is any SQLAlchemy URL; ``postgresql://`` and ``postgres://`` are
+    read as psycopg 3. Raises StoreError when the URL cannot be used."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = normalize_url(url)
+        self.is_sqlite = self.url.get_backend_name() == "sqlite"
+        self.engine: Engine = _make_engine(self.url, echo=echo)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, echo: bool = False) -> Database:
+        """The database ``settings`` name (GPUBOT_DATABASE_URL, or SQLite in the data dir)."""
+        return cls(settings.effective_database_url, echo=echo)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits when the block ends and rolls back when it raises.
+
+        Objects stay readable after the commit (``expire_on_commit=False``). Keep the block
+        short and free of network calls. Raises StoreError when the database fails.
+        """
+        try:
+            with Session(self.engine, expire_on_commit=False) as session:
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise StoreError(f"the database failed: {_reason(exc)}") from exc
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to ``revision`` (Alembic upgrade). Safe to run from two processes at
+        once: PostgreSQL takes an advisory lock, SQLite an immediate transaction. Alembic keeps
+        global state, so within one process run it from one thread at a time.
+        Raises StoreError when the database fails."""
+        try:
+            with self.engine.connect() as connection:
+                command.upgrade(alembic_config(self, connection), revision)
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise StoreError(f"migrating the database failed: {_reason(exc)}") from exc
+
+    def current_revision(self) -> str | None:
+        """The Alembic revision the schema is at, or None before the first migration."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Database({self.url.render_as_string(hide_password=True)!r})"
+
+
+def normalize_url(url: str) -> URL:
+    """Parse ``url``; rewrite plain PostgreSQL URLs to the psycopg 3 driver.
+
+    Raises StoreError for a URL SQLAlchemy cannot read."""
+    try:
+        parsed = make_url(url)
+    except sa_exc.ArgumentError as exc:
+        raise StoreError(
+            f"{url!r} is not a database URL",
+            hint="Set GPUBOT_DATABASE_URL to sqlite:///PATH or postgresql://USER@HOST/DB.",
+        ) from exc
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def alembic_config(db: Database, connection: Connection | None = None) -> Config:
+    """An Alembic configuration for ``db``, built in code (no alembic.ini needed).
+
+    With ``connection`` the migrations run on it, so they see the same engine settings."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option("version_locations", str(MIGRATIONS_DIR / "versions"))
+    config.set_main_option(
+        "sqlalchemy.url", db.url.render_as_string(hide_password=False).replace("%", "%%")
+    )
+    config.attributes["connection"] = connection
+    config.attributes["configure_logger"] = False
+    return config
+
+
+def _make_engine(url: URL, *, echo: bool) -> Engine:
+    if url.get_backend_name() != "sqlite":
+        return create_engine(url, echo=echo, pool_pre_ping=True)
+    database = url.database or ""
+    in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+    }
+    if in_memory:
+        kwargs["poolclass"] = StaticPool
+    else:
+        _create_parent(Path(database))
+    engine = create_engine(url, echo=echo, **kwargs)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _create_parent(path: Path) -> None:
+    try:
+        path.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot create the directory for the database file {path}: {exc.strerror}",
+            hint="Set GPUBOT_DATA_DIR or GPUBOT_DATABASE_URL to a writable place.",
+        ) from exc
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite's own is deferred and late).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _reason(exc: sa_exc.DBAPIError) -> str:
+    original = getattr(exc, "orig", None)
+    text = str(original if original is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
