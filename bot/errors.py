@@ -149,7 +149,18 @@ class ProviderAuthError(ProviderError):
 
 
 class ProviderRateLimited(ProviderError):
-    """The platform asked to slow down (429)."""
+    """The platform asked to slow down (429); ``retry_after_s`` from its Retry-After header."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float | None = None,
+        retryable: bool | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable, hint=hint)
+        self.retry_after_s = retry_after_s
 
 
 class ProviderNotFound(ProviderError):

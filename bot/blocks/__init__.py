@@ -1,0 +1,3 @@
+"""Block Kit renderers: pure functions from values to messages."""
+
+from __future__ import annotations

@@ -1,0 +1,258 @@
+"""Block Kit for deadlines, idle prompts and releases: pure functions, values in, message out.
+
+Times arrive as naive UTC and are shown in the configured zone; money arrives in micro-units.
+Every message carries a plain ``text`` fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from bot.commands.values import format_duration, format_money
+
+Block = dict[str, Any]
+Message = tuple[str, tuple[Block, ...]]
+
+#: Button action ids (the handlers live in bot.commands.deadlines; instance_release_done in
+#: bot.commands.instances).
+EXTEND_1H = "deadline_extend_1h"
+EXTEND_4H = "deadline_extend_4h"
+RELEASE_NOW = "deadline_release_now"
+RELEASE_CONFIRM = "deadline_release_confirm"
+IDLE_KEEP = "idle_keep"
+IDLE_RELEASE = "idle_release"
+RELEASE_DONE = "instance_release_done"
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """What the renderers show about an instance."""
+
+    name: str
+    owner_id: str
+    provider: str
+    price_micros_per_hour: int
+    currency: str = "USD"
+
+
+def mention(user_id: str) -> str:
+    """A Slack mention of a user."""
+    return f"<@{user_id}>"
+
+
+def when(at: datetime, tz: ZoneInfo) -> str:
+    """A naive-UTC time as ``Wed 18:00 CET`` in ``tz``."""
+    local = at.replace(tzinfo=UTC).astimezone(tz)
+    return local.strftime("%a %H:%M %Z")
+
+
+def deadline_warning(
+    inst: InstanceView,
+    *,
+    deadline_at: datetime,
+    now: datetime,
+    tz: ZoneInfo,
+    prompt_id: int,
+    policy: str = "release",
+    capped: bool = False,
+    late_release_at: datetime | None = None,
+) -> Message:
+    """The warning before a deadline, with Extend 1h / Extend 4h / Release now buttons.
+
+    ``late_release_at`` is set when the deadline already passed while the bot could not warn:
+    the release then happens at that time instead."""
+    release_at = late_release_at or deadline_at
+    left = format_duration(max(release_at - now, timedelta(0)))
+    action = "released" if policy == "release" else "released once its jobs finish"
+    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    lines = [
+        f":alarm_clock: *{inst.name}* will be {action} in *{left}* "
+        f"(at {when(release_at, tz)}). It costs {cost}/h.",
+    ]
+    if late_release_at is not None:
+        lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")
+    if capped:
+        lines.append("This is the maximum lifetime an admin set; only an admin can extend it.")
+    text = " ".join(lines)
+    buttons = [
+        button("Extend 1h", EXTEND_1H, str(prompt_id), style="primary"),
+        button("Extend 4h", EXTEND_4H, str(prompt_id)),
+        button("Release now", RELEASE_NOW, str(prompt_id), style="danger"),
+    ]
+    return text, (section(text), actions(f"deadline-{prompt_id}", buttons))
+
+
+def release_confirm(inst: InstanceView, *, prompt_id: int) -> Message:
+    """Asked after Release now: the confirmation button."""
+    text = f"Release *{inst.name}* now? Anything not saved off the instance is lost."
+    confirm = button("Yes, release it", RELEASE_CONFIRM, str(prompt_id), style="danger")
+    return text, (section(text), actions(f"release-confirm-{prompt_id}", [confirm]))
+
+
+def decided(
+    inst: InstanceView, *, what: str, by: str | None, at: datetime, tz: ZoneInfo
+) -> Message:
+    """A prompt after someone answered it: ``what`` like "Extended 1h" or "Release requested"."""
+    who = f" by {mention(by)}" if by else ""
+    text = f"*{inst.name}*: {what}{who} at {when(at, tz)}."
+    return text, (section(text),)
+
+
+def superseded(inst: InstanceView, *, new_deadline_at: datetime | None, tz: ZoneInfo) -> Message:
+    """An old warning whose deadline moved: its buttons are gone."""
+    if new_deadline_at is None:
+        text = f"*{inst.name}*: this warning is superseded; the instance has no deadline now."
+    else:
+        text = (
+            f"*{inst.name}*: this warning is superseded; the deadline is now "
+            f"{when(new_deadline_at, tz)}."
+        )
+    return text, (section(text),)
+
+
+def idle_prompt(
+    inst: InstanceView,
+    *,
+    idle_for: timedelta,
+    prompt_id: int,
+    release_at: datetime | None,
+    tz: ZoneInfo,
+) -> Message:
+    """Idle for a while: what it costs per hour, Keep / Release buttons."""
+    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    text = (
+        f":zzz: *{inst.name}* has been idle for {format_duration(idle_for)} "
+        f"(no GPU use, no jobs), costing {cost}/h. Still needed?"
+    )
+    if release_at is not None:
+        text += f" If it stays idle it will be released at {when(release_at, tz)}."
+    buttons = [
+        button("Keep it", IDLE_KEEP, str(prompt_id), style="primary"),
+        button("Release it", IDLE_RELEASE, str(prompt_id), style="danger"),
+    ]
+    return text, (section(text), actions(f"idle-{prompt_id}", buttons))
+
+
+def jobs_done_prompt(
+    inst: InstanceView, *, prompt_id: int, release_at: datetime, tz: ZoneInfo
+) -> Message:
+    """The job queue drained on an instance marked release-when-done."""
+    text = (
+        f":checkered_flag: The jobs on *{inst.name}* are done. It will be released at "
+        f"{when(release_at, tz)} unless you keep it."
+    )
+    buttons = [
+        button("Keep it", IDLE_KEEP, str(prompt_id), style="primary"),
+        button("Release now", IDLE_RELEASE, str(prompt_id), style="danger"),
+    ]
+    return text, (section(text), actions(f"jobs-done-{prompt_id}", buttons))
+
+
+def manual_release_request(inst: InstanceView, *, instance_id: int, reason: str) -> Message:
+    """Ask the owner to release a manual instance on its platform and confirm here."""
+    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    text = (
+        f":warning: Please release *{inst.name}* on its platform now ({reason_text(reason)}); "
+        f"it costs {cost}/h until you do. Press the button once it is released; "
+        "the meter stops then."
+    )
+    done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
+    return text, (section(text), actions(f"release-done-{instance_id}", [done]))
+
+
+def manual_release_reminder(
+    inst: InstanceView, *, instance_id: int, asked_at: datetime, now: datetime
+) -> Message:
+    """A reminder that a manual instance still waits to be released."""
+    waited = format_duration(now - asked_at)
+    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    text = (
+        f":warning: Reminder: *{inst.name}* was due to be released {waited} ago and still "
+        f"costs {cost}/h. Release it on its platform, then press the button."
+    )
+    done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
+    return text, (section(text), actions(f"release-remind-{instance_id}", [done]))
+
+
+def release_escalation(
+    inst: InstanceView, *, attempts: int, last_error: str | None, manual: bool
+) -> Message:
+    """To the owner and the channel: a release keeps failing or nobody confirmed it."""
+    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    if manual:
+        text = (
+            f":rotating_light: *{inst.name}* ({mention(inst.owner_id)}) should have been released "
+            f"but nobody confirmed it; it may still cost {cost}/h. "
+            "Please release it on its platform and press the button in the owner's message."
+        )
+    else:
+        error = f" Last error: {last_error}" if last_error else ""
+        text = (
+            f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
+            f"{inst.provider} failed {attempts} times; it may still cost {cost}/h. "
+            f"The bot keeps trying; release it on the platform if you can.{error}"
+        )
+    return text, (section(text),)
+
+
+def released_notice(
+    inst: InstanceView, *, mode: str, reason: str, storage_bills: bool, by: str | None
+) -> Message:
+    """Released (or stopped), confirmed by the platform or the owner."""
+    verb = "stopped" if mode == "stop" else "released"
+    who = f" by {mention(by)}" if by else ""
+    text = (
+        f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(reason)}). "
+        "The meter stopped."
+    )
+    if mode == "stop" and storage_bills:
+        text += " Its storage keeps billing while it is stopped; terminate it to stop that too."
+    return text, (section(text),)
+
+
+def released_outside(inst: InstanceView, *, state: str) -> Message:
+    """Reconcile found the instance gone (or stopped) on the platform without the bot."""
+    verb = "stopped" if state == "stopped" else "released"
+    text = (
+        f":information_source: *{inst.name}* was {verb} on {inst.provider} outside the bot; "
+        "its meter is stopped."
+    )
+    return text, (section(text),)
+
+
+def reason_text(reason: str) -> str:
+    """A release reason in words."""
+    return {
+        "user": "requested by its owner",
+        "deadline": "its deadline passed",
+        "cap": "its maximum lifetime is reached",
+        "idle": "it was idle",
+        "jobs_done": "its jobs are done",
+        "reconcile": "found released on the platform",
+    }.get(reason, reason)
+
+
+def section(text: str) -> Block:
+    """A markdown section (Slack allows 3000 characters)."""
+    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}}
+
+
+def actions(block_id: str, elements: list[Block]) -> Block:
+    """An actions block."""
+    return {"type": "actions", "block_id": block_id, "elements": elements}
+
+
+def button(text: str, action_id: str, value: str, *, style: str | None = None) -> Block:
+    """A button; ``style`` primary or danger."""
+    element: Block = {
+        "type": "button",
+        "text": {"type": "plain_text", "text": text[:75]},
+        "action_id": action_id,
+        "value": value,
+    }
+    if style:
+        element["style"] = style
+    return element

@@ -1,0 +1,215 @@
+"""What the bot needs from a GPU platform: one Protocol, its value types and the registry.
+
+Every provider method raises bot.errors.ProviderError subclasses and nothing else:
+ProviderAuthError (401/403), ProviderNotFound (404), ProviderRateLimited (429, with
+``retry_after_s``) and ProviderError (5xx and network trouble, ``retryable``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from bot.errors import ConfigError, NotFound, ProviderError
+
+if TYPE_CHECKING:
+    from bot.settings import Settings
+
+#: Normalised instance states, whatever the platform calls them.
+PROVIDER_STATES = ("pending", "running", "stopping", "stopped", "terminating", "terminated")
+#: States in which the platform no longer bills compute.
+COMPUTE_OFF_STATES = frozenset({"stopped", "terminated"})
+RELEASE_MODES = ("terminate", "stop")
+
+
+@dataclass(frozen=True)
+class ProviderCapabilities:
+    """What a platform can do and how it bills.
+
+    ``billing_increment`` is second, minute or hour; ``min_charge_s`` the minimum charge per start.
+    ``api_release`` is False where releasing needs a person (the manual provider);
+    ``can_list`` False where the platform has no API to list instances.
+    """
+
+    can_stop: bool
+    storage_bills_when_stopped: bool
+    billing_increment: str
+    min_charge_s: int
+    can_launch: bool
+    can_list: bool = True
+    api_release: bool = True
+
+
+@dataclass(frozen=True)
+class ProviderInstance:
+    """One instance as the platform reports it. ``state`` is one of PROVIDER_STATES and
+    ``raw_state`` the platform's own word; ``host`` is the address to reach SSH on."""
+
+    provider_id: str
+    state: str
+    raw_state: str
+    instance_type: str | None = None
+    name: str | None = None
+    host: str | None = None
+    ssh_port: int = 22
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    price_micros_per_hour: int | None = None
+
+    @property
+    def is_gone(self) -> bool:
+        """True when the platform says the instance is terminated."""
+        return self.state == "terminated"
+
+
+@dataclass(frozen=True)
+class InstanceTypeInfo:
+    """A rentable type: GPU model and count, price in micro-units per hour where published."""
+
+    name: str
+    gpu_model: str | None
+    gpu_count: int | None
+    gpu_mem_mib: int | None = None
+    price_micros_per_hour: int | None = None
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    """What a release call achieved. ``confirmed`` only when the platform reports the instance
+    stopped or terminated (or gone); otherwise the caller checks again later."""
+
+    provider_id: str
+    mode: str
+    confirmed: bool
+    already_gone: bool = False
+    state: str = "terminating"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What to rent: ``instance_type`` in the platform's naming, ``count`` instances.
+
+    ``ssh_key_name`` names a key already registered with the platform (where it has one),
+    ``region`` and ``image`` are the platform's own identifiers; None means its default.
+    """
+
+    instance_type: str
+    count: int = 1
+    name: str | None = None
+    ssh_key_name: str | None = None
+    region: str | None = None
+    image: str | None = None
+    disk_gb: int | None = None
+    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+class Provider(Protocol):
+    """A GPU platform. ``release`` is idempotent: releasing what is already gone succeeds."""
+
+    name: str
+    capabilities: ProviderCapabilities
+
+    def list_instances(self) -> list[ProviderInstance]:
+        """Every instance the account holds (recently terminated ones may be included)."""
+        ...
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        """One instance. Raises ProviderNotFound when the platform does not know it."""
+        ...
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        """Terminate (or stop, where ``capabilities.can_stop``) an instance."""
+        ...
+
+    def price(self, instance_type: str) -> int | None:
+        """The published price of a type in micro-units per hour, or None when not published."""
+        ...
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        """The rentable types the platform lists (empty where it lists none)."""
+        ...
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        """Rent instances; raises ProviderError(retryable=False) where ``can_launch`` is False."""
+        ...
+
+
+ProviderFactory = Callable[["Settings"], Provider]
+
+
+class ProviderRegistry:
+    """The configured providers by name; ``manual`` is always there."""
+
+    def __init__(
+        self, providers: Sequence[Provider] = (), *, missing: dict[str, str] | None = None
+    ) -> None:
+        self._providers: dict[str, Provider] = {p.name: p for p in providers}
+        self._missing = dict(missing or {})
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ProviderRegistry:
+        """Build every provider the settings allow. REST platforms need their API key; a platform
+        without one is listed as missing, and ``get`` says which variable to set."""
+        from bot.providers.manual import ManualProvider
+
+        providers: list[Provider] = [ManualProvider()]
+        missing: dict[str, str] = {}
+        return cls(providers, missing=missing)
+
+    def get(self, name: str) -> Provider:
+        """The provider called ``name``. Raises ConfigError when it needs configuring,
+        NotFound when there is no such provider."""
+        provider = self._providers.get(name)
+        if provider is not None:
+            return provider
+        if name in self._missing:
+            raise ConfigError(
+                f"The {name} provider is not configured.",
+                hint=f"Set {self._missing[name]} in the bot's environment and restart it.",
+            )
+        raise NotFound(
+            f"There is no provider called {name!r}.",
+            hint=f"Use one of: {', '.join(KNOWN_PROVIDERS)}.",
+        )
+
+    def names(self) -> list[str]:
+        """The configured providers' names, in a stable order."""
+        return sorted(self._providers)
+
+    def all(self) -> list[Provider]:
+        """The configured providers."""
+        return [self._providers[name] for name in self.names()]
+
+    def add(self, provider: Provider) -> None:
+        """Add or replace a provider (used when building a registry by hand)."""
+        self._providers[provider.name] = provider
+        self._missing.pop(provider.name, None)
+
+
+#: Every provider module the bot ships.
+KNOWN_PROVIDERS = ("manual", "aws", "lambda", "runpod", "vast")
+
+
+def check_mode(provider: Provider, mode: str) -> None:
+    """Raise ProviderError(retryable=False) when ``mode`` is not one the provider supports."""
+    if mode not in RELEASE_MODES:
+        raise ProviderError(
+            f"Unknown release mode {mode!r}.", retryable=False, hint="Use terminate or stop."
+        )
+    if mode == "stop" and not provider.capabilities.can_stop:
+        raise ProviderError(
+            f"{provider.name} cannot stop instances, only terminate them.",
+            retryable=False,
+            hint="Release with mode terminate.",
+        )
+
+
+def no_launch(provider_name: str) -> ProviderError:
+    """The error for a provider that cannot rent instances through an API."""
+    return ProviderError(
+        f"{provider_name} cannot rent instances through an API.",
+        retryable=False,
+        hint="Rent on the platform, then adopt the instance with /gpu register.",
+    )

@@ -1,0 +1,659 @@
+"""The release engine: Release rows, claimed before each provider call and recorded after.
+
+- ``request_release`` opens a Release (one open Release per instance; asking again returns it).
+- ``process_release`` claims a due Release with a conditional UPDATE (a lease in
+  ``next_attempt_at``), commits, calls the provider outside any transaction and records the
+  result. Nothing is marked released until the platform reports the instance stopped or
+  terminated, or no longer knows it. Failures are retried with exponential backoff (a 429's
+  Retry-After is honoured) and escalated to the owner and the channel after
+  ``ESCALATE_AFTER_FAILURES`` failures (at once for a failure retrying cannot fix).
+- Manual instances (no API): the owner is asked to release on the platform and press
+  "Released on the platform"; reminded every ``MANUAL_REMIND_S`` and escalated to the channel
+  after ``MANUAL_ESCALATE_AFTER_REMINDERS`` reminders. ``confirm_manual_release`` stops the meter.
+
+Release states: pending, in_progress (claimed), escalated (failing, still retried),
+awaiting_owner (manual), confirmed. Every message goes out as a Prompt row (see
+bot.services.prompts), so none is lost or doubled by a crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, update
+from sqlmodel import Session, col, select
+
+from bot.blocks import deadlines as blocks
+from bot.commands.registry import Caller
+from bot.errors import (
+    Conflict,
+    GpubotError,
+    NotAuthorized,
+    NotFound,
+    ProviderNotFound,
+    ProviderRateLimited,
+    UsageError,
+)
+from bot.providers.base import RELEASE_MODES, check_mode
+from bot.runtime import Runtime
+from bot.services import prompts
+from bot.store.models import Instance, Prompt, Release
+
+log = logging.getLogger(__name__)
+
+OPEN_STATES = ("pending", "in_progress", "escalated", "awaiting_owner")
+#: Instance states in which a release is under way or done.
+RELEASING_STATES = ("releasing", "awaiting_confirmation", "released")
+#: How long a claim on a Release holds before another process may take it over.
+CLAIM_LEASE_S = 300
+#: When the platform accepted a release but has not finished it: look again after this.
+CONFIRM_RECHECK_S = 30
+BACKOFF_BASE_S = 60
+BACKOFF_MAX_S = 3600
+ESCALATE_AFTER_FAILURES = 3
+MANUAL_REMIND_S = 1800
+MANUAL_ESCALATE_AFTER_REMINDERS = 2
+
+# Prompt kinds this module sends.
+KIND_MANUAL_ASK = "release_manual"
+KIND_MANUAL_REMINDER = "release_reminder"
+KIND_ESCALATION = "release_escalation"
+KIND_RELEASED = "release_notice"
+
+
+def request_release(
+    rt: Runtime,
+    instance_id: int,
+    *,
+    reason: str,
+    requested_by: str,
+    mode: str = "terminate",
+    now: datetime | None = None,
+) -> Release:
+    """Open a Release for an instance, or return the one already open (never two).
+
+    ``reason``: user, deadline, cap, idle, jobs_done. Raises NotFound for an unknown instance,
+    Conflict when it is already released, UsageError for an unknown mode and ProviderError when
+    the provider cannot release in that mode (stop on a platform that only terminates)."""
+    if mode not in RELEASE_MODES:
+        raise UsageError(f"Unknown release mode {mode!r}.", hint="Use terminate or stop.")
+    now = now or rt.now()
+    with rt.db.session() as session:
+        inst = session.get(Instance, instance_id)
+        if inst is None:
+            raise NotFound(f"There is no instance with id {instance_id}.")
+        existing = open_release(session, instance_id)
+        if existing is not None:
+            return existing
+        if inst.state == "released":
+            raise Conflict(f"{inst.name} is already released.")
+        check_mode(rt.providers.get(inst.provider), mode)
+        won = session.exec(
+            update(Instance)
+            .where(col(Instance.id) == instance_id, col(Instance.state).not_in(RELEASING_STATES))
+            .values(state="releasing")
+        ).rowcount
+        if won != 1:
+            existing = open_release(session, instance_id)
+            if existing is not None:
+                return existing
+            if _instance_state(session, instance_id) == "released":
+                raise Conflict(f"{inst.name} is already released.")
+        release = Release(
+            instance_id=instance_id,
+            reason=reason,
+            mode=mode,
+            requested_by=requested_by,
+            requested_at=now,
+            state="pending",
+        )
+        session.add(release)
+        prompts.audit(
+            session,
+            at=now,
+            actor=requested_by,
+            action="release_requested",
+            instance_id=instance_id,
+            reason=reason,
+            mode=mode,
+        )
+        session.flush()
+    return release
+
+
+def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None) -> Release:
+    """Work on one Release if it is due and nobody else holds it; return its row afterwards.
+
+    Provider calls happen outside any transaction; provider failures are recorded on the row,
+    never raised. Raises NotFound for an unknown release id."""
+    now = now or rt.now()
+    claim = _claim(rt, release_id, now)
+    if claim is not None:
+        if claim.manual:
+            _process_manual(rt, claim, now)
+        else:
+            _process_api(rt, claim)
+        _deliver_for_release(rt, claim.release_id)
+    return load_release(rt, release_id)
+
+
+def process_due_releases(rt: Runtime, now: datetime) -> list[Release]:
+    """Process every open Release whose next attempt is due; returns them as they ended up."""
+    with rt.db.session() as session:
+        ids = list(
+            session.exec(
+                select(Release.id)
+                .where(
+                    col(Release.state).in_(OPEN_STATES),
+                    (col(Release.next_attempt_at).is_(None))
+                    | (col(Release.next_attempt_at) <= now),
+                )
+                .order_by(col(Release.id))
+            )
+        )
+    done: list[Release] = []
+    for release_id in ids:
+        assert release_id is not None
+        try:
+            done.append(process_release(rt, release_id, now=now))
+        except GpubotError as exc:  # a store hiccup on one release must not stop the others
+            log.warning("release %s: %s", release_id, exc)
+    return done
+
+
+def confirm_manual_release(
+    rt: Runtime, caller: Caller, instance_id: int, *, now: datetime | None = None
+) -> Release:
+    """The owner (or an admin) says the instance is released on its platform: the meter stops.
+
+    Idempotent: confirming twice returns the confirmed Release. Raises NotFound for an unknown
+    instance and NotAuthorized for anyone but its owner or an admin."""
+    now = now or rt.now()
+    to_update: list[Prompt] = []
+    with rt.db.session() as session:
+        inst = session.get(Instance, instance_id)
+        if inst is None:
+            raise NotFound(f"There is no instance with id {instance_id}.")
+        if caller.user_id != inst.owner_id and not rt.settings.is_admin(caller.user_id):
+            raise NotAuthorized(
+                f"Only the owner of {inst.name} or an admin can confirm it is released."
+            )
+        release = open_release(session, instance_id)
+        if release is None:
+            done = _latest_confirmed(session, instance_id)
+            if inst.state == "released" and done is not None:
+                return done
+            release = Release(
+                instance_id=instance_id,
+                reason="user",
+                mode="terminate",
+                requested_by=caller.user_id,
+                requested_at=now,
+                state="pending",
+            )
+            session.add(release)
+            session.flush()
+        won = session.exec(
+            update(Release)
+            .where(col(Release.id) == release.id, col(Release.state).in_(OPEN_STATES))
+            .values(state="confirmed", confirmed_at=now, next_attempt_at=None)
+        ).rowcount
+        session.refresh(release)
+        if won != 1:
+            return release
+        mark_instance_released(session, instance_id, now=now, mode=release.mode)
+        to_update = _resolve_release_prompts(session, instance_id, by=caller.user_id, now=now)
+        prompts.audit(
+            session,
+            at=now,
+            actor=caller.user_id,
+            action="release_confirmed",
+            instance_id=instance_id,
+            release_id=release.id,
+            manual=True,
+        )
+        view = instance_view(inst)
+    text, body = blocks.decided(
+        view,
+        what="Confirmed released on the platform",
+        by=caller.user_id,
+        at=now,
+        tz=rt.settings.tz(),
+    )
+    for prompt in to_update:
+        prompts.update_message(rt, prompt, text, body)
+    return release
+
+
+def load_release(rt: Runtime, release_id: int) -> Release:
+    """The Release row. Raises NotFound."""
+    with rt.db.session() as session:
+        release = session.get(Release, release_id)
+        if release is None:
+            raise NotFound(f"There is no release with id {release_id}.")
+        return release
+
+
+def open_release(session: Session, instance_id: int) -> Release | None:
+    """The instance's open Release, or None."""
+    return session.exec(
+        select(Release)
+        .where(Release.instance_id == instance_id, col(Release.state).in_(OPEN_STATES))
+        .order_by(col(Release.id).desc())
+    ).first()
+
+
+def mark_instance_released(session: Session, instance_id: int, *, now: datetime, mode: str) -> bool:
+    """Stop the meter: the instance is released (terminate) or stopped with storage kept (stop).
+
+    Returns False when it was already marked released."""
+    values: dict[str, object] = {
+        "state": "released",
+        "released_at": now,
+        "release_mode": mode,
+    }
+    inst = session.get(Instance, instance_id)
+    if inst is not None and inst.stopped_at is None:
+        values["stopped_at"] = now
+    if mode == "terminate" and inst is not None and inst.storage_deleted_at is None:
+        values["storage_deleted_at"] = now
+    result = session.exec(
+        update(Instance)
+        .where(col(Instance.id) == instance_id, col(Instance.released_at).is_(None))
+        .values(**values)
+    )
+    if inst is not None:
+        session.refresh(inst)
+    return bool(result.rowcount == 1)
+
+
+def instance_view(inst: Instance) -> blocks.InstanceView:
+    """What the renderers need of an instance."""
+    return blocks.InstanceView(
+        name=inst.name,
+        owner_id=inst.owner_id,
+        provider=inst.provider,
+        price_micros_per_hour=hourly_cost_micros(inst),
+        currency=inst.currency,
+    )
+
+
+def hourly_cost_micros(inst: Instance) -> int:
+    """What the instance costs per hour: per-GPU prices times the GPU count."""
+    if inst.price_per == "gpu_hour":
+        return inst.price_micros * max(inst.gpu_count or inst.delivered_gpu_count or 1, 1)
+    return inst.price_micros
+
+
+def escalation_channel(rt: Runtime, inst: Instance) -> str | None:
+    """Where escalations go: the ops channel, else the instance's own channel."""
+    return rt.settings.channel or inst.channel_id
+
+
+# --- claiming and recording -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claim:
+    release_id: int
+    lease_until: datetime
+    instance_id: int
+    provider: str
+    provider_instance_id: str | None
+    mode: str
+    reason: str
+    attempts: int
+    escalated: bool
+    manual: bool
+
+
+def _claim(rt: Runtime, release_id: int, now: datetime) -> _Claim | None:
+    lease_until = now + timedelta(seconds=CLAIM_LEASE_S)
+    with rt.db.session() as session:
+        release = session.get(Release, release_id)
+        if release is None:
+            raise NotFound(f"There is no release with id {release_id}.")
+        if release.state not in OPEN_STATES:
+            return None
+        if release.next_attempt_at is not None and release.next_attempt_at > now:
+            return None
+        guard = (
+            col(Release.next_attempt_at).is_(None)
+            if release.next_attempt_at is None
+            else col(Release.next_attempt_at) == release.next_attempt_at
+        )
+        won = session.exec(
+            update(Release)
+            .where(col(Release.id) == release_id, col(Release.state) == release.state, guard)
+            .values(state="in_progress", next_attempt_at=lease_until)
+        ).rowcount
+        if won != 1:
+            return None
+        inst = session.get(Instance, release.instance_id)
+        assert inst is not None
+        manual = _is_manual(rt, inst)
+        return _Claim(
+            release_id=release_id,
+            lease_until=lease_until,
+            instance_id=inst.id or 0,
+            provider=inst.provider,
+            provider_instance_id=inst.provider_instance_id,
+            mode=release.mode,
+            reason=release.reason,
+            attempts=release.attempts,
+            escalated=release.escalated_at is not None,
+            manual=manual,
+        )
+
+
+def _is_manual(rt: Runtime, inst: Instance) -> bool:
+    if not inst.provider_instance_id:
+        return True
+    try:
+        return not rt.providers.get(inst.provider).capabilities.api_release
+    except GpubotError:
+        return False  # an unconfigured provider: the attempt fails and escalates
+
+
+def _process_api(rt: Runtime, claim: _Claim) -> None:
+    assert claim.provider_instance_id is not None
+    try:
+        provider = rt.providers.get(claim.provider)
+        try:
+            current = provider.get(claim.provider_instance_id)
+        except ProviderNotFound:
+            _record_confirmed(rt, claim, mode="terminate", detail="gone on the platform")
+            return
+        if current.state == "terminated" or (claim.mode == "stop" and current.state == "stopped"):
+            _record_confirmed(rt, claim, mode=claim.mode, detail=current.raw_state)
+            return
+        outcome = provider.release(claim.provider_instance_id, claim.mode)
+    except ProviderNotFound:
+        _record_confirmed(rt, claim, mode="terminate", detail="gone on the platform")
+        return
+    except ProviderRateLimited as exc:
+        _record_failure(rt, claim, exc, retry_after_s=exc.retry_after_s)
+        return
+    except GpubotError as exc:
+        _record_failure(rt, claim, exc, retry_after_s=None)
+        return
+    if outcome.confirmed:
+        mode = "terminate" if outcome.already_gone else outcome.mode
+        _record_confirmed(rt, claim, mode=mode, detail=outcome.detail or outcome.state)
+        return
+    _record_pending(rt, claim)
+
+
+def _still_ours(claim: _Claim) -> tuple[object, ...]:
+    return (
+        col(Release.id) == claim.release_id,
+        col(Release.state) == "in_progress",
+        col(Release.next_attempt_at) == claim.lease_until,
+    )
+
+
+def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> None:
+    now = rt.now()
+    with rt.db.session() as session:
+        won = session.exec(
+            update(Release)
+            .where(*_still_ours(claim))  # type: ignore[arg-type]
+            .values(
+                state="confirmed",
+                confirmed_at=now,
+                next_attempt_at=None,
+                last_error=None,
+                mode=mode,
+            )
+        ).rowcount
+        if won != 1:
+            return
+        mark_instance_released(session, claim.instance_id, now=now, mode=mode)
+        _resolve_release_prompts(session, claim.instance_id, by=None, now=now)
+        inst = session.get(Instance, claim.instance_id)
+        assert inst is not None
+        prompts.ensure_prompt(
+            session,
+            instance_id=claim.instance_id,
+            kind=KIND_RELEASED,
+            key=str(claim.release_id),
+            recipient=inst.owner_id,
+            due_at=now,
+        )
+        prompts.audit(
+            session,
+            at=now,
+            actor="gpubot",
+            action="release_confirmed",
+            instance_id=claim.instance_id,
+            release_id=claim.release_id,
+            mode=mode,
+            detail=detail,
+        )
+
+
+def _record_pending(rt: Runtime, claim: _Claim) -> None:
+    now = rt.now()
+    with rt.db.session() as session:
+        session.exec(
+            update(Release)
+            .where(*_still_ours(claim))  # type: ignore[arg-type]
+            .values(
+                state="escalated" if claim.escalated else "pending",
+                next_attempt_at=now + timedelta(seconds=CONFIRM_RECHECK_S),
+            )
+        )
+
+
+def _record_failure(
+    rt: Runtime, claim: _Claim, error: GpubotError, *, retry_after_s: float | None
+) -> None:
+    now = rt.now()
+    attempts = claim.attempts + 1
+    retryable = bool(getattr(error, "retryable", True))
+    delay = backoff_s(attempts) if retryable else BACKOFF_MAX_S
+    if retry_after_s is not None:
+        delay = max(delay, int(retry_after_s))
+    escalate = not claim.escalated and (attempts >= ESCALATE_AFTER_FAILURES or not retryable)
+    values: dict[str, object] = {
+        "state": "escalated" if (escalate or claim.escalated) else "pending",
+        "attempts": attempts,
+        "next_attempt_at": now + timedelta(seconds=delay),
+        "last_error": error.user_text()[:2000],
+    }
+    if escalate:
+        values["escalated_at"] = now
+    log.warning("release %s attempt %s failed: %s", claim.release_id, attempts, error)
+    with rt.db.session() as session:
+        won = session.exec(
+            update(Release).where(*_still_ours(claim)).values(**values)  # type: ignore[arg-type]
+        ).rowcount
+        if won != 1 or not escalate:
+            return
+        _add_escalations(rt, session, claim.instance_id, claim.release_id, now)
+
+
+def _add_escalations(
+    rt: Runtime, session: Session, instance_id: int, release_id: int, now: datetime
+) -> None:
+    inst = session.get(Instance, instance_id)
+    assert inst is not None
+    targets = [("owner", inst.owner_id), ("channel", escalation_channel(rt, inst))]
+    for suffix, recipient in targets:
+        if recipient:
+            prompts.ensure_prompt(
+                session,
+                instance_id=instance_id,
+                kind=KIND_ESCALATION,
+                key=f"{release_id}:{suffix}",
+                recipient=recipient,
+                due_at=now,
+            )
+    prompts.audit(
+        session,
+        at=now,
+        actor="gpubot",
+        action="release_escalated",
+        instance_id=instance_id,
+        release_id=release_id,
+    )
+
+
+def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
+    with rt.db.session() as session:
+        inst = session.get(Instance, claim.instance_id)
+        assert inst is not None
+        asked = prompts.find_prompt(
+            session, claim.instance_id, KIND_MANUAL_ASK, str(claim.release_id)
+        )
+        escalated = claim.escalated
+        if asked is None:
+            prompts.ensure_prompt(
+                session,
+                instance_id=claim.instance_id,
+                kind=KIND_MANUAL_ASK,
+                key=str(claim.release_id),
+                recipient=inst.owner_id,
+                due_at=now,
+            )
+        else:
+            reminders = _count_prompts(
+                session, claim.instance_id, KIND_MANUAL_REMINDER, claim.release_id
+            )
+            prompts.ensure_prompt(
+                session,
+                instance_id=claim.instance_id,
+                kind=KIND_MANUAL_REMINDER,
+                key=f"{claim.release_id}:{reminders + 1}",
+                recipient=inst.owner_id,
+                due_at=now,
+            )
+            if not escalated and reminders + 1 >= MANUAL_ESCALATE_AFTER_REMINDERS:
+                _add_escalations(rt, session, claim.instance_id, claim.release_id, now)
+                escalated = True
+        interval = MANUAL_REMIND_S * (4 if escalated else 1)
+        values: dict[str, object] = {
+            "state": "awaiting_owner",
+            "next_attempt_at": now + timedelta(seconds=interval),
+        }
+        if escalated and not claim.escalated:
+            values["escalated_at"] = now
+        won = session.exec(
+            update(Release).where(*_still_ours(claim)).values(**values)  # type: ignore[arg-type]
+        ).rowcount
+        if won != 1:
+            session.rollback()
+            return
+        session.exec(
+            update(Instance)
+            .where(col(Instance.id) == claim.instance_id, col(Instance.state) != "released")
+            .values(state="awaiting_confirmation")
+        )
+
+
+def _count_prompts(session: Session, instance_id: int, kind: str, release_id: int) -> int:
+    return int(
+        session.exec(
+            select(func.count())
+            .select_from(Prompt)
+            .where(
+                Prompt.instance_id == instance_id,
+                Prompt.kind == kind,
+                col(Prompt.key).startswith(f"{release_id}:"),
+            )
+        ).one()
+    )
+
+
+def _resolve_release_prompts(
+    session: Session, instance_id: int, *, by: str | None, now: datetime
+) -> list[Prompt]:
+    """Close the manual ask and reminders; returns those that were posted (to update them)."""
+    open_prompts = session.exec(
+        select(Prompt).where(
+            Prompt.instance_id == instance_id,
+            col(Prompt.kind).in_((KIND_MANUAL_ASK, KIND_MANUAL_REMINDER)),
+            col(Prompt.resolved_at).is_(None),
+        )
+    ).all()
+    posted: list[Prompt] = []
+    for prompt in open_prompts:
+        assert prompt.id is not None
+        resolved = prompts.resolve(session, prompt.id, resolution="released", by=by, now=now)
+        if resolved and prompts.posted_ref(prompt) is not None:
+            posted.append(prompt)
+    return posted
+
+
+def _latest_confirmed(session: Session, instance_id: int) -> Release | None:
+    return session.exec(
+        select(Release)
+        .where(Release.instance_id == instance_id, Release.state == "confirmed")
+        .order_by(col(Release.id).desc())
+    ).first()
+
+
+def _instance_state(session: Session, instance_id: int) -> str | None:
+    return session.exec(select(Instance.state).where(Instance.id == instance_id)).first()
+
+
+def backoff_s(attempts: int) -> int:
+    """Seconds before retry number ``attempts``: 60, 120, 240 ... at most an hour."""
+    return int(min(BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), BACKOFF_MAX_S))
+
+
+# --- messages ---------------------------------------------------------------------------------
+
+
+def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blocks.Message | None:
+    """The message for one of this module's prompt kinds (None: nothing to send any more)."""
+    view = instance_view(inst)
+    release_id = int(prompt.key.split(":", 1)[0])
+    release = session.get(Release, release_id)
+    if release is None:
+        return None
+    if prompt.kind == KIND_MANUAL_ASK:
+        if release.state == "confirmed":
+            return None
+        return blocks.manual_release_request(view, instance_id=inst.id or 0, reason=release.reason)
+    if prompt.kind == KIND_MANUAL_REMINDER:
+        if release.state == "confirmed":
+            return None
+        return blocks.manual_release_reminder(
+            view, instance_id=inst.id or 0, asked_at=release.requested_at, now=rt.now()
+        )
+    if prompt.kind == KIND_ESCALATION:
+        if release.state == "confirmed":
+            return None
+        return blocks.release_escalation(
+            view,
+            attempts=release.attempts,
+            last_error=release.last_error,
+            manual=_is_manual(rt, inst),
+        )
+    if prompt.kind == KIND_RELEASED:
+        storage_bills = False
+        try:
+            storage_bills = rt.providers.get(inst.provider).capabilities.storage_bills_when_stopped
+        except GpubotError:
+            storage_bills = True
+        return blocks.released_notice(
+            view, mode=release.mode, reason=release.reason, storage_bills=storage_bills, by=None
+        )
+    return None
+
+
+for _kind in (KIND_MANUAL_ASK, KIND_MANUAL_REMINDER, KIND_ESCALATION, KIND_RELEASED):
+    prompts.RENDERERS[_kind] = render
+
+
+def _deliver_for_release(rt: Runtime, release_id: int) -> None:
+    """Post this release's unsent prompts now rather than at the next tick."""
+    with rt.db.session() as session:
+        release = session.get(Release, release_id)
+        if release is None:
+            return
+        instance_id = release.instance_id
+    prompts.deliver_pending(rt, rt.now(), instance_id=instance_id)

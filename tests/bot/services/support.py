@@ -1,0 +1,176 @@
+"""Helpers for service tests: a controlled clock, a recording notifier, runtimes and rows."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.errors import SlackError
+from bot.notify import MessageRef
+from bot.providers.base import Provider, ProviderRegistry
+from bot.providers.manual import ManualProvider
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.store.db import Database
+from bot.store.models import Instance, Person
+
+T0 = datetime(2026, 12, 2, 12, 0, 0)
+
+
+class Clock:
+    """A clock the test moves by hand (naive UTC)."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **kwargs: float) -> datetime:
+        self.now += timedelta(**kwargs)
+        return self.now
+
+    def set(self, at: datetime) -> datetime:
+        self.now = at
+        return at
+
+
+@dataclass
+class Posted:
+    channel: str
+    text: str
+    blocks: tuple[dict[str, Any], ...]
+    ts: str
+    thread_ts: str | None = None
+    updates: list[tuple[str, tuple[dict[str, Any], ...]]] = field(default_factory=list)
+
+    def action_ids(self) -> list[str]:
+        blocks = self.updates[-1][1] if self.updates else self.blocks
+        return [
+            element["action_id"]
+            for block in blocks
+            if block.get("type") == "actions"
+            for element in block["elements"]
+        ]
+
+    def button_value(self, action_id: str) -> str:
+        for block in self.blocks:
+            for element in block.get("elements", []) if block.get("type") == "actions" else []:
+                if element["action_id"] == action_id:
+                    return str(element["value"])
+        raise AssertionError(f"no button {action_id} in {self.text!r}")
+
+    @property
+    def current_text(self) -> str:
+        return self.updates[-1][0] if self.updates else self.text
+
+
+class RecordingNotifier:
+    """Stands in for Slack's Web API: records posts and updates; can be told to fail."""
+
+    def __init__(self) -> None:
+        self.posts: list[Posted] = []
+        self.fail_posts = False
+        self._ts = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def post(
+        self,
+        channel: str,
+        text: str,
+        blocks: Sequence[dict[str, Any]] = (),
+        *,
+        thread_ts: str | None = None,
+    ) -> MessageRef:
+        if self.fail_posts:
+            raise SlackError("Slack is unreachable", error="unreachable")
+        with self._lock:
+            ts = f"{next(self._ts)}.000100"
+            self.posts.append(Posted(channel, text, tuple(blocks), ts, thread_ts))
+        return MessageRef(channel=channel, ts=ts)
+
+    def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
+        for posted in self.posts:
+            if posted.ts == ref.ts and posted.channel == ref.channel:
+                posted.updates.append((text, tuple(blocks)))
+                return
+        raise SlackError("message_not_found", error="message_not_found")
+
+    def upload_file(
+        self,
+        channel: str,
+        filename: str,
+        content: bytes,
+        *,
+        title: str,
+        comment: str = "",
+        thread_ts: str | None = None,
+    ) -> None:
+        raise AssertionError("no uploads expected")
+
+    def to(self, channel: str) -> list[Posted]:
+        return [p for p in self.posts if p.channel == channel]
+
+    def containing(self, fragment: str) -> list[Posted]:
+        return [p for p in self.posts if fragment in p.text]
+
+
+def make_runtime(
+    db: Database,
+    clock: Clock,
+    *,
+    providers: Sequence[Provider] = (),
+    notifier: RecordingNotifier | None = None,
+    fleet: Any = None,
+    **settings: Any,
+) -> Runtime:
+    """A runtime over ``db`` with the manual provider plus ``providers``."""
+    registry = ProviderRegistry([ManualProvider(), *providers])
+    base = {"admins": frozenset({"UADMIN"}), "channel": "COPS"}
+    base.update(settings)
+    return Runtime(
+        settings=Settings(**base),
+        db=db,
+        fleet=fleet,
+        providers=registry,
+        notifier=notifier or RecordingNotifier(),
+        clock=clock,
+        executor=ThreadPoolExecutor(max_workers=2),
+    )
+
+
+def add_instance(db: Database, **fields: Any) -> int:
+    """Insert an active instance (owner UOWNER unless given) and return its id."""
+    values: dict[str, Any] = {
+        "name": "box",
+        "owner_id": "UOWNER",
+        "state": "active",
+        "host": "127.0.0.1",
+        "ssh_user": "root",
+        "price_micros": 2_100_000,
+        "gpu_model": "A100",
+        "gpu_count": 1,
+        "created_at": T0,
+    }
+    values.update(fields)
+    with db.session() as session:
+        if session.get(Person, values["owner_id"]) is None:
+            session.add(Person(slack_id=values["owner_id"]))
+            session.flush()
+        inst = Instance(**values)
+        session.add(inst)
+        session.flush()
+        assert inst.id is not None
+        return inst.id
+
+
+def get_instance(db: Database, instance_id: int) -> Instance:
+    with db.session() as session:
+        inst = session.get(Instance, instance_id)
+        assert inst is not None
+        return inst

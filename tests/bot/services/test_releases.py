@@ -1,0 +1,303 @@
+"""The release engine: idempotent requests, provider confirmation, backoff, escalation, manual."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from datetime import timedelta
+
+import pytest
+from sqlmodel import select
+
+from bot.commands.registry import Caller
+from bot.errors import (
+    Conflict,
+    NotAuthorized,
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderRateLimited,
+)
+from bot.providers.base import (
+    InstanceTypeInfo,
+    LaunchRequest,
+    ProviderCapabilities,
+    ProviderInstance,
+    ReleaseOutcome,
+    no_launch,
+)
+from bot.services import releases
+from bot.store.models import AuditLog, Instance, Prompt, Release
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    RecordingNotifier,
+    add_instance,
+    get_instance,
+    make_runtime,
+)
+
+
+class ScriptedPlatform:
+    """A platform whose answers a test scripts (the cloud is a boundary): ``answers`` holds the
+    outcome of each release call; ``state`` is what ``get`` reports."""
+
+    name = "scripted"
+    capabilities = ProviderCapabilities(
+        can_stop=True,
+        storage_bills_when_stopped=True,
+        billing_increment="second",
+        min_charge_s=60,
+        can_launch=False,
+    )
+
+    def __init__(self) -> None:
+        self.state = "running"
+        self.answers: deque[object] = deque()
+        self.release_calls: list[tuple[str, str]] = []
+        self.gate: threading.Event | None = None
+
+    def list_instances(self) -> list[ProviderInstance]:
+        return [self.get("i-1")]
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        if self.state == "missing":
+            raise ProviderNotFound(f"{provider_id} not found")
+        return ProviderInstance(provider_id=provider_id, state=self.state, raw_state=self.state)
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        self.release_calls.append((provider_id, mode))
+        if self.gate is not None:
+            self.gate.wait(5)
+        answer = self.answers.popleft() if self.answers else "terminated"
+        if isinstance(answer, Exception):
+            raise answer
+        self.state = str(answer)
+        done = answer == "terminated" or (mode == "stop" and answer == "stopped")
+        return ReleaseOutcome(provider_id, mode, confirmed=done, state=str(answer))
+
+    def price(self, instance_type: str) -> int | None:
+        return None
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        return []
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        raise no_launch(self.name)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def platform() -> ScriptedPlatform:
+    return ScriptedPlatform()
+
+
+@pytest.fixture
+def rt(db, clock, platform):
+    return make_runtime(db, clock, providers=[platform])
+
+
+def _api_instance(rt) -> int:
+    return add_instance(rt.db, provider="scripted", provider_instance_id="i-1")
+
+
+def _release(rt, release_id: int) -> Release:
+    return releases.load_release(rt, release_id)
+
+
+def test_request_is_idempotent_and_audited(rt):
+    iid = _api_instance(rt)
+    first = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    second = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    assert first.id == second.id
+    assert get_instance(rt.db, iid).state == "releasing"
+    with rt.db.session() as session:
+        assert len(session.exec(select(Release)).all()) == 1
+        actions = [a.action for a in session.exec(select(AuditLog)).all()]
+    assert actions == ["release_requested"]
+
+
+def test_release_confirmed_only_when_the_platform_says_terminated(rt, clock, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    platform.answers.extend(["shutting-down"])
+    platform.state = "running"
+
+    after = releases.process_release(rt, rel.id)
+    assert after.state == "pending"
+    assert after.next_attempt_at == T0 + timedelta(seconds=releases.CONFIRM_RECHECK_S)
+    inst = get_instance(rt.db, iid)
+    assert inst.released_at is None
+    assert inst.state == "releasing"
+
+    # Not due yet: nothing happens.
+    assert releases.process_due_releases(rt, clock.now) == []
+    platform.state = "terminated"
+    clock.advance(seconds=releases.CONFIRM_RECHECK_S)
+    done = releases.process_due_releases(rt, clock.now)
+    assert [r.state for r in done] == ["confirmed"]
+    inst = get_instance(rt.db, iid)
+    assert inst.state == "released"
+    assert inst.released_at == clock.now
+    assert inst.storage_deleted_at == clock.now
+    assert platform.release_calls == [("i-1", "terminate")]  # the recheck only looked
+    notices = rt.notifier.containing("is released")
+    assert [p.channel for p in notices] == ["UOWNER"]
+
+
+def test_already_gone_counts_as_released(rt, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    platform.state = "missing"
+    assert releases.process_release(rt, rel.id).state == "confirmed"
+    assert get_instance(rt.db, iid).release_mode == "terminate"
+    assert platform.release_calls == []
+
+
+def test_failures_back_off_then_escalate_once_to_owner_and_channel(rt, clock, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    platform.answers.extend([ProviderError("HTTP 500") for _ in range(4)])
+
+    delays = []
+    for _ in range(4):
+        after = releases.process_release(rt, rel.id)
+        delays.append(after.next_attempt_at - clock.now)
+        clock.set(after.next_attempt_at)
+    assert delays == [timedelta(seconds=s) for s in (60, 120, 240, 480)]
+    after = _release(rt, rel.id)
+    assert after.state == "escalated"
+    assert after.attempts == 4
+    assert "HTTP 500" in (after.last_error or "")
+    escalations = rt.notifier.containing("failed 3 times")
+    assert sorted(p.channel for p in escalations) == ["COPS", "UOWNER"]
+    assert get_instance(rt.db, iid).released_at is None
+
+    releases.process_release(rt, rel.id)  # the platform recovers
+    assert _release(rt, rel.id).state == "confirmed"
+    assert len(rt.notifier.containing("failed")) == 2
+
+
+def test_rate_limit_honours_retry_after(rt, clock, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    platform.answers.append(ProviderRateLimited("slow down", retry_after_s=900))
+    after = releases.process_release(rt, rel.id)
+    assert after.next_attempt_at == clock.now + timedelta(seconds=900)
+    assert after.state == "pending"
+
+
+def test_auth_error_escalates_at_once(rt, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    platform.answers.append(ProviderAuthError("HTTP 401"))
+    after = releases.process_release(rt, rel.id)
+    assert after.state == "escalated"
+    assert after.attempts == 1
+    assert len(rt.notifier.containing("failed 1 times")) == 2
+
+
+def test_stop_mode_keeps_storage_billing(rt, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
+    platform.answers.append("stopped")
+    assert releases.process_release(rt, rel.id).state == "confirmed"
+    inst = get_instance(rt.db, iid)
+    assert inst.release_mode == "stop"
+    assert inst.stopped_at is not None
+    assert inst.storage_deleted_at is None
+    assert "storage keeps billing" in rt.notifier.containing("is stopped")[0].text
+
+
+def test_stop_refused_where_the_platform_cannot_stop(rt):
+    iid = add_instance(rt.db)
+    with pytest.raises(ProviderError, match="cannot stop"):
+        releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
+    assert get_instance(rt.db, iid).state == "active"
+
+
+def test_two_workers_call_the_platform_once(rt, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    platform.gate = threading.Event()
+    results: list[str] = []
+    workers = [
+        threading.Thread(target=lambda: results.append(releases.process_release(rt, rel.id).state))
+        for _ in range(2)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(0.5)
+    platform.gate.set()
+    for w in workers:
+        w.join(5)
+    assert platform.release_calls == [("i-1", "terminate")]
+    assert _release(rt, rel.id).state == "confirmed"
+    assert len(rt.notifier.containing("is released")) == 1
+
+
+def test_manual_release_asks_reminds_escalates_and_confirms(rt, clock):
+    iid = add_instance(rt.db, name="hand")
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    after = releases.process_release(rt, rel.id)
+    assert after.state == "awaiting_owner"
+    assert get_instance(rt.db, iid).state == "awaiting_confirmation"
+    ask = rt.notifier.to("UOWNER")[0]
+    assert ask.button_value("instance_release_done") == str(iid)
+
+    for _ in range(2):
+        clock.advance(seconds=releases.MANUAL_REMIND_S)
+        releases.process_due_releases(rt, clock.now)
+    assert len(rt.notifier.containing("Reminder")) == 2
+    assert len(rt.notifier.to("COPS")) == 1
+    assert get_instance(rt.db, iid).released_at is None
+
+    with pytest.raises(NotAuthorized):
+        releases.confirm_manual_release(rt, Caller("USOMEONE"), iid)
+    clock.advance(minutes=5)
+    done = releases.confirm_manual_release(rt, Caller("UOWNER"), iid)
+    assert done.state == "confirmed"
+    inst = get_instance(rt.db, iid)
+    assert inst.state == "released"
+    assert inst.released_at == clock.now
+    assert "Confirmed released on the platform by <@UOWNER>" in ask.current_text
+    assert ask.action_ids() == []
+    again = releases.confirm_manual_release(rt, Caller("UOWNER"), iid)
+    assert again.id == done.id
+    with rt.db.session() as session:
+        open_prompts = session.exec(
+            select(Prompt).where(Prompt.kind == "release_reminder", Prompt.resolved_at == None)  # noqa: E711
+        ).all()
+    assert open_prompts == []
+    with pytest.raises(Conflict):
+        releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+
+
+def test_slack_down_does_not_lose_the_manual_ask(rt, clock):
+    iid = add_instance(rt.db, name="hand")
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    rt.notifier.fail_posts = True
+    releases.process_release(rt, rel.id)
+    assert rt.notifier.posts == []
+    rt.notifier.fail_posts = False
+    from bot.services import prompts
+
+    assert prompts.deliver_pending(rt, clock.now) == 1
+    assert prompts.deliver_pending(rt, clock.now) == 0
+    assert len(rt.notifier.to("UOWNER")) == 1
+
+
+def test_admin_confirms_without_a_request(rt, clock):
+    iid = add_instance(rt.db, name="hand")
+    done = releases.confirm_manual_release(rt, Caller("UADMIN"), iid)
+    assert done.state == "confirmed"
+    assert done.reason == "user"
+    with rt.db.session() as session:
+        inst = session.get(Instance, iid)
+        assert inst is not None and inst.state == "released"
+
