@@ -5,3 +5,12 @@ and registers its specs; ``bot.commands.load_all()`` imports them all.
 """
 
 from __future__ import annotations
+
+from bot.commands.registry import REGISTRY, Registry
+
+
+def load_all() -> Registry:
+    """Import every command module so that its specs are in REGISTRY; returns REGISTRY."""
+    import bot.commands.help  # noqa: F401
+
+    return REGISTRY

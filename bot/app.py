@@ -1,0 +1,141 @@
+"""Building the bot: the runtime (store, fleet, providers, executor) and the Bolt app.
+
+There is no module-level app: ``build_app(settings)`` makes one, so the tests, the console and
+the server each build their own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
+from typing import ParamSpec, TypeVar
+
+from slack_bolt import App
+from slack_sdk import WebClient
+
+from bot.commands import load_all
+from bot.commands.registry import Registry
+from bot.errors import ConfigError
+from bot.fleet.fleet import Fleet
+from bot.listeners import register_listeners
+from bot.notify import Notifier
+from bot.providers.base import ProviderRegistry
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.slack_notifier import SlackNotifier
+from bot.store.db import Database
+from bot.store.models import utcnow
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: Threads Bolt uses to run listeners up to their ack(); the slow work is on the bot's executor.
+ACK_THREADS = 16
+
+
+class BotExecutor(ThreadPoolExecutor):
+    """The bot's own pool for work after an ack; it can wait until nothing is pending."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "gpubot") -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._pending = 0
+        self._completed = 0
+        self._idle = threading.Condition()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Run ``fn`` on the pool, counting it as pending until it ends."""
+        with self._idle:
+            self._pending += 1
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(None)
+            raise
+        future.add_done_callback(self._finished)
+        return future
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until no submitted work is pending (work may submit more); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+
+    @property
+    def completed(self) -> int:
+        """How many submitted calls have ended (successfully or not)."""
+        with self._idle:
+            return self._completed
+
+    def _finished(self, _future: Future[T] | None) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._completed += 1
+            self._idle.notify_all()
+
+
+def make_client(settings: Settings) -> WebClient:
+    """A Web API client for the bot token, at ``settings.slack_api_url``."""
+    return WebClient(token=settings.slack_bot_token, base_url=settings.slack_api_url)
+
+
+def build_runtime(
+    settings: Settings,
+    *,
+    notifier: Notifier | None = None,
+    clock: Callable[[], datetime] | None = None,
+    fleet: Fleet | None = None,
+    providers: ProviderRegistry | None = None,
+    db: Database | None = None,
+) -> Runtime:
+    """The bot's parts: the store (migrated to the newest schema), fleet, providers, a Slack
+    notifier, a naive-UTC clock and the executor. Raises ConfigError, StoreError."""
+    database = db if db is not None else Database(settings.effective_database_url)
+    if db is None:
+        database.migrate()
+    return Runtime(
+        settings=settings,
+        db=database,
+        fleet=fleet if fleet is not None else Fleet(settings),
+        providers=providers if providers is not None else ProviderRegistry.from_settings(settings),
+        notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
+        clock=clock if clock is not None else utcnow,
+        executor=BotExecutor(settings.executor_workers, thread_name_prefix="gpubot"),
+    )
+
+
+def build_app(
+    settings: Settings,
+    client: WebClient | None = None,
+    *,
+    runtime: Runtime | None = None,
+    registry: Registry | None = None,
+) -> App:
+    """The Bolt app with the `/gpu` command and button listeners. ``client`` defaults to a
+    WebClient at ``settings.slack_api_url``; ``runtime`` to :func:`build_runtime` with a
+    notifier on that client. Raises ConfigError when SLACK_BOT_TOKEN is missing."""
+    if not settings.slack_bot_token:
+        raise ConfigError(
+            "SLACK_BOT_TOKEN is not set.",
+            hint="Set it to the app's bot token (xoxb-...), or run `gpubot console`.",
+        )
+    commands = registry if registry is not None else load_all()
+    web = client if client is not None else make_client(settings)
+    if not web.token:
+        raise ConfigError("The Slack client has no token.", hint="Give WebClient the bot token.")
+    rt = runtime if runtime is not None else build_runtime(settings, notifier=SlackNotifier(web))
+    app = App(
+        # Bolt takes the token from the client (giving both only logs a warning).
+        token=None,
+        signing_secret=settings.slack_signing_secret or "",
+        client=web,
+        token_verification_enabled=False,
+        process_before_response=False,
+        listener_executor=ThreadPoolExecutor(ACK_THREADS, thread_name_prefix="gpubot-ack"),
+        logger=logging.getLogger("bot.bolt"),
+    )
+    register_listeners(app, rt, commands)
+    return app

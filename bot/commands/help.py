@@ -1,0 +1,144 @@
+"""`/gpu help [COMMAND]`: the list of commands, or one command's usage and examples.
+
+The renderers are pure: specs in, (fallback text, Block Kit blocks) out, within Slack's limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bot.commands.registry import REGISTRY, Caller, CommandSpec, Registry, Reply
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+SECTION_LIMIT = 3000
+HEADER_LIMIT = 150
+HELP_USAGE = "/gpu help [COMMAND]"
+
+
+def help_spec(registry: Registry) -> CommandSpec:
+    """The help command for ``registry``: lists what is registered there when it runs."""
+
+    def handle(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+        from bot.commands.parser import lookup
+
+        topic = getattr(args, "topic", None)
+        if topic:
+            text, blocks = render_command(lookup(str(topic), registry))
+        else:
+            text, blocks = render_overview(_listed(registry))
+        return Reply(text=text, blocks=tuple(blocks))
+
+    return CommandSpec(
+        name="help",
+        summary="List the commands, or show one command's usage and examples",
+        usage=HELP_USAGE,
+        examples=("/gpu help", "/gpu help register"),
+        configure=_configure,
+        handler=handle,
+    )
+
+
+def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[dict[str, Any]]]:
+    """Every command with its summary: fallback text and blocks (sections packed under 3000)."""
+    lines = [f"`{_slash(spec.name)}` {spec.summary}" for spec in specs]
+    text = "gpubot commands:\n" + "\n".join(
+        f"{_slash(spec.name)}: {spec.summary}" for spec in specs
+    )
+    blocks: list[dict[str, Any]] = [_header("gpubot: the /gpu commands")]
+    blocks.extend(_section(chunk) for chunk in _pack(lines, SECTION_LIMIT))
+    blocks.append(
+        _context(
+            "Type `/gpu help COMMAND` for its usage and examples. "
+            "Durations read like `90m`, `2h`, `1h30m`, `3d`; times like `18:00` or ISO 8601."
+        )
+    )
+    return text, blocks
+
+
+def render_command(spec: CommandSpec) -> tuple[str, list[dict[str, Any]]]:
+    """One command: summary, usage and examples, as fallback text and blocks."""
+    usage = _slash_line(spec.usage)
+    examples = [_slash_line(example) for example in spec.examples]
+    text = f"{_slash(spec.name)}: {spec.summary}\nUsage: {usage}"
+    if examples:
+        text += "\nExamples:\n" + "\n".join(examples)
+    blocks: list[dict[str, Any]] = [
+        _header(_slash(spec.name)),
+        _section(_clip(spec.summary, SECTION_LIMIT)),
+        _section(_code("Usage", [usage])),
+    ]
+    if examples:
+        blocks.append(_section(_code("Examples", examples)))
+    if spec.aliases:
+        blocks.append(_context("Also: " + ", ".join(f"`{alias}`" for alias in spec.aliases)))
+    return text, blocks
+
+
+def usage_text(usage: str) -> str:
+    """A usage line as shown after a mistake: ``Usage: `/gpu ...` ``."""
+    return f"Usage: `{_slash_line(usage)}`" if usage else ""
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic", nargs="?", metavar="COMMAND")
+
+
+def _listed(registry: Registry) -> list[CommandSpec]:
+    specs = registry.primary_commands()
+    if not any(spec.name == "help" for spec in specs):
+        specs.insert(0, help_spec(registry))
+    return specs
+
+
+def _slash(name: str) -> str:
+    return f"/gpu {name}"
+
+
+def _slash_line(line: str) -> str:
+    stripped = line.strip()
+    return stripped if stripped.startswith("/gpu") else f"/gpu {stripped}"
+
+
+def _header(text: str) -> dict[str, Any]:
+    return {"type": "header", "text": {"type": "plain_text", "text": _clip(text, HEADER_LIMIT)}}
+
+
+def _section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
+
+
+def _context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, 2000)}]}
+
+
+def _code(title: str, lines: Sequence[str]) -> str:
+    fence = "```"
+    budget = SECTION_LIMIT - len(title) - 3 - 2 * len(fence) - 2
+    body = _clip("\n".join(line.replace(fence, "'''") for line in lines), budget)
+    return f"*{title}*\n{fence}\n{body}\n{fence}"
+
+
+def _pack(lines: Sequence[str], limit: int) -> list[str]:
+    chunks: list[str] = []
+    current = ""
+    for line in lines:
+        line = _clip(line, limit)
+        candidate = f"{current}\n{line}" if current else line
+        if len(candidate) > limit:
+            chunks.append(current)
+            candidate = line
+        current = candidate
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+REGISTRY.command(help_spec(REGISTRY))

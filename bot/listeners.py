@@ -1,0 +1,166 @@
+"""The Bolt listeners: ack at once, then parse, run the handler and answer on the bot's executor.
+
+Listeners are thin: no SQL, no SSH. Errors the bot expects reach the user as an ephemeral
+message; anything else is logged with an error id that the user is shown.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from slack_bolt import Ack, App, Respond
+
+from bot.commands.help import usage_text
+from bot.commands.parser import parse
+from bot.commands.registry import Caller, Registry, Reply
+from bot.errors import GpubotError, UsageError
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+#: The one slash command; deploy/manifest.yaml declares it.
+SLASH_COMMAND = "/gpu"
+
+
+def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
+    """Add the `/gpu` command, one listener for every registered button, and the error handler."""
+
+    @app.command(SLASH_COMMAND)
+    def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
+        ack()
+        caller = Caller(
+            user_id=str(command.get("user_id", "")),
+            channel_id=command.get("channel_id"),
+            user_name=command.get("user_name"),
+        )
+        text = str(command.get("text") or "")
+        rt.executor.submit(_run_command, rt, registry, caller, text, respond)
+
+    if registry.actions:
+
+        @app.action(action_pattern(registry))
+        def on_action(
+            ack: Ack, body: dict[str, Any], action: dict[str, Any], respond: Respond
+        ) -> None:
+            ack()
+            caller = caller_of_action(body)
+            action_id = str(action.get("action_id", ""))
+            value = str(action.get("value") or "")
+            rt.executor.submit(_run_action, rt, registry, caller, action_id, value, respond)
+
+    @app.error
+    def on_error(error: Exception, body: dict[str, Any]) -> None:
+        kind = body.get("type") or body.get("command") or "request"
+        log.error("unhandled error in a Slack listener (%s)", kind, exc_info=error)
+
+
+def action_pattern(registry: Registry) -> re.Pattern[str]:
+    """A pattern matching exactly the registered action ids."""
+    ids = "|".join(re.escape(action_id) for action_id in sorted(registry.actions))
+    return re.compile(f"^(?:{ids})$")
+
+
+def caller_of_action(body: Mapping[str, Any]) -> Caller:
+    """Who clicked and in which channel, from a block_actions payload."""
+    user = body.get("user") or {}
+    channel = (body.get("channel") or {}).get("id") or (body.get("container") or {}).get(
+        "channel_id"
+    )
+    return Caller(
+        user_id=str(user.get("id", "")),
+        channel_id=channel,
+        user_name=user.get("username") or user.get("name"),
+    )
+
+
+def execute_command(rt: Runtime, registry: Registry, caller: Caller, text: str) -> Reply:
+    """Parse and run one `/gpu` command; every failure becomes an ephemeral reply."""
+    try:
+        spec, args = parse(text, registry)
+        return spec.handler(rt, caller, args)
+    except GpubotError as exc:
+        return error_reply(exc)
+    except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
+        return crash_reply(f"/gpu {text[:200]!r}", caller)
+
+
+def execute_action(
+    rt: Runtime, registry: Registry, caller: Caller, action_id: str, value: str
+) -> Reply:
+    """Run one button's handler; every failure becomes an ephemeral reply."""
+    spec = registry.actions.get(action_id)
+    if spec is None:
+        return Reply(text="This button no longer does anything; run the command again.")
+    try:
+        return spec.handler(rt, caller, value)
+    except GpubotError as exc:
+        return error_reply(exc)
+    except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
+        return crash_reply(f"button {action_id}={value[:100]!r}", caller)
+
+
+def error_reply(exc: GpubotError) -> Reply:
+    """An ephemeral message for an error the bot expects: message, hint, usage line."""
+    lines = [f":warning: {exc.user_text()}"]
+    if isinstance(exc, UsageError) and exc.usage:
+        lines.append(usage_text(exc.usage))
+    return Reply(text="\n".join(lines))
+
+
+def crash_reply(what: str, caller: Caller) -> Reply:
+    """Log the current exception with a short error id and tell the user that id."""
+    error_id = uuid.uuid4().hex[:8]
+    log.exception("error id %s: %s by %s failed", error_id, what, caller.user_id)
+    return Reply(
+        text=(
+            f":x: Something went wrong (error id {error_id}); "
+            "an admin can find it in the bot's log."
+        )
+    )
+
+
+def send_reply(respond: Respond, reply: Reply) -> None:
+    """Answer through the response URL; if Slack refuses the blocks, send the text alone."""
+    blocks = list(reply.blocks)
+    response_type = "ephemeral" if reply.ephemeral else "in_channel"
+    try:
+        response = respond(
+            text=reply.text,
+            blocks=blocks or None,
+            response_type=response_type,
+            replace_original=reply.replace_original,
+        )
+        if response.status_code == 200:
+            return
+        log.error("response URL refused a reply (%s): %s", response.status_code, response.body)
+        if blocks:
+            respond(
+                text=reply.text,
+                response_type=response_type,
+                replace_original=reply.replace_original,
+            )
+    except Exception:
+        log.exception("could not send a reply through the response URL")
+
+
+def _run_command(
+    rt: Runtime, registry: Registry, caller: Caller, text: str, respond: Respond
+) -> None:
+    send_reply(respond, execute_command(rt, registry, caller, text))
+
+
+def _run_action(
+    rt: Runtime,
+    registry: Registry,
+    caller: Caller,
+    action_id: str,
+    value: str,
+    respond: Respond,
+) -> None:
+    send_reply(respond, execute_action(rt, registry, caller, action_id, value))

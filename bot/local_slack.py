@@ -1,0 +1,799 @@
+"""A local stand-in for Slack: the Web API methods the bot calls and the response URLs.
+
+The console points the bot's WebClient at it and prints what arrives; the tests use it as the
+Slack boundary. It answers like Slack does (``ok``, ``ts``, channel IDs, ``invalid_auth``,
+``channel_not_found``, ``no_text``, ``invalid_blocks``, ``ratelimited``), records every call, and
+checks Block Kit against Slack's limits. Also here: signing a request the way Slack signs it, and
+the bodies of a slash command and a button click.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from slack_sdk.errors import SlackObjectFormationError
+from slack_sdk.models.blocks import Block
+from slack_sdk.signature import SignatureVerifier
+
+MAX_BLOCKS = 50
+MAX_BODY_BYTES = 8 * 1024 * 1024
+_LIMITS = {"header": 150, "section": 3000, "button": 75, "button_value": 2000, "fields": 10}
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One Web API call as received: ``args`` merges query string, form and JSON body."""
+
+    method: str
+    args: dict[str, Any]
+    token: str | None
+    ok: bool
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message as a person would see it. ``ephemeral`` ones are seen by ``user`` only;
+    ``replaces`` is the ts of the message it replaced (chat.update or replace_original)."""
+
+    channel: str
+    ts: str
+    text: str
+    blocks: tuple[dict[str, Any], ...] = ()
+    thread_ts: str | None = None
+    ephemeral: bool = False
+    user: str | None = None
+    replaces: str | None = None
+    via_response_url: bool = False
+
+
+@dataclass(frozen=True)
+class SharedFile:
+    """A file uploaded with files_upload_v2 and shared in ``channel``."""
+
+    file_id: str
+    filename: str
+    title: str
+    content: bytes
+    channel: str | None
+    comment: str | None
+    thread_ts: str | None
+
+
+@dataclass(frozen=True)
+class ResponseUrlPost:
+    """A JSON post to a response URL: the payload as sent."""
+
+    url: str
+    payload: dict[str, Any]
+
+
+Event = Message | SharedFile
+
+
+@dataclass
+class _ResponseTarget:
+    channel: str
+    user: str
+    message_ts: str | None
+
+
+@dataclass
+class _PendingUpload:
+    filename: str
+    length: int
+    content: bytes | None = None
+
+
+@dataclass
+class _State:
+    calls: list[ApiCall] = field(default_factory=list)
+    responses: list[ResponseUrlPost] = field(default_factory=list)
+    messages: dict[tuple[str, str], Message] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    uploads: dict[str, _PendingUpload] = field(default_factory=dict)
+    rate_limits: dict[str, int] = field(default_factory=dict)
+
+
+class LocalSlack:
+    """Slack's Web API and response URLs on ``127.0.0.1``; start with :meth:`start`.
+
+    ``token`` is the only bot token accepted; ``channels`` maps known channel IDs to names
+    (users' DMs are opened with conversations.open); ``on_event`` sees every message and file
+    before the HTTP answer goes back, so a caller that waits for its request sees the output.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str = "xoxb-local",  # noqa: S107 - the stand-in's own made-up token
+        channels: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | None = None,
+        team_id: str = "T0LOCAL",
+        bot_user_id: str = "U0GPUBOT",
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.token = token
+        self.team_id = team_id
+        self.bot_user_id = bot_user_id
+        self.on_event = on_event
+        self._channels: dict[str, str] = dict(channels or {"C0GENERAL": "general"})
+        self._users: dict[str, str] = dict(users or {})
+        self._state = _State()
+        self._targets: dict[str, _ResponseTarget] = {}
+        self._cond = threading.Condition()
+        self._ts = itertools.count(1)
+        self._ids = itertools.count(1)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    def start(self) -> LocalSlack:
+        """Serve on a free loopback port in a background thread; returns self."""
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="local-slack", kwargs={"poll_interval": 0.1}
+        )
+        self._thread.daemon = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+
+    def __enter__(self) -> LocalSlack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/``."""
+        if self._server is None:
+            raise RuntimeError("LocalSlack is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/"
+
+    @property
+    def api_url(self) -> str:
+        """The Web API base URL to give WebClient (``.../api/``)."""
+        return self.base_url + "api/"
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    def add_channel(self, channel_id: str, name: str) -> None:
+        """Make a channel known (posting elsewhere gives ``channel_not_found``)."""
+        with self._cond:
+            self._channels[channel_id] = name
+
+    def add_user(self, user_id: str, name: str) -> None:
+        """Make a user known to users.info."""
+        with self._cond:
+            self._users[user_id] = name
+
+    def user_name(self, user_id: str) -> str | None:
+        """A known user's name."""
+        with self._cond:
+            return self._users.get(user_id)
+
+    def channel_name(self, channel_id: str) -> str | None:
+        """A known channel's name (``None`` for DMs and unknown IDs)."""
+        with self._cond:
+            return self._channels.get(channel_id)
+
+    def rate_limit(self, method: str, times: int = 1) -> None:
+        """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After: 0``."""
+        with self._cond:
+            self._state.rate_limits[method] = times
+
+    def response_url(self, channel: str, user: str, *, message_ts: str | None = None) -> str:
+        """A new response URL for a command or click made by ``user`` in ``channel``."""
+        url_id = f"R{next(self._ids):08d}"
+        with self._cond:
+            self._targets[url_id] = _ResponseTarget(channel, user, message_ts)
+        return f"{self.base_url}respond/{url_id}"
+
+    # --- what arrived -------------------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[ApiCall]:
+        """Every Web API call so far, in order."""
+        with self._cond:
+            return list(self._state.calls)
+
+    def calls_to(self, method: str) -> list[ApiCall]:
+        """The calls of one method (``chat.postMessage`` ...)."""
+        return [call for call in self.calls if call.method == method]
+
+    @property
+    def responses(self) -> list[ResponseUrlPost]:
+        """Every post to a response URL so far, in order."""
+        with self._cond:
+            return list(self._state.responses)
+
+    @property
+    def events(self) -> list[Event]:
+        """Messages and files as people would see them, in order."""
+        with self._cond:
+            return list(self._state.events)
+
+    def message(self, channel: str, ts: str) -> Message | None:
+        """The current version of a message posted with chat.postMessage."""
+        with self._cond:
+            return self._state.messages.get((channel, ts))
+
+    def wait_for(self, predicate: Callable[[LocalSlack], bool], timeout_s: float = 10.0) -> bool:
+        """Block until ``predicate(self)`` holds after some request, or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while not predicate(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+        return True
+
+    # --- handling (called by the HTTP handler) ------------------------------------------------
+
+    def _api(self, method: str, args: dict[str, Any], token: str | None) -> tuple[int, Any]:
+        with self._cond:
+            left = self._state.rate_limits.get(method, 0)
+            if left:
+                self._state.rate_limits[method] = left - 1
+        if left:
+            self._record(ApiCall(method, args, token, False, "ratelimited"))
+            return HTTPStatus.TOO_MANY_REQUESTS, {"ok": False, "error": "ratelimited"}
+        body, events = self._answer(method, args, token)
+        ok = bool(body.get("ok"))
+        self._record(ApiCall(method, args, token, ok, None if ok else body.get("error")), events)
+        return HTTPStatus.OK, body
+
+    def _answer(self, method: str, args: dict[str, Any], token: str | None) -> _Answer:
+        if not token:
+            return _error("not_authed"), []
+        if token != self.token:
+            return _error("invalid_auth"), []
+        handler = _METHODS.get(method)
+        if handler is None:
+            return _error("unknown_method"), []
+        return handler(self, args)
+
+    def _respond(self, url_id: str, payload: dict[str, Any]) -> tuple[int, str]:
+        with self._cond:
+            target = self._targets.get(url_id)
+        if target is None:
+            return HTTPStatus.NOT_FOUND, "invalid_response_url"
+        blocks = payload.get("blocks") or []
+        if not isinstance(blocks, list) or check_blocks(blocks):
+            return HTTPStatus.BAD_REQUEST, "invalid_blocks"
+        text = payload.get("text")
+        if not text and not blocks and not payload.get("delete_original"):
+            return HTTPStatus.BAD_REQUEST, "no_text"
+        replace = bool(payload.get("replace_original")) and target.message_ts is not None
+        ephemeral = payload.get("response_type", "ephemeral") != "in_channel"
+        ts = target.message_ts if replace and target.message_ts else self._next_ts()
+        message = Message(
+            channel=target.channel,
+            ts=ts,
+            text=str(text or ""),
+            blocks=tuple(blocks),
+            thread_ts=payload.get("thread_ts"),
+            ephemeral=ephemeral,
+            user=target.user,
+            replaces=target.message_ts if replace else None,
+            via_response_url=True,
+        )
+        with self._cond:
+            if replace and (target.channel, ts) in self._state.messages:
+                self._state.messages[(target.channel, ts)] = message
+        self._record(None, [message], ResponseUrlPost(f"{self.base_url}respond/{url_id}", payload))
+        return HTTPStatus.OK, "ok"
+
+    def _upload(self, file_id: str, content: bytes) -> tuple[int, str]:
+        with self._cond:
+            upload = self._state.uploads.get(file_id)
+            if upload is None:
+                return HTTPStatus.NOT_FOUND, "file_not_found"
+            upload.content = content
+            self._cond.notify_all()
+        return HTTPStatus.OK, f"OK - {len(content)}"
+
+    def _record(
+        self,
+        call: ApiCall | None,
+        events: Sequence[Event] = (),
+        response: ResponseUrlPost | None = None,
+    ) -> None:
+        for event in events:
+            if self.on_event is not None:
+                self.on_event(event)
+        with self._cond:
+            if call is not None:
+                self._state.calls.append(call)
+            self._state.events.extend(events)
+            if response is not None:
+                self._state.responses.append(response)
+            self._cond.notify_all()
+
+    def _next_ts(self) -> str:
+        return f"{int(time.time())}.{next(self._ts):06d}"
+
+    def _dm_channel(self, user_id: str) -> str:
+        return "D" + hashlib.sha256(user_id.encode()).hexdigest()[:10].upper()
+
+    def _resolve_channel(self, channel: str) -> tuple[str, str | None] | None:
+        """(channel ID, DM user) for a channel, DM or user ID; None when unknown."""
+        with self._cond:
+            if channel in self._channels:
+                return channel, None
+            for user in self._users:
+                if channel in (user, self._dm_channel(user)):
+                    return self._dm_channel(user), user
+        if channel[:1] in ("U", "W"):
+            self.add_user(channel, channel.lower())
+            return self._dm_channel(channel), channel
+        return None
+
+
+# --- Block Kit checks -----------------------------------------------------------------------
+
+
+def check_blocks(blocks: Sequence[Any]) -> list[str]:
+    """What is wrong with a list of blocks by Slack's rules (empty when nothing is): known
+    types, slack_sdk's validation, at most 50 blocks, header 150, section text 3000,
+    10 fields, 25 elements per actions block, button text 75 and value 2000 characters."""
+    problems: list[str] = []
+    if len(blocks) > MAX_BLOCKS:
+        problems.append(f"{len(blocks)} blocks (at most {MAX_BLOCKS})")
+    for index, block in enumerate(blocks):
+        problems.extend(f"block {index}: {problem}" for problem in _block_problems(block))
+    return problems
+
+
+def _block_problems(block: Any) -> list[str]:
+    if not isinstance(block, dict):
+        return ["not an object"]
+    try:
+        parsed = Block.parse(block)
+        if parsed is None:
+            return [f"unknown type {block.get('type')!r}"]
+        parsed.validate_json()
+    except (SlackObjectFormationError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        return [str(exc) or type(exc).__name__]
+    problems: list[str] = []
+    kind = block.get("type")
+    if kind == "header" and len(_text_of(block.get("text"))) > _LIMITS["header"]:
+        problems.append("header text over 150 characters")
+    if kind == "section":
+        if len(block.get("fields") or []) > _LIMITS["fields"]:
+            problems.append("more than 10 fields")
+        for item in block.get("fields") or []:
+            if len(_text_of(item)) > 2000:
+                problems.append("a field over 2000 characters")
+    elements = list(block.get("elements") or []) if kind == "actions" else []
+    if kind == "actions" and len(elements) > 25:
+        problems.append("more than 25 elements")
+    if isinstance(block.get("accessory"), dict):
+        elements.append(block["accessory"])
+    for element in elements:
+        problems.extend(_element_problems(element))
+    return problems
+
+
+def _element_problems(element: Any) -> list[str]:
+    if not isinstance(element, dict) or element.get("type") != "button":
+        return []
+    problems: list[str] = []
+    if len(_text_of(element.get("text"))) > _LIMITS["button"]:
+        problems.append("button text over 75 characters")
+    if len(str(element.get("value", ""))) > _LIMITS["button_value"]:
+        problems.append("button value over 2000 characters")
+    confirm = element.get("confirm")
+    if isinstance(confirm, dict):
+        if len(_text_of(confirm.get("title"))) > 100:
+            problems.append("confirm title over 100 characters")
+        if len(_text_of(confirm.get("text"))) > 300:
+            problems.append("confirm text over 300 characters")
+    return problems
+
+
+def _text_of(obj: Any) -> str:
+    if isinstance(obj, dict):
+        return str(obj.get("text", ""))
+    return "" if obj is None else str(obj)
+
+
+# --- Web API methods --------------------------------------------------------------------------
+
+_Answer = tuple[dict[str, Any], list[Event]]
+
+
+def _error(code: str) -> dict[str, Any]:
+    return {"ok": False, "error": code}
+
+
+def _blocks_arg(args: Mapping[str, Any]) -> list[Any] | None:
+    """The ``blocks`` argument as a list; None when it is not valid JSON or not a list."""
+    raw = args.get("blocks")
+    if raw in (None, ""):
+        return []
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    return raw if isinstance(raw, list) else None
+
+
+def _message_content(args: Mapping[str, Any]) -> tuple[str, list[Any]] | str:
+    """(text, blocks), or Slack's error code."""
+    blocks = _blocks_arg(args)
+    if blocks is None or check_blocks(blocks):
+        return "invalid_blocks"
+    text = str(args.get("text") or "")
+    if not text and not blocks:
+        return "no_text"
+    return text, blocks
+
+
+def _auth_test(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    return {
+        "ok": True,
+        "url": "https://local.slack.invalid/",
+        "team": "local",
+        "user": "gpubot",
+        "team_id": slack.team_id,
+        "user_id": slack.bot_user_id,
+        "bot_id": "B0GPUBOT",
+    }, []
+
+
+def _post_message(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    where = slack._resolve_channel(str(args.get("channel") or ""))
+    if where is None:
+        return _error("channel_not_found"), []
+    content = _message_content(args)
+    if isinstance(content, str):
+        return _error(content), []
+    channel, dm_user = where
+    text, blocks = content
+    message = Message(
+        channel=channel,
+        ts=slack._next_ts(),
+        text=text,
+        blocks=tuple(blocks),
+        thread_ts=args.get("thread_ts") or None,
+        user=dm_user,
+    )
+    with slack._cond:
+        slack._state.messages[(channel, message.ts)] = message
+    body = {
+        "ok": True,
+        "channel": channel,
+        "ts": message.ts,
+        "message": {"text": text, "blocks": blocks, "ts": message.ts, "bot_id": "B0GPUBOT"},
+    }
+    return body, [message]
+
+
+def _post_ephemeral(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    where = slack._resolve_channel(str(args.get("channel") or ""))
+    if where is None:
+        return _error("channel_not_found"), []
+    user = str(args.get("user") or "")
+    if not user:
+        return _error("user_not_found"), []
+    content = _message_content(args)
+    if isinstance(content, str):
+        return _error(content), []
+    text, blocks = content
+    ts = slack._next_ts()
+    message = Message(where[0], ts, text, tuple(blocks), ephemeral=True, user=user)
+    return {"ok": True, "message_ts": ts}, [message]
+
+
+def _update(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    channel, ts = str(args.get("channel") or ""), str(args.get("ts") or "")
+    with slack._cond:
+        old = slack._state.messages.get((channel, ts))
+    if old is None:
+        known = slack._resolve_channel(channel)
+        return _error("message_not_found" if known else "channel_not_found"), []
+    content = _message_content(args)
+    if isinstance(content, str):
+        return _error(content), []
+    text, blocks = content
+    message = Message(
+        channel, ts, text, tuple(blocks), thread_ts=old.thread_ts, user=old.user, replaces=ts
+    )
+    with slack._cond:
+        slack._state.messages[(channel, ts)] = message
+    return {"ok": True, "channel": channel, "ts": ts, "text": text}, [message]
+
+
+def _open_conversation(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    users = [u for u in str(args.get("users") or "").split(",") if u]
+    if len(users) != 1:
+        return _error("users_list_not_supplied" if not users else "not_enough_users"), []
+    where = slack._resolve_channel(users[0])
+    if where is None or where[1] is None:
+        return _error("user_not_found"), []
+    return {"ok": True, "channel": {"id": where[0]}}, []
+
+
+def _users_info(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    user = str(args.get("user") or "")
+    name = slack.user_name(user)
+    if name is None:
+        return _error("user_not_found"), []
+    profile = {"display_name": name, "real_name": name}
+    return {
+        "ok": True,
+        "user": {"id": user, "name": name, "real_name": name, "tz": "UTC", "profile": profile},
+    }, []
+
+
+def _get_upload_url(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    filename = str(args.get("filename") or "")
+    try:
+        length = int(args.get("length") or -1)
+    except ValueError:
+        length = -1
+    if not filename or length < 0:
+        return _error("invalid_arguments"), []
+    file_id = f"F{next(slack._ids):08d}"
+    with slack._cond:
+        slack._state.uploads[file_id] = _PendingUpload(filename, length)
+    return {"ok": True, "file_id": file_id, "upload_url": f"{slack.base_url}upload/{file_id}"}, []
+
+
+def _complete_upload(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    try:
+        files = json.loads(str(args.get("files") or "[]"))
+    except ValueError:
+        return _error("invalid_arguments"), []
+    channel_arg = args.get("channel_id") or None
+    channel = None
+    if channel_arg:
+        where = slack._resolve_channel(str(channel_arg))
+        if where is None:
+            return _error("channel_not_found"), []
+        channel = where[0]
+    shared: list[SharedFile] = []
+    for item in files if isinstance(files, list) else []:
+        file_id = str(item.get("id", "")) if isinstance(item, dict) else ""
+        with slack._cond:
+            upload = slack._state.uploads.get(file_id)
+        if upload is None or upload.content is None:
+            return _error("file_not_found"), []
+        shared.append(
+            SharedFile(
+                file_id=file_id,
+                filename=upload.filename,
+                title=str(item.get("title") or upload.filename),
+                content=upload.content,
+                channel=channel,
+                comment=args.get("initial_comment") or None,
+                thread_ts=args.get("thread_ts") or None,
+            )
+        )
+    if not shared:
+        return _error("invalid_arguments"), []
+    listed = [{"id": f.file_id, "title": f.title, "name": f.filename} for f in shared]
+    return {"ok": True, "files": listed}, list(shared)
+
+
+_METHODS: dict[str, Callable[[LocalSlack, dict[str, Any]], _Answer]] = {
+    "auth.test": _auth_test,
+    "chat.postMessage": _post_message,
+    "chat.postEphemeral": _post_ephemeral,
+    "chat.update": _update,
+    "conversations.open": _open_conversation,
+    "users.info": _users_info,
+    "files.getUploadURLExternal": _get_upload_url,
+    "files.completeUploadExternal": _complete_upload,
+}
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+
+
+def _handler_for(slack: LocalSlack) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "text/plain", b"too large")
+                return
+            raw = self.rfile.read(length)
+            path, _, query = self.path.partition("?")
+            parts = path.strip("/").split("/")
+            if len(parts) == 2 and parts[0] == "api":
+                self._api(parts[1], query, raw)
+            elif len(parts) == 2 and parts[0] == "upload":
+                status, text = slack._upload(parts[1], raw)
+                self._send(status, "text/plain", text.encode())
+            elif len(parts) == 2 and parts[0] == "respond":
+                self._respond(parts[1], raw)
+            else:
+                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _api(self, method: str, query: str, raw: bytes) -> None:
+            args = _merged_args(query, raw, self.headers.get("Content-Type") or "")
+            token = _bearer(self.headers.get("Authorization")) or args.pop("token", None)
+            status, body = slack._api(method, args, token)
+            headers = {"Retry-After": "0"} if status == HTTPStatus.TOO_MANY_REQUESTS else {}
+            self._send(status, "application/json", json.dumps(body).encode(), headers)
+
+        def _respond(self, url_id: str, raw: bytes) -> None:
+            try:
+                payload = json.loads(raw.decode("utf-8") or "{}")
+            except ValueError:
+                payload = None
+            if not isinstance(payload, dict):
+                self._send(HTTPStatus.BAD_REQUEST, "text/plain", b"invalid_payload")
+                return
+            status, text = slack._respond(url_id, payload)
+            self._send(status, "text/plain", text.encode())
+
+        def _send(
+            self,
+            status: int,
+            content_type: str,
+            body: bytes,
+            headers: Mapping[str, str] | None = None,
+        ) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", f"{content_type}; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+def _merged_args(query: str, raw: bytes, content_type: str) -> dict[str, Any]:
+    args: dict[str, Any] = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
+    text = raw.decode("utf-8", errors="replace")
+    if "json" in content_type:
+        try:
+            body = json.loads(text or "{}")
+        except ValueError:
+            body = {}
+        if isinstance(body, dict):
+            args.update(body)
+    elif text:
+        args.update(urllib.parse.parse_qsl(text, keep_blank_values=True))
+    return args
+
+
+def _bearer(header: str | None) -> str | None:
+    if header and header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    return None
+
+
+# --- What Slack sends the bot -----------------------------------------------------------------
+
+
+def signed_headers(
+    body: str, signing_secret: str, *, timestamp: int | None = None
+) -> dict[str, str]:
+    """Headers that sign ``body`` as Slack does: HMAC-SHA256 of ``v0:{timestamp}:{body}``."""
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    signature = SignatureVerifier(signing_secret).generate_signature(timestamp=stamp, body=body)
+    if signature is None:
+        raise ValueError("the signing secret must not be empty")
+    return {
+        "content-type": "application/x-www-form-urlencoded",
+        "x-slack-request-timestamp": stamp,
+        "x-slack-signature": signature,
+    }
+
+
+def slash_command_body(
+    *,
+    text: str,
+    user_id: str,
+    user_name: str,
+    channel_id: str,
+    response_url: str,
+    channel_name: str = "general",
+    command: str = "/gpu",
+    team_id: str = "T0LOCAL",
+) -> str:
+    """The form body of a slash command; ``text`` is escaped as Slack escapes it (&, <, >)."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return urllib.parse.urlencode(
+        {
+            "token": "unused-verification-token",
+            "team_id": team_id,
+            "team_domain": "local",
+            "channel_id": channel_id,
+            "channel_name": channel_name,
+            "user_id": user_id,
+            "user_name": user_name,
+            "command": command,
+            "text": escaped,
+            "api_app_id": "A0GPUBOT",
+            "is_enterprise_install": "false",
+            "response_url": response_url,
+            "trigger_id": f"{int(time.time())}.{abs(hash(text)) % 10**9}",
+        }
+    )
+
+
+def block_actions_body(
+    *,
+    action_id: str,
+    value: str,
+    user_id: str,
+    user_name: str,
+    channel_id: str,
+    response_url: str,
+    block_id: str = "actions",
+    label: str = "",
+    message_ts: str | None = None,
+    message: Mapping[str, Any] | None = None,
+    ephemeral: bool = False,
+    team_id: str = "T0LOCAL",
+) -> str:
+    """The form body (``payload=`` JSON) of a button click."""
+    now = f"{time.time():.6f}"
+    container: dict[str, Any] = {
+        "type": "message",
+        "message_ts": message_ts or now,
+        "channel_id": channel_id,
+        "is_ephemeral": ephemeral,
+    }
+    payload: dict[str, Any] = {
+        "type": "block_actions",
+        "user": {"id": user_id, "username": user_name, "name": user_name, "team_id": team_id},
+        "api_app_id": "A0GPUBOT",
+        "token": "unused-verification-token",
+        "container": container,
+        "trigger_id": f"{int(time.time())}.1",
+        "team": {"id": team_id, "domain": "local"},
+        "channel": {"id": channel_id, "name": channel_id},
+        "response_url": response_url,
+        "actions": [
+            {
+                "type": "button",
+                "action_id": action_id,
+                "block_id": block_id,
+                "text": {"type": "plain_text", "text": label or action_id},
+                "value": value,
+                "action_ts": now,
+            }
+        ],
+    }
+    if message is not None:
+        payload["message"] = dict(message)
+    return urllib.parse.urlencode({"payload": json.dumps(payload)})
