@@ -26,14 +26,18 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 class UsageError(Exception):
-    """Bad command-line input: reported on stderr with exit code 2."""
+    """Bad command-line input: reported on stderr (after ``usage``, if any) with exit code 2."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class AgentArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that raises UsageError instead of exiting, so main() owns the exit."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: error: {message}")
+        raise UsageError(f"{self.prog}: error: {message}", self.format_usage())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -42,7 +46,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
-        sys.stderr.write(parser.format_usage())
+        sys.stderr.write(exc.usage)
         sys.stderr.write(f"{exc}\n")
         return EXIT_USAGE
     except SystemExit as exc:  # --help and friends
@@ -55,6 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return handler(args)
     except UsageError as exc:
+        sys.stderr.write(exc.usage)
         sys.stderr.write(f"{exc}\n")
         return EXIT_USAGE
     except BrokenPipeError:
@@ -182,11 +187,10 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_version(args: argparse.Namespace) -> int:
-    import platform
-
     from agents import protocol
+    from agents.host import python_version
 
-    info = protocol.VersionInfo(agent_version=__version__, python_version=platform.python_version())
+    info = protocol.VersionInfo(agent_version=__version__, python_version=python_version())
     if args.json:
         emit(protocol.dumps(info))
     else:

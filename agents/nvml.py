@@ -1,0 +1,521 @@
+"""GPU status through NVML: the only module that imports ``pynvml`` (nvidia-ml-py).
+
+``pynvml`` is imported inside functions, so importing this module loads nothing; NVML itself is
+loaded by ``nvmlInit`` inside :func:`nvml_session`. Every per-GPU query is wrapped: a field the
+GPU or driver does not support is ``None``, never an error. When NVML cannot start at all,
+:func:`collect_status` still returns a snapshot, with ``driver`` None and ``nvml_error`` set to
+a code from ``protocol.NVML_ERROR_CODES`` and a hint a newcomer can act on.
+
+Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature in °C.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, suppress
+from dataclasses import fields
+from datetime import datetime, timezone
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
+
+from agents.protocol import (
+    CLOCK_EVENT_REASONS,
+    DriverInfo,
+    GpuSnapshot,
+    HostInfo,
+    NvmlError,
+    ProcessSnapshot,
+    StatusSnapshot,
+)
+
+#: What to do for each ``nvml_error.code``.
+HINTS: Dict[str, str] = {
+    "library_not_found": (
+        "No NVIDIA driver library (libnvidia-ml.so.1) is visible here. In a container, start it "
+        "with GPUs (`docker run --gpus all ...` with the NVIDIA Container Toolkit, or the nvidia "
+        "runtime). On a VM or bare metal, install the NVIDIA driver. If you rented a GPU "
+        "instance and see this, ask the provider: you are paying for a GPU you cannot use."
+    ),
+    "driver_not_loaded": (
+        "The NVIDIA kernel module is not loaded. Run `sudo modprobe nvidia` and check "
+        "`sudo dmesg | grep -i nvidia` for why it did not load; if that fails, reboot. After a "
+        "kernel update the driver may need rebuilding (DKMS) or reinstalling."
+    ),
+    "no_permission": (
+        "This user may not open /dev/nvidia*. Add it to the video group "
+        "(`sudo usermod -aG video $USER`, then log in again) or run the agent as a user that "
+        "can use the GPU."
+    ),
+    "blocked_by_os": (
+        "The operating system blocked access to the GPU. On WSL2, update the NVIDIA driver on "
+        "Windows (not inside Linux) and run `wsl --update`; in a container, check that the "
+        "cgroup device rules allow /dev/nvidia*."
+    ),
+    "driver_library_mismatch": (
+        "The NVIDIA driver was upgraded but the old kernel module is still loaded (driver/library "
+        "version mismatch). Reboot the instance; nvidia-smi fails the same way until then."
+    ),
+    "gpu_lost": (
+        "A GPU fell off the bus (look for Xid 79 in `sudo dmesg`). Reboot the instance; if it "
+        "happens again, the hardware is failing: ask the provider to replace the GPU or move "
+        "you to another host, and stop paying for this one."
+    ),
+    "unknown": (
+        "NVML failed unexpectedly. Run `nvidia-smi` to see the driver's own error and "
+        "`sudo dmesg | grep -i -e nvrm -e xid` for kernel messages; a reboot often clears it."
+    ),
+}
+
+# NVMLError subclass name -> nvml_error.code.
+_CODES_BY_CLASS: Dict[str, str] = {
+    "NVMLError_LibraryNotFound": "library_not_found",
+    "NVMLError_DriverNotLoaded": "driver_not_loaded",
+    "NVMLError_NoPermission": "no_permission",
+    "NVMLError_OperatingSystem": "blocked_by_os",
+    "NVMLError_LibRmVersionMismatch": "driver_library_mismatch",
+    "NVMLError_GpuIsLost": "gpu_lost",
+}
+
+_RESET_HINT = (
+    "The GPU needs a reset: stop every process using it and run `sudo nvidia-smi -r`, or reboot."
+)
+
+_NVML_FUNCTION_NOT_FOUND = 13
+_NVML_GPU_IS_LOST = 15
+_CMDLINE_MAX_CHARS = 500
+
+
+class NvmlUnavailable(Exception):
+    """NVML could not be used; ``error`` says why and what to do."""
+
+    def __init__(self, error: NvmlError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def collect_status(clock: Optional[Callable[[], datetime]] = None) -> StatusSnapshot:
+    """One snapshot of host, driver, GPUs and GPU processes. Never raises for NVML problems."""
+    from agents.host import collect_host
+
+    host = collect_host()
+    collected_at = _iso_utc((clock or _utcnow)())
+    try:
+        with nvml_session() as nv:
+            return _Collector(nv).status(host, collected_at)
+    except NvmlUnavailable as exc:
+        return StatusSnapshot(
+            host=host,
+            driver=None,
+            nvml_error=exc.error,
+            gpus=(),
+            processes=(),
+            collected_at=collected_at,
+        )
+
+
+@contextmanager
+def nvml_session() -> Iterator[Any]:
+    """Initialise NVML once, yield the ``pynvml`` module, shut NVML down afterwards.
+
+    Raises NvmlUnavailable (with a code and a hint) when pynvml is missing or nvmlInit fails.
+    """
+    nv = _import_pynvml()
+    try:
+        nv.nvmlInit()
+    except Exception as exc:  # any failure to start NVML is reported, never raised further
+        raise NvmlUnavailable(classify_error(exc, "nvmlInit")) from exc
+    try:
+        yield nv
+    finally:
+        with suppress(nv.NVMLError):
+            nv.nvmlShutdown()
+
+
+def classify_error(exc: BaseException, where: str = "NVML") -> NvmlError:
+    """An NvmlError (code, message, hint) for an exception raised by pynvml."""
+    name = type(exc).__name__
+    code = _CODES_BY_CLASS.get(name, "unknown")
+    hint = HINTS[code]
+    if name == "NVMLError_ResetRequired":
+        hint = _RESET_HINT
+    detail = str(exc) or name
+    return NvmlError(code=code, message=f"{where} failed: {detail} ({name})", hint=hint)
+
+
+def sample_gpus() -> List[GpuSnapshot]:
+    """GPU utilisation and memory now (other fields None); [] when NVML is unavailable.
+
+    Opens and closes NVML; to sample repeatedly, keep a :class:`GpuSampler` open instead.
+    """
+    try:
+        with GpuSampler() as sampler:
+            return sampler.sample()
+    except NvmlUnavailable:
+        return []
+
+
+class GpuSampler:
+    """Keeps NVML open to sample utilisation and memory cheaply, e.g. every few seconds.
+
+    ``with GpuSampler() as s: s.sample()``; entering raises NvmlUnavailable when NVML fails.
+    """
+
+    def __init__(self) -> None:
+        self._session: Optional[Any] = None
+        self._collector: Optional[_Collector] = None
+        self._ids: Dict[int, Tuple[str, str, str]] = {}
+
+    def __enter__(self) -> GpuSampler:
+        session = nvml_session()
+        self._collector = _Collector(session.__enter__())
+        self._session = session
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._session is not None:
+            self._session.__exit__(*exc_info)
+        self._session = None
+        self._collector = None
+
+    def sample(self) -> List[GpuSnapshot]:
+        """One GpuSnapshot per visible GPU with index, ids, utilisation and memory filled."""
+        if self._collector is None:
+            raise RuntimeError("GpuSampler.sample() called outside `with GpuSampler()`")
+        col = self._collector
+        out: List[GpuSnapshot] = []
+        for index, handle in col.handles():
+            ids = self._ids.get(index)
+            if ids is None:
+                ids = col.identity(handle)
+                self._ids[index] = ids
+            values: Dict[str, Any] = {"index": index}
+            values.update(zip(("uuid", "name", "pci_bus_id"), ids))
+            values.update(col.utilization(handle))
+            values.update(col.memory(handle))
+            out.append(_gpu_snapshot(values))
+        return out
+
+
+def decode_clock_reasons(mask: int) -> Tuple[str, ...]:
+    """Names of the clock-event (throttle) reason bits set in ``mask``; unknown bits as hex."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
+    known = 0
+    for bit, _ in CLOCK_EVENT_REASONS:
+        known |= bit
+    rest = mask & ~known
+    bit = 1
+    while rest:
+        if rest & bit:
+            names.append(f"unknown_{bit:#x}")
+            rest &= ~bit
+        bit <<= 1
+    return tuple(names)
+
+
+def cuda_version_string(value: int) -> str:
+    """NVML's CUDA driver version int as "major.minor": 12040 -> "12.4"."""
+    return f"{value // 1000}.{(value % 1000) // 10}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _Collector:
+    """Queries through one open NVML session; every query returns a value or None."""
+
+    def __init__(self, nv: Any) -> None:
+        self.nv = nv
+        mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
+        self._mismatch: Tuple[Type[BaseException], ...] = (mismatch,) if mismatch else ()
+        self._errors: Tuple[Type[BaseException], ...] = (nv.NVMLError, *self._mismatch)
+        self._lost_now = False
+        self.lost_indexes: List[int] = []
+        self.enum_error: Optional[NvmlError] = None
+
+    def status(self, host: HostInfo, collected_at: str) -> StatusSnapshot:
+        driver = self.driver()
+        gpus: List[GpuSnapshot] = []
+        processes: List[ProcessSnapshot] = []
+        for index, handle in self.handles():
+            self._lost_now = False
+            gpus.append(self.gpu(index, handle))
+            processes.extend(self.processes(index, handle))
+            if self._lost_now:
+                self.lost_indexes.append(index)
+        return StatusSnapshot(
+            host=host,
+            driver=driver,
+            nvml_error=self.enum_error or self._lost_error(),
+            gpus=tuple(gpus),
+            processes=tuple(processes),
+            collected_at=collected_at,
+        )
+
+    def driver(self) -> DriverInfo:
+        version = self.query("nvmlSystemGetDriverVersion")
+        cuda = self.query("nvmlSystemGetCudaDriverVersion")
+        return DriverInfo(
+            version=_text(version) if version is not None else "unknown",
+            cuda_version=cuda_version_string(int(cuda)) if cuda else None,
+            nvml_version=_opt_text(self.query("nvmlSystemGetNVMLVersion")),
+        )
+
+    def handles(self) -> Iterator[Tuple[int, Any]]:
+        """(index, handle) per GPU; a GPU whose handle fails is skipped and recorded."""
+        nv = self.nv
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+        except nv.NVMLError as exc:
+            self.enum_error = classify_error(exc, "nvmlDeviceGetCount")
+            return
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+            except nv.NVMLError as exc:
+                if self.enum_error is None:
+                    self.enum_error = classify_error(exc, f"GPU {index}")
+                continue
+            yield index, handle
+
+    def gpu(self, index: int, handle: Any) -> GpuSnapshot:
+        values: Dict[str, Any] = {"index": index}
+        values.update(zip(("uuid", "name", "pci_bus_id"), self.identity(handle)))
+        values.update(self.utilization(handle))
+        values.update(self.memory(handle))
+        values.update(self.power(handle))
+        values.update(self.clocks(handle))
+        values.update(self.ecc(handle))
+        values.update(self.pcie(handle))
+        values.update(self.modes(handle))
+        return _gpu_snapshot(values)
+
+    def identity(self, handle: Any) -> Tuple[str, str, str]:
+        """(uuid, name, PCI bus id); "unknown" for any the driver does not give."""
+        name = _opt_text(self.query("nvmlDeviceGetName", handle))
+        uuid = _opt_text(self.query("nvmlDeviceGetUUID", handle))
+        pci = self.query("nvmlDeviceGetPciInfo", handle)
+        bus_id = _opt_text(getattr(pci, "busId", None)) if pci is not None else None
+        return (uuid or "unknown", name or "unknown", bus_id or "unknown")
+
+    def utilization(self, handle: Any) -> Dict[str, Any]:
+        util = self.query("nvmlDeviceGetUtilizationRates", handle)
+        if util is None:
+            return {}
+        return {"util_gpu_pct": _int(util.gpu), "util_mem_pct": _int(util.memory)}
+
+    def memory(self, handle: Any) -> Dict[str, Any]:
+        """Memory v2 (used excludes the driver's reservation), falling back to v1."""
+        mem = None
+        v2 = getattr(self.nv, "nvmlMemory_v2", None)
+        if v2 is not None:
+            mem = self.query("nvmlDeviceGetMemoryInfo", handle, version=v2)
+        if mem is None:
+            mem = self.query("nvmlDeviceGetMemoryInfo", handle)
+        if mem is None:
+            return {}
+        return {
+            "mem_total_bytes": _int(mem.total),
+            "mem_used_bytes": _int(mem.used),
+            "mem_free_bytes": _int(mem.free),
+        }
+
+    def power(self, handle: Any) -> Dict[str, Any]:
+        sensor = getattr(self.nv, "NVML_TEMPERATURE_GPU", 0)
+        return {
+            "temp_c": _int(self.query("nvmlDeviceGetTemperature", handle, sensor)),
+            "power_draw_w": _watts(self.query("nvmlDeviceGetPowerUsage", handle)),
+            "power_limit_w": _watts(self.query("nvmlDeviceGetEnforcedPowerLimit", handle)),
+            "power_default_limit_w": _watts(
+                self.query("nvmlDeviceGetPowerManagementDefaultLimit", handle)
+            ),
+        }
+
+    def clocks(self, handle: Any) -> Dict[str, Any]:
+        sm = getattr(self.nv, "NVML_CLOCK_SM", 1)
+        mask = self.query_newest(
+            handle,
+            "nvmlDeviceGetCurrentClocksEventReasons",
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+        )
+        return {
+            "sm_clock_mhz": _int(self.query("nvmlDeviceGetClockInfo", handle, sm)),
+            "sm_clock_max_mhz": _int(self.query("nvmlDeviceGetMaxClockInfo", handle, sm)),
+            "clock_event_reasons": None if mask is None else decode_clock_reasons(int(mask)),
+        }
+
+    def ecc(self, handle: Any) -> Dict[str, Any]:
+        nv = self.nv
+        mode = self.query("nvmlDeviceGetEccMode", handle)
+        errors = self.query(
+            "nvmlDeviceGetTotalEccErrors",
+            handle,
+            getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+            getattr(nv, "NVML_VOLATILE_ECC", 0),
+        )
+        rows = self.query("nvmlDeviceGetRemappedRows", handle)
+        pages = self.query("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        return {
+            "ecc_mode_enabled": None if mode is None else int(mode[0]) == 1,
+            "ecc_uncorrected_volatile": _int(errors),
+            "remapped_rows_pending": None if rows is None else bool(rows[2]),
+            "remapped_rows_failure": None if rows is None else bool(rows[3]),
+            "retired_pages_pending": None if pages is None else bool(pages),
+        }
+
+    def pcie(self, handle: Any) -> Dict[str, Any]:
+        return {
+            "pcie_gen_current": _int(self.query("nvmlDeviceGetCurrPcieLinkGeneration", handle)),
+            "pcie_gen_max": _int(self.query("nvmlDeviceGetMaxPcieLinkGeneration", handle)),
+            "pcie_width_current": _int(self.query("nvmlDeviceGetCurrPcieLinkWidth", handle)),
+            "pcie_width_max": _int(self.query("nvmlDeviceGetMaxPcieLinkWidth", handle)),
+        }
+
+    def modes(self, handle: Any) -> Dict[str, Any]:
+        persistence = self.query("nvmlDeviceGetPersistenceMode", handle)
+        mig = self.query("nvmlDeviceGetMigMode", handle)
+        cc = self.query("nvmlDeviceGetCudaComputeCapability", handle)
+        attrs = self.query("nvmlDeviceGetAttributes", handle)
+        sm_count = _int(getattr(attrs, "multiprocessorCount", None)) if attrs is not None else None
+        return {
+            "persistence_mode": None if persistence is None else int(persistence) == 1,
+            "mig_mode": None if mig is None else int(mig[0]) == 1,
+            "compute_capability": None if cc is None else f"{int(cc[0])}.{int(cc[1])}",
+            "sm_count": sm_count or None,
+        }
+
+    def processes(self, index: int, handle: Any) -> List[ProcessSnapshot]:
+        """Compute and graphics processes on one GPU, each pid once (its largest memory)."""
+        seen: Dict[int, Optional[int]] = {}
+        for kind in ("Compute", "Graphics"):
+            name = f"nvmlDeviceGet{kind}RunningProcesses"
+            for proc in self.query_newest(handle, name, name + "_v2") or ():
+                pid = int(proc.pid)
+                used = _int(getattr(proc, "usedGpuMemory", None))
+                if pid not in seen or (used or 0) > (seen[pid] or 0):
+                    seen[pid] = used
+        return [_process(index, pid, used) for pid, used in sorted(seen.items())]
+
+    def query(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``pynvml.<name>(*args)``, or None when absent, not supported or failing."""
+        fn = getattr(self.nv, name, None)
+        if fn is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            self._note(exc)
+            return None
+
+    def query_newest(self, handle: Any, newest: str, older: str) -> Any:
+        """Call ``newest``; fall back to ``older`` when the driver lacks the newer symbol."""
+        fn = getattr(self.nv, newest, None)
+        if fn is not None:
+            try:
+                return fn(handle)
+            except self._mismatch:
+                pass
+            except self.nv.NVMLError as exc:
+                if getattr(exc, "value", None) != _NVML_FUNCTION_NOT_FOUND:
+                    self._note(exc)
+                    return None
+        return self.query(older, handle)
+
+    def _note(self, exc: BaseException) -> None:
+        if getattr(exc, "value", None) == _NVML_GPU_IS_LOST:
+            self._lost_now = True
+
+    def _lost_error(self) -> Optional[NvmlError]:
+        if not self.lost_indexes:
+            return None
+        which = ", ".join(str(i) for i in self.lost_indexes)
+        return NvmlError(
+            code="gpu_lost",
+            message=f"GPU {which} stopped answering NVML (GPU is lost)",
+            hint=HINTS["gpu_lost"],
+        )
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlUnavailable(
+            NvmlError(
+                code="library_not_found",
+                message=f"the Python NVML bindings (pynvml) are missing: {exc}",
+                hint=(
+                    "Run the agent as the single-file gpu-agent.pyz, which carries them, or "
+                    "`pip install nvidia-ml-py`."
+                ),
+            )
+        ) from exc
+    return pynvml
+
+
+_GPU_FIELDS = tuple(f.name for f in fields(GpuSnapshot))
+
+
+def _gpu_snapshot(values: Dict[str, Any]) -> GpuSnapshot:
+    full: Dict[str, Any] = {name: values.get(name) for name in _GPU_FIELDS}
+    return GpuSnapshot(**full)
+
+
+def _process(gpu_index: int, pid: int, used: Optional[int]) -> ProcessSnapshot:
+    user, command = _proc_owner_and_command(pid)
+    return ProcessSnapshot(
+        gpu_index=gpu_index, pid=pid, user=user, command=command, used_mem_bytes=used
+    )
+
+
+def _proc_owner_and_command(pid: int) -> Tuple[Optional[str], Optional[str]]:
+    """User name and command line from /proc/<pid>; None for what cannot be read.
+
+    NVML reports host pids: from inside a container's pid namespace they are not visible.
+    """
+    base = f"/proc/{pid}"
+    user: Optional[str] = None
+    command: Optional[str] = None
+    try:
+        uid = os.stat(base).st_uid
+    except OSError:
+        return None, None
+    try:
+        import pwd
+
+        user = pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        user = str(uid)
+    try:
+        with open(f"{base}/cmdline", "rb") as fh:
+            raw = fh.read(_CMDLINE_MAX_CHARS * 4)
+    except OSError:
+        raw = b""
+    parts = [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+    if parts:
+        command = " ".join(parts)[:_CMDLINE_MAX_CHARS]
+    return user, command
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _opt_text(value: Any) -> Optional[str]:
+    return None if value is None else _text(value)
+
+
+def _int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _watts(milliwatts: Any) -> Optional[float]:
+    return None if milliwatts is None else round(int(milliwatts) / 1000.0, 3)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso_utc(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,165 @@
+"""Plain-text tables for a terminal, in the spirit of nvidia-smi and gpustat.
+
+Pure functions from protocol documents to strings; a value that is None prints as "-".
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from agents.protocol import GpuSnapshot, HostInfo, ProcessSnapshot, StatusSnapshot
+
+MISSING = "-"
+_KIB = 1024
+
+
+def render_status(status: StatusSnapshot) -> str:
+    """The whole status: host line, driver line or NVML error, GPU table, process table."""
+    lines = [host_line(status.host)]
+    if status.driver is not None:
+        driver = status.driver
+        lines.append(
+            f"Driver {driver.version}  CUDA {driver.cuda_version or MISSING}  "
+            f"NVML {driver.nvml_version or MISSING}"
+        )
+    if status.nvml_error is not None:
+        err = status.nvml_error
+        lines += ["", f"NVML error: {err.code}", f"  {err.message}", f"  What to do: {err.hint}"]
+    if status.gpus:
+        lines += ["", gpu_table(status.gpus)]
+    elif status.nvml_error is None:
+        lines += ["", "No NVIDIA GPUs found."]
+    if status.driver is not None:
+        lines += ["", process_table(status.processes)]
+    return "\n".join(lines)
+
+
+def host_line(host: HostInfo) -> str:
+    """One line about the machine, e.g. "gpu-box · Ubuntu 22.04 · kernel 6.5 · 32 CPUs · ..."."""
+    parts = [
+        host.hostname,
+        host.os,
+        f"kernel {host.kernel}",
+        f"Python {host.python_version}",
+        f"{host.cpu_count} CPUs",
+        f"{format_bytes(host.mem_total_bytes)} RAM",
+        f"up {format_duration(host.uptime_s)}",
+        f"gpu-agent {host.agent_version}",
+    ]
+    if host.in_container:
+        parts.append("container")
+    if host.is_wsl:
+        parts.append("WSL")
+    return " · ".join(parts)
+
+
+def gpu_table(gpus: Sequence[GpuSnapshot]) -> str:
+    """One row per GPU: index, name, temperature, utilisation, memory, power, SM clock, events."""
+    header = [
+        "GPU",
+        "Name",
+        "Temp",
+        "Util",
+        "Memory used / total",
+        "Power / limit",
+        "SM clock",
+        "Clock events",
+    ]
+    rows = [header]
+    for gpu in gpus:
+        rows.append(
+            [
+                str(gpu.index),
+                gpu.name,
+                _unit(gpu.temp_c, "°C"),
+                _unit(gpu.util_gpu_pct, "%"),
+                f"{format_bytes(gpu.mem_used_bytes)} / {format_bytes(gpu.mem_total_bytes)}",
+                f"{_watts(gpu.power_draw_w)} / {_watts(gpu.power_limit_w)}",
+                _unit(gpu.sm_clock_mhz, " MHz"),
+                _reasons(gpu.clock_event_reasons),
+            ]
+        )
+    return table(rows, right={0, 2, 3, 4, 5, 6})
+
+
+def process_table(processes: Sequence[ProcessSnapshot]) -> str:
+    """One row per GPU process, or a line saying there are none."""
+    if not processes:
+        return "No processes are using the GPUs."
+    rows: List[List[str]] = [["GPU", "PID", "User", "Memory", "Command"]]
+    for proc in processes:
+        command = proc.command or MISSING
+        if proc.job_id:
+            command = f"[job {proc.job_id}] {command}"
+        rows.append(
+            [
+                str(proc.gpu_index),
+                str(proc.pid),
+                proc.user or MISSING,
+                format_bytes(proc.used_mem_bytes),
+                _clip(command, 80),
+            ]
+        )
+    return table(rows, right={0, 1, 3})
+
+
+def table(rows: Sequence[Sequence[str]], right: Optional[set] = None) -> str:  # type: ignore[type-arg]
+    """Align columns; the first row is the header. ``right``: column indexes aligned right."""
+    right = right or set()
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return "\n".join(out)
+
+
+def format_bytes(value: Optional[int]) -> str:
+    """Bytes in binary units: "512 MiB", "79.6 GiB"; "-" for None."""
+    if value is None:
+        return MISSING
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if amount < _KIB or unit == "TiB":
+            if unit in ("B", "KiB", "MiB"):
+                return f"{amount:.0f} {unit}"
+            return f"{amount:.1f} {unit}"
+        amount /= _KIB
+    return MISSING  # unreachable: the loop returns at TiB
+
+
+def format_duration(seconds: Optional[float]) -> str:
+    """A rough duration: "45s", "12m", "3h05m", "2d04h"; "-" for None."""
+    if seconds is None:
+        return MISSING
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def _unit(value: Any, unit: str) -> str:
+    return MISSING if value is None else f"{value}{unit}"
+
+
+def _watts(value: Optional[float]) -> str:
+    return MISSING if value is None else f"{value:.0f} W"
+
+
+def _reasons(reasons: Optional[Sequence[str]]) -> str:
+    if reasons is None:
+        return MISSING
+    if not reasons:
+        return "none"
+    return ",".join("idle" if r == "gpu_idle" else r for r in reasons)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
