@@ -1,0 +1,532 @@
+"""Sizing and buying advice: `/gpu fit` and `/gpu estimate`. Pure functions over the GPU spec
+catalogue (agents.specs) and the price table (bot/data/prices.json).
+
+Memory model (bytes), after the sources in the module's constants:
+
+- weights: parameters x bytes per parameter (16-bit 2, 8-bit 1, 4-bit 0.5 plus quantisation
+  constants of 0.127 bits per parameter, QLoRA's double-quantised NF4);
+- KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x 2 bytes (a 16-bit cache);
+- inference activations and buffers: 20% of the weights ("inference needs about 1.2 x the
+  weights"); overhead: 1 GiB of CUDA context per GPU;
+- full fine-tune with AdamW in mixed precision: 16 bytes per parameter (EleutherAI's
+  transformer math): 16-bit weights 2 + 16-bit gradients 2 + fp32 master weights, momentum and
+  variance 12;
+- LoRA: frozen 16-bit (or 8-bit) base plus adapters of 0.5% of the parameters (rank 16 on every
+  linear layer) at 16 bytes each (fp32 weights 4, gradients 4, AdamW 8); QLoRA: the same on a
+  4-bit base;
+- training activations with activation checkpointing (Korthikanti et al. 2022): each layer keeps
+  its 16-bit input, 2·s·b·h bytes, and one layer at a time is recomputed in full,
+  s·b·h·(34 + 5·a·s/h) bytes.
+
+GPUs needed: model state and activations split evenly across GPUs (FSDP / tensor parallel); every
+GPU pays the CUDA context once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from agents import specs
+from bot.commands.values import parse_money
+from bot.errors import UsageError
+
+GIB = 1024**3
+GB = 1_000_000_000
+MODES = ("inference", "lora", "qlora", "full")
+DEFAULT_SEQ = 2048
+DEFAULT_BATCH = 1
+CUDA_CONTEXT_BYTES = 1 * GIB
+INFERENCE_BUFFER_FRACTION = Decimal("0.2")
+LORA_TRAINABLE_FRACTION = Decimal("0.005")
+LORA_BYTES_PER_TRAINABLE = 16
+FULL_BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer": 12}
+NF4_BITS_PER_PARAM = Decimal("4.127")
+HOURS_PER_MONTH = 730
+MAX_GPUS_SHOWN = 64
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([bm])$")
+_NAME_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A transformer's size and shape. ``known`` is False for a bare size like ``7b``, whose
+    shape is borrowed from the known model closest in size (``shape_from``)."""
+
+    name: str
+    params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    known: bool = True
+    shape_from: str | None = None
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Memory needed, in bytes, by part."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    optimizer_bytes: int
+    gradients_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Everything together, on one GPU."""
+        return (
+            self.weights_bytes
+            + self.kv_cache_bytes
+            + self.optimizer_bytes
+            + self.gradients_bytes
+            + self.activations_bytes
+            + self.overhead_bytes
+        )
+
+    def parts(self) -> tuple[tuple[str, int], ...]:
+        """(label, bytes) in display order."""
+        return (
+            ("weights", self.weights_bytes),
+            ("KV cache", self.kv_cache_bytes),
+            ("optimizer state", self.optimizer_bytes),
+            ("gradients", self.gradients_bytes),
+            ("activations", self.activations_bytes),
+            ("overhead", self.overhead_bytes),
+        )
+
+
+@dataclass(frozen=True)
+class PriceRow:
+    """One offer from the price table: ``count`` GPUs of catalogue model ``gpu`` for
+    ``micros`` per hour (hourly) or per month (monthly), or to buy one card (purchase)."""
+
+    platform: str
+    offer: str
+    gpu: str
+    count: int
+    micros: int
+    source: str
+    as_of: str
+
+    @property
+    def per_gpu_micros(self) -> int:
+        """The price of one of its GPUs (rounded up)."""
+        return -(-self.micros // self.count)
+
+
+@dataclass(frozen=True)
+class PriceTable:
+    """The price table: hourly offers, monthly plans, card prices, and known model shapes."""
+
+    hourly: tuple[PriceRow, ...]
+    monthly: tuple[PriceRow, ...]
+    purchase: tuple[PriceRow, ...]
+    models: tuple[ModelShape, ...]
+
+    def cheapest_hourly(self, gpu: str) -> PriceRow | None:
+        """The lowest per-GPU hourly offer for a catalogue key, or None."""
+        return _cheapest(row for row in self.hourly if row.gpu == gpu)
+
+    def cheapest_monthly(self, gpu: str) -> PriceRow | None:
+        """The lowest per-GPU monthly plan for a catalogue key, or None."""
+        return _cheapest(row for row in self.monthly if row.gpu == gpu)
+
+    def purchase_price(self, gpu: str) -> PriceRow | None:
+        """The listed price of one card, or None."""
+        return _cheapest(row for row in self.purchase if row.gpu == gpu)
+
+    def model(self, name: str) -> ModelShape | None:
+        """A known model by name (case and common suffixes ignored), or None."""
+        wanted = _model_key(name)
+        for shape in self.models:
+            if shape.name == wanted:
+                return shape
+        return None
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """How many GPUs of one model hold the estimate, and what that costs per hour where the
+    price table knows (``price_micros_per_hour`` for ``count`` GPUs)."""
+
+    key: str
+    name: str
+    mem_bytes: int
+    count: int
+    per_gpu_bytes: int
+    price_micros_per_hour: int | None
+    price_source: str | None
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The answer to `/gpu fit`: the estimate and the GPUs that hold it, fewest GPUs first."""
+
+    model: ModelShape
+    mode: str
+    seq: int
+    batch: int
+    bits: int
+    memory: MemoryBreakdown
+    fits: tuple[GpuFit, ...]
+    too_big: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to get ``hours`` of GPU time: its cost (micros), or None where no price is
+    known."""
+
+    name: str
+    cost_micros: int | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class EstimateReport:
+    """The answer to `/gpu estimate`: hourly vs a monthly plan vs buying, with break-evens."""
+
+    gpu_key: str
+    gpu_name: str
+    count: int
+    hours: Decimal
+    hourly_micros: int | None
+    hourly_source: str
+    monthly_micros: int | None
+    monthly_source: str
+    buy_micros: int | None
+    buy_source: str
+    options: tuple[Option, ...]
+    monthly_break_even_hours: Decimal | None
+    buy_break_even_hours: Decimal | None
+
+    @property
+    def cheapest(self) -> Option | None:
+        """The cheapest option with a known cost."""
+        priced = [option for option in self.options if option.cost_micros is not None]
+        return min(priced, key=lambda option: option.cost_micros or 0) if priced else None
+
+
+def load_price_table() -> PriceTable:
+    """The packaged price table (cached). Raises ValueError if the packaged file is malformed."""
+    return _load_price_table()
+
+
+def parse_size(text: str, table: PriceTable | None = None) -> ModelShape:
+    """``7b``, ``70B``, ``1.5b``, ``500m`` or a known model name as a ModelShape.
+
+    Raises UsageError naming the accepted forms and some known models.
+    """
+    table = table or load_price_table()
+    known = table.model(text)
+    if known is not None:
+        return known
+    match = _SIZE.match(text.strip().lower())
+    if match is None:
+        names = ", ".join(shape.name for shape in table.models[:8])
+        raise UsageError(
+            f"{text!r} is not a model size or a model I know",
+            hint=f"Give a size like 7b, 70b or 1.5b, or a model such as {names}.",
+        )
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation as exc:  # pragma: no cover - the pattern admits only decimals
+        raise UsageError(f"{text!r} is not a model size") from exc
+    params = int(number * (10**9 if match.group(2) == "b" else 10**6))
+    if not 10**7 <= params <= 5 * 10**12:
+        raise UsageError(f"{text!r} is out of range", hint="Give a size between 10m and 5000b.")
+    closest = min(table.models, key=lambda shape: abs(math.log(shape.params / params)))
+    return ModelShape(
+        name=f"{match.group(1)}B" if match.group(2) == "b" else f"{match.group(1)}M",
+        params=params,
+        layers=closest.layers,
+        hidden=closest.hidden,
+        heads=closest.heads,
+        kv_heads=closest.kv_heads,
+        head_dim=closest.head_dim,
+        known=False,
+        shape_from=closest.name,
+    )
+
+
+def resolve_bits(mode: str, bits: int | None) -> int:
+    """The weight precision for a mode: qlora is 4-bit, a full fine-tune 16-bit, inference and
+    LoRA 16-bit unless told. Raises UsageError for an unknown mode or a precision it cannot use."""
+    if mode not in MODES:
+        raise UsageError(
+            f"{mode!r} is not a mode", hint="Use one of: inference, lora, qlora, full."
+        )
+    if bits is not None and bits not in (16, 8, 4):
+        raise UsageError(f"--bits {bits} is not supported", hint="Use --bits 16, 8 or 4.")
+    if mode == "qlora":
+        if bits not in (None, 4):
+            raise UsageError("QLoRA trains on a 4-bit base", hint="Drop --bits or use lora.")
+        return 4
+    if mode == "full":
+        if bits not in (None, 16):
+            raise UsageError(
+                "a full fine-tune trains 16-bit weights",
+                hint="Drop --bits, or use qlora (4-bit) or lora (8-bit base).",
+            )
+        return 16
+    if mode == "lora" and bits == 4:
+        return 4
+    return bits or 16
+
+
+def estimate_memory(
+    shape: ModelShape, mode: str, *, seq: int, batch: int, bits: int
+) -> MemoryBreakdown:
+    """Memory for ``mode`` at ``seq`` tokens x ``batch`` with ``bits``-bit weights (bytes)."""
+    weights = _weight_bytes(shape.params, bits)
+    if mode == "inference":
+        kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * seq * batch * 2
+        buffers = int(weights * INFERENCE_BUFFER_FRACTION)
+        return MemoryBreakdown(weights, kv, 0, 0, buffers, CUDA_CONTEXT_BYTES)
+    activations = _training_activations(shape, seq=seq, batch=batch)
+    if mode == "full":
+        return MemoryBreakdown(
+            weights_bytes=shape.params * FULL_BYTES_PER_PARAM["weights"],
+            kv_cache_bytes=0,
+            optimizer_bytes=shape.params * FULL_BYTES_PER_PARAM["optimizer"],
+            gradients_bytes=shape.params * FULL_BYTES_PER_PARAM["gradients"],
+            activations_bytes=activations,
+            overhead_bytes=CUDA_CONTEXT_BYTES,
+        )
+    trainable = int(shape.params * LORA_TRAINABLE_FRACTION)
+    return MemoryBreakdown(
+        weights_bytes=weights + trainable * 4,
+        kv_cache_bytes=0,
+        optimizer_bytes=trainable * 8,
+        gradients_bytes=trainable * 4,
+        activations_bytes=activations,
+        overhead_bytes=CUDA_CONTEXT_BYTES,
+    )
+
+
+def gpus_needed(memory: MemoryBreakdown, mem_bytes: int) -> int:
+    """How many GPUs of ``mem_bytes`` hold the estimate, each paying the CUDA context once."""
+    usable = mem_bytes - memory.overhead_bytes
+    if usable <= 0:
+        return 0
+    return max(1, -(-(memory.total_bytes - memory.overhead_bytes) // usable))
+
+
+def fit(
+    size: str,
+    mode: str,
+    *,
+    seq: int | None = None,
+    batch: int | None = None,
+    bits: int | None = None,
+    table: PriceTable | None = None,
+    catalogue: tuple[specs.GpuSpec, ...] | None = None,
+) -> FitReport:
+    """`/gpu fit`: the memory estimate and, per GPU model, how many hold it and their price.
+
+    Raises UsageError for a bad size, mode, precision, sequence length or batch.
+    """
+    table = table or load_price_table()
+    shape = parse_size(size, table)
+    bits = resolve_bits(mode.lower(), bits)
+    seq = DEFAULT_SEQ if seq is None else seq
+    batch = DEFAULT_BATCH if batch is None else batch
+    if not 1 <= seq <= 10_000_000:
+        raise UsageError(f"--seq {seq} is out of range", hint="Give a sequence length like 4096.")
+    if not 1 <= batch <= 100_000:
+        raise UsageError(f"--batch {batch} is out of range", hint="Give a batch size like 1.")
+    memory = estimate_memory(shape, mode.lower(), seq=seq, batch=batch, bits=bits)
+    fits: list[GpuFit] = []
+    too_big: list[str] = []
+    for spec in catalogue or specs.load_catalogue():
+        count = gpus_needed(memory, spec.mem_bytes)
+        if count == 0 or count > MAX_GPUS_SHOWN:
+            too_big.append(spec.key)
+            continue
+        price = table.cheapest_hourly(spec.key)
+        fits.append(
+            GpuFit(
+                key=spec.key,
+                name=spec.name,
+                mem_bytes=spec.mem_bytes,
+                count=count,
+                per_gpu_bytes=-(-(memory.total_bytes - memory.overhead_bytes) // count)
+                + memory.overhead_bytes,
+                price_micros_per_hour=price.per_gpu_micros * count if price else None,
+                price_source=f"{price.platform} {price.offer} ({price.as_of})" if price else None,
+            )
+        )
+    fits.sort(key=lambda f: (f.count, _price_key(f.price_micros_per_hour), f.mem_bytes, f.key))
+    return FitReport(shape, mode.lower(), seq, batch, bits, memory, tuple(fits), tuple(too_big))
+
+
+def estimate(
+    gpu: str,
+    *,
+    hours: Decimal,
+    count: int = 1,
+    hourly_micros: int | None = None,
+    monthly_micros: int | None = None,
+    buy_micros: int | None = None,
+    table: PriceTable | None = None,
+) -> EstimateReport:
+    """`/gpu estimate`: renting by the hour vs a monthly plan vs buying, for ``count`` GPUs over
+    ``hours``. Prices given win over the table: ``hourly_micros`` and ``monthly_micros`` are for
+    the whole instance, ``buy_micros`` the whole machine. A plan is paid by the started month
+    (730 h). Raises UsageError for an unknown GPU, a bad count or hours, or no price at all.
+    """
+    table = table or load_price_table()
+    spec = specs.lookup(gpu)
+    if spec is None:
+        raise UsageError(
+            f"{gpu!r} is not a GPU model I know",
+            hint="Use a model like 4090, a100, h100-sxm, l40s or h200.",
+        )
+    if not 1 <= count <= 1024:
+        raise UsageError(f"--count {count} is out of range", hint="Give 1 to 1024 GPUs.")
+    if not Decimal(0) < hours <= Decimal(10 * 8760):
+        raise UsageError(f"--hours {hours} is out of range", hint="Give hours like 50 or 1.5.")
+    hourly, hourly_source = _priced(hourly_micros, table.cheapest_hourly(spec.key), count)
+    monthly, monthly_source = _priced(monthly_micros, table.cheapest_monthly(spec.key), count)
+    buy, buy_source = _priced(buy_micros, table.purchase_price(spec.key), count)
+    if hourly is None and monthly is None and buy is None:
+        raise UsageError(
+            f"no prices known for {spec.name}",
+            hint="Give them: --price 2.10 (per hour), --monthly 1200, --buy 30000.",
+        )
+    months = math.ceil(hours / HOURS_PER_MONTH)
+    options = (
+        Option(
+            "hourly",
+            None if hourly is None else _ceil(hours * hourly),
+            f"{hours} h at the hourly price",
+        ),
+        Option(
+            "monthly plan",
+            None if monthly is None else monthly * months,
+            f"{months} month{'s' if months != 1 else ''} of the plan",
+        ),
+        Option("buy", buy, "the purchase price (power and hosting not included)"),
+    )
+    return EstimateReport(
+        gpu_key=spec.key,
+        gpu_name=spec.name,
+        count=count,
+        hours=hours,
+        hourly_micros=hourly,
+        hourly_source=hourly_source,
+        monthly_micros=monthly,
+        monthly_source=monthly_source,
+        buy_micros=buy,
+        buy_source=buy_source,
+        options=options,
+        monthly_break_even_hours=_ratio(monthly, hourly),
+        buy_break_even_hours=_ratio(buy, hourly),
+    )
+
+
+def parse_hours(text: str) -> Decimal:
+    """``50``, ``1.5``, ``50h`` as hours. Raises UsageError otherwise."""
+    raw = text.strip().lower().removesuffix("h")
+    try:
+        value = Decimal(raw)
+    except InvalidOperation as exc:
+        raise UsageError(f"{text!r} is not a number of hours", hint="Write hours like 50.") from exc
+    if not value.is_finite() or value <= 0:
+        raise UsageError(f"{text!r} is not a positive number of hours", hint="Write hours like 50.")
+    return value
+
+
+def _priced(given: int | None, row: PriceRow | None, count: int) -> tuple[int | None, str]:
+    if given is not None:
+        return given, "as given"
+    if row is None:
+        return None, "not in the price table"
+    return row.per_gpu_micros * count, f"{row.platform} {row.offer}, {row.as_of}"
+
+
+def _ratio(numerator: int | None, per_hour: int | None) -> Decimal | None:
+    if numerator is None or not per_hour:
+        return None
+    return (Decimal(numerator) / Decimal(per_hour)).quantize(Decimal("0.1"))
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _price_key(price: int | None) -> int:
+    return price if price is not None else 2**62
+
+
+def _weight_bytes(params: int, bits: int) -> int:
+    if bits == 4:
+        return _ceil(params * NF4_BITS_PER_PARAM / 8)
+    return params * bits // 8
+
+
+def _training_activations(shape: ModelShape, *, seq: int, batch: int) -> int:
+    sbh = seq * batch * shape.hidden
+    kept = shape.layers * 2 * sbh
+    recomputed = sbh * 34 + 5 * shape.heads * seq * seq * batch
+    return kept + recomputed
+
+
+def _cheapest(rows: Any) -> PriceRow | None:
+    found = list(rows)
+    return min(found, key=lambda row: (row.per_gpu_micros, row.platform)) if found else None
+
+
+def _model_key(name: str) -> str:
+    key = re.sub(r"\s+", "-", name.strip().lower())
+    for suffix in _NAME_SUFFIXES:
+        key = key.removesuffix(suffix)
+    return key
+
+
+@cache
+def _load_price_table() -> PriceTable:
+    raw = resources.files("bot").joinpath("data/prices.json").read_text(encoding="utf-8")
+    data = json.loads(raw)
+    try:
+        return PriceTable(
+            hourly=tuple(_row(item, "per_hour") for item in data["hourly"]),
+            monthly=tuple(_row(item, "per_month") for item in data["monthly"]),
+            purchase=tuple(_row(item, "price") for item in data["purchase"]),
+            models=tuple(
+                ModelShape(
+                    name=name,
+                    params=int(item["params"]),
+                    layers=int(item["layers"]),
+                    hidden=int(item["hidden"]),
+                    heads=int(item["heads"]),
+                    kv_heads=int(item["kv_heads"]),
+                    head_dim=int(item["head_dim"]),
+                )
+                for name, item in data["models"].items()
+            ),
+        )
+    except (KeyError, TypeError, UsageError) as exc:
+        raise ValueError(f"bot/data/prices.json is malformed: {exc}") from exc
+
+
+def _row(item: dict[str, Any], price_field: str) -> PriceRow:
+    return PriceRow(
+        platform=str(item.get("platform", "list price")),
+        offer=str(item.get("offer", "one card")),
+        gpu=str(item["gpu"]),
+        count=int(item.get("count", 1)),
+        micros=parse_money(str(item[price_field])),
+        source=str(item["source"]),
+        as_of=str(item["as_of"]),
+    )
