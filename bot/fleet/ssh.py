@@ -1,0 +1,442 @@
+"""SSH to instances with paramiko: keys only, pinned host keys, one kept-alive connection each.
+
+A connection is made only after the server has shown the pinned host key; a different key
+raises HostKeyChanged before the bot authenticates or sends anything. Commands cross as one
+quoted string (``shlex.join`` of the argv), so the remote shell sees exactly the argv given.
+Every paramiko and socket error leaves this module as a bot.errors.FleetError.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import select
+import shlex
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import paramiko
+from paramiko.ssh_exception import IncompatiblePeer
+
+from bot.errors import (
+    AuthenticationFailed,
+    CommandTimeout,
+    FleetError,
+    HostKeyChanged,
+    HostKeyNotPinned,
+    Unreachable,
+)
+from bot.fleet.base import ExecResult, HostKey, Target
+from bot.fleet.hostkeys import algorithms_for, host_key_from_blob
+from bot.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Seconds between keepalive packets on an idle connection.
+KEEPALIVE_S = 15
+#: Channels used at once on one connection (OpenSSH's MaxSessions defaults to 10).
+MAX_CHANNELS = 8
+_READ_CHUNK = 65536
+
+
+class SshTransport:
+    """The Transport for one SSH target: one connection, re-dialled when it has died.
+
+    Thread-safe: concurrent calls share the connection, each on its own channel.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        settings: Settings,
+        key_loader: Callable[[Path], paramiko.PKey] | None = None,
+    ) -> None:
+        self.target = target
+        self._settings = settings
+        self._load_key = key_loader or load_private_key
+        self._lock = threading.Lock()
+        self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
+        self._conn: paramiko.Transport | None = None
+        self._closed = False
+        #: How many connections this transport has made (a pooled one is reused).
+        self.dial_count = 0
+
+    def exec(
+        self, argv: Sequence[str], *, timeout_s: float, stdin: bytes | None = None
+    ) -> ExecResult:
+        """Run argv on the instance; raises CommandTimeout after ``timeout_s`` seconds,
+        Unreachable when the connection drops, and the dial errors of :meth:`connect`."""
+        if not argv:
+            raise ValueError("empty argv")
+        command = shlex.join(argv)
+        deadline = time.monotonic() + timeout_s
+        with self._channel(deadline) as chan:
+            try:
+                chan.exec_command(command)
+                if stdin:
+                    chan.sendall(stdin)
+                chan.shutdown_write()
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise self._lost(exc) from exc
+            return self._collect(chan, deadline, timeout_s)
+
+    def put_file(self, local_path: str, remote_path: str, *, mode: int = 0o755) -> None:
+        """Upload over SFTP to a temporary name, then rename into place (readers never see a
+        partial file). Relative remote paths are relative to the user's home directory."""
+        deadline = time.monotonic() + self._settings.ssh_command_timeout_s
+        with self._channel(deadline) as chan:
+            try:
+                chan.invoke_subsystem("sftp")
+                sftp = paramiko.SFTPClient(chan)
+                self._upload(sftp, local_path, remote_path, mode)
+            except FleetError:
+                raise
+            except (paramiko.SSHException, EOFError, TimeoutError) as exc:
+                raise self._lost(exc) from exc
+            except OSError as exc:
+                raise FleetError(
+                    f"could not copy {Path(local_path).name} to {self.target.name}:{remote_path}:"
+                    f" {exc}",
+                    instance=self.target.name,
+                    hint="Check free disk space and write permission on the instance.",
+                ) from exc
+
+    def connect(self) -> None:
+        """Make sure a verified, authenticated connection is up (dial when needed)."""
+        deadline = time.monotonic() + self._settings.ssh_connect_timeout_s
+        self._connection(deadline)
+
+    @property
+    def connected(self) -> bool:
+        """True while the pooled connection is up."""
+        conn = self._conn
+        return conn is not None and conn.is_active()
+
+    def close(self) -> None:
+        """Drop the connection; a later call dials again."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # --- connection -----------------------------------------------------------------------
+
+    @contextmanager
+    def _channel(self, deadline: float) -> Iterator[paramiko.Channel]:
+        if not self._channels.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CommandTimeout(
+                f"{self.target.name}: too many commands at once; none finished in time",
+                instance=self.target.name,
+            )
+        try:
+            chan = self._open_channel(deadline)
+            try:
+                yield chan
+            finally:
+                chan.close()
+        finally:
+            self._channels.release()
+
+    def _open_channel(self, deadline: float) -> paramiko.Channel:
+        conn = self._connection(deadline)
+        try:
+            return conn.open_session(timeout=self._remaining(deadline))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            # The pooled connection died quietly: nothing ran yet, so dial once more.
+            log.info("ssh %s: connection went stale (%s); dialling again", self.target.name, exc)
+            self._drop(conn)
+        conn = self._connection(deadline)
+        try:
+            return conn.open_session(timeout=self._remaining(deadline))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            self._drop(conn)
+            raise self._lost(exc) from exc
+
+    def _connection(self, deadline: float) -> paramiko.Transport:
+        with self._lock:
+            if self._closed:
+                raise Unreachable(f"{self.target.name}: the fleet is shut down")
+            conn = self._conn
+            if conn is not None and conn.is_active():
+                return conn
+            self._conn = None
+            if conn is not None:
+                conn.close()
+            timeout_s = min(self._settings.ssh_connect_timeout_s, self._remaining(deadline))
+            try:
+                conn = dial(self.target, timeout_s=timeout_s, key=self._key())
+            except FleetError as exc:
+                if exc.instance is None:
+                    exc.instance = self.target.name
+                raise
+            self.dial_count += 1
+            self._conn = conn
+            return conn
+
+    def _drop(self, conn: paramiko.Transport) -> None:
+        with self._lock:
+            if self._conn is conn:
+                self._conn = None
+        conn.close()
+
+    def _key(self) -> paramiko.PKey:
+        path = self.target.key_path or self._settings.ssh_key
+        if path is None:
+            raise AuthenticationFailed(
+                f"{self.target.name}: no SSH key configured",
+                instance=self.target.name,
+                hint="Set GPUBOT_SSH_KEY to the private key the bot uses for instances.",
+            )
+        try:
+            return self._load_key(Path(path).expanduser())
+        except AuthenticationFailed as exc:
+            exc.instance = self.target.name
+            raise
+
+    def _remaining(self, deadline: float) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CommandTimeout(
+                f"{self.target.name}: ran out of time before the command started",
+                instance=self.target.name,
+            )
+        return remaining
+
+    # --- commands -------------------------------------------------------------------------
+
+    def _collect(self, chan: paramiko.Channel, deadline: float, timeout_s: float) -> ExecResult:
+        out = bytearray()
+        err = bytearray()
+        while not chan.exit_status_ready():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(
+                    f"{self.target.name}: the command did not finish within {timeout_s:g} s",
+                    instance=self.target.name,
+                    hint="Try again; if it keeps happening the instance may be overloaded.",
+                )
+            if chan.eof_received:
+                # All output is in; only the exit status is still on its way.
+                chan.status_event.wait(remaining)
+            else:
+                select.select([chan], [], [], remaining)
+            _drain(chan, out, err)
+        _drain(chan, out, err)
+        status = chan.recv_exit_status()
+        if status == -1:
+            conn = chan.get_transport()
+            if conn is None or not conn.is_active():
+                raise Unreachable(
+                    f"{self.target.name}: the connection dropped during the command",
+                    instance=self.target.name,
+                )
+        return ExecResult(
+            exit_code=status,
+            stdout=out.decode("utf-8", errors="replace"),
+            stderr=err.decode("utf-8", errors="replace"),
+        )
+
+    def _upload(
+        self, sftp: paramiko.SFTPClient, local_path: str, remote_path: str, mode: int
+    ) -> None:
+        directory = posixpath.dirname(remote_path)
+        if directory:
+            _sftp_makedirs(sftp, directory)
+        temp = posixpath.join(directory, f".{posixpath.basename(remote_path)}.{uuid.uuid4().hex}")
+        try:
+            sftp.put(local_path, temp)
+            sftp.chmod(temp, mode)
+            sftp.posix_rename(temp, remote_path)
+        except BaseException:
+            _remove_quietly(sftp, temp)
+            raise
+        finally:
+            sftp.close()
+
+    def _lost(self, exc: BaseException) -> Unreachable:
+        if isinstance(exc, TimeoutError):
+            return CommandTimeout(
+                f"{self.target.name}: SSH timed out ({exc})", instance=self.target.name
+            )
+        return Unreachable(
+            f"{self.target.name}: the SSH connection failed ({_describe(exc)})",
+            instance=self.target.name,
+        )
+
+
+def dial(target: Target, *, timeout_s: float, key: paramiko.PKey) -> paramiko.Transport:
+    """Connect, check the server's host key against the pin, then authenticate with ``key``.
+
+    Raises HostKeyNotPinned, HostKeyChanged (before anything is sent), AuthenticationFailed
+    or Unreachable.
+    """
+    pinned = target.host_key
+    if pinned is None:
+        raise HostKeyNotPinned(f"{target.name}: no host key is pinned", instance=target.name)
+    conn = _handshake(
+        target.host, target.port, timeout_s=timeout_s, key_types=algorithms_for(pinned.key_type)
+    )
+    try:
+        presented = _server_key(conn)
+        if presented.key_b64 != pinned.key_b64 or presented.key_type != pinned.key_type:
+            raise HostKeyChanged(
+                f"{target.name}: the host key of {target.host}:{target.port} changed: "
+                f"pinned {pinned.fingerprint}, presented {presented.fingerprint}; "
+                "refusing to connect",
+                instance=target.name,
+                expected_fingerprint=pinned.fingerprint,
+                presented_fingerprint=presented.fingerprint,
+            )
+        _authenticate(conn, target, key)
+        conn.set_keepalive(KEEPALIVE_S)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def scan_host_key(host: str, port: int = 22, *, timeout_s: float) -> HostKey:
+    """The host key a server presents (for pinning); authenticates nothing, trusts nothing.
+
+    Raises Unreachable.
+    """
+    conn = _handshake(host, port, timeout_s=timeout_s, key_types=None)
+    try:
+        return _server_key(conn)
+    finally:
+        conn.close()
+
+
+def load_private_key(path: Path) -> paramiko.PKey:
+    """Read an unencrypted private key (ed25519, ECDSA or RSA; OpenSSH or PEM format).
+
+    Raises AuthenticationFailed saying what is wrong with the file.
+    """
+    try:
+        return _read_key(path)
+    except paramiko.PasswordRequiredException as exc:
+        raise AuthenticationFailed(
+            f"the SSH key {path} is protected by a passphrase",
+            hint="Give the bot a key without a passphrase (GPUBOT_SSH_KEY).",
+        ) from exc
+    except (paramiko.SSHException, OSError, ValueError) as exc:
+        raise AuthenticationFailed(
+            f"cannot read the SSH key {path}: {exc}",
+            hint="Point GPUBOT_SSH_KEY (or the instance's key) at a readable private key file.",
+        ) from exc
+
+
+def _read_key(path: Path) -> paramiko.PKey:
+    key: paramiko.PKey = paramiko.PKey.from_path(path)
+    return key
+
+
+def _handshake(
+    host: str, port: int, *, timeout_s: float, key_types: Sequence[str] | None
+) -> paramiko.Transport:
+    where = f"{host}:{port}"
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except socket.gaierror as exc:
+        raise Unreachable(f"cannot resolve {host!r}: {exc.strerror}") from exc
+    except TimeoutError as exc:
+        raise Unreachable(f"{where} did not answer within {timeout_s:g} s") from exc
+    except OSError as exc:
+        raise Unreachable(f"cannot connect to {where}: {_describe(exc)}") from exc
+    try:
+        conn = paramiko.Transport(sock)
+    except (paramiko.SSHException, OSError) as exc:
+        sock.close()
+        raise Unreachable(f"cannot start SSH with {where}: {_describe(exc)}") from exc
+    conn.banner_timeout = timeout_s
+    conn.handshake_timeout = timeout_s
+    conn.auth_timeout = timeout_s
+    if key_types is not None:
+        conn.get_security_options().key_types = tuple(key_types)
+    try:
+        conn.start_client(timeout=timeout_s)
+    except IncompatiblePeer as exc:
+        conn.close()
+        raise HostKeyChanged(
+            f"{where} offers no host key of the pinned type ({', '.join(key_types or ())}); "
+            "refusing to connect",
+            presented_fingerprint=None,
+        ) from exc
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        conn.close()
+        raise Unreachable(f"SSH handshake with {where} failed: {_describe(exc)}") from exc
+    if not (conn.is_active() and conn.initial_kex_done):
+        conn.close()
+        raise Unreachable(f"{where} did not complete the SSH handshake within {timeout_s:g} s")
+    return conn
+
+
+def _server_key(conn: paramiko.Transport) -> HostKey:
+    key = conn.get_remote_server_key()
+    return host_key_from_blob(key.get_name(), key.asbytes())
+
+
+def _authenticate(conn: paramiko.Transport, target: Target, key: paramiko.PKey) -> None:
+    try:
+        conn.auth_publickey(target.user, key)
+    except paramiko.AuthenticationException as exc:
+        raise AuthenticationFailed(
+            f"{target.name}: {target.user}@{target.host} refused the bot's SSH key",
+            instance=target.name,
+        ) from exc
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise Unreachable(
+            f"{target.name}: the connection failed while logging in ({_describe(exc)})",
+            instance=target.name,
+        ) from exc
+    if not conn.is_authenticated():
+        raise AuthenticationFailed(
+            f"{target.name}: {target.user}@{target.host} did not accept the bot's SSH key",
+            instance=target.name,
+        )
+
+
+def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
+    while chan.recv_ready():
+        out += chan.recv(_READ_CHUNK)
+    while chan.recv_stderr_ready():
+        err += chan.recv_stderr(_READ_CHUNK)
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
+    """``mkdir -p`` over SFTP (relative to the login directory unless absolute)."""
+    parts = [p for p in directory.split("/") if p]
+    path = "/" if directory.startswith("/") else ""
+    for part in parts:
+        path = posixpath.join(path, part) if path else part
+        try:
+            sftp.stat(path)
+        except FileNotFoundError:
+            try:
+                sftp.mkdir(path, mode=0o755)
+            except OSError:
+                sftp.stat(path)  # made concurrently by another upload: fine; else raise
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except (OSError, paramiko.SSHException, EOFError):
+        return
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, EOFError):
+        return "the server closed the connection"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset by the server"
+    return text

@@ -1,0 +1,461 @@
+"""The fleet over a real OpenSSH server on loopback: pinning, bootstrap, agent calls, failures."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from agents.protocol import HealthReport, StatusSnapshot
+from bot.errors import (
+    AgentBroken,
+    AgentMissing,
+    AuthenticationFailed,
+    CommandTimeout,
+    HostKeyChanged,
+    HostKeyNotPinned,
+    Unreachable,
+)
+from bot.fleet.agent_client import RemoteAgent
+from bot.fleet.base import AgentClient
+from bot.fleet.fleet import Fleet
+from bot.fleet.ssh import SshTransport
+from bot.settings import Settings
+from tests.fixtures.sshd import SshServer, make_client_key, start_sshd
+
+pytestmark = pytest.mark.integration
+
+
+def _sessions(server: SshServer) -> int:
+    return server.log_path.read_text(errors="replace").count("Starting session:")
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.fixture
+def other_sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """A second, independent sshd (a healthy neighbour instance)."""
+    server = start_sshd(tmp_path_factory.mktemp("sshd-other"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts TCP connections and never says anything (a hung host)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        listener.close()
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- register: scan, pin, bootstrap, status, health -----------------------------------------
+
+
+def test_scan_host_key_matches_ssh_keygen_fingerprint(fleet: Fleet, sshd: SshServer) -> None:
+    scanned = fleet.scan_host_key(sshd.host, sshd.port)
+
+    pub = sshd.directory / "ssh_host_ed25519_key.pub"
+    keygen = subprocess.run(["ssh-keygen", "-l", "-f", str(pub)], capture_output=True, text=True)
+    assert keygen.returncode == 0, keygen.stderr
+    assert scanned.fingerprint == keygen.stdout.split()[1]
+    assert scanned.key_type == "ssh-ed25519"
+    assert scanned == sshd.host_key
+    assert sshd.accepted_logins() == 0  # scanning never logs in
+
+
+def test_register_flow_pins_bootstraps_and_reports(fleet: Fleet, sshd: SshServer) -> None:
+    pinned = fleet.scan_host_key(sshd.host, sshd.port)
+    target = sshd.target("gpu-a", host_key=pinned)
+    agent = fleet.agent(target)
+
+    version = agent.ensure_agent()
+    status = agent.status()
+    health = agent.health(expect_gpu="h100", expect_count=1)
+
+    assert version == status.host.agent_version
+    assert agent.uploads == 1
+    assert sshd.sftp_sessions() == 1
+    installed = Path(target.agent_home or "") / ".gpubot" / Path(agent.remote_path).name
+    assert installed.read_bytes() == fleet.zipapp_path.read_bytes()
+    assert isinstance(status, StatusSnapshot)
+    # No NVIDIA driver here: the agent's real answer is "library not found", not a failure.
+    assert status.nvml_error is not None
+    assert status.nvml_error.code == "library_not_found"
+    assert status.driver is None
+    assert status.gpus == ()
+    assert isinstance(health, HealthReport)
+    assert health.status == "fail"  # expected an H100, found no driver: a report, not an error
+    assert any(check.status == "fail" for check in health.checks)
+
+
+def test_second_call_reuses_connection_and_does_not_upload(fleet: Fleet, sshd: SshServer) -> None:
+    target = sshd.target("gpu-a")
+    fleet.agent(target).ensure_agent()
+    logins, uploads = sshd.accepted_logins(), sshd.sftp_sessions()
+
+    again = fleet.agent(target)
+    again.status()
+    again.ensure_agent()
+
+    assert again.uploads == 0
+    assert sshd.accepted_logins() == logins == 1
+    assert sshd.sftp_sessions() == uploads == 1
+    transport = fleet.transport(target)
+    assert isinstance(transport, SshTransport)
+    assert transport.dial_count == 1
+
+
+def test_vanished_agent_is_uploaded_again_and_the_call_retried(
+    fleet: Fleet, sshd: SshServer
+) -> None:
+    target = sshd.target("gpu-a")
+    agent = fleet.agent(target)
+    agent.ensure_agent()
+    installed = Path(target.agent_home or "") / ".gpubot" / Path(agent.remote_path).name
+    installed.unlink()
+
+    status = agent.status()
+
+    assert status.host.agent_version
+    assert agent.uploads == 2
+    assert installed.exists()
+
+
+def test_another_agent_build_is_uploaded_beside_the_old(
+    fleet_settings: Settings, sshd: SshServer, agent_zipapp: Path, tmp_path: Path
+) -> None:
+    target = sshd.target("gpu-a")
+    newer = tmp_path / "gpu-agent-newer.pyz"
+    newer.write_bytes(agent_zipapp.read_bytes() + b"\0")  # trailing bytes: still a valid zip
+    old_fleet = Fleet(fleet_settings, zipapp_path=agent_zipapp)
+    new_fleet = Fleet(fleet_settings, zipapp_path=newer)
+    try:
+        old = old_fleet.agent(target)
+        old.ensure_agent()
+        new = new_fleet.agent(target)
+        new.ensure_agent()
+        assert new.remote_path != old.remote_path
+        assert (old.uploads, new.uploads) == (1, 1)
+        home = Path(target.agent_home or "") / ".gpubot"
+        assert sorted(p.name for p in home.glob("gpu-agent-*.pyz")) == sorted(
+            [Path(old.remote_path).name, Path(new.remote_path).name]
+        )
+    finally:
+        old_fleet.close()
+        new_fleet.close()
+
+
+def test_remote_agent_is_an_agent_client(fleet: Fleet, sshd: SshServer) -> None:
+    client: AgentClient = fleet.agent(sshd.target("gpu-a"))
+    assert isinstance(client, RemoteAgent)
+    assert client.ensure_agent() == client.status().host.agent_version
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def test_changed_host_key_is_refused_before_anything_runs(fleet: Fleet, sshd: SshServer) -> None:
+    target = sshd.target("gpu-a")
+    fleet.agent(target).ensure_agent()
+    pinned = target.host_key
+    assert pinned is not None
+    presented = sshd.restart_with_new_host_key()
+    logins, sessions = sshd.accepted_logins(), _sessions(sshd)
+
+    with pytest.raises(HostKeyChanged) as caught:
+        fleet.agent(target).status()
+
+    assert caught.value.instance == "gpu-a"
+    assert caught.value.expected_fingerprint == pinned.fingerprint
+    assert caught.value.presented_fingerprint == presented.fingerprint
+    assert presented.fingerprint in str(caught.value)
+    assert (sshd.accepted_logins(), _sessions(sshd)) == (logins, sessions)
+    # Re-registering pins the new key and works again.
+    repinned = replace(target, host_key=fleet.scan_host_key(sshd.host, sshd.port))
+    assert fleet.agent(repinned).ensure_agent()
+
+
+def test_unpinned_target_is_refused(fleet: Fleet, sshd: SshServer) -> None:
+    target = replace(sshd.target("gpu-a"), host_key=None)
+
+    with pytest.raises(HostKeyNotPinned):
+        fleet.agent(target).status()
+    assert sshd.accepted_logins() == 0
+
+
+def test_wrong_user_key_is_refused(fleet: Fleet, sshd: SshServer, tmp_path: Path) -> None:
+    stranger = make_client_key(tmp_path)
+    target = sshd.target("gpu-a", key_path=stranger)
+
+    with pytest.raises(AuthenticationFailed) as caught:
+        fleet.agent(target).status()
+
+    assert caught.value.instance == "gpu-a"
+    assert "authorized_keys" in caught.value.hint
+    assert sshd.accepted_logins() == 0
+    assert _sessions(sshd) == 0
+
+
+def test_unreadable_key_file_is_an_authentication_failure(
+    fleet: Fleet, sshd: SshServer, tmp_path: Path
+) -> None:
+    junk = tmp_path / "not-a-key"
+    junk.write_text("hello\n")
+
+    with pytest.raises(AuthenticationFailed, match="cannot read the SSH key"):
+        fleet.agent(sshd.target("gpu-a", key_path=junk)).status()
+
+
+def test_closed_port_is_unreachable_at_once(fleet: Fleet, sshd: SshServer) -> None:
+    target = replace(sshd.target("gpu-a"), port=_closed_port())
+    started = time.monotonic()
+
+    with pytest.raises(Unreachable, match="connection refused"):
+        fleet.agent(target).status()
+
+    assert time.monotonic() - started < 1.0
+
+
+def test_silent_host_times_out_as_unreachable(
+    fleet_settings: Settings, agent_zipapp: Path, sshd: SshServer, silent_port: int
+) -> None:
+    settings = fleet_settings.with_(ssh_connect_timeout_s=0.5)
+    target = replace(sshd.target("gpu-a"), port=silent_port)
+    fleet = Fleet(settings, zipapp_path=agent_zipapp)
+    started = time.monotonic()
+    try:
+        with pytest.raises(Unreachable):
+            fleet.agent(target).status()
+    finally:
+        fleet.close()
+    assert time.monotonic() - started < 2.0
+
+
+def test_missing_python_is_agent_missing(fleet: Fleet, sshd: SshServer) -> None:
+    target = sshd.target("gpu-a", python_path="/nonexistent/python3")
+
+    with pytest.raises(AgentMissing) as caught:
+        fleet.agent(target).status()
+    assert "/nonexistent/python3" in str(caught.value)
+
+
+def test_garbage_output_is_agent_broken_with_stderr(
+    fleet: Fleet, sshd: SshServer, tmp_path: Path
+) -> None:
+    fake_python = _script(tmp_path / "python", "echo 'not json'\necho 'boom: bad things' >&2\n")
+    target = sshd.target("gpu-a", python_path=fake_python)
+
+    with pytest.raises(AgentBroken) as caught:
+        fleet.agent(target).status()
+    assert "boom: bad things" in str(caught.value)
+
+
+def test_agent_failure_exit_is_agent_broken(fleet: Fleet, sshd: SshServer, tmp_path: Path) -> None:
+    failing = _script(tmp_path / "python", "echo 'gpu-agent: error: disk full' >&2\nexit 1\n")
+
+    with pytest.raises(AgentBroken, match="exit code 1") as caught:
+        fleet.agent(sshd.target("gpu-a", python_path=failing)).status()
+    assert "disk full" in str(caught.value)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def test_argv_with_metacharacters_arrives_exactly(fleet: Fleet, sshd: SshServer) -> None:
+    argv = [
+        "it's",
+        'say "hi"',
+        "a b  c",
+        "$HOME",
+        "`id`",
+        "$(touch /tmp/should-not-exist)",
+        "x; rm -rf /",
+        "a|b&c>d<e",
+        "*",
+        "~",
+        "",
+        "tab\there",
+        "new\nline",
+        "ünïcødé ✓",
+        "\\back\\slash",
+    ]
+    code = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    transport = fleet.transport(sshd.target("gpu-a"))
+
+    result = transport.exec(["python3", "-c", code, *argv], timeout_s=20)
+
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout) == argv
+    assert not Path("/tmp/should-not-exist").exists()
+
+
+def test_stdin_exit_code_and_stderr_come_back(fleet: Fleet, sshd: SshServer) -> None:
+    transport = fleet.transport(sshd.target("gpu-a"))
+
+    result = transport.exec(
+        ["sh", "-c", "tr a-z A-Z; echo warn >&2; exit 3"], timeout_s=20, stdin=b"hello\n"
+    )
+
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "HELLO\n", "warn\n")
+
+
+def test_large_output_on_both_streams(fleet: Fleet, sshd: SshServer) -> None:
+    transport = fleet.transport(sshd.target("gpu-a"))
+    code = "import sys; sys.stdout.write('o' * 3_000_000); sys.stderr.write('e' * 3_000_000)"
+
+    result = transport.exec(["python3", "-c", code], timeout_s=30)
+
+    assert (len(result.stdout), len(result.stderr)) == (3_000_000, 3_000_000)
+
+
+def test_slow_command_times_out(fleet: Fleet, sshd: SshServer) -> None:
+    transport = fleet.transport(sshd.target("gpu-a"))
+    started = time.monotonic()
+
+    with pytest.raises(CommandTimeout):
+        transport.exec(["sleep", "5"], timeout_s=0.5)
+
+    assert time.monotonic() - started < 2.0
+    # The connection stays usable.
+    assert transport.exec(["true"], timeout_s=20).exit_code == 0
+
+
+def test_many_concurrent_commands_share_one_connection(fleet: Fleet, sshd: SshServer) -> None:
+    transport = fleet.transport(sshd.target("gpu-a"))
+    results: list[str] = []
+
+    def one(i: int) -> None:
+        results.append(transport.exec(["echo", str(i)], timeout_s=30).stdout.strip())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert sorted(results, key=int) == [str(i) for i in range(20)]
+    assert sshd.accepted_logins() == 1
+
+
+def test_forget_drops_the_pooled_connection(fleet: Fleet, sshd: SshServer) -> None:
+    target = sshd.target("gpu-a")
+    fleet.agent(target).ensure_agent()
+
+    fleet.forget("gpu-a")
+    fleet.agent(target).ensure_agent()
+
+    assert sshd.accepted_logins() == 2
+
+
+def test_dead_pooled_connection_is_redialled(fleet: Fleet, sshd: SshServer) -> None:
+    target = sshd.target("gpu-a")
+    fleet.agent(target).ensure_agent()
+    sshd.kill()
+    sshd.restart()
+
+    assert fleet.agent(target).ensure_agent()
+    assert sshd.accepted_logins() == 2
+
+
+# --- a server dying mid-call; fan-out -----------------------------------------------------------
+
+
+def test_sshd_killed_mid_call_is_a_typed_error_and_others_still_answer(
+    fleet: Fleet, sshd: SshServer, other_sshd: SshServer, tmp_path: Path
+) -> None:
+    slow_python = _script(tmp_path / "slow-python", 'sleep 3\nexec python3 "$@"\n')
+    doomed = sshd.target("doomed", python_path=slow_python)
+    healthy = [other_sshd.target(f"ok-{i}") for i in range(3)]
+    for target in healthy:
+        fleet.agent(target).ensure_agent()
+    fleet.agent(doomed).transport.exec(["true"], timeout_s=20)  # connected before the kill
+    killer = threading.Timer(1.0, sshd.kill)
+    started = time.monotonic()
+    killer.start()
+    try:
+        results = fleet.fan_out([doomed, *healthy], lambda agent: agent.status(), timeout_s=20)
+    finally:
+        killer.join()
+    elapsed = time.monotonic() - started
+
+    assert isinstance(results["doomed"], Unreachable)
+    assert not isinstance(results["doomed"], CommandTimeout)
+    assert "dropped" in str(results["doomed"]) or "failed" in str(results["doomed"])
+    for target in healthy:
+        assert isinstance(results[target.name], StatusSnapshot), results[target.name]
+    assert elapsed < 3.0  # the dead host did not hold anyone up to the slow command's end
+
+
+def test_fan_out_bounds_a_hung_host_by_the_timeout(
+    fleet: Fleet, sshd: SshServer, silent_port: int
+) -> None:
+    hung = replace(sshd.target("hung"), port=silent_port)
+    refused = replace(sshd.target("refused"), port=_closed_port())
+    healthy = sshd.target("ok")
+    fleet.agent(healthy).ensure_agent()
+    started = time.monotonic()
+
+    results = fleet.fan_out([hung, refused, healthy], lambda a: a.status(), timeout_s=2.0)
+
+    elapsed = time.monotonic() - started
+    assert list(results) == ["hung", "refused", "ok"]
+    assert isinstance(results["hung"], Unreachable)
+    assert isinstance(results["refused"], Unreachable)
+    assert isinstance(results["ok"], StatusSnapshot)
+    assert elapsed < 3.5
+
+
+def test_fan_out_turns_unexpected_errors_into_agent_broken(fleet: Fleet, sshd: SshServer) -> None:
+    def explode(agent: RemoteAgent) -> str:
+        if agent.target.name == "bad":
+            raise ValueError("bug in caller")
+        return agent.ensure_agent()
+
+    results = fleet.fan_out([sshd.target("bad"), sshd.target("good")], explode, timeout_s=20)
+
+    assert isinstance(results["bad"], AgentBroken)
+    assert isinstance(results["good"], str)
+
+
+def test_fan_out_results_are_by_target_name(fleet: Fleet, sshd: SshServer) -> None:
+    targets = [sshd.target(f"gpu-{i}") for i in range(5)]
+
+    results = fleet.fan_out(targets, lambda a: a.status().host.agent_version, timeout_s=30)
+
+    assert list(results) == [t.name for t in targets]
+    assert all(isinstance(v, str) and v for v in results.values()), results
+    assert sshd.accepted_logins() == 5
+
+
+def test_errors_name_the_instance(fleet: Fleet, sshd: SshServer) -> None:
+    target = replace(sshd.target("nowhere"), port=_closed_port())
+
+    results = fleet.fan_out([target], lambda a: a.status(), timeout_s=5)
+
+    error = results["nowhere"]
+    assert isinstance(error, Unreachable)
+    assert error.instance == "nowhere"
+    assert "SSH port" in error.user_text()
