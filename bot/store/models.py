@@ -64,6 +64,7 @@ class Instance(SQLModel, table=True):
     host_key_b64: str | None = Field(default=None, sa_column=Column(Text))
     host_key_fingerprint: str | None = Field(default=None, max_length=128)
     python_path: str | None = Field(default=None, max_length=1000)
+    agent_home: str | None = Field(default=None, max_length=1000)  # GPU_AGENT_HOME there
     agent_version: str | None = Field(default=None, max_length=32)
 
     # What was rented, and what was delivered.

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 11:34:17.188011
+Create Date: 2026-12-02 11:41:07.334903
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def upgrade() -> None:
     sa.Column('host_key_b64', sa.Text(), nullable=True),
     sa.Column('host_key_fingerprint', sqlmodel.sql.sqltypes.AutoString(length=128), nullable=True),
     sa.Column('python_path', sqlmodel.sql.sqltypes.AutoString(length=1000), nullable=True),
+    sa.Column('agent_home', sqlmodel.sql.sqltypes.AutoString(length=1000), nullable=True),
     sa.Column('agent_version', sqlmodel.sql.sqltypes.AutoString(length=32), nullable=True),
     sa.Column('gpu_model', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
     sa.Column('gpu_count', sa.Integer(), nullable=True),
