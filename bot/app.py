@@ -6,12 +6,13 @@ the server each build their own.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from slack_bolt import App
 from slack_sdk import WebClient
@@ -75,6 +76,27 @@ class BotExecutor(ThreadPoolExecutor):
             self._pending -= 1
             self._completed += 1
             self._idle.notify_all()
+
+
+class Clock(Protocol):
+    """A running scheduler (bot.scheduler.start_scheduler's handle)."""
+
+    def shutdown(self) -> None:
+        """Stop ticking; waits for a tick in progress."""
+        ...
+
+
+def start_clock(rt: Runtime) -> Clock | None:
+    """Start the scheduler that ticks deadlines, polls and digests; None when the bot has none."""
+    try:
+        scheduler = importlib.import_module("bot.scheduler")
+    except ModuleNotFoundError as exc:
+        if exc.name != "bot.scheduler":
+            raise
+        log.warning("no scheduler in this build: deadlines are not enforced")
+        return None
+    handle: Clock = scheduler.start_scheduler(rt)
+    return handle
 
 
 def make_client(settings: Settings) -> WebClient:

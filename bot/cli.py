@@ -1,0 +1,181 @@
+"""`gpubot`: run the bot on Slack (Socket Mode or HTTP), open the local console, or migrate.
+
+With no arguments: Socket Mode when SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, otherwise the
+console. Configuration comes from the environment (see bot/settings.py); a setting that cannot
+be used exits with status 2 and says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from slack_sdk import WebClient
+
+from bot.app import build_app, build_runtime, make_client, start_clock
+from bot.errors import ConfigError, GpubotError
+from bot.http_server import SlackHttpServer
+from bot.logging_setup import configure_logging
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.slack_notifier import SlackNotifier
+from bot.store.db import Database
+
+log = logging.getLogger(__name__)
+
+EXIT_CONFIG = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``gpubot``; returns the exit status (0 ok, 1 failed, 2 bad usage or settings)."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        mode = args.mode or ("socket" if settings.socket_mode else "console")
+        return _MODES[mode](settings, args)
+    except ConfigError as exc:
+        print(f"gpubot: {exc.user_text()}", file=sys.stderr)
+        return EXIT_CONFIG
+    except GpubotError as exc:
+        print(f"gpubot: {exc.user_text()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpubot",
+        description="Slack chat-ops for rented GPU instances. With no command: Socket Mode "
+        "when SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, otherwise the local console.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    sub = parser.add_subparsers(dest="mode", metavar="COMMAND")
+    console = sub.add_parser("console", help="chat with the bot locally, without Slack")
+    console.add_argument("--user", default="console-user", help="who speaks first")
+    clock = console.add_mutually_exclusive_group()
+    clock.add_argument(
+        "--clock", dest="clock", action="store_true", default=None, help="run the scheduler"
+    )
+    clock.add_argument("--no-clock", dest="clock", action="store_false", help="do not run it")
+    serve = sub.add_parser("serve", help="serve Slack's signed HTTP requests")
+    serve.add_argument("--http", action="store_true", help="HTTP mode (the only one here)")
+    serve.add_argument("--port", type=int, default=3000, help="port (default 3000)")
+    serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    sub.add_parser("socket", help="connect to Slack in Socket Mode")
+    sub.add_parser("migrate", help="bring the database to the newest schema")
+    return parser
+
+
+def _console(settings: Settings, args: argparse.Namespace) -> int:
+    from bot.console import run_console
+
+    configure_logging(args.log_level, file=settings.data_dir / "console.log")
+    user = getattr(args, "user", "console-user")
+    return run_console(settings, user=user, clock=getattr(args, "clock", None))
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if not args.http:
+        raise ConfigError(
+            "`gpubot serve` needs --http.", hint="Run `gpubot serve --http --port N`."
+        )
+    _require(settings.slack_bot_token, "SLACK_BOT_TOKEN", "the app's bot token (xoxb-...)")
+    _require(
+        settings.slack_signing_secret,
+        "SLACK_SIGNING_SECRET",
+        "the app's signing secret (Basic Information > App Credentials)",
+    )
+    configure_logging(args.log_level)
+    rt, client = _runtime(settings)
+    app = build_app(settings, client, runtime=rt)
+    server = SlackHttpServer(app, host=args.host, port=args.port)
+    log.info("serving Slack requests at %s", server.url)
+    return _run_until_signal(rt, start=server.serve_forever, stop=server.shutdown)
+
+
+def _socket(settings: Settings, args: argparse.Namespace) -> int:
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+    _require(settings.slack_bot_token, "SLACK_BOT_TOKEN", "the app's bot token (xoxb-...)")
+    _require(
+        settings.slack_app_token,
+        "SLACK_APP_TOKEN",
+        "an app-level token (xapp-...) with connections:write",
+    )
+    configure_logging(args.log_level)
+    rt, client = _runtime(settings)
+    app = build_app(settings, client, runtime=rt)
+    handler = SocketModeHandler(app, settings.slack_app_token)
+    stopped = threading.Event()
+
+    def start() -> None:
+        handler.connect()  # type: ignore[no-untyped-call]
+        log.info("connected to Slack in Socket Mode")
+        stopped.wait()
+
+    def stop() -> None:
+        stopped.set()
+        handler.close()  # type: ignore[no-untyped-call]
+
+    return _run_until_signal(rt, start=start, stop=stop)
+
+
+def _migrate(settings: Settings, args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    db = Database(settings.effective_database_url)
+    try:
+        db.migrate()
+        print(f"gpubot: the database is at revision {db.current_revision()}")
+    finally:
+        db.dispose()
+    return 0
+
+
+def _runtime(settings: Settings) -> tuple[Runtime, WebClient]:
+    client = make_client(settings)
+    return build_runtime(settings, notifier=SlackNotifier(client)), client
+
+
+def _run_until_signal(rt: Runtime, *, start: Callable[[], None], stop: Callable[[], None]) -> int:
+    """Start the clock, run ``start`` until SIGTERM/SIGINT calls ``stop``, then clean up."""
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %s: stopping", signum)
+        threading.Thread(target=stop, name="gpubot-stop").start()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    clock = start_clock(rt)
+    try:
+        start()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if clock is not None:
+            clock.shutdown()
+        rt.executor.shutdown(wait=True)
+        rt.fleet.close()
+        rt.db.dispose()
+    return 0
+
+
+def _require(value: str | None, name: str, what: str) -> None:
+    if not value:
+        raise ConfigError(f"{name} is not set.", hint=f"Set it to {what}.")
+
+
+_MODES: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+    "console": _console,
+    "serve": _serve,
+    "socket": _socket,
+    "migrate": _migrate,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
