@@ -267,10 +267,12 @@ def _check(text: str) -> None:
     try:
         spec, args = parse(text)
     except UsageError as exc:
-        assert exc.message
+        message = exc.message
+    else:
+        assert spec.name in REGISTRY.commands or spec.name == "help"
+        assert isinstance(args, argparse.Namespace)
         return
-    assert spec.name in REGISTRY.commands or spec.name == "help"
-    assert isinstance(args, argparse.Namespace)
+    assert message.strip(), f"an empty usage message for {text!r}"
 
 
 @settings(max_examples=400, deadline=None)
