@@ -1,0 +1,353 @@
+"""`/gpu spend`: what a month cost, from the ledger's charges, grouped and with idle waste.
+
+A month is a calendar month in the configured time zone; it holds the charges that start in it
+(the ledger splits its buckets at month starts). A compute bucket is **idle** when the instance
+was polled during it and every poll succeeded with GPU utilisation under the idle threshold; a
+failed poll counts as active, and a bucket without polls is not counted as idle.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import and_, case, func
+from sqlmodel import Session, col, select
+
+from bot.errors import UsageError
+from bot.services import ledger
+from bot.store.db import Database
+from bot.store.models import MICROS, Charge, Instance, UtilSample
+
+GROUPS = ("user", "gpu", "instance", "project", "provider")
+NO_PROJECT = "(no project)"
+UNKNOWN_GPU = "(unknown GPU)"
+
+
+@dataclass(frozen=True)
+class InstanceSpend:
+    """One instance's charges in the month, in micros."""
+
+    instance_id: int
+    name: str
+    owner_id: str
+    project: str | None
+    provider: str
+    gpu_model: str | None
+    gpu_count: int
+    compute_micros: int
+    storage_micros: int
+    idle_micros: int
+    compute_s: int
+
+    @property
+    def total_micros(self) -> int:
+        """Compute and storage."""
+        return self.compute_micros + self.storage_micros
+
+    @property
+    def gpu_label(self) -> str:
+        """``2x h100-sxm`` style, or a marker when the model is unknown."""
+        model = self.gpu_model or UNKNOWN_GPU
+        return f"{self.gpu_count}x {model}" if self.gpu_count > 1 else model
+
+
+@dataclass(frozen=True)
+class SpendLine:
+    """One group (a user, GPU model, instance, project or provider) and its totals in micros."""
+
+    key: str
+    total_micros: int
+    idle_micros: int
+    instances: int
+
+
+@dataclass(frozen=True)
+class SpendReport:
+    """A month's spend. ``complete`` is False while the month is still running (charges then
+    reach the last full hour)."""
+
+    month: str
+    start_at: datetime
+    end_at: datetime
+    currency: str
+    by: str
+    complete: bool
+    instances: tuple[InstanceSpend, ...]
+    groups: tuple[SpendLine, ...]
+    days: tuple[tuple[date, int, int], ...]
+
+    @property
+    def total_micros(self) -> int:
+        """Everything charged in the month."""
+        return sum(item.total_micros for item in self.instances)
+
+    @property
+    def compute_micros(self) -> int:
+        """Compute charges."""
+        return sum(item.compute_micros for item in self.instances)
+
+    @property
+    def storage_micros(self) -> int:
+        """Storage charges."""
+        return sum(item.storage_micros for item in self.instances)
+
+    @property
+    def idle_micros(self) -> int:
+        """Compute charged for idle hours."""
+        return sum(item.idle_micros for item in self.instances)
+
+    def top(self, limit: int = 5) -> tuple[InstanceSpend, ...]:
+        """The most expensive instances."""
+        return self.instances[:limit]
+
+    def group(self, by: str) -> tuple[SpendLine, ...]:
+        """The totals grouped another way."""
+        return group_lines(self.instances, by)
+
+
+def parse_month_arg(text: str | None, now: datetime, tz: ZoneInfo) -> str:
+    """``YYYY-MM`` (or None for this month) checked to be neither malformed nor in the future.
+
+    Raises UsageError.
+    """
+    current = ledger.month_of(now, tz)
+    if text is None:
+        return current
+    try:
+        ledger.parse_month(text)
+    except ValueError as exc:
+        raise UsageError(f"{text!r} is not a month", hint="Write months as YYYY-MM.") from exc
+    month = text.strip()
+    if month > current:
+        raise UsageError(f"{month} has not started yet", hint=f"This month is {current}.")
+    return month
+
+
+def parse_group(text: str | None) -> str:
+    """The ``--by`` value (default ``user``). Raises UsageError for others."""
+    if text is None:
+        return "user"
+    value = text.strip().lower()
+    if value not in GROUPS:
+        raise UsageError(f"--by {text!r} is not known", hint=f"Use one of: {', '.join(GROUPS)}.")
+    return value
+
+
+def spend_report(
+    db: Database,
+    month: str,
+    *,
+    by: str = "user",
+    tz: ZoneInfo,
+    now: datetime,
+    idle_threshold_pct: float,
+    currency: str,
+) -> SpendReport:
+    """The spend of ``month`` grouped ``by``, after accruing every charge due up to ``now``.
+
+    Raises StoreError when the database fails.
+    """
+    ledger.accrue(db, now, tz)
+    start, end = ledger.month_bounds(month, tz)
+    with db.session() as session:
+        rows = _charges(session, start, end)
+        idle_ids = _idle_charge_ids(session, start, end, idle_threshold_pct)
+        instance_ids = {row.instance_id for row in rows}
+        instances = {
+            item.id: item
+            for item in session.exec(select(Instance).where(col(Instance.id).in_(instance_ids)))
+        }
+    spends = _per_instance(rows, idle_ids, instances)
+    return SpendReport(
+        month=month,
+        start_at=start,
+        end_at=end,
+        currency=currency,
+        by=by,
+        complete=now >= end,
+        instances=spends,
+        groups=group_lines(spends, by),
+        days=_per_day(rows, idle_ids, start, end, tz),
+    )
+
+
+def group_lines(instances: Iterable[InstanceSpend], by: str) -> tuple[SpendLine, ...]:
+    """Totals per group, most expensive first."""
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for item in instances:
+        entry = totals[group_key(item, by)]
+        entry[0] += item.total_micros
+        entry[1] += item.idle_micros
+        entry[2] += 1
+    lines = [SpendLine(key, total, idle, count) for key, (total, idle, count) in totals.items()]
+    return tuple(sorted(lines, key=lambda line: (-line.total_micros, line.key)))
+
+
+def group_key(item: InstanceSpend, by: str) -> str:
+    """The group an instance falls in: a Slack user ID, GPU label, instance name, project or
+    provider."""
+    if by == "user":
+        return item.owner_id
+    if by == "gpu":
+        return item.gpu_label
+    if by == "instance":
+        return item.name
+    if by == "project":
+        return item.project or NO_PROJECT
+    return item.provider
+
+
+def spend_csv(report: SpendReport) -> bytes:
+    """One row per instance with amounts in currency units (6 decimals, exact). UTF-8."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(
+        [
+            "month",
+            "instance",
+            "owner",
+            "project",
+            "provider",
+            "gpu_model",
+            "gpu_count",
+            "compute_hours",
+            f"compute_{report.currency}",
+            f"storage_{report.currency}",
+            f"idle_{report.currency}",
+            f"total_{report.currency}",
+        ]
+    )
+    for item in report.instances:
+        writer.writerow(
+            [
+                report.month,
+                item.name,
+                item.owner_id,
+                item.project or "",
+                item.provider,
+                item.gpu_model or "",
+                item.gpu_count,
+                f"{Decimal(item.compute_s) / 3600:.2f}",
+                _units(item.compute_micros),
+                _units(item.storage_micros),
+                _units(item.idle_micros),
+                _units(item.total_micros),
+            ]
+        )
+    return buffer.getvalue().encode("utf-8")
+
+
+@dataclass(frozen=True)
+class _ChargeRow:
+    id: int
+    instance_id: int
+    kind: str
+    start_at: datetime
+    billed_s: int
+    amount_micros: int
+
+
+def _charges(session: Session, start: datetime, end: datetime) -> list[_ChargeRow]:
+    result = session.exec(select(Charge).where(Charge.start_at >= start, Charge.start_at < end))
+    return [
+        _ChargeRow(
+            row.id or 0, row.instance_id, row.kind, row.start_at, row.billed_s, row.amount_micros
+        )
+        for row in result
+    ]
+
+
+def _idle_charge_ids(
+    session: Session, start: datetime, end: datetime, threshold_pct: float
+) -> set[int]:
+    """Compute charges whose every poll succeeded below the threshold (and had at least one)."""
+    idle_poll = case(
+        (
+            and_(
+                col(UtilSample.ok).is_(True),
+                col(UtilSample.util_avg_pct).is_not(None),
+                col(UtilSample.util_avg_pct) < threshold_pct,
+            ),
+            1,
+        ),
+        else_=0,
+    )
+    rows = session.exec(
+        select(Charge.id, func.count(col(UtilSample.id)), func.sum(idle_poll))
+        .join(
+            UtilSample,
+            and_(
+                col(UtilSample.instance_id) == col(Charge.instance_id),
+                col(UtilSample.at) >= col(Charge.start_at),
+                col(UtilSample.at) < col(Charge.end_at),
+            ),
+        )
+        .where(Charge.kind == ledger.COMPUTE, Charge.start_at >= start, Charge.start_at < end)
+        .group_by(col(Charge.id))
+    ).all()
+    return {int(id_) for id_, polls, idle in rows if id_ is not None and polls and idle == polls}
+
+
+def _per_instance(
+    rows: list[_ChargeRow], idle_ids: set[int], instances: dict[int | None, Instance]
+) -> tuple[InstanceSpend, ...]:
+    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for row in rows:
+        entry = sums[row.instance_id]
+        if row.kind == ledger.COMPUTE:
+            entry[0] += row.amount_micros
+            entry[3] += row.billed_s
+            if row.id in idle_ids:
+                entry[2] += row.amount_micros
+        else:
+            entry[1] += row.amount_micros
+    spends = []
+    for instance_id, (compute, other, idle, seconds) in sums.items():
+        instance = instances.get(instance_id)
+        if instance is None:
+            continue
+        spends.append(
+            InstanceSpend(
+                instance_id=instance_id,
+                name=instance.name,
+                owner_id=instance.owner_id,
+                project=instance.project,
+                provider=instance.provider,
+                gpu_model=instance.gpu_model,
+                gpu_count=instance.gpu_count or instance.delivered_gpu_count or 1,
+                compute_micros=compute,
+                storage_micros=other,
+                idle_micros=idle,
+                compute_s=seconds,
+            )
+        )
+    spends.sort(key=lambda item: (-item.total_micros, item.name, item.instance_id))
+    return tuple(spends)
+
+
+def _per_day(
+    rows: list[_ChargeRow], idle_ids: set[int], start: datetime, end: datetime, tz: ZoneInfo
+) -> tuple[tuple[date, int, int], ...]:
+    first = start.replace(tzinfo=UTC).astimezone(tz).date()
+    last = end.replace(tzinfo=UTC).astimezone(tz).date()
+    days: dict[date, list[int]] = {}
+    day = first
+    while day < last:
+        days[day] = [0, 0]
+        day = date.fromordinal(day.toordinal() + 1)
+    for row in rows:
+        local = row.start_at.replace(tzinfo=UTC).astimezone(tz).date()
+        entry = days.setdefault(local, [0, 0])
+        entry[1 if row.id in idle_ids else 0] += row.amount_micros
+    return tuple((day, active, idle) for day, (active, idle) in sorted(days.items()))
+
+
+def _units(micros: int) -> str:
+    return f"{Decimal(micros) / MICROS:.6f}"
