@@ -69,9 +69,16 @@ class LocalTransport:
             os.chmod(temp, mode)
             os.replace(temp, dest)
         except OSError as exc:
-            temp.unlink(missing_ok=True)
+            _remove_quietly(temp)
             raise FleetError(
                 f"could not copy {Path(local_path).name} to {dest}: {exc}",
                 instance=self.name,
                 hint="Check free disk space and write permission on this machine.",
             ) from exc
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        return

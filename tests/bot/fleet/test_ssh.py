@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.protocol import HealthReport, StatusSnapshot
+from agents.protocol import FINAL_JOB_STATES, HealthReport, JobRecord, StatusSnapshot
 from bot.errors import (
     AgentBroken,
     AgentMissing,
@@ -459,3 +459,52 @@ def test_errors_name_the_instance(fleet: Fleet, sshd: SshServer) -> None:
     assert isinstance(error, Unreachable)
     assert error.instance == "nowhere"
     assert "SSH port" in error.user_text()
+
+
+# --- the job commands over SSH ------------------------------------------------------------------
+
+
+def _wait_final(agent: RemoteAgent, job_id: str, timeout_s: float = 20.0) -> JobRecord:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = next(j for j in agent.jobs().jobs if j.id == job_id)
+        if job.state in FINAL_JOB_STATES or time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)
+
+
+def test_job_command_arrives_exactly_and_its_log_comes_back(fleet: Fleet, sshd: SshServer) -> None:
+    weird = ["it's", 'say "hi"', "$HOME", "`id`", "a;b|c&d", "*", "", "ünï ✓"]
+    code = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    agent = fleet.agent(sshd.target("gpu-a"))
+
+    queued = agent.run(["python3", "-c", code, *weird], name="argv-check", env={"GREETING": "a b"})
+    done = _wait_final(agent, queued.id)
+    log_text = agent.logs(queued.id)
+
+    assert queued.command == ("python3", "-c", code, *weird)
+    assert queued.name == "argv-check"
+    assert done.state == "succeeded", done
+    assert done.exit_code == 0
+    assert json.dumps(weird) in log_text
+
+
+def test_agent_failure_reaches_the_caller_with_its_explanation(
+    fleet: Fleet, sshd: SshServer
+) -> None:
+    # `who` needs NVML; with no driver here the agent fails and says why.
+    with pytest.raises(AgentBroken, match="exit code 1") as caught:
+        fleet.agent(sshd.target("gpu-a")).who()
+    assert "NVML" in str(caught.value)
+
+
+def test_cancel_a_running_job(fleet: Fleet, sshd: SshServer) -> None:
+    agent = fleet.agent(sshd.target("gpu-a"))
+    queued = agent.run(["sleep", "30"])
+
+    cancelled = agent.cancel(queued.id)
+    done = _wait_final(agent, queued.id)
+
+    assert cancelled.id == queued.id
+    assert done.state == "cancelled"
+    assert [j.id for j in agent.jobs(since="2000-01-01T00:00:00Z").jobs] == [queued.id]
