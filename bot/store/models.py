@@ -104,6 +104,7 @@ class Instance(SQLModel, table=True):
     last_polled_at: NaiveDatetime | None = None
     last_poll_ok: bool | None = None
     last_status_json: str | None = Field(default=None, sa_column=Column(Text))
+    last_status_at: NaiveDatetime | None = None  # when last_status_json was taken
     last_error: str | None = Field(default=None, sa_column=Column(Text))
     idle_since: NaiveDatetime | None = None
 

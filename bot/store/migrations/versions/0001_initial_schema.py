@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-12-02 11:41:07.334903
+Create Date: 2026-12-02 11:44:36.077303
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def upgrade() -> None:
     sa.Column('last_polled_at', sa.DateTime(), nullable=True),
     sa.Column('last_poll_ok', sa.Boolean(), nullable=True),
     sa.Column('last_status_json', sa.Text(), nullable=True),
+    sa.Column('last_status_at', sa.DateTime(), nullable=True),
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.Column('idle_since', sa.DateTime(), nullable=True),
     sa.ForeignKeyConstraint(['owner_id'], ['person.slack_id'], ),
