@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -26,8 +27,8 @@ class SlackHttpServer:
 
     def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 3000) -> None:
         self.app = app
-        self._server = ThreadingHTTPServer((host, port), _handler_for(app))
-        self._server.daemon_threads = True
+        server_class = _Server6 if ":" in host else _Server
+        self._server = server_class((host, port), _handler_for(app))
         self._thread: threading.Thread | None = None
 
     @property
@@ -59,6 +60,16 @@ class SlackHttpServer:
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+class _Server(ThreadingHTTPServer):
+    # Slack may send bursts: a deep accept queue keeps connections from waiting on SYN retries.
+    request_queue_size = 256
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
 
 
 def _handler_for(app: App) -> type[BaseHTTPRequestHandler]:

@@ -141,8 +141,7 @@ class LocalSlack:
 
     def start(self) -> LocalSlack:
         """Serve on a free loopback port in a background thread; returns self."""
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        server.daemon_threads = True
+        server = _Server(("127.0.0.1", 0), _handler_for(self))
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, name="local-slack", kwargs={"poll_interval": 0.1}
@@ -616,6 +615,11 @@ _METHODS: dict[str, Callable[[LocalSlack, dict[str, Any]], _Answer]] = {
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256
+    daemon_threads = True
 
 
 def _handler_for(slack: LocalSlack) -> type[BaseHTTPRequestHandler]:
