@@ -1,0 +1,234 @@
+"""``gpu-agent run | jobs | logs | cancel | who``: the job commands on the agent's command line.
+
+``register(subparsers)`` adds them to agents.cli's parser. Each handler returns the exit code:
+0 ok, 1 the command failed, 2 usage error (the message goes to stderr). With ``--json`` the
+output is one JSON document: ``run`` and ``cancel`` print a JobRecord, ``jobs`` a JobList,
+``who`` a WhoReport (agents.protocol).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable, List, Optional, Tuple
+
+from agents import protocol
+
+_MIB = 1024 * 1024
+
+
+def register(subparsers: Any) -> None:
+    """Add the job subcommands to ``subparsers`` (from ``ArgumentParser.add_subparsers``)."""
+    run = subparsers.add_parser(
+        "run",
+        help="queue a command as a detached job",
+        description=(
+            "Queue a command as a job that outlives this session. The command is given as "
+            "arguments after --, run without a shell. GPUs: --gpus N (any N free GPUs), "
+            "--gpus 0,1 (exactly these; --gpus 3, for GPU 3 alone) or --gpus all; without "
+            "--gpus the job sees no GPU."
+        ),
+    )
+    run.add_argument("--gpus", metavar="0,1|N", help="GPUs the job needs")
+    run.add_argument("--name", help="a name for the job")
+    run.add_argument(
+        "--retries", type=_retries, default=0, metavar="N", help="re-run up to N times on failure"
+    )
+    run.add_argument(
+        "--env", action="append", default=[], metavar="K=V", help="set a variable (repeatable)"
+    )
+    run.add_argument("--cwd", metavar="DIR", help="working directory (default: the current one)")
+    run.add_argument("--json", action="store_true", help="print the new job as JSON")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARG...")
+    run.set_defaults(handler=_guard(cmd_run))
+
+    jobs = subparsers.add_parser("jobs", help="list jobs")
+    jobs.add_argument("--since", metavar="ISO", help="only jobs changed at or after this time")
+    jobs.add_argument("--json", action="store_true", help="print one JSON document")
+    jobs.set_defaults(handler=_guard(cmd_jobs))
+
+    logs = subparsers.add_parser("logs", help="print a job's log")
+    logs.add_argument("job", metavar="JOB", help="job id (or a unique prefix, or its name)")
+    logs.add_argument("--tail", type=_lines, metavar="N", help="only the last N lines")
+    logs.set_defaults(handler=_guard(cmd_logs))
+
+    cancel = subparsers.add_parser("cancel", help="cancel a queued or running job")
+    cancel.add_argument("job", metavar="JOB", help="job id (or a unique prefix, or its name)")
+    cancel.add_argument("--json", action="store_true", help="print the job as JSON")
+    cancel.set_defaults(handler=_guard(cmd_cancel))
+
+    who = subparsers.add_parser("who", help="which user and job holds each GPU")
+    who.add_argument("--json", action="store_true", help="print one JSON document")
+    who.set_defaults(handler=_guard(cmd_who))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``run``: queue the job and start its supervisor."""
+    from agents import runner
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    request = runner.RunRequest(
+        command=tuple(command),
+        gpus=runner.parse_gpus(args.gpus),
+        name=args.name,
+        retries=args.retries,
+        env=tuple(_env_pair(item) for item in args.env),
+        cwd=args.cwd,
+    )
+    record = runner.submit(runner.JobStore.from_env(), request)
+    if args.json:
+        _emit(protocol.dumps(record))
+    else:
+        gpus = f" on GPUs {record.gpus_requested}" if record.gpus_requested else ""
+        _emit(f"queued job {record.id}{gpus}: {_shown_command(record.command)}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """``jobs``: every job, oldest first."""
+    from agents import runner
+
+    since = None
+    if args.since:
+        try:
+            since = runner.parse_iso(args.since)
+        except ValueError as exc:
+            raise runner.JobRequestError(
+                f"--since {args.since!r} is not an ISO 8601 time (like 2026-12-02T11:00:00Z)"
+            ) from exc
+    listing = runner.list_jobs(runner.JobStore.from_env(), since)
+    _emit(protocol.dumps(listing) if args.json else render_jobs(listing))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``logs``: the job's log as it is now."""
+    from agents import runner
+
+    text = runner.read_log(runner.JobStore.from_env(), args.job, args.tail)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """``cancel``: stop the job and print it once final."""
+    from agents import runner
+
+    record = runner.cancel(runner.JobStore.from_env(), args.job)
+    if args.json:
+        _emit(protocol.dumps(record))
+    else:
+        _emit(f"job {record.id}: {record.state}")
+    return 0
+
+
+def cmd_who(args: argparse.Namespace) -> int:
+    """``who``: each GPU's processes with their user and job."""
+    from agents import runner
+
+    report = runner.who(runner.JobStore.from_env())
+    _emit(protocol.dumps(report) if args.json else render_who(report))
+    return 0
+
+
+def render_jobs(listing: protocol.JobList) -> str:
+    """The job list as a text table."""
+    if not listing.jobs:
+        return "no jobs"
+    rows: List[Tuple[str, ...]] = [("ID", "STATE", "GPUS", "TRY", "EXIT", "CREATED", "COMMAND")]
+    for job in listing.jobs:
+        rows.append(
+            (
+                job.id,
+                job.state,
+                ",".join(str(g) for g in job.gpus_assigned) or (job.gpus_requested or "-"),
+                f"{job.attempt}/{job.retries + 1}",
+                "-" if job.exit_code is None else str(job.exit_code),
+                job.created_at[:19].replace("T", " "),
+                _shown_command(job.command, 60),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in rows
+    )
+
+
+def render_who(report: protocol.WhoReport) -> str:
+    """Each GPU and its processes as text."""
+    if not report.gpus:
+        return "no GPUs"
+    lines = []
+    for gpu in report.gpus:
+        lines.append(f"GPU {gpu.index}  {gpu.name}")
+        if not gpu.processes:
+            lines.append("  free")
+        for proc in gpu.processes:
+            mem = "?" if proc.used_mem_bytes is None else f"{proc.used_mem_bytes // _MIB} MiB"
+            job = f"job {proc.job_id}" if proc.job_id else "not an agent job"
+            lines.append(
+                f"  pid {proc.pid}  {proc.user or '?'}  {mem}  {job}  {proc.command or ''}".rstrip()
+            )
+    return "\n".join(lines)
+
+
+def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the runner's errors into a message on stderr and their exit code."""
+
+    def handler(args: argparse.Namespace) -> int:
+        from agents import runner
+
+        try:
+            return fn(args)
+        except runner.JobError as exc:
+            sys.stderr.write(f"gpu-agent: error: {exc}\n")
+            return exc.exit_code
+
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def _emit(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _env_pair(item: str) -> Tuple[str, str]:
+    from agents import runner
+
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise runner.JobRequestError(f"--env {item!r}: write it as NAME=VALUE")
+    return key, value
+
+
+def _shown_command(command: Any, limit: Optional[int] = None) -> str:
+    import shlex
+
+    text = " ".join(shlex.quote(part) for part in command)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+def _retries(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from exc
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be between 0 and 100")
+    return value
+
+
+def _lines(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be 0 or more")
+    return value

@@ -1,0 +1,176 @@
+"""The job subcommands of ``gpu-agent``: parsing, exit codes, JSON and text output."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agents import cli, jobs_cli, protocol
+from agents.protocol import JobList, JobRecord, JobSummary, ProcessSnapshot, WhoGpu, WhoReport
+from agents.runner import JobStore
+
+WRITE_ARGV = (
+    "import json, os, sys; "
+    "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
+)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "agent-home"
+    monkeypatch.setenv("GPU_AGENT_HOME", str(path))
+    monkeypatch.setenv("GPU_AGENT_QUEUE_POLL_S", "0.05")
+    monkeypatch.setenv("GPU_AGENT_SAMPLE_S", "0.1")
+    return path
+
+
+def wait_final(home: Path, job_id: str) -> dict:
+    store = JobStore(str(home))
+    deadline = time.monotonic() + 20
+    while store.read(job_id)["state"] not in protocol.FINAL_JOB_STATES:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return store.read(job_id)
+
+
+def record(**changes) -> JobRecord:
+    base = dict(
+        id="20261202-110000-ab12",
+        name=None,
+        state="running",
+        command=("python", "train.py", "--lr", "3e-4"),
+        user="alice",
+        gpus_requested="2",
+        gpus_assigned=(0, 1),
+        retries=1,
+        attempt=1,
+        created_at="2026-12-02T11:00:00.000+00:00",
+        started_at="2026-12-02T11:00:01.000+00:00",
+        finished_at=None,
+        exit_code=None,
+    )
+    base.update(changes)
+    return JobRecord(**base)
+
+
+def test_job_commands_are_registered(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("run", "jobs", "logs", "cancel", "who"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--retries", "x", "--", "true"], "not a whole number"),
+        (["run", "--retries", "101", "--", "true"], "between 0 and 100"),
+        (["logs"], "JOB"),
+        (["logs", "abc", "--tail", "-1"], "0 or more"),
+        (["cancel"], "JOB"),
+        (["jobs", "--since"], "expected one argument"),
+        (["run", "--env", "=x", "--", "true"], "NAME=VALUE"),
+    ],
+)
+def test_usage_errors_exit_2(argv, message, home, capsys):
+    assert cli.main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (home / "jobs").exists() or not list((home / "jobs").iterdir())
+
+
+def test_run_json_strips_only_the_first_separator(home, capsys):
+    code = cli.main(["run", "--json", "--", sys.executable, "-c", WRITE_ARGV, "--", "--gpus", "1"])
+    assert code == 0
+    job = protocol.loads(JobRecord, capsys.readouterr().out)
+    assert job.state == "queued"
+    assert job.attempt == 0
+    assert job.gpus_requested is None
+    assert job.command == (sys.executable, "-c", WRITE_ARGV, "--", "--gpus", "1")
+    assert wait_final(home, job.id)["state"] == "succeeded"
+    assert json.loads((home / "jobs" / job.id / "argv.json").read_text()) == ["--", "--gpus", "1"]
+
+
+def test_run_without_separator_and_text_output(home, capsys):
+    assert cli.main(["run", "--name", "hello", "echo", "hi there"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("queued job ")
+    assert out.rstrip().endswith("echo 'hi there'")
+    job_id = out.split()[2].rstrip(":")
+    assert wait_final(home, job_id)["state"] == "succeeded"
+    assert cli.main(["logs", "hello"]) == 0
+    assert capsys.readouterr().out == "hi there\n"
+    assert cli.main(["jobs"]) == 0
+    table = capsys.readouterr().out
+    assert job_id in table
+    assert "succeeded" in table
+    assert "1/1" in table
+
+
+def test_jobs_json_and_empty_text(home, capsys):
+    assert cli.main(["jobs"]) == 0
+    assert capsys.readouterr().out == "no jobs\n"
+    assert cli.main(["jobs", "--json"]) == 0
+    assert protocol.loads(JobList, capsys.readouterr().out) == JobList(jobs=())
+
+
+def test_cancel_and_logs_of_unknown_job_fail(home, capsys):
+    assert cli.main(["cancel", "--json", "nope"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "no job 'nope'" in captured.err
+    assert cli.main(["logs", "nope"]) == 1
+    assert "gpu-agent jobs" in capsys.readouterr().err
+
+
+def test_render_jobs_table():
+    finished = record(
+        state="failed",
+        exit_code=1,
+        attempt=2,
+        command=("sh", "-c", "x" * 100),
+        summary=JobSummary(duration_s=1.0, cpu_avg_pct=None, gpus=(), diagnoses=()),
+    )
+    table = jobs_cli.render_jobs(JobList(jobs=(record(), finished)))
+    lines = table.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "GPUS", "TRY", "EXIT", "CREATED", "COMMAND"]
+    assert lines[1].split()[:6] == [
+        "20261202-110000-ab12",
+        "running",
+        "0,1",
+        "1/2",
+        "-",
+        "2026-12-02",
+    ]
+    assert "python train.py --lr 3e-4" in lines[1]
+    assert lines[2].split()[1:5] == ["failed", "0,1", "2/2", "1"]
+    assert lines[2].endswith("…")
+    assert len(lines[2].split("  ")[-1]) <= 60
+
+
+def test_render_who():
+    report = WhoReport(
+        gpus=(
+            WhoGpu(
+                index=0,
+                name="NVIDIA H100 80GB HBM3",
+                processes=(
+                    ProcessSnapshot(0, 42, "alice", "python train.py", 2 * 1024**3, "j-1"),
+                    ProcessSnapshot(0, 43, None, None, None, None),
+                ),
+            ),
+            WhoGpu(index=1, name="NVIDIA H100 80GB HBM3", processes=()),
+        )
+    )
+    text = jobs_cli.render_who(report)
+    assert text.splitlines() == [
+        "GPU 0  NVIDIA H100 80GB HBM3",
+        "  pid 42  alice  2048 MiB  job j-1  python train.py",
+        "  pid 43  ?  ?  not an agent job",
+        "GPU 1  NVIDIA H100 80GB HBM3",
+        "  free",
+    ]
+    assert jobs_cli.render_who(WhoReport(gpus=())) == "no GPUs"

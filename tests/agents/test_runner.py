@@ -1,0 +1,421 @@
+"""The job runner with real processes: detached supervisors, the queue, retries, cancel, lost."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipapp
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from agents import protocol
+from agents.protocol import JobRecord, WhoReport
+from tests.agents.runner_support import REPO, Agent, gone, make_agent, python_job
+
+pytestmark = pytest.mark.integration
+
+WRITE_ARGV = (
+    "import json, os, sys; "
+    "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
+)
+
+# Appends "<job id> <start> <end> <CUDA_VISIBLE_DEVICES>" to the file in argv[1].
+RECORD_SPAN = """
+import os, sys, time
+start = time.time()
+time.sleep(float(sys.argv[2]))
+job, gpus = os.environ["GPUBOT_JOB_ID"], os.environ["CUDA_VISIBLE_DEVICES"]
+with open(sys.argv[1], "a") as fh:
+    fh.write(f"{job} {start} {time.time()} [{gpus}]\\n")
+"""
+
+
+@pytest.fixture
+def agent(tmp_path: Path):
+    a = make_agent(tmp_path)
+    yield a
+    a.cleanup()
+
+
+@pytest.fixture
+def gpu_agent(tmp_path: Path, fake_nvml):
+    fake_nvml.gpus(4, util_gpu=10, memory_used=10 * 1024**3)
+    a = make_agent(tmp_path, fake_nvml.env)
+    yield a
+    a.cleanup()
+
+
+def _spans(path: Path) -> list[tuple[str, float, float, tuple[int, ...]]]:
+    spans = []
+    for line in path.read_text().splitlines():
+        job_id, start, end, gpus = line.split(" ")
+        indices = tuple(int(g) for g in gpus.strip("[]").split(",") if g)
+        spans.append((job_id, float(start), float(end), indices))
+    return spans
+
+
+def test_job_outlives_the_session_that_submitted_it(agent: Agent, tmp_path: Path):
+    marker = tmp_path / "done"
+    # A login-shell stand-in that submits, then lingers like an SSH session; killing its
+    # whole session afterwards is what a dropped connection does.
+    script = (
+        f"{sys.executable} -m agents run --json -- sh -c 'sleep 1; echo finished > {marker}'"
+        " > submitted.json; sleep 30"
+    )
+    shell = subprocess.Popen(
+        ["sh", "-c", script], cwd=str(tmp_path), env=agent.env, start_new_session=True
+    )
+    deadline = time.monotonic() + 20
+    submitted = tmp_path / "submitted.json"
+    while not (submitted.exists() and submitted.read_text().strip()):
+        assert time.monotonic() < deadline, "run did not print the job"
+        time.sleep(0.05)
+    record = protocol.loads(JobRecord, submitted.read_text())
+    assert record.state == "queued"
+    os.killpg(shell.pid, signal.SIGKILL)
+    shell.wait()
+
+    assert agent.wait(record.id, ("running",)).state == "running"
+    final = agent.wait(record.id)
+    assert final.state == "succeeded"
+    assert final.exit_code == 0
+    assert marker.read_text() == "finished\n"
+    assert final.summary is not None
+    assert final.summary.duration_s >= 1.0
+
+
+def test_command_arrives_exactly_as_typed(agent: Agent):
+    args = [
+        "it's",
+        'say "hi"',
+        "two  spaces",
+        "$HOME",
+        "${PATH}",
+        "a;b",
+        "x | y",
+        "`id`",
+        "$(whoami)",
+        "line1\nline2",
+        "",
+        "*",
+        "--gpus",
+        "--",
+        "ünïcødé",
+        "back\\slash",
+        "tab\there",
+    ]
+    record = agent.submit(*python_job(WRITE_ARGV, *args))
+    assert record.command[3:] == tuple(args)
+    assert agent.wait(record.id).state == "succeeded"
+    written = json.loads((agent.home / "jobs" / record.id / "argv.json").read_text())
+    assert written == args
+
+
+def test_job_environment_and_working_directory(agent: Agent, tmp_path: Path):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    code = (
+        "import json, os; json.dump({k: os.environ.get(k) for k in "
+        "['GPUBOT_JOB_ID', 'GPUBOT_JOB_DIR', 'GPUBOT_ATTEMPT', 'CUDA_VISIBLE_DEVICES', 'MY_VAR']}"
+        " | {'cwd': os.getcwd()}, open('env.json', 'w'))"
+    )
+    record = agent.submit(
+        *python_job(code), options=["--cwd", str(workdir), "--env", "MY_VAR=a=b c", "--name", "e"]
+    )
+    assert agent.wait(record.id).state == "succeeded"
+    seen = json.loads((workdir / "env.json").read_text())
+    assert seen == {
+        "GPUBOT_JOB_ID": record.id,
+        "GPUBOT_JOB_DIR": str(agent.home / "jobs" / record.id),
+        "GPUBOT_ATTEMPT": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "MY_VAR": "a=b c",
+        "cwd": str(workdir),
+    }
+    assert agent.jobs().jobs[0].name == "e"
+
+
+def test_retries_until_success(agent: Agent):
+    code = (
+        "import os, sys; a = int(os.environ['GPUBOT_ATTEMPT']); "
+        "print('attempt', a); sys.exit(0 if a == 3 else 7)"
+    )
+    record = agent.submit(*python_job(code), options=["--retries", "4"])
+    final = agent.wait(record.id)
+    assert (final.state, final.attempt, final.exit_code) == ("succeeded", 3, 0)
+    log = agent.cli("logs", record.id).stdout
+    assert "attempt 1\n" in log
+    assert "attempt 3\n" in log
+    assert log.count("--- gpu-agent: attempt") == 2
+
+
+def test_failing_job_does_not_stop_the_queue(gpu_agent: Agent):
+    failing = gpu_agent.submit("sh", "-c", "exit 5", options=["--gpus", "0,", "--retries", "1"])
+    behind = gpu_agent.submit("true", options=["--gpus", "0,"])
+    first = gpu_agent.wait(failing.id)
+    assert (first.state, first.attempt, first.exit_code) == ("failed", 2, 5)
+    assert gpu_agent.wait(behind.id).state == "succeeded"
+
+
+def test_queue_runs_jobs_on_one_gpu_in_fifo_order(gpu_agent: Agent, tmp_path: Path):
+    spans_file = tmp_path / "spans"
+    ids = [
+        gpu_agent.submit(
+            *python_job(RECORD_SPAN, str(spans_file), "0.2"), options=["--gpus", "1,"]
+        ).id
+        for _ in range(4)
+    ]
+    for job_id in ids:
+        assert gpu_agent.wait(job_id).state == "succeeded"
+    spans = _spans(spans_file)
+    assert [s[0] for s in spans] == ids
+    assert all(s[3] == (1,) for s in spans)
+    for earlier, later in itertools.pairwise(spans):
+        assert earlier[2] <= later[1], "two jobs shared GPU 1"
+
+
+def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
+    spans_file = tmp_path / "spans"
+    requests = ["2", "2", "0,1", "1", "3,", "4", "2,3"]
+    ids = [
+        gpu_agent.submit(*python_job(RECORD_SPAN, str(spans_file), "0.4"), options=["--gpus", r]).id
+        for r in requests
+    ]
+    records = [gpu_agent.wait(job_id) for job_id in ids]
+    assert all(r.state == "succeeded" for r in records)
+    spans = {s[0]: s for s in _spans(spans_file)}
+    for record, request in zip(records, requests, strict=True):
+        assigned = spans[record.id][3]
+        assert assigned == record.gpus_assigned
+        expected = int(request) if request.isdigit() else len(request.strip(",").split(","))
+        assert len(assigned) == expected
+    for a in spans.values():
+        for b in spans.values():
+            if a[0] < b[0] and a[1] < b[2] and b[1] < a[2]:
+                assert not set(a[3]) & set(b[3]), f"{a} and {b} overlap on a GPU"
+    first, second = spans[ids[0]], spans[ids[1]]
+    assert first[1] < second[2], "two 2-GPU jobs on 4 GPUs should overlap"
+    assert second[1] < first[2], "two 2-GPU jobs on 4 GPUs should overlap"
+
+
+def test_gpu_requests_that_cannot_be_met_fail_at_once(agent: Agent, gpu_agent: Agent):
+    no_gpu = agent.cli("run", "--gpus", "1", "--", "true")
+    assert no_gpu.returncode == 1
+    assert "no NVIDIA GPU can be used here" in no_gpu.stderr
+    too_many = gpu_agent.cli("run", "--gpus", "5", "--", "true")
+    assert too_many.returncode == 2
+    assert "more GPUs than this machine has (4)" in too_many.stderr
+    missing = gpu_agent.cli("run", "--gpus", "7,", "--", "true")
+    assert missing.returncode == 2
+    assert "names GPU 7" in missing.stderr
+    assert agent.store.all_ids() == []
+    assert gpu_agent.store.all_ids() == []
+
+
+def test_bad_requests_are_usage_errors_and_create_nothing(agent: Agent, tmp_path: Path):
+    for args, message in (
+        (["run", "--"], "no command given"),
+        (["run", "--", "no-such-program-xyz"], "command not found"),
+        (["run", "--cwd", str(tmp_path / "nope"), "--", "true"], "no such directory"),
+        (["run", "--env", "NOEQUALS", "--", "true"], "NAME=VALUE"),
+        (["run", "--env", "CUDA_VISIBLE_DEVICES=0", "--", "true"], "sets CUDA_VISIBLE_DEVICES"),
+        (["run", "--gpus", "a,b", "--", "true"], "not understood"),
+        (["run", "--retries", "-1", "--", "true"], "between 0 and 100"),
+    ):
+        done = agent.cli(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+    assert agent.store.all_ids() == []
+
+
+def test_cancel_kills_the_whole_process_tree(agent: Agent, tmp_path: Path):
+    pids = tmp_path / "pids"
+    # A child, a grandchild in its own process group, and one that ignores SIGTERM.
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(100)"
+    script = (
+        f"sleep 100 & echo $! >> {pids}; "
+        f"sh -c 'set -m; sleep 100 & echo $! >> {pids}; wait' & "
+        f"{sys.executable} -c '{stubborn}' & echo $! >> {pids}; "
+        "wait"
+    )
+    record = agent.submit("sh", "-c", script)
+    agent.wait(record.id, ("running",))
+    deadline = time.monotonic() + 10
+    while len(pids.read_text().split() if pids.exists() else []) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    tree = [int(p) for p in pids.read_text().split()]
+    leader = agent.meta(record.id)["job_pid"]
+    assert not any(gone(p) for p in [*tree, leader])
+
+    done = agent.cli("cancel", "--json", record.id)
+    assert done.returncode == 0, done.stderr
+    final = protocol.loads(JobRecord, done.stdout)
+    assert final.state == "cancelled"
+    deadline = time.monotonic() + 5
+    while not all(gone(p) for p in [*tree, leader]):
+        assert time.monotonic() < deadline, "a process of the cancelled job survived"
+        time.sleep(0.05)
+    assert agent.wait(record.id).state == "cancelled"
+    again = agent.cli("cancel", record.id)
+    assert again.returncode == 1
+    assert "already finished" in again.stderr
+
+
+def test_cancelled_queued_job_never_runs(gpu_agent: Agent, tmp_path: Path):
+    holder = gpu_agent.submit("sleep", "30", options=["--gpus", "0,"])
+    gpu_agent.wait(holder.id, ("running",))
+    marker = tmp_path / "ran"
+    queued = gpu_agent.submit("touch", str(marker), options=["--gpus", "0,"])
+    behind = gpu_agent.submit("true", options=["--gpus", "0,"])
+    time.sleep(0.3)
+    assert gpu_agent.meta(queued.id)["state"] == "queued"
+    done = gpu_agent.cli("cancel", "--json", queued.id)
+    assert protocol.loads(JobRecord, done.stdout).state == "cancelled"
+    assert gpu_agent.cli("cancel", holder.id).returncode == 0
+    assert gpu_agent.wait(behind.id).state == "succeeded"
+    assert not marker.exists()
+
+
+def test_killed_supervisor_means_lost_and_frees_the_queue(gpu_agent: Agent):
+    victim = gpu_agent.submit("sleep", "60", options=["--gpus", "2,"])
+    meta = gpu_agent.running(victim.id)
+    behind = gpu_agent.submit("true", options=["--gpus", "2,"])
+    os.kill(meta["supervisor_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while not gone(meta["supervisor_pid"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+    listed = {j.id: j for j in gpu_agent.jobs().jobs}
+    assert listed[victim.id].state == "lost"
+    assert "supervisor" in (listed[victim.id].note or "")
+    deadline = time.monotonic() + 5
+    while not gone(meta["job_pid"]):
+        assert time.monotonic() < deadline, "the lost job's process kept running"
+        time.sleep(0.02)
+    assert gpu_agent.wait(behind.id).state == "succeeded"
+
+
+def test_concurrent_submissions_from_several_processes(agent: Agent):
+    def submit(i: int) -> JobRecord:
+        return agent.submit("sh", "-c", f"echo job {i}")
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        records = list(pool.map(submit, range(6)))
+    ids = [r.id for r in records]
+    assert len(set(ids)) == 6
+    seqs = sorted(agent.meta(i)["seq"] for i in ids)
+    assert seqs == list(range(1, 7))
+    for i, record in enumerate(records):
+        assert agent.wait(record.id).state == "succeeded"
+        assert agent.cli("logs", record.id).stdout == f"job {i}\n"
+
+
+def test_jobs_since_lists_only_changed_jobs(agent: Agent):
+    first = agent.submit("true")
+    agent.wait(first.id)
+    cutoff = agent.meta(first.id)["updated_at"]
+    time.sleep(0.01)
+    second = agent.submit("true")
+    agent.wait(second.id)
+    later = agent.jobs("--since", cutoff)
+    assert [j.id for j in later.jobs] == [first.id, second.id]
+    newest = agent.jobs("--since", agent.meta(second.id)["updated_at"].replace("+00:00", "Z"))
+    assert [j.id for j in newest.jobs] == [second.id]
+    bad = agent.cli("jobs", "--since", "yesterday")
+    assert bad.returncode == 2
+    assert "ISO 8601" in bad.stderr
+
+
+def test_logs_tail_and_unknown_job(agent: Agent):
+    record = agent.submit("sh", "-c", "for i in 1 2 3 4 5; do echo line $i; done; echo oops >&2")
+    agent.wait(record.id)
+    assert agent.cli("logs", record.id, "--tail", "2").stdout == "line 5\noops\n"
+    assert agent.cli("logs", record.id[:17]).stdout.startswith("line 1\n")
+    missing = agent.cli("logs", "nope")
+    assert missing.returncode == 1
+    assert "no job 'nope'" in missing.stderr
+
+
+def test_summary_reports_gpus_and_out_of_memory(gpu_agent: Agent):
+    code = (
+        "import time; t = time.time()\n"
+        "while time.time() - t < 0.8: pass\n"
+        "print('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'); raise SystemExit(1)"
+    )
+    record = gpu_agent.submit(*python_job(code), options=["--gpus", "2"])
+    final = gpu_agent.wait(record.id)
+    assert (final.state, final.exit_code) == ("failed", 1)
+    summary = final.summary
+    assert summary is not None
+    assert [g.index for g in summary.gpus] == [0, 1]
+    assert all(g.util_avg_pct == 10.0 for g in summary.gpus)
+    assert all(g.mem_peak_bytes == 10 * 1024**3 for g in summary.gpus)
+    assert summary.cpu_avg_pct is not None
+    assert summary.cpu_avg_pct > 20
+    assert "cuda_oom" in [d.code for d in summary.diagnoses]
+    assert "CUDA out of memory" in summary.log_tail
+
+
+def test_who_maps_gpu_processes_to_jobs(gpu_agent: Agent, fake_nvml):
+    record = gpu_agent.submit("sleep", "30", options=["--gpus", "1,"])
+    job_pid = gpu_agent.running(record.id)["job_pid"]
+    outsider = os.getpid()
+    fake_nvml.gpus(
+        2,
+        per_gpu={
+            0: {"processes": [{"pid": outsider, "used_memory": 1024**3}]},
+            1: {"processes": [{"pid": job_pid, "used_memory": 2 * 1024**3}]},
+        },
+    )
+    done = gpu_agent.cli("who", "--json")
+    assert done.returncode == 0, done.stderr
+    report = protocol.loads(WhoReport, done.stdout)
+    by_gpu = {g.index: g.processes for g in report.gpus}
+    assert [(p.pid, p.job_id) for p in by_gpu[0]] == [(outsider, None)]
+    assert [(p.pid, p.job_id) for p in by_gpu[1]] == [(job_pid, record.id)]
+    assert by_gpu[1][0].user == gpu_agent.meta(record.id)["user"]
+    text = gpu_agent.cli("who").stdout
+    assert f"job {record.id}" in text
+    assert "not an agent job" in text
+    assert gpu_agent.cli("cancel", record.id).returncode == 0
+
+
+def test_who_without_nvml_fails_clearly(agent: Agent):
+    done = agent.cli("who", "--json")
+    assert done.returncode == 1
+    assert "NVML" in done.stderr
+    assert done.stdout == ""
+
+
+def test_runs_from_a_zipapp(agent: Agent, tmp_path: Path):
+    source = tmp_path / "src"
+    (source / "agents").mkdir(parents=True)
+    for path in (REPO / "agents").glob("*.py"):
+        (source / "agents" / path.name).write_bytes(path.read_bytes())
+    pyz = tmp_path / "gpu-agent.pyz"
+    zipapp.create_archive(source, pyz, main="agents.cli:main")
+    env = dict(agent.env)
+    env["PYTHONPATH"] = ""
+    done = subprocess.run(
+        [sys.executable, str(pyz), "run", "--json", "--", *python_job(WRITE_ARGV, "from", "pyz")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    record = protocol.loads(JobRecord, done.stdout)
+    assert agent.wait(record.id).state == "succeeded"
+    written = json.loads((agent.home / "jobs" / record.id / "argv.json").read_text())
+    assert written == ["from", "pyz"]
