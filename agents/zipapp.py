@@ -45,26 +45,28 @@ class BuildError(Exception):
     """The zipapp could not be built (missing nvidia-ml-py, a file that does not compile)."""
 
 
-def build(out_path: Path, bytecode: bool = True) -> Path:
-    """Write the zipapp to ``out_path`` (parents created) and return its path.
+def build(out_path: Path, bytecode: bool = True, package_dir: Optional[Path] = None) -> Path:
+    """Write the zipapp to ``out_path`` (parents created, mode 0755) and return its path.
 
+    ``package_dir`` is the ``agents`` directory to pack (default: this package).
     Raises BuildError when nvidia-ml-py is not installed or a source does not compile.
     """
     out_path = Path(out_path)
-    entries = collect_entries()
+    entries = collect_entries(package_dir)
     if bytecode:
         entries.update(_compile(entries))
     payload = _zip_bytes(entries)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     zipapp.create_archive(io.BytesIO(payload), tmp, interpreter=INTERPRETER)
+    os.chmod(tmp, 0o755)  # noqa: S103 - an executable zipapp, like any program in bin/
     os.replace(tmp, out_path)
     return out_path
 
 
-def collect_entries() -> Dict[str, bytes]:
+def collect_entries(package_dir: Optional[Path] = None) -> Dict[str, bytes]:
     """Archive name -> content: the agents package, pynvml.py and __main__.py."""
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(package_dir or Path(__file__).resolve().parent)
     entries: Dict[str, bytes] = {}
     for path in sorted(package_dir.rglob("*")):
         rel = path.relative_to(package_dir.parent)

@@ -1,0 +1,232 @@
+"""agents.cli and agents.render: commands, exit codes, usage errors, JSON and text output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents import __version__, cli, protocol, render
+from agents.protocol import StatusSnapshot, VersionInfo
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+
+
+def run_agent(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m agents ARGS`` in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "agents", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def test_status_json_round_trips(fake_nvml, capsys):
+    fake_nvml.gpus(2, model="NVIDIA A100-SXM4-80GB", util_gpu=73)
+    assert cli.main(["status", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.count("\n") == 1
+    status = protocol.loads(StatusSnapshot, out)
+    assert [g.name for g in status.gpus] == ["NVIDIA A100-SXM4-80GB"] * 2
+    assert [g.util_gpu_pct for g in status.gpus] == [73, 73]
+    assert [g.sm_count for g in status.gpus] == [108, 108]
+    assert json.loads(out)["schema"] == 1
+    assert protocol.dumps(status) == out.strip()
+
+
+def test_status_json_in_a_subprocess_with_the_fake(fake_nvml):
+    fake_nvml.gpus(8, model="NVIDIA H200", processes=[{"pid": os.getpid(), "used_memory": GIB}])
+    result = run_agent("status", "--json", env=fake_nvml.env)
+    assert result.returncode == 0, result.stderr
+    status = protocol.loads(StatusSnapshot, result.stdout)
+    assert len(status.gpus) == 8
+    assert {g.name for g in status.gpus} == {"NVIDIA H200"}
+    assert len(status.processes) == 8
+    assert all(p.pid == os.getpid() and p.command for p in status.processes)
+
+
+def test_status_exits_zero_when_nvml_fails(fake_nvml, capsys):
+    fake_nvml.init_error("LibRmVersionMismatch")
+    assert cli.main(["status", "--json"]) == 0
+    status = protocol.loads(StatusSnapshot, capsys.readouterr().out)
+    assert status.nvml_error is not None
+    assert status.nvml_error.code == "driver_library_mismatch"
+
+
+def test_status_text_is_a_table(fake_nvml, capsys):
+    fake_nvml.gpus(
+        2,
+        per_gpu={1: {"clocks_event_reasons": 0x4, "util_gpu": 100, "temperature": 83}},
+        processes=[{"pid": os.getpid(), "used_memory": 3 * GIB}],
+        driver_version="550.54.15",
+        cuda_driver_version=12040,
+    )
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "Driver 550.54.15  CUDA 12.4" in out
+    header = next(line for line in lines if line.startswith("GPU  Name"))
+    assert "Memory used / total" in header
+    row1 = next(line for line in lines if line.lstrip().startswith("1  NVIDIA H100"))
+    assert "83°C" in row1
+    assert "100%" in row1
+    assert "sw_power_cap" in row1
+    row0 = next(line for line in lines if line.lstrip().startswith("0  NVIDIA H100"))
+    assert "idle" in row0
+    assert "79.6 GiB" in row0  # 81559 MiB total
+    assert "68 W / 700 W" in row0
+    assert out.count(str(os.getpid())) == 2
+    assert "3.0 GiB" in out
+
+
+def test_status_text_explains_an_nvml_error(fake_nvml, capsys):
+    fake_nvml.init_error("DriverNotLoaded")
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "NVML error: driver_not_loaded" in out
+    assert "What to do:" in out
+    assert "modprobe nvidia" in out
+    assert "GPU  Name" not in out
+
+
+def test_status_text_with_no_gpus(fake_nvml, capsys):
+    fake_nvml.gpus(0)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "No NVIDIA GPUs found." in out
+    assert "No processes are using the GPUs." in out
+
+
+# --- version -----------------------------------------------------------------------------------
+
+
+def test_version_json_and_text(capsys):
+    assert cli.main(["version", "--json"]) == 0
+    info = protocol.loads(VersionInfo, capsys.readouterr().out)
+    assert info.agent_version == __version__
+    assert info.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out == f"gpu-agent {__version__} (Python {info.python_version})\n"
+
+
+# --- usage errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "choose a command"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["status", "--bogus"], "unrecognized arguments: --bogus"),
+        (["version", "extra"], "unrecognized arguments: extra"),
+        (["health", "--expect-count", "0"], "'0' must be 1 or more"),
+        (["health", "--expect-count", "two"], "'two' is not a whole number"),
+        (["health", "--timeout", "-3"], "'-3' must be a positive number of seconds"),
+        (["health", "--timeout", "nan"], "'nan' must be a positive number of seconds"),
+        (["health", "--timeout", "soon"], "'soon' is not a number of seconds"),
+        (["health", "--python"], "expected one argument"),
+    ],
+)
+def test_usage_errors_exit_2_with_a_message(capsys, argv, message):
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert message in err
+    assert err.startswith("usage: gpu-agent")
+
+
+def test_help_exits_zero(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("status", "health", "version"):
+        assert command in out
+
+
+def test_usage_error_in_a_subprocess():
+    result = run_agent("status", "--nope")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("usage: gpu-agent")
+    assert "unrecognized arguments: --nope" in result.stderr
+
+
+def test_usage_error_changes_nothing(fake_nvml, capsys):
+    fake_nvml.gpus(1)
+    assert cli.main(["health", "--expect-count", "-1"]) == 2
+    capsys.readouterr()
+    assert fake_nvml.calls() == []  # NVML never touched
+
+
+# --- health (through agents.health) ------------------------------------------------------------
+
+
+def test_health_fails_with_exit_1_when_nvml_fails(fake_nvml, tmp_path):
+    fake_nvml.init_error("DriverNotLoaded")
+    result = run_agent(
+        "health", "--json", "--python", sys.executable, "--timeout", "60", env=fake_nvml.env
+    )
+    assert result.returncode == 1, result.stderr
+    report = protocol.loads(protocol.HealthReport, result.stdout)
+    assert report.status == "fail"
+    failing = {c.id for c in report.checks if c.status == "fail"}
+    assert "nvml" in failing
+
+
+def test_health_text_output(fake_nvml):
+    fake_nvml.init_error("LibraryNotFound")
+    result = run_agent("health", "--python", sys.executable, env=fake_nvml.env)
+    assert result.returncode == 1
+    assert "nvml" in result.stdout
+    assert "fail" in result.stdout.lower()
+
+
+# --- render helpers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (None, "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (2048, "2 KiB"),
+        (512 * 1024**2, "512 MiB"),
+        (81559 * 1024**2, "79.6 GiB"),
+        (3 * 1024**4, "3.0 TiB"),
+    ],
+)
+def test_format_bytes(value, text):
+    assert render.format_bytes(value) == text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (5, "5s"), (59.9, "59s"), (60, "1m"), (3660, "1h01m"), (90000, "1d01h")],
+)
+def test_format_duration(seconds, text):
+    assert render.format_duration(seconds) == text
+
+
+def test_process_table_marks_agent_jobs():
+    procs = [
+        protocol.ProcessSnapshot(0, 42, "alice", "python train.py", 2 * GIB, job_id="j-1"),
+        protocol.ProcessSnapshot(1, 43, None, None, None),
+    ]
+    text = render.process_table(procs)
+    lines = text.splitlines()
+    assert lines[0].split() == ["GPU", "PID", "User", "Memory", "Command"]
+    assert "[job j-1] python train.py" in lines[1]
+    assert lines[2].split() == ["1", "43", "-", "-", "-"]

@@ -1,0 +1,210 @@
+"""agents.zipapp: a deterministic single-file agent that runs under ``python3 -I``."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents import protocol
+from agents import zipapp as builder
+from agents.protocol import StatusSnapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENTS = ROOT / "agents"
+pytestmark = pytest.mark.integration
+
+# Fields that change between two runs a moment apart.
+VOLATILE_HOST = {"uptime_s"}
+VOLATILE_GPU = {
+    "util_gpu_pct",
+    "util_mem_pct",
+    "temp_c",
+    "power_draw_w",
+    "sm_clock_mhz",
+    "clock_event_reasons",
+    "mem_used_bytes",
+    "mem_free_bytes",
+    "pcie_gen_current",
+    "pcie_width_current",
+}
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return builder.build(tmp_path_factory.mktemp("zipapp") / "gpu-agent.pyz")
+
+
+def clean_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def run_pyz(pyz: Path, *args: str, flags: tuple[str, ...] = ("-I",), cwd: Path | None = None):
+    return subprocess.run(
+        [sys.executable, *flags, str(pyz), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=cwd or pyz.parent,
+        timeout=60,
+        check=False,
+    )
+
+
+def comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = dict(doc)
+    doc.pop("collected_at")
+    doc["host"] = {k: v for k, v in doc["host"].items() if k not in VOLATILE_HOST}
+    doc["gpus"] = [{k: v for k, v in g.items() if k not in VOLATILE_GPU} for g in doc["gpus"]]
+    doc.pop("processes")  # other people's GPU processes come and go
+    return doc
+
+
+def test_the_build_is_deterministic(tmp_path):
+    source = tmp_path / "src" / "agents"
+    shutil.copytree(AGENTS, source, ignore=shutil.ignore_patterns("__pycache__"))
+    first = builder.build(tmp_path / "first.pyz", package_dir=source)
+    os.utime(source / "cli.py", (1_000_000, 1_000_000))  # file times do not matter
+    second = builder.build(tmp_path / "second.pyz", package_dir=source)
+    code = (
+        "import sys; from pathlib import Path; from agents import zipapp; "
+        "zipapp.build(Path(sys.argv[1]), package_dir=Path(sys.argv[2]))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "third.pyz"), str(source)],
+        env=dict(os.environ, PYTHONHASHSEED="12345"),
+        cwd=ROOT,
+        check=True,
+        timeout=120,
+    )
+    third = tmp_path / "third.pyz"
+    assert first.read_bytes() == second.read_bytes() == third.read_bytes()
+    assert builder.sha256(first) == builder.sha256(third)
+    (source / "cli.py").write_text((source / "cli.py").read_text() + "\n# changed\n")
+    changed = builder.build(tmp_path / "changed.pyz", package_dir=source)
+    assert builder.sha256(changed) != builder.sha256(first)
+
+
+def test_starts_with_the_shebang_and_is_executable(pyz):
+    first = pyz.read_bytes().split(b"\n", 1)[0]
+    assert first == b"#!/usr/bin/env python3"
+    assert os.stat(pyz).st_mode & 0o111
+
+
+def test_contents(pyz):
+    with zipfile.ZipFile(pyz) as archive:
+        infos = archive.infolist()
+        names = [i.filename for i in infos]
+        assert names == sorted(names)
+        assert {i.date_time for i in infos} == {builder.FIXED_DATE_TIME}
+        assert archive.read("__main__.py") == builder.MAIN.encode()
+        real = Path(str(metadata.distribution("nvidia-ml-py").locate_file("pynvml.py")))
+        assert archive.read("pynvml.py") == real.read_bytes()
+        for name in ("agents/__init__.py", "agents/cli.py", "agents/nvml.py", "agents/protocol.py"):
+            assert archive.read(name) == (ROOT / name).read_bytes()
+            assert name + "c" in names
+    assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
+    assert not [n for n in names if "fake_nvml" in n]
+    data_files = sorted(
+        p.relative_to(ROOT).as_posix()
+        for p in AGENTS.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    )
+    assert set(data_files) <= set(names)
+
+
+def test_every_source_parses_as_python_3_9(pyz):
+    with zipfile.ZipFile(pyz) as archive:
+        sources = [n for n in archive.namelist() if n.endswith(".py")]
+        assert len(sources) >= 6
+        for name in sources:
+            ast.parse(archive.read(name), filename=name, feature_version=(3, 9))
+
+
+@pytest.mark.parametrize("flags", [("-I",), ("-I", "-S")], ids=["isolated", "no-site"])
+def test_status_matches_the_installed_agent(pyz, flags):
+    zipped = run_pyz(pyz, "status", "--json", flags=flags)
+    assert zipped.returncode == 0, zipped.stderr
+    installed = subprocess.run(
+        [sys.executable, "-m", "agents", "status", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    a = protocol.loads(StatusSnapshot, zipped.stdout)
+    b = protocol.loads(StatusSnapshot, installed.stdout)
+    assert comparable(protocol.to_dict(a)) == comparable(protocol.to_dict(b))
+    assert a.nvml_error == b.nvml_error
+
+
+def test_runs_from_sources_when_bytecode_is_absent(tmp_path):
+    plain = builder.build(tmp_path / "plain.pyz", bytecode=False)
+    with zipfile.ZipFile(plain) as archive:
+        assert not [n for n in archive.namelist() if n.endswith(".pyc")]
+    result = run_pyz(plain, "version", "--json", flags=("-I", "-S"))
+    assert result.returncode == 0, result.stderr
+    assert (
+        json.loads(result.stdout)["agent_version"]
+        == protocol.loads(protocol.VersionInfo, result.stdout).agent_version
+    )
+
+
+def test_usage_error_exit_code_from_the_zipapp(pyz):
+    result = run_pyz(pyz, "frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_data_files_are_readable_inside_the_zipapp(pyz):
+    names = sorted(p.name for p in AGENTS.glob("*.json"))
+    code = (
+        "import json, pkgutil, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    json.loads(pkgutil.get_data('agents', name))\n"
+        "print(len(sys.argv) - 1)\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(pyz)!r})\n" + code,
+            *names,
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(len(names))
+
+
+def test_main_builds_and_prints_the_hash(tmp_path, capsys):
+    out = tmp_path / "sub" / "gpu-agent.pyz"
+    assert builder.main([str(out)]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == f"{out} sha256={builder.sha256(out)}"
+
+
+def test_missing_nvidia_ml_py_is_a_clear_error(monkeypatch, tmp_path, capsys):
+    def not_installed(name: str) -> metadata.Distribution:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "distribution", not_installed)
+    assert builder.main([str(tmp_path / "x.pyz")]) == 1
+    assert "pip install nvidia-ml-py" in capsys.readouterr().err
+    assert not (tmp_path / "x.pyz").exists()
