@@ -1,0 +1,337 @@
+"""Block Kit for money: spend reports, the monthly digest, budgets, `/gpu fit` and
+`/gpu estimate`. Pure functions, values in, (fallback text, blocks) out; amounts in micro-units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from bot.commands.values import format_duration, format_money
+
+if TYPE_CHECKING:
+    from bot.services.advice import EstimateReport, FitReport, GpuFit, Option
+    from bot.services.budgets import BudgetStatus
+    from bot.services.digest import DigestData
+    from bot.services.spend import SpendLine, SpendReport
+
+Block = dict[str, Any]
+Message = tuple[str, tuple[Block, ...]]
+
+SECTION_LIMIT = 3000
+HEADER_LIMIT = 150
+TOP_GROUPS = 10
+TOP_INSTANCES = 5
+TOP_FITS = 12
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
+
+
+def month_name(month: str) -> str:
+    """``2026-03`` as ``March 2026``."""
+    year, number = month.split("-")
+    return f"{_MONTHS[int(number) - 1]} {year}"
+
+
+def spend_message(report: SpendReport) -> Message:
+    """`/gpu spend`: totals, idle cost, the groups asked for and the top instances."""
+    currency = report.currency
+    title = f"GPU spend, {month_name(report.month)}" + ("" if report.complete else " (so far)")
+    total = format_money(report.total_micros, currency)
+    text = f"{title}: {total}"
+    if not report.instances:
+        return text, (
+            _header(title),
+            _section(f"Nothing was charged in {month_name(report.month)}."),
+        )
+    blocks: list[Block] = [
+        _header(title),
+        _section(_totals_line(report)),
+        _section(
+            f"*By {report.by}*\n" + _group_lines(report.groups, report.by, currency, TOP_GROUPS)
+        ),
+        _section("*Top instances*\n" + _instance_lines(report)),
+    ]
+    if not report.complete:
+        blocks.append(_context("Charges reach the last full hour; the current hour is not in yet."))
+    blocks.append(_context("The chart and a CSV with every instance follow as files."))
+    return text, tuple(blocks)
+
+
+def digest_message(data: DigestData) -> Message:
+    """The monthly digest: total against last month, by user, GPU and project, idle waste,
+    where a monthly plan would have been cheaper, and the most expensive jobs."""
+    report = data.report
+    currency = report.currency
+    title = f"GPU spend in {month_name(data.month)}"
+    total = format_money(report.total_micros, currency)
+    text = f"{title}: {total} ({_change(report.total_micros, data.previous_total_micros)})"
+    blocks: list[Block] = [
+        _header(title),
+        _section(
+            f"*Total {total}* — {_change(report.total_micros, data.previous_total_micros)} "
+            f"({format_money(data.previous_total_micros, currency)} in the month before)\n"
+            + _idle_line(report)
+        ),
+    ]
+    if report.instances:
+        for by in ("user", "gpu", "project"):
+            grouped = _group_lines(report.group(by), by, currency, TOP_GROUPS)
+            blocks.append(_section(f"*By {_BY_TITLE[by]}*\n{grouped}"))
+    if data.savings:
+        saving_lines = [
+            f"• *{s.instance_name}* ({s.gpu_label}, <@{s.owner_id}>): "
+            f"{format_money(s.compute_micros, currency)} by the hour vs "
+            f"{format_money(s.plan_micros, currency)} a month on {s.plan_source} — "
+            f"*{format_money(s.saving_micros, currency)} less*"
+            for s in data.savings[:TOP_GROUPS]
+        ]
+        blocks.append(
+            _section("*A monthly plan would have been cheaper*\n" + "\n".join(saving_lines))
+        )
+    if data.jobs:
+        job_lines = [
+            f"• `{job.job_id}` on *{job.instance_name}* by <@{job.requested_by}>: "
+            f"{format_money(job.cost_micros, currency)} over "
+            f"{format_duration(_seconds(job.duration_s))} — `{_escape(job.command)}`"
+            for job in data.jobs
+        ]
+        blocks.append(_section("*Most expensive jobs*\n" + "\n".join(job_lines)))
+    blocks.append(_context("The chart of spend per day is in the thread."))
+    return text, tuple(blocks)
+
+
+def budget_list_message(statuses: Sequence[BudgetStatus], month: str, currency: str) -> Message:
+    """`/gpu budget list`: every budget with this month's spend against it."""
+    title = f"Budgets, {month_name(month)}"
+    if not statuses:
+        text = "No budgets are set. An admin sets one with `/gpu budget set user @U 500`."
+        return text, (_section(text),)
+    lines = [_budget_line(status, currency) for status in statuses]
+    text = f"{title}: {len(statuses)} budget{'s' if len(statuses) != 1 else ''}"
+    return text, (_header(title), _section("\n".join(lines)))
+
+
+def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str) -> Message:
+    """A budget crossed 50, 80 or 100% of its monthly limit."""
+    who = _subject(status.scope, status.subject)
+    spent = format_money(status.spent_micros, currency)
+    limit = format_money(status.limit_micros, currency)
+    if threshold_pct >= 100:
+        text = (
+            f":no_entry: The monthly budget of {who} is used up: {spent} of {limit}. "
+            "New rentals and extensions now need an admin."
+        )
+    else:
+        text = (
+            f":warning: The monthly budget of {who} is {threshold_pct}% used: {spent} of {limit}."
+        )
+    return text, (_section(text),)
+
+
+def fit_message(report: FitReport) -> Message:
+    """`/gpu fit`: the estimate by part and which GPUs hold it, with prices where known."""
+    shape = report.model
+    name = shape.name if shape.known else f"{shape.name} (shaped like {shape.shape_from})"
+    title = f"{name} {report.mode}, {report.bits}-bit"
+    total = _gb(report.memory.total_bytes)
+    text = f"{title}: about {total} of GPU memory"
+    parts = "\n".join(
+        f"{label:<16}{_gb(size):>12}" for label, size in report.memory.parts() if size
+    )
+    blocks: list[Block] = [
+        _header(_clip(title, HEADER_LIMIT)),
+        _section(f"About *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"),
+    ]
+    if report.fits:
+        lines = [_fit_line(fit) for fit in report.fits[:TOP_FITS]]
+        blocks.append(_section("*Fits on*\n" + "\n".join(lines)))
+    else:
+        blocks.append(_section("No GPU in the catalogue holds this, even 64 of them."))
+    blocks.append(
+        _context(
+            "Estimates: activation checkpointing for training, a 16-bit KV cache, 1 GiB CUDA "
+            "context per GPU; more GPUs split the rest evenly. Prices: cheapest listed offer."
+        )
+    )
+    return text, tuple(blocks)
+
+
+def estimate_message(report: EstimateReport, currency: str) -> Message:
+    """`/gpu estimate`: hourly vs a monthly plan vs buying, with the break-even hours."""
+    gpus = f"{report.count}x {report.gpu_name}" if report.count > 1 else report.gpu_name
+    title = f"{gpus} for {_number(report.hours)} h"
+    lines = []
+    for option in report.options:
+        cost = "no price known" if option.cost_micros is None else _money(option, currency)
+        lines.append(f"• *{option.name}*: {cost} — {option.detail}")
+    best = report.cheapest
+    text = f"{title}: cheapest is {best.name}" if best else title
+    prices = [
+        f"hourly {_maybe(report.hourly_micros, currency)}/h ({report.hourly_source})",
+        f"monthly {_maybe(report.monthly_micros, currency)} ({report.monthly_source})",
+        f"buy {_maybe(report.buy_micros, currency)} ({report.buy_source})",
+    ]
+    even = []
+    if report.monthly_break_even_hours is not None:
+        even.append(
+            f"A monthly plan pays off from *{_number(report.monthly_break_even_hours)} h* "
+            "in a month."
+        )
+    if report.buy_break_even_hours is not None:
+        even.append(f"Buying pays off after *{_number(report.buy_break_even_hours)} h* of renting.")
+    blocks: list[Block] = [
+        _header(_clip(title, HEADER_LIMIT)),
+        _section("\n".join(lines) + (f"\nCheapest: *{best.name}*." if best else "")),
+    ]
+    if even:
+        blocks.append(_section(" ".join(even)))
+    blocks.append(_context("Prices: " + "; ".join(prices)))
+    return text, tuple(blocks)
+
+
+_BY_TITLE = {
+    "user": "user",
+    "gpu": "GPU model",
+    "instance": "instance",
+    "project": "project",
+    "provider": "provider",
+}
+
+
+def _totals_line(report: SpendReport) -> str:
+    currency = report.currency
+    parts = [
+        f"*Total {format_money(report.total_micros, currency)}*",
+        f"compute {format_money(report.compute_micros, currency)}",
+        f"storage {format_money(report.storage_micros, currency)}",
+    ]
+    return " · ".join(parts) + "\n" + _idle_line(report)
+
+
+def _idle_line(report: SpendReport) -> str:
+    if not report.compute_micros:
+        return "No compute was charged."
+    share = Decimal(report.idle_micros * 100) / Decimal(report.compute_micros)
+    return (
+        f"Idle GPUs cost *{format_money(report.idle_micros, report.currency)}* "
+        f"({share.quantize(Decimal('1'))}% of compute)."
+    )
+
+
+def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int) -> str:
+    shown = [
+        f"• {_label(line.key, by)}: {format_money(line.total_micros, currency)}"
+        + (f" (idle {format_money(line.idle_micros, currency)})" if line.idle_micros else "")
+        for line in lines[:limit]
+    ]
+    rest = lines[limit:]
+    if rest:
+        total = sum(line.total_micros for line in rest)
+        shown.append(f"• {len(rest)} more: {format_money(total, currency)}")
+    return _clip("\n".join(shown), SECTION_LIMIT - 40)
+
+
+def _instance_lines(report: SpendReport) -> str:
+    currency = report.currency
+    return "\n".join(
+        f"• *{item.name}* ({item.gpu_label}, <@{item.owner_id}>): "
+        f"{format_money(item.total_micros, currency)}"
+        + (f", idle {format_money(item.idle_micros, currency)}" if item.idle_micros else "")
+        for item in report.top(TOP_INSTANCES)
+    )
+
+
+def _label(key: str, by: str) -> str:
+    return f"<@{key}>" if by == "user" else key
+
+
+def _change(current: int, previous: int) -> str:
+    if previous == 0:
+        return "nothing the month before" if current else "no change"
+    percent = (Decimal(current - previous) * 100 / Decimal(previous)).quantize(Decimal("1"))
+    if percent == 0:
+        return "about the same as the month before"
+    word = "up" if percent > 0 else "down"
+    return f"{word} {abs(percent)}% on the month before"
+
+
+def _budget_line(status: BudgetStatus, currency: str) -> str:
+    percent = status.used_pct
+    mark = (
+        ":no_entry:" if percent >= 100 else ":warning:" if percent >= 80 else ":white_check_mark:"
+    )
+    return (
+        f"{mark} {_subject(status.scope, status.subject)}: "
+        f"{format_money(status.spent_micros, currency)} of "
+        f"{format_money(status.limit_micros, currency)} ({percent}%)"
+    )
+
+
+def _subject(scope: str, subject: str) -> str:
+    return f"<@{subject}>" if scope == "user" else f"project *{subject}*"
+
+
+def _fit_line(fit: GpuFit) -> str:
+    count = f"{fit.count}x " if fit.count > 1 else ""
+    price = (
+        f" — from {format_money(fit.price_micros_per_hour)}/h on {fit.price_source}"
+        if fit.price_micros_per_hour is not None
+        else ""
+    )
+    return f"• {count}*{fit.name}* ({_gb(fit.mem_bytes)} each){price}"
+
+
+def _gb(size: int) -> str:
+    return f"{Decimal(size) / Decimal(10**9):.1f} GB"
+
+
+def _money(option: Option, currency: str) -> str:
+    return f"*{format_money(option.cost_micros or 0, currency)}*"
+
+
+def _maybe(micros: int | None, currency: str) -> str:
+    return "unknown" if micros is None else format_money(micros, currency)
+
+
+def _number(value: Decimal) -> str:
+    text = f"{value:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _seconds(seconds: int) -> timedelta:
+    return timedelta(seconds=seconds)
+
+
+def _escape(text: str) -> str:
+    return text.replace("`", "'").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _header(text: str) -> Block:
+    return {"type": "header", "text": {"type": "plain_text", "text": _clip(text, HEADER_LIMIT)}}
+
+
+def _section(text: str) -> Block:
+    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
+
+
+def _context(text: str) -> Block:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}

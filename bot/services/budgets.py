@@ -1,0 +1,372 @@
+"""Monthly budgets per user or project: admins set them; alerts at 50, 80 and 100%; past the
+cap, new rentals and extensions need an admin (:func:`check_budget`).
+
+A month's spend against a budget is every charge of the month (the month in the configured zone)
+on the user's instances (``owner_id``) or the project's (``project``), plus what running
+instances owe beyond their charges (the open hour, and the rounding a release now would add).
+
+Alerts are sent once per budget, month and threshold: a BudgetAlert row is inserted (unique)
+before the message goes out and removed again when the message fails, so a failure is retried on
+the next tick; only a crash between the two can lose an alert, never double one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func
+from sqlmodel import col, delete, select
+
+from bot.errors import BudgetExceeded, GpubotError, NotAuthorized, NotFound, UsageError
+from bot.services import audit, ledger
+from bot.store.models import Budget, BudgetAlert, Charge, Instance, Person
+
+if TYPE_CHECKING:
+    from bot.commands.registry import Caller
+    from bot.runtime import Runtime
+    from bot.store.db import Database
+
+log = logging.getLogger(__name__)
+
+SCOPES = ("user", "project")
+THRESHOLDS = (50, 80, 100)
+MAX_LIMIT_MICROS = 10**15
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """A budget and this month's spend against it (micros)."""
+
+    budget_id: int
+    scope: str
+    subject: str
+    limit_micros: int
+    spent_micros: int
+
+    @property
+    def used_pct(self) -> int:
+        """Whole percent used, rounded down."""
+        if self.limit_micros <= 0:
+            return 100
+        return self.spent_micros * 100 // self.limit_micros
+
+    @property
+    def exceeded(self) -> bool:
+        """True once spend reached the limit."""
+        return self.spent_micros >= self.limit_micros
+
+
+@dataclass(frozen=True)
+class Spent:
+    """Month-to-date spend in micros per user (owner) and per project."""
+
+    by_user: dict[str, int]
+    by_project: dict[str, int]
+
+    def of(self, scope: str, subject: str) -> int:
+        """Spend of one budget subject."""
+        table = self.by_user if scope == "user" else self.by_project
+        return table.get(subject, 0)
+
+
+def parse_scope(text: str) -> str:
+    """``user`` or ``project``. Raises UsageError."""
+    scope = text.strip().lower()
+    if scope not in SCOPES:
+        raise UsageError(f"{text!r} is not a budget kind", hint="Use `user` or `project`.")
+    return scope
+
+
+def parse_subject(scope: str, text: str) -> str:
+    """A user as ``<@U123>``, ``<@U123|name>`` or ``U123``; a project as its name.
+
+    Raises UsageError for anything else."""
+    raw = text.strip()
+    if scope == "project":
+        if not raw or len(raw) > 100 or any(c.isspace() for c in raw):
+            raise UsageError(f"{text!r} is not a project name", hint="Use a name like `llm`.")
+        return raw
+    if raw.startswith("<@") and raw.endswith(">"):
+        raw = raw[2:-1].split("|", 1)[0]
+    if raw and raw[0] in "UW" and raw[1:].isalnum() and raw.isupper() and len(raw) <= 64:
+        return raw
+    raise UsageError(
+        f"{text!r} is not a Slack user",
+        hint="Mention the person, like `/gpu budget set user @alice 500`.",
+    )
+
+
+def set_budget(
+    rt: Runtime, caller: Caller, scope: str, subject: str, limit_micros: int
+) -> BudgetStatus:
+    """Create or change a budget (admins only). Raises NotAuthorized, UsageError."""
+    _require_admin(rt, caller, "set budgets")
+    if not 0 < limit_micros <= MAX_LIMIT_MICROS:
+        raise UsageError("a budget must be more than 0", hint="Give an amount like 500.")
+    now = rt.now()
+    try:
+        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now)
+    except sa_exc.IntegrityError:
+        # Another admin created it at the same moment: change theirs.
+        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now)
+    spent = month_to_date(rt.db, now, rt.settings.tz())
+    return _status(budget, spent)
+
+
+def remove_budget(rt: Runtime, caller: Caller, scope: str, subject: str) -> None:
+    """Delete a budget and its alerts (admins only). Raises NotAuthorized, NotFound."""
+    _require_admin(rt, caller, "remove budgets")
+    with rt.db.session() as session:
+        budget = session.exec(
+            select(Budget).where(Budget.scope == scope, Budget.subject == subject)
+        ).first()
+        if budget is None or budget.id is None:
+            raise NotFound(
+                f"There is no budget for {_describe(scope, subject)}.",
+                hint="See them all with `/gpu budget list`.",
+            )
+        session.exec(delete(BudgetAlert).where(col(BudgetAlert.budget_id) == budget.id))
+        session.delete(budget)
+        audit.record(
+            session,
+            caller.user_id,
+            "budget_remove",
+            None,
+            at=rt.now(),
+            scope=scope,
+            subject=subject,
+        )
+
+
+def list_budgets(rt: Runtime, now: datetime) -> list[BudgetStatus]:
+    """Every budget with this month's spend, users first, then projects, by name."""
+    with rt.db.session() as session:
+        budgets = list(session.exec(select(Budget)).all())
+    spent = month_to_date(rt.db, now, rt.settings.tz())
+    statuses = [_status(budget, spent) for budget in budgets]
+    return sorted(statuses, key=lambda s: (SCOPES.index(s.scope), s.subject))
+
+
+def month_to_date(db: Database, now: datetime, tz: ZoneInfo) -> Spent:
+    """This month's spend per owner and per project, up to ``now`` (after accruing charges)."""
+    ledger.accrue(db, now, tz)
+    start, _ = ledger.month_bounds(ledger.month_of(now, tz), tz)
+    with db.session() as session:
+        month_rows = session.exec(
+            select(Charge.instance_id, func.sum(Charge.amount_micros))
+            .where(Charge.start_at >= start)
+            .group_by(col(Charge.instance_id))
+        ).all()
+        open_instances = list(
+            session.exec(
+                select(Instance).where(
+                    (col(Instance.released_at).is_(None)) | (col(Instance.released_at) >= start)
+                )
+            ).all()
+        )
+        month_ids = {instance_id for instance_id, _ in month_rows}
+        known = {item.id for item in open_instances}
+        others = list(
+            session.exec(select(Instance).where(col(Instance.id).in_(month_ids - known))).all()
+        )
+        charged = ledger.charged_micros(
+            session, [item.id for item in open_instances if item.id is not None]
+        )
+    per_instance: dict[int, int] = {int(i): int(total or 0) for i, total in month_rows}
+    for item in open_instances:
+        if item.id is None:
+            continue
+        pending = ledger.unaccrued_micros(item, charged.get(item.id, 0), now)
+        per_instance[item.id] = per_instance.get(item.id, 0) + pending
+    by_user: dict[str, int] = defaultdict(int)
+    by_project: dict[str, int] = defaultdict(int)
+    for item in (*open_instances, *others):
+        if item.id is None or item.id not in per_instance:
+            continue
+        by_user[item.owner_id] += per_instance[item.id]
+        if item.project:
+            by_project[item.project] += per_instance[item.id]
+    return Spent(dict(by_user), dict(by_project))
+
+
+def check_budget(rt: Runtime, caller: Caller, owner_id: str, project: str | None) -> None:
+    """Before a new rental or an extension: raise BudgetExceeded when the owner's or the
+    project's monthly budget is used up, unless the caller is an admin."""
+    if rt.settings.is_admin(caller.user_id):
+        return
+    with rt.db.session() as session:
+        budgets = list(
+            session.exec(
+                select(Budget).where(
+                    ((Budget.scope == "user") & (Budget.subject == owner_id))
+                    | ((Budget.scope == "project") & (Budget.subject == (project or "")))
+                )
+            ).all()
+        )
+    if not budgets:
+        return
+    spent = month_to_date(rt.db, rt.now(), rt.settings.tz())
+    for budget in budgets:
+        status = _status(budget, spent)
+        if status.exceeded:
+            raise BudgetExceeded(
+                f"The monthly budget of {_describe(status.scope, status.subject)} is used up: "
+                f"{_money(rt, status.spent_micros)} of {_money(rt, status.limit_micros)}.",
+                hint="New rentals and extensions need an admin now: ask one of "
+                + _admins(rt)
+                + ", or ask them to raise the budget.",
+            )
+
+
+def check_alerts(rt: Runtime, now: datetime) -> list[tuple[int, int]]:
+    """Send the alerts for thresholds crossed this month; returns (budget id, threshold) sent."""
+    tz = rt.settings.tz()
+    month = ledger.month_of(now, tz)
+    with rt.db.session() as session:
+        budgets = list(session.exec(select(Budget)).all())
+        sent = {
+            (alert.budget_id, alert.threshold_pct)
+            for alert in session.exec(select(BudgetAlert).where(BudgetAlert.month == month))
+        }
+    if not budgets:
+        return []
+    spent = month_to_date(rt.db, now, tz)
+    delivered: list[tuple[int, int]] = []
+    for budget in budgets:
+        status = _status(budget, spent)
+        crossed = [
+            t for t in THRESHOLDS if status.used_pct >= t and (status.budget_id, t) not in sent
+        ]
+        if not crossed:
+            continue
+        # One message for the highest threshold crossed; the lower ones are marked with it.
+        if _claim_alerts(rt.db, status.budget_id, month, crossed, now) and _send_alert(
+            rt, status, max(crossed), month
+        ):
+            delivered.extend((status.budget_id, t) for t in crossed)
+    return delivered
+
+
+def budget_tick(rt: Runtime, now: datetime) -> None:
+    """Tick hook: send the budget alerts that are due."""
+    check_alerts(rt, now)
+
+
+def _upsert(
+    db: Database, caller: Caller, scope: str, subject: str, limit_micros: int, now: datetime
+) -> Budget:
+    with db.session() as session:
+        if scope == "user" and session.get(Person, subject) is None:
+            session.add(Person(slack_id=subject, created_at=now))
+        budget = session.exec(
+            select(Budget).where(Budget.scope == scope, Budget.subject == subject)
+        ).first()
+        if budget is None:
+            budget = Budget(
+                scope=scope,
+                subject=subject,
+                limit_micros=limit_micros,
+                created_by=caller.user_id,
+                created_at=now,
+            )
+        else:
+            budget.limit_micros = limit_micros
+        session.add(budget)
+        session.flush()
+        audit.record(
+            session,
+            caller.user_id,
+            "budget_set",
+            None,
+            at=now,
+            scope=scope,
+            subject=subject,
+            limit_micros=limit_micros,
+        )
+        return budget
+
+
+def _claim_alerts(
+    db: Database, budget_id: int, month: str, thresholds: list[int], now: datetime
+) -> bool:
+    try:
+        with db.session() as session:
+            for threshold in thresholds:
+                session.add(
+                    BudgetAlert(
+                        budget_id=budget_id, month=month, threshold_pct=threshold, sent_at=now
+                    )
+                )
+            session.flush()
+    except sa_exc.IntegrityError:
+        return False  # another process sends it
+    return True
+
+
+def _send_alert(rt: Runtime, status: BudgetStatus, threshold: int, month: str) -> bool:
+    from bot.blocks.money import budget_alert_message
+
+    text, blocks = budget_alert_message(status, threshold, rt.settings.currency)
+    recipients = _recipients(rt, status)
+    try:
+        for recipient in recipients:
+            rt.notifier.post(recipient, text, blocks)
+    except GpubotError:
+        log.exception(
+            "budget alert for %s %s failed; retried next tick", status.scope, status.subject
+        )
+        with rt.db.session() as session:
+            session.exec(
+                delete(BudgetAlert).where(
+                    col(BudgetAlert.budget_id) == status.budget_id,
+                    col(BudgetAlert.month) == month,
+                    col(BudgetAlert.threshold_pct) <= threshold,
+                )
+            )
+        return False
+    return True
+
+
+def _recipients(rt: Runtime, status: BudgetStatus) -> list[str]:
+    if status.scope == "user":
+        return [status.subject]
+    if rt.settings.channel:
+        return [rt.settings.channel]
+    return sorted(rt.settings.admins)
+
+
+def _status(budget: Budget, spent: Spent) -> BudgetStatus:
+    return BudgetStatus(
+        budget_id=budget.id or 0,
+        scope=budget.scope,
+        subject=budget.subject,
+        limit_micros=budget.limit_micros,
+        spent_micros=spent.of(budget.scope, budget.subject),
+    )
+
+
+def _require_admin(rt: Runtime, caller: Caller, action: str) -> None:
+    if rt.settings.is_admin(caller.user_id):
+        return
+    raise NotAuthorized(f"Only an admin can {action}.", hint=f"Ask one of {_admins(rt)}.")
+
+
+def _admins(rt: Runtime) -> str:
+    admins = sorted(rt.settings.admins)
+    return ", ".join(f"<@{a}>" for a in admins) if admins else "the admins (GPUBOT_ADMINS)"
+
+
+def _describe(scope: str, subject: str) -> str:
+    return f"<@{subject}>" if scope == "user" else f"project {subject}"
+
+
+def _money(rt: Runtime, micros: int) -> str:
+    from bot.commands.values import format_money
+
+    return format_money(micros, rt.settings.currency)
