@@ -1,0 +1,250 @@
+"""The console: lines in, readable chat out, through the real app and the local Slack stand-in."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.commands.registry import ActionSpec, Caller, CommandSpec, Registry, Reply
+from bot.console import Console, Speaker
+from bot.runtime import Runtime
+from bot.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rest(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("rest", nargs="*")
+
+
+def _card(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": "box-1"}},
+        {
+            "type": "section",
+            "text": {
+                "type": "mrkdwn",
+                "text": "Owner <@UALICE>, see <https://x.test/docs|the docs>",
+            },
+            "fields": [
+                {"type": "mrkdwn", "text": "*GPUs*\n8x H100"},
+                {"type": "mrkdwn", "text": "*Cost*\n$12.00"},
+            ],
+        },
+        {"type": "divider"},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": "deadline in 2h"}]},
+        {
+            "type": "actions",
+            "block_id": "card",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": "card_keep",
+                    "text": {"type": "plain_text", "text": "Keep"},
+                    "value": "7",
+                },
+                {
+                    "type": "button",
+                    "action_id": "card_release",
+                    "text": {"type": "plain_text", "text": "Release"},
+                    "value": "7",
+                    "style": "danger",
+                    "confirm": {
+                        "title": {"type": "plain_text", "text": "Release box-1?"},
+                        "text": {"type": "plain_text", "text": "The meter stops."},
+                        "confirm": {"type": "plain_text", "text": "Release"},
+                        "deny": {"type": "plain_text", "text": "Cancel"},
+                    },
+                },
+            ],
+        },
+    ]
+    return Reply(text="box-1 card", blocks=tuple(blocks))
+
+
+def _release(rt: Runtime, caller: Caller, value: str) -> Reply:
+    return Reply(text=f"Released {value} by {caller.user_name}", replace_original=True)
+
+
+def _whoami(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    return Reply(text=f"you are {caller.user_id} {caller.user_name} in {caller.channel_id}")
+
+
+def _ping(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    rt.notifier.post(caller.user_id, "psst, a DM")
+    assert rt.settings.channel is not None
+    rt.notifier.post(rt.settings.channel, "hello ops")
+    rt.notifier.upload_file(rt.settings.channel, "spend.csv", b"a,b\n1,2\n", title="Spend")
+    return Reply(text="pinged")
+
+
+def _slow(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    threading.Event().wait(0.3)
+    return Reply(text="slow but here")
+
+
+def _registry() -> Registry:
+    registry = Registry()
+    for name, handler in (("card", _card), ("whoami", _whoami), ("ping", _ping), ("slow", _slow)):
+        registry.command(CommandSpec(name, name, f"/gpu {name}", (), _rest, handler))
+    registry.action(ActionSpec("card_keep", lambda rt, caller, value: Reply(text="kept")))
+    registry.action(ActionSpec("card_release", _release))
+    return registry
+
+
+def _chat(tmp_path: Path, lines: list[str], *, user: str = "console-user") -> str:
+    out = io.StringIO()
+    console = Console(
+        Settings(data_dir=tmp_path / "data"), out=out, user=user, registry=_registry()
+    )
+    try:
+        console.start(clock=False)
+        assert console.run(lines, echo=True) == 0
+    finally:
+        console.close()
+    return out.getvalue()
+
+
+def test_blocks_print_as_text_and_buttons_are_numbered(tmp_path: Path) -> None:
+    out = _chat(tmp_path, [":as alice", "/gpu card", "card", "click 4", "click 1", "click 99"])
+    assert "== box-1 ==" in out
+    assert "Owner @alice, see the docs (https://x.test/docs)" in out
+    assert "*GPUs* 8x H100" in out
+    assert "deadline in 2h" in out
+    assert "[1 Keep]  [2 Release]" in out
+    assert "[3 Keep]  [4 Release]" in out
+    assert "Release box-1?: confirmed." in out
+    assert "(updated)\n  Released 7 by alice" in out
+    assert "\n  kept" in out
+    assert "There is no button 99" in out
+
+
+def test_as_switches_who_speaks(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["whoami", ":as bob", "whoami", ":as U123ABC", "/gpu whoami"])
+    assert "you are UCONSOLEUSER console-user in C0CONSOLE" in out
+    assert "you are UBOB bob in C0CONSOLE" in out
+    assert "you are U123ABC u123abc in C0CONSOLE" in out
+    assert "bob> whoami" in out
+
+
+def test_messages_the_bot_sends_first_are_printed(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["ping"])
+    assert "gpubot [DM to console-user]\n  psst, a DM" in out
+    assert "gpubot [#console]\n  hello ops" in out
+    assert "shared a file: Spend" in out
+    saved = list((tmp_path / "data" / "console-files").glob("*-spend.csv"))
+    assert [p.read_bytes() for p in saved] == [b"a,b\n1,2\n"]
+    assert "pinged" in out
+
+
+def test_each_reply_arrives_before_the_next_line(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["slow", "whoami"])
+    assert out.index("slow but here") < out.index("you are UCONSOLEUSER")
+
+
+def test_console_commands_and_mistakes(tmp_path: Path) -> None:
+    out = _chat(tmp_path, [":help", ":nope", "/deploy now", "", "# a comment", ":quit", "whoami"])
+    assert "click N" in out
+    assert "Unknown console command `:nope`" in out
+    assert "Only /gpu is a command here; `/deploy` is not." in out
+    assert "you are" not in out
+
+
+def test_speaker_ids_look_like_slack_ids() -> None:
+    assert Speaker.named("alice") == Speaker("alice", "UALICE")
+    assert Speaker.named("@Ann-Marie") == Speaker("Ann-Marie", "UANNMARIE")
+    assert Speaker.named("W0ADMIN") == Speaker("w0admin", "W0ADMIN")
+
+
+# --- the real thing, as `make run` starts it ----------------------------------------------------
+
+
+def _run_cli(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("SLACK_", "GPUBOT_"))
+    }
+    env["GPUBOT_DATA_DIR"] = str(tmp_path / "data")
+    return subprocess.run(
+        [sys.executable, "-m", "bot.cli", *args],
+        input=script,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+
+
+def _store(tmp_path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    with sqlite3.connect(tmp_path / "data" / "gpubot.sqlite3") as conn:
+        tables = [
+            row[0]
+            for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if row[0] != "alembic_version"
+        ]
+        return {
+            t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables
+        }
+
+
+@pytest.mark.integration
+def test_piped_help_and_status(tmp_path: Path) -> None:
+    result = _run_cli(tmp_path, "/gpu help\n/gpu status\n", "console")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "console-user> /gpu help" in out
+    assert "== gpubot: the /gpu commands ==" in out
+    for name in ("register", "status", "list", "health", "extend", "release"):
+        assert f"`/gpu {name}`" in out
+    status = out.split("console-user> /gpu status", 1)[1]
+    assert "local" in status
+    assert "⚠️" not in status
+    assert "❌" not in status
+
+
+@pytest.mark.integration
+def test_no_arguments_and_no_tokens_open_the_console(tmp_path: Path) -> None:
+    result = _run_cli(tmp_path, "help\n")
+    assert result.returncode == 0, result.stderr
+    assert "gpubot console" in result.stdout
+    assert "== gpubot: the /gpu commands ==" in result.stdout
+
+
+@pytest.mark.integration
+def test_bad_input_in_the_console_changes_nothing(tmp_path: Path) -> None:
+    first = _run_cli(tmp_path, "/gpu list\n", "console")
+    assert first.returncode == 0, first.stderr
+    before = _store(tmp_path)
+    assert before["instance"], "the console registers `local`"
+    script = "\n".join(
+        [
+            "/gpu extend local",
+            "/gpu extend local soon",
+            "/gpu extend nosuch 2h",
+            "/gpu release nosuch",
+            "/gpu register box",
+            "/gpu register 'box",
+            "/gpu health",
+            ":as mallory",
+            "/gpu extend local 2h",
+            "/gpu release local",
+        ]
+    )
+    result = _run_cli(tmp_path, script + "\n", "console")
+    assert result.returncode == 0, result.stderr
+    replies = result.stdout.split("> /gpu ")[1:]
+    assert len(replies) == 10
+    for reply in replies:
+        assert "⚠️" in reply, reply
+        assert "❌" not in reply, reply
+    assert _store(tmp_path) == before
