@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint agent bench clean
 
-run: $(STAMP)
+run: $(STAMP) agent
 	@$(BIN)/gpubot
 
 test: $(STAMP) $(VENV)/.torch agent

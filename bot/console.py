@@ -469,11 +469,22 @@ class Printer:
 _EMOJI = {
     ":warning:": "\u26a0\ufe0f",
     ":x:": "\u274c",
+    ":no_entry:": "\u26d4",
     ":white_check_mark:": "\u2705",
     ":heavy_check_mark:": "\u2714\ufe0f",
+    ":large_green_circle:": "\U0001f7e2",
+    ":large_yellow_circle:": "\U0001f7e1",
+    ":red_circle:": "\U0001f534",
+    ":white_circle:": "\u26aa",
+    ":hourglass:": "\u231b",
     ":hourglass_flowing_sand:": "\u23f3",
+    ":alarm_clock:": "\u23f0",
     ":rotating_light:": "\U0001f6a8",
+    ":information_source:": "\u2139\ufe0f",
+    ":gear:": "\u2699\ufe0f",
+    ":checkered_flag:": "\U0001f3c1",
     ":moneybag:": "\U0001f4b0",
+    ":chart_with_upwards_trend:": "\U0001f4c8",
     ":zzz:": "\U0001f4a4",
 }
 
