@@ -1,0 +1,312 @@
+"""The monthly digest: posted on the 1st at 09:00 (configured zone) to the ops channel.
+
+Exactly once per month, whatever restarts happen: a Digest row for the month is claimed with a
+conditional insert before anything is posted, and ``posted_at`` is set right after the message
+went out. A claim left without ``posted_at`` for longer than :data:`STALE_CLAIM` (the process
+died between claiming and posting) is taken over with a conditional update, so the month is
+retried once; only a crash in the instant between Slack accepting the message and the row being
+marked could then repeat it. Months missed while the bot was down are posted by the first tick
+after it starts, oldest first (at most :data:`MAX_CATCH_UP_MONTHS`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, update
+from sqlmodel import col, select
+
+from agents import specs
+from bot import billing, charts
+from bot.errors import GpubotError
+from bot.services import advice, ledger, spend
+from bot.store.models import Digest, Instance, Job
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+    from bot.store.db import Database
+
+log = logging.getLogger(__name__)
+
+DIGEST_HOUR = 9
+STALE_CLAIM = timedelta(minutes=15)
+MAX_CATCH_UP_MONTHS = 12
+TOP_JOBS = 5
+
+
+@dataclass(frozen=True)
+class PlanSaving:
+    """An instance whose compute this month cost more than a monthly plan for its GPUs."""
+
+    instance_name: str
+    owner_id: str
+    gpu_label: str
+    compute_micros: int
+    plan_micros: int
+    plan_source: str
+
+    @property
+    def saving_micros(self) -> int:
+        """What the plan would have saved."""
+        return self.compute_micros - self.plan_micros
+
+
+@dataclass(frozen=True)
+class JobSpend:
+    """A finished job and its share of its instance's cost."""
+
+    job_id: str
+    instance_name: str
+    requested_by: str
+    command: str
+    duration_s: int
+    cost_micros: int
+
+
+@dataclass(frozen=True)
+class DigestData:
+    """Everything the digest message shows."""
+
+    month: str
+    report: spend.SpendReport
+    previous_total_micros: int
+    savings: tuple[PlanSaving, ...]
+    jobs: tuple[JobSpend, ...]
+
+
+def digest_due_at(month: str, tz: ZoneInfo) -> datetime:
+    """When ``month``'s digest is due: 09:00 on the 1st of the next month in ``tz`` (naive UTC)."""
+    year, number = ledger.parse_month(ledger.next_month(month))
+    local = datetime(year, number, 1, DIGEST_HOUR, tzinfo=tz)
+    return local.astimezone(UTC).replace(tzinfo=None)
+
+
+def due_months(db: Database, now: datetime, tz: ZoneInfo) -> list[str]:
+    """Months whose digest is due by ``now`` and not posted yet, oldest first: from the first
+    month an instance existed, at most the last :data:`MAX_CATCH_UP_MONTHS`."""
+    with db.session() as session:
+        first = session.exec(select(func.min(Instance.created_at))).one()
+        posted = set(
+            session.exec(select(Digest.month).where(col(Digest.posted_at).is_not(None))).all()
+        )
+    if first is None:
+        return []
+    month = ledger.previous_month(ledger.month_of(now, tz))
+    if digest_due_at(month, tz) > now:
+        month = ledger.previous_month(month)
+    oldest = ledger.month_of(first, tz)
+    months: list[str] = []
+    while month >= oldest and len(months) < MAX_CATCH_UP_MONTHS:
+        if month not in posted:
+            months.append(month)
+        month = ledger.previous_month(month)
+    return sorted(months)
+
+
+def claim(db: Database, month: str, now: datetime) -> bool:
+    """Claim ``month``'s digest for this process: True when it is ours to post.
+
+    A new claim is a conditional insert (the month is the primary key); a stale one (no
+    ``posted_at`` after :data:`STALE_CLAIM`) is taken over by a conditional update.
+    """
+    try:
+        with db.session() as session:
+            session.add(Digest(month=month, claimed_at=now))
+            session.flush()
+        return True
+    except sa_exc.IntegrityError:
+        pass
+    with db.session() as session:
+        result = session.exec(
+            update(Digest)
+            .where(
+                col(Digest.month) == month,
+                col(Digest.posted_at).is_(None),
+                col(Digest.claimed_at) < now - STALE_CLAIM,
+            )
+            .values(claimed_at=now)
+        )
+        return bool(result.rowcount == 1)
+
+
+def mark_posted(db: Database, month: str, now: datetime, channel: str, ts: str) -> None:
+    """Record that ``month``'s digest is out."""
+    with db.session() as session:
+        row = session.get(Digest, month)
+        if row is None:
+            row = Digest(month=month, claimed_at=now)
+        row.posted_at = now
+        row.channel_id = channel
+        row.message_ts = ts
+        session.add(row)
+
+
+def build_digest(
+    db: Database,
+    month: str,
+    *,
+    tz: ZoneInfo,
+    now: datetime,
+    idle_threshold_pct: float,
+    currency: str,
+    table: advice.PriceTable | None = None,
+) -> DigestData:
+    """The digest of ``month``: spend by user (GPU and project via ``report.group``), the month
+    before, monthly-plan savings and the most expensive jobs."""
+    table = table or advice.load_price_table()
+    report = spend.spend_report(
+        db,
+        month,
+        by="user",
+        tz=tz,
+        now=now,
+        idle_threshold_pct=idle_threshold_pct,
+        currency=currency,
+    )
+    previous = spend.spend_report(
+        db,
+        ledger.previous_month(month),
+        by="user",
+        tz=tz,
+        now=now,
+        idle_threshold_pct=idle_threshold_pct,
+        currency=currency,
+    )
+    return DigestData(
+        month=month,
+        report=report,
+        previous_total_micros=previous.total_micros,
+        savings=plan_savings(report, table),
+        jobs=top_jobs(db, report.start_at, report.end_at),
+    )
+
+
+def plan_savings(report: spend.SpendReport, table: advice.PriceTable) -> tuple[PlanSaving, ...]:
+    """Instances whose month of compute cost more than the cheapest monthly plan for the same
+    GPUs in the price table, biggest saving first."""
+    found: list[PlanSaving] = []
+    for item in report.instances:
+        spec = specs.lookup(item.gpu_model) if item.gpu_model else None
+        row = table.cheapest_monthly(spec.key) if spec else None
+        if row is None:
+            continue
+        plan = row.per_gpu_micros * item.gpu_count
+        if item.compute_micros > plan:
+            found.append(
+                PlanSaving(
+                    instance_name=item.name,
+                    owner_id=item.owner_id,
+                    gpu_label=item.gpu_label,
+                    compute_micros=item.compute_micros,
+                    plan_micros=plan,
+                    plan_source=f"{row.platform} {row.offer} ({row.as_of})",
+                )
+            )
+    return tuple(sorted(found, key=lambda saving: -saving.saving_micros))
+
+
+def top_jobs(
+    db: Database, start: datetime, end: datetime, limit: int = TOP_JOBS
+) -> tuple[JobSpend, ...]:
+    """The most expensive jobs that finished in ``[start, end)``: their recorded cost, or their
+    share of the instance's price while they ran."""
+    with db.session() as session:
+        rows = session.exec(
+            select(Job, Instance)
+            .join(Instance, col(Instance.id) == col(Job.instance_id))
+            .where(
+                col(Job.finished_at) >= start,
+                col(Job.finished_at) < end,
+                col(Job.started_at).is_not(None),
+            )
+        ).all()
+    jobs: list[JobSpend] = []
+    for job, instance in rows:
+        started, finished = job.started_at, job.finished_at
+        if started is None or finished is None:
+            continue
+        cost = job.cost_micros
+        if cost is None:
+            cost = billing.job_cost(instance, started, finished, job.gpu_count)
+        jobs.append(
+            JobSpend(
+                job_id=job.agent_job_id,
+                instance_name=instance.name,
+                requested_by=job.requested_by,
+                command=_command_text(job.command_json),
+                duration_s=billing.elapsed_seconds(started, finished),
+                cost_micros=cost,
+            )
+        )
+    jobs.sort(key=lambda item: (-item.cost_micros, item.job_id))
+    return tuple(jobs[:limit])
+
+
+def post_due_digests(rt: Runtime, now: datetime) -> list[str]:
+    """Post every digest that is due and unclaimed; returns the months posted."""
+    channel = rt.settings.channel
+    if not channel:
+        return []
+    tz = rt.settings.tz()
+    posted: list[str] = []
+    for month in due_months(rt.db, now, tz):
+        if not claim(rt.db, month, now):
+            continue
+        post_digest(rt, month, channel, now)
+        posted.append(month)
+    return posted
+
+
+def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
+    """Build, post and mark ``month``'s digest (claimed by the caller); the chart goes in its
+    thread. Raises GpubotError when the message cannot be posted (the claim then goes stale and
+    the month is retried)."""
+    from bot.blocks import money as blocks
+
+    settings = rt.settings
+    data = build_digest(
+        rt.db,
+        month,
+        tz=settings.tz(),
+        now=now,
+        idle_threshold_pct=settings.idle_threshold_pct,
+        currency=settings.currency,
+    )
+    text, message_blocks = blocks.digest_message(data)
+    ref = rt.notifier.post(channel, text, message_blocks)
+    mark_posted(rt.db, month, now, ref.channel, ref.ts)
+    chart = charts.daily_chart(
+        f"GPU spend per day, {blocks.month_name(month)}",
+        data.report.days,
+        currency=settings.currency,
+    )
+    try:
+        rt.notifier.upload_file(
+            ref.channel,
+            f"gpu-spend-{month}.png",
+            chart,
+            title=f"GPU spend per day, {blocks.month_name(month)}",
+            thread_ts=ref.ts,
+        )
+    except GpubotError:
+        log.exception("digest %s: the chart could not be uploaded", month)
+
+
+def digest_tick(rt: Runtime, now: datetime) -> None:
+    """Tick hook: post the digests that are due."""
+    post_due_digests(rt, now)
+
+
+def _command_text(command_json: str) -> str:
+    try:
+        argv = json.loads(command_json)
+    except ValueError:
+        return command_json[:80]
+    text = " ".join(str(part) for part in argv) if isinstance(argv, list) else str(argv)
+    return text if len(text) <= 80 else text[:79] + "…"
