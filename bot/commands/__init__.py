@@ -12,6 +12,8 @@ from bot.commands.registry import REGISTRY, Registry
 def load_all() -> Registry:
     """Import every command module so that its specs are in REGISTRY; returns REGISTRY."""
     import bot.commands.help
-    import bot.commands.instances  # noqa: F401
+    import bot.commands.instances
+    import bot.commands.jobs
+    import bot.commands.money  # noqa: F401
 
     return REGISTRY

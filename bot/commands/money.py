@@ -1,0 +1,260 @@
+"""`/gpu spend`, `/gpu budget`, `/gpu fit` and `/gpu estimate`.
+
+Handlers are thin: read the arguments, call the money services, render with bot.blocks.money.
+Bad values raise UsageError before anything changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from sqlmodel import col, select
+
+from bot import charts
+from bot.blocks import money as blocks
+from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
+from bot.commands.values import parse_money, parse_price
+from bot.errors import GpubotError, UsageError
+from bot.services import advice, budgets, ledger, spend
+from bot.store.models import Person
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+SPEND_USAGE = "/gpu spend [YYYY-MM] [--by user|gpu|instance|project|provider]"
+BUDGET_USAGE = (
+    "/gpu budget list | /gpu budget set user @USER AMOUNT | /gpu budget set project P AMOUNT "
+    "| /gpu budget rm user @USER | /gpu budget rm project P"
+)
+FIT_USAGE = "/gpu fit SIZE inference|lora|qlora|full [--seq N] [--batch N] [--bits 16|8|4]"
+ESTIMATE_USAGE = (
+    "/gpu estimate --gpu MODEL [--count N] --hours N [--price 2.10/h] [--monthly PRICE] "
+    "[--buy PRICE]"
+)
+_REMOVE_WORDS = frozenset({"rm", "remove", "delete", "del"})
+_IntParser = Callable[[str], int]
+
+
+# --- spend ------------------------------------------------------------------------------------
+
+
+def _configure_spend(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("month", nargs="?", metavar="YYYY-MM")
+    parser.add_argument("--by", type=spend.parse_group, default="user")
+
+
+def _spend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    settings = rt.settings
+    now = rt.now()
+    tz = settings.tz()
+    month = spend.parse_month_arg(args.month, now, tz)
+    report = spend.spend_report(
+        rt.db,
+        month,
+        by=args.by,
+        tz=tz,
+        now=now,
+        idle_threshold_pct=settings.idle_threshold_pct,
+        currency=settings.currency,
+    )
+    text, body = blocks.spend_message(report)
+    if report.instances and caller.channel_id:
+        problem = share_spend_files(rt, caller.channel_id, report)
+        if problem:
+            body = (*body, _note(problem))
+    return Reply(text=text, blocks=body, ephemeral=False)
+
+
+def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> str | None:
+    """Upload the chart (PNG) and the CSV of a spend report; returns what went wrong, if
+    anything (the report itself is still answered)."""
+    name = blocks.month_name(report.month)
+    title = f"GPU spend by {report.by}, {name}"
+    names = _display_names(rt, [line.key for line in report.groups]) if report.by == "user" else {}
+    items = [(names.get(line.key, line.key), line.total_micros) for line in report.groups]
+    try:
+        rt.notifier.upload_file(
+            channel,
+            f"gpu-spend-{report.month}-by-{report.by}.png",
+            charts.bar_chart(title, items, currency=report.currency),
+            title=title,
+        )
+        rt.notifier.upload_file(
+            channel,
+            f"gpu-spend-{report.month}.csv",
+            spend.spend_csv(report),
+            title=f"GPU spend per instance, {name}",
+        )
+    except GpubotError as exc:
+        log.warning("spend files for %s could not be uploaded: %s", report.month, exc)
+        return f"The chart and CSV could not be uploaded: {exc.message}"
+    return None
+
+
+# --- budget -----------------------------------------------------------------------------------
+
+
+def _configure_budget(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", metavar="list|set|rm", type=str.lower)
+    parser.add_argument("words", nargs="*", metavar="ARGS")
+
+
+def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    action, words = args.action, list(args.words)
+    now = rt.now()
+    month = ledger.month_of(now, rt.settings.tz())
+    currency = rt.settings.currency
+    if action == "list":
+        if words:
+            raise UsageError("`budget list` takes no arguments.", usage=BUDGET_USAGE)
+        text, body = blocks.budget_list_message(budgets.list_budgets(rt, now), month, currency)
+        return Reply(text=text, blocks=body)
+    if action == "set":
+        if len(words) != 3:
+            raise UsageError(
+                "`budget set` needs a kind, who and an amount.",
+                usage=BUDGET_USAGE,
+                hint="Like `/gpu budget set user @alice 500` or "
+                "`/gpu budget set project llm 2000`.",
+            )
+        scope = budgets.parse_scope(words[0])
+        subject = budgets.parse_subject(scope, words[1])
+        status = budgets.set_budget(rt, caller, scope, subject, parse_money(words[2]))
+        text, body = blocks.budget_list_message([status], month, currency)
+        return Reply(text=f"Budget set. {text}", blocks=body, ephemeral=False)
+    if action in _REMOVE_WORDS:
+        if len(words) != 2:
+            raise UsageError(
+                "`budget rm` needs a kind and who.",
+                usage=BUDGET_USAGE,
+                hint="Like `/gpu budget rm user @alice` or `/gpu budget rm project llm`.",
+            )
+        scope = budgets.parse_scope(words[0])
+        subject = budgets.parse_subject(scope, words[1])
+        budgets.remove_budget(rt, caller, scope, subject)
+        who = f"<@{subject}>" if scope == "user" else f"project {subject}"
+        return Reply(text=f"The budget of {who} is removed.", ephemeral=False)
+    raise UsageError(f"`budget {action}` is not known.", usage=BUDGET_USAGE)
+
+
+# --- fit and estimate ---------------------------------------------------------------------------
+
+
+def _configure_fit(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("size", metavar="SIZE")
+    parser.add_argument("mode", metavar="MODE", type=str.lower)
+    parser.add_argument("--seq", type=_positive_int("--seq"), metavar="N")
+    parser.add_argument("--batch", type=_positive_int("--batch"), metavar="N")
+    parser.add_argument("--bits", type=_bits, metavar="16|8|4")
+
+
+def _fit(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    report = advice.fit(args.size, args.mode, seq=args.seq, batch=args.batch, bits=args.bits)
+    text, body = blocks.fit_message(report)
+    return Reply(text=text, blocks=body)
+
+
+def _configure_estimate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpu", required=True, metavar="MODEL")
+    parser.add_argument("--count", type=_positive_int("--count"), default=1, metavar="N")
+    parser.add_argument("--hours", required=True, type=advice.parse_hours, metavar="N")
+    parser.add_argument("--price", type=parse_price, metavar="2.10/h")
+    parser.add_argument("--monthly", type=parse_money, metavar="PRICE")
+    parser.add_argument("--buy", type=parse_money, metavar="PRICE")
+
+
+def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    report = advice.estimate(
+        args.gpu,
+        hours=args.hours,
+        count=args.count,
+        hourly_micros=args.price,
+        monthly_micros=args.monthly,
+        buy_micros=args.buy,
+    )
+    text, body = blocks.estimate_message(report, rt.settings.currency)
+    return Reply(text=text, blocks=body)
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def _positive_int(option: str) -> _IntParser:
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise UsageError(f"{option} {text[:20]!r} is not a positive whole number.")
+        return int(text)
+
+    return parse
+
+
+def _bits(text: str) -> int:
+    if text.strip() not in ("16", "8", "4"):
+        raise UsageError(f"--bits {text[:20]!r} is not supported.", hint="Use 16, 8 or 4.")
+    return int(text)
+
+
+def _display_names(rt: Runtime, user_ids: list[str]) -> dict[str, str]:
+    with rt.db.session() as session:
+        people = session.exec(select(Person).where(col(Person.slack_id).in_(user_ids)))
+        return {p.slack_id: p.display_name for p in people if p.display_name}
+
+
+def _note(text: str) -> dict[str, object]:
+    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}
+
+
+REGISTRY.command(
+    CommandSpec(
+        name="spend",
+        summary="What a month cost: by user, GPU, instance, project or provider; idle waste",
+        usage=SPEND_USAGE,
+        examples=("/gpu spend", "/gpu spend 2026-03 --by project"),
+        configure=_configure_spend,
+        handler=_spend,
+    )
+)
+REGISTRY.command(
+    CommandSpec(
+        name="budget",
+        summary="Monthly budgets per user or project, with alerts and caps",
+        usage=BUDGET_USAGE,
+        examples=(
+            "/gpu budget list",
+            "/gpu budget set user @alice 500",
+            "/gpu budget set project llm 2000",
+            "/gpu budget rm user @alice",
+        ),
+        configure=_configure_budget,
+        handler=_budget,
+        aliases=("budgets",),
+    )
+)
+REGISTRY.command(
+    CommandSpec(
+        name="fit",
+        summary="How much GPU memory a model needs, which GPUs hold it and what they cost",
+        usage=FIT_USAGE,
+        examples=("/gpu fit 7b lora", "/gpu fit llama-3.1-70b inference --seq 8192 --bits 4"),
+        configure=_configure_fit,
+        handler=_fit,
+    )
+)
+REGISTRY.command(
+    CommandSpec(
+        name="estimate",
+        summary="Renting by the hour vs a monthly plan vs buying, with the break-even",
+        usage=ESTIMATE_USAGE,
+        examples=(
+            "/gpu estimate --gpu a100 --hours 50",
+            "/gpu estimate --gpu 4090 --hours 400 --monthly 350 --buy 1800",
+        ),
+        configure=_configure_estimate,
+        handler=_estimate,
+    )
+)

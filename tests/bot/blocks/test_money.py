@@ -1,0 +1,148 @@
+"""Money blocks stay within Slack's limits (checked with slack_sdk's models) and say enough."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from slack_sdk.models.blocks import Block
+
+from bot.blocks import money
+from bot.services import advice
+from bot.services.budgets import BudgetStatus
+from bot.services.digest import DigestData, JobSpend, PlanSaving
+from bot.services.spend import InstanceSpend, SpendReport, group_lines
+
+USD = 1_000_000
+
+
+def validate(message: tuple[str, tuple[dict[str, Any], ...]]) -> str:
+    """Every block parses and validates as slack_sdk models; returns all text as JSON."""
+    text, blocks = message
+    assert text
+    assert 0 < len(blocks) <= 50
+    for raw in blocks:
+        model = Block.parse(raw)
+        assert model is not None, raw
+        model.validate_json()
+        assert model.to_dict() == raw
+    return text + json.dumps(blocks)
+
+
+def spend_item(index: int, **fields: Any) -> InstanceSpend:
+    values: dict[str, Any] = {
+        "instance_id": index,
+        "name": f"box-{index}",
+        "owner_id": f"U{index:04d}",
+        "project": None,
+        "provider": "manual",
+        "gpu_model": "h100-sxm",
+        "gpu_count": 1,
+        "compute_micros": (index + 1) * USD,
+        "storage_micros": 0,
+        "idle_micros": 0,
+        "compute_s": 3600,
+    }
+    values.update(fields)
+    return InstanceSpend(**values)
+
+
+def report(items: list[InstanceSpend], by: str = "user", complete: bool = True) -> SpendReport:
+    ordered = tuple(sorted(items, key=lambda i: -i.total_micros))
+    return SpendReport(
+        month="2026-03",
+        start_at=datetime(2026, 3, 1),
+        end_at=datetime(2026, 4, 1),
+        currency="USD",
+        by=by,
+        complete=complete,
+        instances=ordered,
+        groups=group_lines(ordered, by),
+        days=((date(2026, 3, 1), 0, 0),),
+    )
+
+
+def test_spend_message_shows_totals_idle_and_top_instances() -> None:
+    items = [
+        spend_item(0, idle_micros=USD // 2, storage_micros=250_000),
+        spend_item(1, project="llm"),
+    ]
+    shown = validate(money.spend_message(report(items, by="project", complete=False)))
+    assert "GPU spend, March 2026 (so far)" in shown
+    assert "*Total $3.25*" in shown
+    assert "Idle GPUs cost *$0.50* (17% of compute)" in shown
+    assert "*By project*" in shown
+    assert "llm: $2.00" in shown
+    assert "current hour is not in yet" in shown
+
+
+def test_spend_message_with_hundreds_of_groups_stays_within_limits() -> None:
+    items = [spend_item(i, name="x" * 60 + str(i)) for i in range(400)]
+    shown = validate(money.spend_message(report(items, by="instance")))
+    assert "390 more" in shown
+
+
+def test_empty_month() -> None:
+    shown = validate(money.spend_message(report([])))
+    assert "Nothing was charged in March 2026" in shown
+
+
+def test_digest_message() -> None:
+    items = [spend_item(0, project="llm", idle_micros=USD), spend_item(5)]
+    data = DigestData(
+        month="2026-03",
+        report=report(items),
+        previous_total_micros=4 * USD,
+        savings=(PlanSaving("box-5", "U0005", "h100-sxm", 2000 * USD, 1570 * USD, "runpod plan"),),
+        jobs=(JobSpend("j-1", "box-5", "U0005", "python `train`.py <x>", 7200, 6 * USD),),
+    )
+    shown = validate(money.digest_message(data))
+    assert "GPU spend in March 2026: $7.00 (up 75% on the month before)" in shown
+    assert "*By GPU model*" in shown
+    assert "$430.00 less" in shown
+    assert "j-1" in shown
+    assert "&lt;x&gt;" in shown
+    assert "2h" in shown
+
+
+def test_budget_messages() -> None:
+    statuses = [
+        BudgetStatus(1, "user", "UALICE", 100 * USD, 85 * USD),
+        BudgetStatus(2, "project", "llm", 100 * USD, 120 * USD),
+    ]
+    shown = validate(money.budget_list_message(statuses, "2026-03", "USD"))
+    assert ":warning: <@UALICE>: $85.00 of $100.00 (85%)" in shown
+    assert ":no_entry: project *llm*: $120.00 of $100.00 (120%)" in shown
+    assert "No budgets are set" in validate(money.budget_list_message([], "2026-03", "USD"))
+    alert = validate(money.budget_alert_message(statuses[1], 100, "USD"))
+    assert "used up" in alert
+    assert "need an admin" in alert
+    assert "80% used" in validate(money.budget_alert_message(statuses[0], 80, "USD"))
+
+
+def test_fit_message() -> None:
+    shown = validate(money.fit_message(advice.fit("70b", "full")))
+    assert "70B (shaped like llama-3.1-70b) full, 16-bit" in shown
+    assert "optimizer state" in shown
+    assert "14x *NVIDIA H100" in shown
+    small = validate(money.fit_message(advice.fit("llama-3.1-8b", "inference")))
+    assert "KV cache" in small
+    assert "/h on runpod" in small
+
+
+@pytest.mark.parametrize("hours", [Decimal("1.5"), Decimal(5000)])
+def test_estimate_message(hours: Decimal) -> None:
+    report_ = advice.estimate("4090", hours=hours, hourly_micros=500_000, buy_micros=1800 * USD)
+    shown = validate(money.estimate_message(report_, "USD"))
+    assert f"NVIDIA GeForce RTX 4090 for {hours} h" in shown
+    assert "Buying pays off after *3600 h*" in shown
+    expected = "hourly" if hours < 3600 else "buy"
+    assert f"Cheapest: *{expected}*" in shown
+
+
+def test_month_names() -> None:
+    assert money.month_name("2026-01") == "January 2026"
+    assert money.month_name("2025-12") == "December 2025"
