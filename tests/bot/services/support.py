@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.errors import SlackError
+from bot.errors import ProviderNotFound, SlackError
 from bot.notify import MessageRef
-from bot.providers.base import Provider, ProviderRegistry
+from bot.providers.base import (
+    InstanceTypeInfo,
+    LaunchRequest,
+    Provider,
+    ProviderCapabilities,
+    ProviderInstance,
+    ProviderRegistry,
+    ReleaseOutcome,
+    no_launch,
+)
 from bot.providers.manual import ManualProvider
 from bot.runtime import Runtime
 from bot.settings import Settings
@@ -118,6 +128,54 @@ class RecordingNotifier:
 
     def containing(self, fragment: str) -> list[Posted]:
         return [p for p in self.posts if fragment in p.text]
+
+
+class ScriptedPlatform:
+    """A platform whose answers a test scripts (the cloud is a boundary): ``answers`` holds the
+    outcome of each release call; ``state`` is what ``get`` reports."""
+
+    name = "scripted"
+    capabilities = ProviderCapabilities(
+        can_stop=True,
+        storage_bills_when_stopped=True,
+        billing_increment="second",
+        min_charge_s=60,
+        can_launch=False,
+    )
+
+    def __init__(self) -> None:
+        self.state = "running"
+        self.answers: deque[object] = deque()
+        self.release_calls: list[tuple[str, str]] = []
+        self.gate: threading.Event | None = None
+
+    def list_instances(self) -> list[ProviderInstance]:
+        return [self.get("i-1")]
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        if self.state == "missing":
+            raise ProviderNotFound(f"{provider_id} not found")
+        return ProviderInstance(provider_id=provider_id, state=self.state, raw_state=self.state)
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        self.release_calls.append((provider_id, mode))
+        if self.gate is not None:
+            self.gate.wait(5)
+        answer = self.answers.popleft() if self.answers else "terminated"
+        if isinstance(answer, Exception):
+            raise answer
+        self.state = str(answer)
+        done = answer == "terminated" or (mode == "stop" and answer == "stopped")
+        return ReleaseOutcome(provider_id, mode, confirmed=done, state=str(answer))
+
+    def price(self, instance_type: str) -> int | None:
+        return None
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        return []
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        raise no_launch(self.name)
 
 
 def make_runtime(

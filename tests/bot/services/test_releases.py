@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections import deque
 from datetime import timedelta
 
 import pytest
@@ -15,75 +14,18 @@ from bot.errors import (
     NotAuthorized,
     ProviderAuthError,
     ProviderError,
-    ProviderNotFound,
     ProviderRateLimited,
-)
-from bot.providers.base import (
-    InstanceTypeInfo,
-    LaunchRequest,
-    ProviderCapabilities,
-    ProviderInstance,
-    ReleaseOutcome,
-    no_launch,
 )
 from bot.services import releases
 from bot.store.models import AuditLog, Instance, Prompt, Release
 from tests.bot.services.support import (
     T0,
     Clock,
-    RecordingNotifier,
+    ScriptedPlatform,
     add_instance,
     get_instance,
     make_runtime,
 )
-
-
-class ScriptedPlatform:
-    """A platform whose answers a test scripts (the cloud is a boundary): ``answers`` holds the
-    outcome of each release call; ``state`` is what ``get`` reports."""
-
-    name = "scripted"
-    capabilities = ProviderCapabilities(
-        can_stop=True,
-        storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=60,
-        can_launch=False,
-    )
-
-    def __init__(self) -> None:
-        self.state = "running"
-        self.answers: deque[object] = deque()
-        self.release_calls: list[tuple[str, str]] = []
-        self.gate: threading.Event | None = None
-
-    def list_instances(self) -> list[ProviderInstance]:
-        return [self.get("i-1")]
-
-    def get(self, provider_id: str) -> ProviderInstance:
-        if self.state == "missing":
-            raise ProviderNotFound(f"{provider_id} not found")
-        return ProviderInstance(provider_id=provider_id, state=self.state, raw_state=self.state)
-
-    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
-        self.release_calls.append((provider_id, mode))
-        if self.gate is not None:
-            self.gate.wait(5)
-        answer = self.answers.popleft() if self.answers else "terminated"
-        if isinstance(answer, Exception):
-            raise answer
-        self.state = str(answer)
-        done = answer == "terminated" or (mode == "stop" and answer == "stopped")
-        return ReleaseOutcome(provider_id, mode, confirmed=done, state=str(answer))
-
-    def price(self, instance_type: str) -> int | None:
-        return None
-
-    def instance_types(self) -> list[InstanceTypeInfo]:
-        return []
-
-    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        raise no_launch(self.name)
 
 
 @pytest.fixture
@@ -299,5 +241,5 @@ def test_admin_confirms_without_a_request(rt, clock):
     assert done.reason == "user"
     with rt.db.session() as session:
         inst = session.get(Instance, iid)
-        assert inst is not None and inst.state == "released"
-
+        assert inst is not None
+        assert inst.state == "released"

@@ -1,0 +1,516 @@
+"""The rules the clock enforces, as decisions over rows: deadline warnings and releases, the
+wait-for-jobs policy, admin lifetime caps, idle prompts and idle release, release-when-done and
+reconciling with each provider's own list.
+
+Rules only write rows (Prompt, Release) inside short transactions; posting happens afterwards
+through bot.services.prompts, and provider calls through bot.services.releases, outside any
+transaction.
+
+Deadlines:
+- A warning goes out at each offset in ``settings.warning_offsets_s`` before the effective
+  deadline (the earlier of ``deadline_at`` and an admin's ``lifetime_cap_at``). Each is a Prompt
+  keyed by the deadline and the offset, so it is sent once; when the bot was down through
+  several offsets only the latest due one is sent.
+- Nothing is released without a warning first: the release happens at
+  ``max(deadline, first warning posted + shortest offset)``. A bot that was down through the
+  whole warning window therefore warns on its first tick and releases after that grace
+  (``notice_s``, 10 minutes by default).
+- Policy ``wait-for-jobs`` holds the release while jobs run, up to ``max_grace_s`` past the
+  deadline. An admin's lifetime cap is a hard stop and ignores this policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlmodel import Session, col, select
+
+from bot.blocks import deadlines as blocks
+from bot.errors import Conflict, GpubotError, ProviderError, ProviderNotFound
+from bot.providers.base import ProviderInstance
+from bot.runtime import Runtime
+from bot.services import prompts, releases
+from bot.store.models import Instance, Job, Prompt, Release, UtilSample
+
+log = logging.getLogger(__name__)
+
+KIND_WARNING = "deadline_warning"
+KIND_IDLE = "idle"
+KIND_JOBS_DONE = "jobs_done"
+KIND_OUTSIDE = "released_outside"
+
+#: After the queue of a release-when-done instance drains: release after this grace.
+JOBS_DONE_GRACE_S = 600
+#: The grace after a late warning when no offsets are configured.
+DEFAULT_NOTICE_S = 600
+#: Reconcile leaves alone instances younger than this (platform lists lag behind launches).
+RECONCILE_MIN_AGE_S = 300
+
+ACTIVE_JOB_STATES = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An instance's effective deadline; ``capped`` when an admin's lifetime cap sets it."""
+
+    at: datetime
+    capped: bool
+
+    @property
+    def key(self) -> str:
+        """The deadline as it appears in prompt keys."""
+        return deadline_key(self.at)
+
+
+def effective_deadline(inst: Instance) -> Deadline | None:
+    """The earlier of the deadline and the lifetime cap, or None when neither is set."""
+    cap = inst.lifetime_cap_at
+    if cap is not None and (inst.deadline_at is None or cap <= inst.deadline_at):
+        return Deadline(cap, True)
+    if inst.deadline_at is None:
+        return None
+    return Deadline(inst.deadline_at, False)
+
+
+def deadline_key(at: datetime) -> str:
+    """A deadline in prompt keys: ISO 8601 to the second."""
+    return at.replace(microsecond=0).isoformat()
+
+
+def notice_s(rt: Runtime) -> int:
+    """The least warning an owner gets before a deadline release: the shortest offset."""
+    offsets = [o for o in rt.settings.warning_offsets_s if o > 0]
+    return min(offsets) if offsets else DEFAULT_NOTICE_S
+
+
+# --- deadlines --------------------------------------------------------------------------------
+
+
+def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
+    """Create due warnings and request the releases that came due; returns the instance ids
+    whose release was requested."""
+    due: list[tuple[int, str]] = []
+    with rt.db.session() as session:
+        instances = session.exec(
+            select(Instance).where(
+                Instance.state == "active",
+                col(Instance.deadline_at).is_not(None) | col(Instance.lifetime_cap_at).is_not(None),
+            )
+        ).all()
+        for inst in instances:
+            reason = _deadline_step(rt, session, inst, now)
+            if reason is not None and inst.id is not None:
+                due.append((inst.id, reason))
+    requested: list[int] = []
+    for instance_id, reason in due:
+        if _request(rt, instance_id, reason=reason, now=now):
+            requested.append(instance_id)
+    return requested
+
+
+def _deadline_step(rt: Runtime, session: Session, inst: Instance, now: datetime) -> str | None:
+    """One instance: add the due warning; return the release reason when it must go now."""
+    deadline = effective_deadline(inst)
+    if deadline is None or inst.id is None:
+        return None
+    if now < deadline.at:
+        offsets = [
+            o for o in rt.settings.warning_offsets_s if deadline.at - timedelta(seconds=o) <= now
+        ]
+        if offsets:
+            offset = min(offsets)
+            prompts.ensure_prompt(
+                session,
+                instance_id=inst.id,
+                kind=KIND_WARNING,
+                key=f"{deadline.key}:{offset}",
+                recipient=inst.owner_id,
+                due_at=deadline.at - timedelta(seconds=offset),
+            )
+        return None
+    first_sent = _first_warning_sent(session, inst.id, deadline)
+    if first_sent is None:
+        prompts.ensure_prompt(
+            session,
+            instance_id=inst.id,
+            kind=KIND_WARNING,
+            key=f"{deadline.key}:late",
+            recipient=inst.owner_id,
+            due_at=now,
+        )
+        return None
+    if now < release_time(rt, deadline, first_sent):
+        return None
+    if deadline.capped:
+        return "cap"
+    if (
+        inst.deadline_policy == "wait-for-jobs"
+        and now < deadline.at + timedelta(seconds=inst.max_grace_s)
+        and jobs_running(session, inst)
+    ):
+        return None
+    return "deadline"
+
+
+def release_time(rt: Runtime, deadline: Deadline, first_warning_sent_at: datetime) -> datetime:
+    """When a deadline release happens: at the deadline, but never sooner than ``notice_s``
+    after the first warning was posted."""
+    return max(deadline.at, first_warning_sent_at + timedelta(seconds=notice_s(rt)))
+
+
+def _first_warning_sent(session: Session, instance_id: int, deadline: Deadline) -> datetime | None:
+    sent = session.exec(
+        select(Prompt.sent_at).where(
+            Prompt.instance_id == instance_id,
+            Prompt.kind == KIND_WARNING,
+            col(Prompt.key).startswith(f"{deadline.key}:"),
+            col(Prompt.message_ts).is_not(None),
+        )
+    ).all()
+    times = [at for at in sent if at is not None]
+    return min(times) if times else None
+
+
+def _newer_warning(session: Session, prompt: Prompt, deadline: Deadline) -> bool:
+    newer = session.exec(
+        select(Prompt.id).where(
+            Prompt.instance_id == prompt.instance_id,
+            Prompt.kind == KIND_WARNING,
+            col(Prompt.key).startswith(f"{deadline.key}:"),
+            col(Prompt.id) > prompt.id,
+        )
+    ).first()
+    return newer is not None
+
+
+def jobs_running(session: Session, inst: Instance) -> bool:
+    """Whether the instance has a queued or running job (Job rows, or the last poll saw one;
+    a failed last poll counts as running)."""
+    active_job = session.exec(
+        select(Job.id).where(Job.instance_id == inst.id, col(Job.state).in_(ACTIVE_JOB_STATES))
+    ).first()
+    if active_job is not None:
+        return True
+    sample = _last_sample(session, inst)
+    if sample is None:
+        return False
+    return (not sample.ok) or sample.running_jobs > 0
+
+
+def _last_sample(session: Session, inst: Instance) -> UtilSample | None:
+    return session.exec(
+        select(UtilSample)
+        .where(UtilSample.instance_id == inst.id)
+        .order_by(col(UtilSample.at).desc(), col(UtilSample.id).desc())
+    ).first()
+
+
+def _request(rt: Runtime, instance_id: int, *, reason: str, now: datetime) -> bool:
+    try:
+        releases.request_release(
+            rt, instance_id, reason=reason, requested_by="gpubot", mode="terminate", now=now
+        )
+    except Conflict:
+        return False
+    except GpubotError as exc:
+        log.warning("instance %s: cannot request its release: %s", instance_id, exc)
+        return False
+    return True
+
+
+# --- idle ----------------------------------------------------------------------------------------
+
+
+def check_idle(rt: Runtime, now: datetime) -> list[int]:
+    """Prompt owners of instances idle for ``settings.idle_window_s``; release those with
+    ``idle_release_after_s`` once that long passed since the prompt with no answer and no
+    activity. Returns the instance ids whose release was requested."""
+    window = timedelta(seconds=rt.settings.idle_window_s)
+    due: list[int] = []
+    with rt.db.session() as session:
+        instances = session.exec(
+            select(Instance).where(
+                Instance.state == "active",
+                col(Instance.idle_since).is_not(None),
+                col(Instance.idle_since) <= now - window,
+            )
+        ).all()
+        for inst in instances:
+            assert inst.id is not None
+            assert inst.idle_since is not None
+            prompt = prompts.ensure_prompt(
+                session,
+                instance_id=inst.id,
+                kind=KIND_IDLE,
+                key=deadline_key(inst.idle_since),
+                recipient=inst.owner_id,
+                due_at=inst.idle_since + window,
+            )
+            if _grace_over(prompt, inst.idle_release_after_s, now):
+                due.append(inst.id)
+    return [iid for iid in due if _request(rt, iid, reason="idle", now=now)]
+
+
+def _grace_over(prompt: Prompt, grace_s: int | None, now: datetime) -> bool:
+    """A posted, unanswered prompt whose grace has run out."""
+    if grace_s is None or prompt.message_ts is None or prompt.resolved_at is not None:
+        return False
+    return prompt.sent_at is not None and now >= prompt.sent_at + timedelta(seconds=grace_s)
+
+
+# --- release when done ----------------------------------------------------------------------------
+
+
+def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
+    """Instances to release when their job queue drains (the instance's flag, or its latest
+    job's): prompt once the queue is empty, release ``JOBS_DONE_GRACE_S`` after the prompt.
+    Returns the instance ids whose release was requested."""
+    due: list[int] = []
+    with rt.db.session() as session:
+        instances = session.exec(select(Instance).where(Instance.state == "active")).all()
+        for inst in instances:
+            assert inst.id is not None
+            latest = session.exec(
+                select(Job).where(Job.instance_id == inst.id).order_by(col(Job.id).desc())
+            ).first()
+            if latest is None or not (inst.release_when_done or latest.release_when_done):
+                continue
+            if jobs_running(session, inst):
+                continue
+            prompt = prompts.ensure_prompt(
+                session,
+                instance_id=inst.id,
+                kind=KIND_JOBS_DONE,
+                key=f"job:{latest.id}",
+                recipient=inst.owner_id,
+                due_at=now,
+            )
+            if _grace_over(prompt, JOBS_DONE_GRACE_S, now):
+                due.append(inst.id)
+    return [iid for iid in due if _request(rt, iid, reason="jobs_done", now=now)]
+
+
+# --- superseded prompts ---------------------------------------------------------------------------
+
+
+def refresh_prompts(rt: Runtime, now: datetime) -> int:
+    """Close posted prompts that no longer apply (deadline moved, instance released, idle
+    instance busy again, new jobs started) and edit their messages so their buttons are gone.
+    Returns how many were closed."""
+    edits: list[tuple[Prompt, blocks.Message]] = []
+    tz = rt.settings.tz()
+    with rt.db.session() as session:
+        open_prompts = session.exec(
+            select(Prompt).where(
+                col(Prompt.kind).in_((KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE)),
+                col(Prompt.resolved_at).is_(None),
+                col(Prompt.message_ts).is_not(None),
+            )
+        ).all()
+        for prompt in open_prompts:
+            inst = session.get(Instance, prompt.instance_id)
+            assert inst is not None
+            assert prompt.id is not None
+            outcome = _stale_outcome(session, prompt, inst, tz, now)
+            if outcome is None:
+                continue
+            resolution, message = outcome
+            if prompts.resolve(session, prompt.id, resolution=resolution, by=None, now=now):
+                edits.append((prompt, message))
+    for prompt, (text, body) in edits:
+        prompts.update_message(rt, prompt, text, body)
+    return len(edits)
+
+
+def _stale_outcome(
+    session: Session, prompt: Prompt, inst: Instance, tz: ZoneInfo, now: datetime
+) -> tuple[str, blocks.Message] | None:
+    view = releases.instance_view(inst)
+    if inst.state != "active":
+        release = session.exec(
+            select(Release).where(Release.instance_id == inst.id).order_by(col(Release.id).desc())
+        ).first()
+        reason = release.reason if release is not None else "user"
+        by = None
+        if release is not None and release.requested_by != "gpubot":
+            by = release.requested_by
+        what = f"Release requested ({blocks.reason_text(reason)})"
+        return "released", blocks.decided(view, what=what, by=by, at=now, tz=tz)
+    if prompt.kind == KIND_WARNING:
+        deadline = effective_deadline(inst)
+        if deadline is not None and prompt.key.startswith(f"{deadline.key}:"):
+            return None
+        return "superseded", blocks.superseded(
+            view, new_deadline_at=deadline.at if deadline else None, tz=tz
+        )
+    if prompt.kind == KIND_IDLE:
+        if inst.idle_since is not None and deadline_key(inst.idle_since) == prompt.key:
+            return None
+        text = f"*{inst.name}* is busy again; no action needed."
+        return "active", (text, (blocks.section(text),))
+    if not jobs_running(session, inst):
+        return None
+    text = f"*{inst.name}* has new jobs; it will not be released when the earlier ones ended."
+    return "superseded", (text, (blocks.section(text),))
+
+
+# --- reconcile ------------------------------------------------------------------------------------
+
+
+def reconcile(rt: Runtime, now: datetime) -> list[int]:
+    """Compare each provider's own list with the bot's instances: those terminated (or stopped)
+    outside the bot get their meter stopped, an audit entry and a message to the owner.
+    Instances with a release under way are left to the release engine. Returns the ids."""
+    by_provider: dict[str, list[tuple[int, str]]] = {}
+    with rt.db.session() as session:
+        rows = session.exec(
+            select(Instance.id, Instance.provider, Instance.provider_instance_id).where(
+                col(Instance.state).in_(("active", "registering", "lost")),
+                col(Instance.provider_instance_id).is_not(None),
+                col(Instance.created_at) <= now - timedelta(seconds=RECONCILE_MIN_AGE_S),
+            )
+        ).all()
+        for iid, provider, pid in rows:
+            if iid is not None and pid:
+                by_provider.setdefault(provider, []).append((iid, pid))
+    changed: list[int] = []
+    for name, members in sorted(by_provider.items()):
+        for iid, state in _outside_changes(rt, name, members):
+            if _record_outside(rt, iid, state, now):
+                changed.append(iid)
+    return changed
+
+
+def _outside_changes(
+    rt: Runtime, provider_name: str, members: list[tuple[int, str]]
+) -> list[tuple[int, str]]:
+    try:
+        provider = rt.providers.get(provider_name)
+        if not provider.capabilities.can_list:
+            return []
+        listed = {p.provider_id: p for p in provider.list_instances()}
+    except GpubotError as exc:
+        log.warning("reconcile with %s skipped: %s", provider_name, exc)
+        return []
+    found: list[tuple[int, str]] = []
+    for iid, pid in members:
+        seen: ProviderInstance | None = listed.get(pid)
+        if seen is None:
+            try:
+                seen = provider.get(pid)
+            except ProviderNotFound:
+                found.append((iid, "terminated"))
+                continue
+            except ProviderError as exc:
+                log.warning("reconcile: %s %s: %s", provider_name, pid, exc)
+                continue
+        if seen.state in ("terminated", "stopped"):
+            found.append((iid, seen.state))
+    return found
+
+
+def _record_outside(rt: Runtime, instance_id: int, state: str, now: datetime) -> bool:
+    mode = "stop" if state == "stopped" else "terminate"
+    with rt.db.session() as session:
+        if releases.open_release(session, instance_id) is not None:
+            return False
+        inst = session.get(Instance, instance_id)
+        if inst is None or inst.state not in ("active", "registering", "lost"):
+            return False
+        if not releases.mark_instance_released(session, instance_id, now=now, mode=mode):
+            return False
+        session.add(
+            Release(
+                instance_id=instance_id,
+                reason="reconcile",
+                mode=mode,
+                requested_by="gpubot",
+                requested_at=now,
+                state="confirmed",
+                confirmed_at=now,
+            )
+        )
+        prompts.ensure_prompt(
+            session,
+            instance_id=instance_id,
+            kind=KIND_OUTSIDE,
+            key=state,
+            recipient=inst.owner_id,
+            due_at=now,
+        )
+        prompts.audit(
+            session,
+            at=now,
+            actor="gpubot",
+            action="released_outside",
+            instance_id=instance_id,
+            provider=inst.provider,
+            provider_state=state,
+        )
+    return True
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+
+def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blocks.Message | None:
+    """The message for this module's prompt kinds, from the current rows; None when the prompt
+    no longer applies."""
+    assert prompt.id is not None
+    view = releases.instance_view(inst)
+    tz = rt.settings.tz()
+    now = rt.now()
+    if prompt.kind == KIND_OUTSIDE:
+        return blocks.released_outside(view, state=prompt.key)
+    if inst.state != "active":
+        return None
+    if prompt.kind == KIND_WARNING:
+        deadline = effective_deadline(inst)
+        if deadline is None or not prompt.key.startswith(f"{deadline.key}:"):
+            return None
+        if _newer_warning(session, prompt, deadline):
+            return None  # a later warning for the same deadline replaces this unsent one
+        first_sent = _first_warning_sent(session, inst.id or 0, deadline) or now
+        release_at = release_time(rt, deadline, first_sent)
+        return blocks.deadline_warning(
+            view,
+            deadline_at=deadline.at,
+            now=now,
+            tz=tz,
+            prompt_id=prompt.id,
+            policy="release" if deadline.capped else inst.deadline_policy,
+            capped=deadline.capped,
+            late_release_at=release_at if release_at != deadline.at else None,
+        )
+    if prompt.kind == KIND_IDLE:
+        if inst.idle_since is None or deadline_key(inst.idle_since) != prompt.key:
+            return None
+        idle_release_at = (
+            now + timedelta(seconds=inst.idle_release_after_s)
+            if inst.idle_release_after_s
+            else None
+        )
+        return blocks.idle_prompt(
+            view,
+            idle_for=now - inst.idle_since,
+            prompt_id=prompt.id,
+            release_at=idle_release_at,
+            tz=tz,
+        )
+    if prompt.kind == KIND_JOBS_DONE:
+        if jobs_running(session, inst):
+            return None
+        return blocks.jobs_done_prompt(
+            view,
+            prompt_id=prompt.id,
+            release_at=now + timedelta(seconds=JOBS_DONE_GRACE_S),
+            tz=tz,
+        )
+    return None
+
+
+for _kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE):
+    prompts.RENDERERS[_kind] = render

@@ -1,0 +1,185 @@
+"""Polling agents: each active instance's status every ``settings.poll_interval_s`` into
+``Instance.last_*`` and a UtilSample row, and the instance's ``idle_since``.
+
+An instance is idle in a sample when the poll succeeded, the mean GPU utilisation is under
+``settings.idle_threshold_pct``, no process holds a GPU and no agent job is queued or running.
+A failed poll, a GPU that reports no utilisation, or a gap in polling longer than
+``GAP_FACTOR`` poll intervals counts as activity (never as idle).
+
+Each instance is claimed for a poll with a conditional UPDATE of ``last_polled_at``, so two bot
+processes never poll it twice in one interval; the SSH calls run outside any transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from agents.protocol import StatusSnapshot, dumps
+from bot.errors import FleetError
+from bot.fleet.base import HostKey, Target
+from bot.runtime import Runtime
+from bot.settings import Settings
+from bot.store.models import Instance, Job, UtilSample
+
+log = logging.getLogger(__name__)
+
+#: A gap in polling longer than this many intervals restarts the idle clock.
+GAP_FACTOR = 3
+#: Instance states that are polled.
+POLLED_STATES = ("active",)
+
+
+@dataclass(frozen=True)
+class PollResult:
+    """One instance's poll: ``ok`` False when the agent could not be asked."""
+
+    instance_id: int
+    ok: bool
+    idle: bool
+    util_avg_pct: float | None
+    error: str | None = None
+
+
+def target_of(inst: Instance, settings: Settings) -> Target:
+    """How the fleet reaches an instance (its pinned host key included)."""
+    host_key = None
+    if inst.host_key_type and inst.host_key_b64 and inst.host_key_fingerprint:
+        host_key = HostKey(inst.host_key_type, inst.host_key_b64, inst.host_key_fingerprint)
+    key_path = inst.ssh_key_path or (str(settings.ssh_key) if settings.ssh_key else None)
+    return Target(
+        name=inst.name,
+        host=inst.host,
+        port=inst.port,
+        user=inst.ssh_user,
+        key_path=key_path,
+        host_key=host_key,
+        python_path=inst.python_path,
+    )
+
+
+def poll_instances(rt: Runtime, now: datetime) -> list[PollResult]:
+    """Poll every active instance whose last poll is at least a poll interval old."""
+    claimed = _claim_due(rt, now)
+    if not claimed:
+        return []
+    targets = [target for _, target, _ in claimed]
+    answers = rt.fleet.fan_out(targets, lambda agent: agent.status())
+    results: list[PollResult] = []
+    with rt.db.session() as session:
+        for instance_id, target, previous in claimed:
+            answer = answers.get(target.name)
+            if answer is None:
+                answer = FleetError("no answer", instance=target.name)
+            results.append(_record(rt, session, instance_id, answer, previous, now))
+    return results
+
+
+def sample_from(
+    snapshot: StatusSnapshot, *, running_jobs: int, threshold_pct: float
+) -> tuple[float | None, int, int, bool]:
+    """(mean GPU utilisation %, GPU processes, running jobs, idle) from a status snapshot;
+    ``running_jobs`` is what the store knows, raised to the jobs seen holding GPUs."""
+    utils = [g.util_gpu_pct for g in snapshot.gpus if g.util_gpu_pct is not None]
+    util = sum(utils) / len(utils) if utils else None
+    procs = len(snapshot.processes)
+    jobs = max(running_jobs, len({p.job_id for p in snapshot.processes if p.job_id}))
+    idle = (
+        snapshot.nvml_error is None
+        and util is not None
+        and util < threshold_pct
+        and procs == 0
+        and jobs == 0
+    )
+    return util, procs, jobs, idle
+
+
+def _claim_due(rt: Runtime, now: datetime) -> list[tuple[int, Target, datetime | None]]:
+    due_before = now - timedelta(seconds=rt.settings.poll_interval_s) + timedelta(seconds=1)
+    claimed: list[tuple[int, Target, datetime | None]] = []
+    with rt.db.session() as session:
+        instances = session.exec(
+            select(Instance).where(
+                col(Instance.state).in_(POLLED_STATES),
+                col(Instance.last_polled_at).is_(None)
+                | (col(Instance.last_polled_at) < due_before),
+            )
+        ).all()
+        for inst in instances:
+            assert inst.id is not None
+            previous = inst.last_polled_at
+            guard = (
+                col(Instance.last_polled_at).is_(None)
+                if previous is None
+                else col(Instance.last_polled_at) == previous
+            )
+            won = session.exec(
+                update(Instance)
+                .where(col(Instance.id) == inst.id, guard)
+                .values(last_polled_at=now)
+            ).rowcount
+            if won == 1:
+                claimed.append((inst.id, target_of(inst, rt.settings), previous))
+    return claimed
+
+
+def _record(
+    rt: Runtime,
+    session: Session,
+    instance_id: int,
+    answer: StatusSnapshot | FleetError,
+    previous_poll: datetime | None,
+    now: datetime,
+) -> PollResult:
+    inst = session.get(Instance, instance_id)
+    assert inst is not None
+    if isinstance(answer, FleetError):
+        session.add(UtilSample(instance_id=instance_id, at=now, ok=False))
+        inst.last_poll_ok = False
+        inst.last_error = answer.user_text()[:2000]
+        inst.idle_since = None
+        session.add(inst)
+        log.info("poll %s failed: %s", inst.name, answer)
+        return PollResult(
+            instance_id, ok=False, idle=False, util_avg_pct=None, error=inst.last_error
+        )
+    util, procs, jobs, idle = sample_from(
+        answer,
+        running_jobs=_active_jobs(session, instance_id),
+        threshold_pct=rt.settings.idle_threshold_pct,
+    )
+    session.add(
+        UtilSample(
+            instance_id=instance_id,
+            at=now,
+            ok=True,
+            util_avg_pct=util,
+            gpu_procs=procs,
+            running_jobs=jobs,
+        )
+    )
+    gap = timedelta(seconds=rt.settings.poll_interval_s * GAP_FACTOR)
+    continuous = previous_poll is not None and now - previous_poll <= gap and inst.last_poll_ok
+    if not idle:
+        inst.idle_since = None
+    elif inst.idle_since is None or not continuous:
+        inst.idle_since = now
+    inst.last_poll_ok = True
+    inst.last_error = None
+    inst.last_status_json = dumps(answer)
+    session.add(inst)
+    return PollResult(instance_id, ok=True, idle=idle, util_avg_pct=util)
+
+
+def _active_jobs(session: Session, instance_id: int) -> int:
+    return len(
+        session.exec(
+            select(Job.id).where(
+                Job.instance_id == instance_id, col(Job.state).in_(("queued", "running"))
+            )
+        ).all()
+    )

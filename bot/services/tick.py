@@ -1,0 +1,116 @@
+"""One tick of the clock: everything the bot does on its own, in order.
+
+``tick(rt, now)`` polls agents, runs the hooks other parts register (jobs, the ledger, budgets,
+the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
+reconciles with the providers' own lists, closes prompts that no longer apply and posts the
+prompts that are due. Every step reads and writes rows, so running it late, twice, or from two
+processes neither drops nor doubles anything. A step that fails is logged and the others still
+run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import lru_cache, partial
+from typing import TypeVar
+
+from bot.runtime import Runtime
+from bot.services import deadlines, polling, prompts, releases
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Steps other parts of the bot add, as "module:function"; each is called as fn(rt, now)
+#: (or fn(rt)) after the agents are polled and before the rules run. Add one line per hook.
+TICK_HOOKS: list[str] = [
+    "bot.services.ledger:ledger_tick",
+    "bot.services.budgets:budget_tick",
+    "bot.services.digest:digest_tick",
+]
+
+#: How often the providers' lists are compared with the store.
+RECONCILE_EVERY_S = 300
+
+_EPOCH = datetime(1970, 1, 1)
+
+
+@dataclass
+class TickReport:
+    """What one tick did; ``errors`` names the steps that failed."""
+
+    now: datetime
+    polled: int = 0
+    released_requested: list[int] = field(default_factory=list)
+    releases_processed: int = 0
+    reconciled: list[int] = field(default_factory=list)
+    prompts_closed: int = 0
+    prompts_posted: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
+    """Run every step once at ``now`` (naive UTC; default the runtime's clock)."""
+    now = now or rt.now()
+    report = TickReport(now=now)
+    report.polled = len(_run(report, "poll", lambda: polling.poll_instances(rt, now)) or ())
+    for spec in TICK_HOOKS:
+        _run(report, spec, partial(_call_hook, spec, rt, now))
+    rules: tuple[tuple[str, Callable[[Runtime, datetime], list[int]]], ...] = (
+        ("deadlines", deadlines.check_deadlines),
+        ("idle", deadlines.check_idle),
+        ("jobs_done", deadlines.check_jobs_done),
+    )
+    for name, rule in rules:
+        report.released_requested.extend(_run(report, name, partial(rule, rt, now)) or ())
+    processed = _run(report, "releases", lambda: releases.process_due_releases(rt, now))
+    report.releases_processed = len(processed or ())
+    if _reconcile_due(rt, now):
+        report.reconciled = _run(report, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
+    report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
+    report.prompts_posted = _run(report, "prompts", lambda: prompts.deliver_pending(rt, now)) or 0
+    return report
+
+
+@lru_cache(maxsize=64)
+def resolve_hook(spec: str) -> Callable[..., object]:
+    """The function a "module:function" hook names. Raises ImportError or AttributeError."""
+    module_name, _, attr = spec.partition(":")
+    fn = getattr(importlib.import_module(module_name), attr)
+    if not callable(fn):
+        raise TypeError(f"tick hook {spec} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def _call_hook(spec: str, rt: Runtime, now: datetime) -> None:
+    fn = resolve_hook(spec)
+    if len(inspect.signature(fn).parameters) >= 2:
+        fn(rt, now)
+    else:
+        fn(rt)
+
+
+def _reconcile_due(rt: Runtime, now: datetime) -> bool:
+    """True on the first tick in each ``RECONCILE_EVERY_S`` slot of the clock (stateless, so
+    every process agrees; reconciling twice is harmless)."""
+    every = max(RECONCILE_EVERY_S, rt.settings.tick_interval_s)
+    previous = now - timedelta(seconds=rt.settings.tick_interval_s)
+    return _slot(now, every) != _slot(previous, every)
+
+
+def _slot(at: datetime, every: float) -> int:
+    return int((at - _EPOCH).total_seconds() // every)
+
+
+def _run(report: TickReport, name: str, fn: Callable[[], T]) -> T | None:
+    try:
+        return fn()
+    except Exception:  # one failing step must not stop the others
+        log.exception("tick step %s failed", name)
+        report.errors.append(name)
+        return None
