@@ -1,0 +1,456 @@
+"""Block Kit for instances: registration, the fleet overview, one instance, health, extend and
+release. Pure functions: a view in, ``(text, blocks)`` out, within Slack's limits.
+
+Times arrive as naive UTC and are shown in the view's time zone; money arrives in micro-units.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from bot.blocks.common import (
+    MAX_BLOCKS,
+    Block,
+    Message,
+    actions,
+    ago,
+    button,
+    clip,
+    code,
+    context,
+    escape,
+    fallback,
+    fields,
+    fit,
+    gib,
+    header,
+    mention,
+    pack,
+    section,
+    time_left,
+    when,
+)
+from bot.commands.values import format_money
+from bot.services.views import (
+    CheckView,
+    FleetOverview,
+    GpuView,
+    HealthView,
+    InstanceDetail,
+    InstanceRow,
+    InstanceView,
+    JobBrief,
+    RegisterResult,
+    ReleaseAsk,
+    ReleaseView,
+)
+
+RELEASE_ASK = "instance_release_ask"
+RELEASE_CONFIRM = "instance_release_confirm"
+RELEASE_CANCEL = "instance_release_cancel"
+RELEASE_DONE = "instance_release_done"
+
+#: Up to this many instances the overview gives each its own section; beyond, rows share.
+ROWS_AS_SECTIONS = MAX_BLOCKS - 4
+STATUS_EMOJI = {
+    "pass": ":white_check_mark:",
+    "warn": ":warning:",
+    "fail": ":x:",
+    "skip": ":white_circle:",
+}
+_PROBLEM_TEXT_MAX = 300
+_PROCESSES_SHOWN = 20
+
+
+# --- registration -----------------------------------------------------------------------------
+
+
+def register_result(result: RegisterResult) -> Message:
+    """The reply to `/gpu register`: what was pinned, delivered and checked; a mismatch loudly."""
+    inst = result.instance
+    tz = ZoneInfo(result.timezone)
+    verb = "Re-registered" if result.re_registered else "Registered"
+    text = f"{verb} {inst.name} ({inst.address})."
+    items = [
+        f"*Address*\n{escape(inst.address)}",
+        f"*GPUs*\n{escape(_delivered(result.gpus) or 'none visible')}",
+        f"*Price*\n{_price(inst)}",
+        f"*Deadline*\n{_deadline(inst, result.now, tz)}",
+        f"*Health*\n{STATUS_EMOJI.get(result.health.status, '')} {result.health.status}",
+        f"*Agent*\n{escape(result.agent_version)}",
+    ]
+    if result.host_key_fingerprint:
+        items.append(f"*Host key (pinned)*\n{code(result.host_key_fingerprint)}")
+    if inst.project:
+        items.append(f"*Project*\n{escape(inst.project)}")
+    blocks: list[Block] = [header(f"{verb} {inst.name}"), fields(items)]
+    if result.mismatch is not None:
+        blocks.append(section(_mismatch_text(result)))
+        text += " The delivered GPUs do not match what was rented!"
+    bad = [c for c in result.health.checks if c.status in ("fail", "warn")]
+    if bad:
+        blocks.extend(section(t) for t in pack(_check_lines(bad))[:5])
+    blocks.append(
+        context(
+            f"The meter runs from now. `/gpu status {inst.name}` shows it, "
+            f"`/gpu extend {inst.name} 2h` moves the deadline."
+        )
+    )
+    return fallback(text), fit(blocks)
+
+
+def mismatch_notice(result: RegisterResult) -> Message:
+    """The loud notice to the owner and the channel: the delivered GPUs are not what was rented."""
+    text = _mismatch_text(result)
+    return fallback(text), (section(text),)
+
+
+def host_key_changed(inst: InstanceView, *, expected: str, presented: str) -> Message:
+    """To the owner: the instance showed another host key; the bot refuses it until it is
+    registered again."""
+    text = (
+        f":rotating_light: The host key of *{inst.name}* ({escape(inst.address)}) changed. "
+        f"Pinned: {code(expected)}; presented now: {code(presented)}. "
+        "The bot refuses to connect to it. If the instance was rebuilt, register it again from "
+        f"the same address (`/gpu register {inst.name} {escape(inst.address)} ...`); otherwise "
+        "treat this as a possible man-in-the-middle and do not use the instance."
+    )
+    return fallback(text), (section(text),)
+
+
+# --- the fleet --------------------------------------------------------------------------------
+
+
+def fleet_overview(overview: FleetOverview) -> Message:
+    """`/gpu status`: one compact section per instance (rows share sections when there are many,
+    and the rest is summarised when even that exceeds Slack's 50 blocks)."""
+    return _fleet(overview, title="GPU fleet", live=True)
+
+
+def instance_list(overview: FleetOverview) -> Message:
+    """`/gpu list`: the instances as stored, with the GPUs of their last poll."""
+    return _fleet(overview, title="Instances", live=False)
+
+
+def instance_detail(detail: InstanceDetail) -> Message:
+    """`/gpu status NAME`: everything about one instance, with a Release button when active."""
+    row = detail.row
+    inst = row.instance
+    tz = ZoneInfo(detail.timezone)
+    provider = inst.provider + (
+        f" `{escape(inst.provider_instance_id)}`" if inst.provider_instance_id else ""
+    )
+    cost = format_money(detail.compute_cost_micros + detail.storage_cost_micros, inst.currency)
+    if detail.storage_cost_micros:
+        cost += f" (storage {format_money(detail.storage_cost_micros, inst.currency)})"
+    items = [
+        f"*Owner*\n{mention(inst.owner_id)}",
+        f"*State*\n{_state(inst.state)}",
+        f"*Address*\n{escape(inst.address)}",
+        f"*Provider*\n{provider}",
+        f"*Rented*\n{escape(_rented(inst))}",
+        f"*Price*\n{_price(inst)}",
+        f"*Deadline*\n{_deadline(inst, detail.now, tz)}",
+        f"*Cost so far*\n{cost}",
+        f"*Host key*\n{_host_key(inst)}",
+        f"*Software*\n{escape(_software(detail))}",
+    ]
+    blocks: list[Block] = [header(f"{inst.name}"), fields(items)]
+    blocks.append(section(_live_line(row, detail.now)))
+    if row.gpus:
+        blocks.append(section("```" + "\n".join(_gpu_line(g) for g in row.gpus) + "```"))
+    if row.running_jobs:
+        blocks.append(
+            section("*Running jobs*\n" + "\n".join(_job_line(j) for j in row.running_jobs))
+        )
+    if detail.processes:
+        lines = [
+            f"GPU {p.gpu_index} · pid {p.pid} · {escape(p.user or '?')} · "
+            f"{gib(p.used_mem_bytes)} GiB · {escape(clip(p.command or '?', 80))}"
+            for p in detail.processes[:_PROCESSES_SHOWN]
+        ]
+        more = len(detail.processes) - _PROCESSES_SHOWN
+        if more > 0:
+            lines.append(f"… and {more} more")
+        blocks.append(section("*Processes on the GPUs*\n" + "\n".join(lines)))
+    if inst.state == "active":
+        blocks.append(
+            actions(
+                [button("Release…", RELEASE_ASK, str(inst.id), style="danger")],
+                block_id=f"instance-{inst.id}",
+            )
+        )
+    left = time_left(inst.deadline_at, detail.now)
+    text = f"{inst.name}: {_state(inst.state)}, {_plain_live(row)}, {left}."
+    return fallback(text), fit(blocks)
+
+
+def health_report(view: HealthView) -> Message:
+    """`/gpu health NAME [--full]`: every check, pass/warn/fail/skip, with its hint."""
+    inst = view.instance
+    kind = "Full health check" if view.full else "Health check"
+    title = f"{kind} of {inst.name}: {view.status.upper()}"
+    blocks: list[Block] = [header(title)]
+    blocks.extend(section(t) for t in pack(_check_lines(view.checks)))
+    if not view.full:
+        blocks.append(
+            context(f"`/gpu health {inst.name} --full` also runs the CUDA checks in its Python.")
+        )
+    counts = Counter(c.status for c in view.checks)
+    summary = ", ".join(f"{counts[s]} {s}" for s in ("fail", "warn", "pass", "skip") if counts[s])
+    return fallback(f"{title} ({summary or 'no checks'})."), fit(blocks)
+
+
+# --- changes ----------------------------------------------------------------------------------
+
+
+def extended(inst: InstanceView, *, now: datetime, timezone: str) -> Message:
+    """After `/gpu extend`: the new deadline, and the lifetime limit when there is one."""
+    tz = ZoneInfo(timezone)
+    text = (
+        f":hourglass_flowing_sand: The deadline of *{inst.name}* is now {_deadline(inst, now, tz)}."
+    )
+    if inst.lifetime_cap_at is not None:
+        text += f" An admin limited its lifetime to {when(inst.lifetime_cap_at, tz)}."
+    return fallback(text), (section(text),)
+
+
+def release_ask(ask: ReleaseAsk) -> Message:
+    """Before a release: what it cost and what runs, with Yes / Cancel buttons."""
+    inst = ask.instance
+    lines = [
+        f"Release *{inst.name}* ({escape(inst.address)})? It has cost "
+        f"{format_money(ask.cost_micros, inst.currency)} so far and costs {_price(inst)}."
+    ]
+    if ask.running_jobs:
+        lines.append(
+            f":warning: {len(ask.running_jobs)} job(s) still running; they will be lost:\n"
+            + "\n".join(_job_line(j) for j in ask.running_jobs[:10])
+        )
+    if ask.manual:
+        lines.append(
+            "The bot cannot release it itself: after you confirm, release it on its platform "
+            "and press *Released on the platform*; the meter stops then."
+        )
+    else:
+        lines.append(f"The bot will terminate it on {escape(inst.provider)}.")
+    lines.append("Anything not saved off the instance is lost.")
+    text = "\n".join(lines)
+    buttons = [
+        button(f"Yes, release {inst.name}", RELEASE_CONFIRM, str(inst.id), style="danger"),
+        button("Cancel", RELEASE_CANCEL, str(inst.id)),
+    ]
+    return fallback(text), (section(text), actions(buttons, block_id=f"release-ask-{inst.id}"))
+
+
+def release_result(view: ReleaseView) -> Message:
+    """After the release was confirmed: where it stands."""
+    inst = view.instance
+    if view.state == "confirmed":
+        text = f":white_check_mark: *{inst.name}* is released. The meter stopped."
+    elif view.state == "awaiting_owner" or (view.manual and view.state != "escalated"):
+        text = (
+            f":hourglass: Release *{inst.name}* on its platform now, then press "
+            f"*Released on the platform* in the message the bot sent {mention(inst.owner_id)}; "
+            "the meter runs until then."
+        )
+    elif view.state == "escalated":
+        error = f" Last error: {escape(view.last_error)}" if view.last_error else ""
+        text = (
+            f":warning: Releasing *{inst.name}* keeps failing; the bot keeps trying and told the "
+            f"channel.{error}"
+        )
+    else:
+        error = f" (last attempt: {escape(view.last_error)})" if view.last_error else ""
+        text = (
+            f":hourglass: Release of *{inst.name}* requested; waiting for "
+            f"{escape(inst.provider)} to confirm it{error}."
+        )
+    return fallback(text), (section(text),)
+
+
+def release_cancelled(inst: InstanceView) -> Message:
+    """The release question answered with Cancel: nothing changed."""
+    text = f"Release of *{inst.name}* cancelled; nothing changed."
+    return fallback(text), (section(text),)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _fleet(overview: FleetOverview, *, title: str, live: bool) -> Message:
+    rows = overview.rows
+    if not rows:
+        text = (
+            "No instances yet. Register one with "
+            "`/gpu register NAME USER@HOST --gpu MODEL --price 2.10/h`."
+        )
+        return text, (section(text),)
+    tz = ZoneInfo(overview.timezone)
+    currency = rows[0].instance.currency
+    burn = format_money(overview.hourly_burn_micros, currency)
+    spent = format_money(overview.cost_micros, currency)
+    down = sum(1 for r in rows if r.problem is not None)
+    summary = f"{len(rows)} instance(s) · {burn}/h together · {spent} so far"
+    if down:
+        summary += f" · {down} not reachable"
+    blocks: list[Block] = [
+        header(f"{title} ({len(rows)})"),
+        context(f"{summary} · as of {when(overview.now, tz)}"),
+    ]
+    texts = [_row_text(r, overview.now, live=live) for r in rows]
+    if len(rows) <= ROWS_AS_SECTIONS:
+        blocks.extend(section(t) for t in texts)
+    else:
+        blocks.extend(section(t) for t in pack(texts, sep="\n\n"))
+    note = "{n} more sections not shown; ask for one instance with `/gpu status NAME`."
+    return fallback(f"{title}: {summary}."), fit(blocks, note)
+
+
+def _row_text(row: InstanceRow, now: datetime, *, live: bool) -> str:
+    inst = row.instance
+    first = f"*{inst.name}* · {mention(inst.owner_id)} · {escape(_rented(inst))} · {_price(inst)}"
+    if inst.state != "active":
+        first += f" · _{_state(inst.state)}_"
+    lines = [first, _live_line(row, now) if live or row.gpus else _stored_line(row)]
+    spent = format_money(row.cost_micros, inst.currency)
+    third = f":hourglass_flowing_sand: {time_left(inst.deadline_at, now)} · {spent} so far"
+    if row.running_jobs:
+        job = row.running_jobs[0]
+        more = f" (+{len(row.running_jobs) - 1})" if len(row.running_jobs) > 1 else ""
+        third += f" · :gear: {code(clip(job.command, 60))} by {mention(job.requested_by)}{more}"
+    lines.append(third)
+    return "\n".join(lines)
+
+
+def _live_line(row: InstanceRow, now: datetime) -> str:
+    parts: list[str] = []
+    if row.problem is not None:
+        message = escape(clip(row.problem.message, _PROBLEM_TEXT_MAX))
+        hint = f" {escape(clip(row.problem.hint, _PROBLEM_TEXT_MAX))}" if row.problem.hint else ""
+        parts.append(f":red_circle: *{row.problem.kind}*: {message}{hint}")
+    if row.nvml_problem:
+        parts.append(
+            f":warning: GPUs not readable: {escape(clip(row.nvml_problem, _PROBLEM_TEXT_MAX))}"
+        )
+    if row.gpus:
+        stale = "" if row.live or row.polled_at is None else f" (as of {ago(row.polled_at, now)})"
+        parts.append(
+            f":large_green_circle: {_gpu_summary(row.gpus)}{stale}"
+            if row.live
+            else f":white_circle: {_gpu_summary(row.gpus)}{stale}"
+        )
+    elif row.problem is None and not row.nvml_problem:
+        parts.append(
+            ":white_circle: no GPU data yet" if not row.live else ":large_green_circle: no GPUs"
+        )
+    return "\n".join(parts)
+
+
+def _stored_line(row: InstanceRow) -> str:
+    if row.problem is not None:
+        return f":red_circle: {escape(clip(row.problem.message, _PROBLEM_TEXT_MAX))}"
+    return ":white_circle: not polled yet"
+
+
+def _gpu_summary(gpus: Sequence[GpuView]) -> str:
+    utils = [g.util_pct for g in gpus if g.util_pct is not None]
+    used = sum(g.mem_used_bytes or 0 for g in gpus)
+    total = sum(g.mem_total_bytes or 0 for g in gpus)
+    util = f"util {sum(utils) / len(utils):.0f}%" if utils else "util ?"
+    if len(gpus) > 1 and utils:
+        util += " (" + " ".join("?" if g.util_pct is None else str(g.util_pct) for g in gpus) + ")"
+    return f"{util} · mem {gib(used)}/{gib(total)} GiB"
+
+
+def _gpu_line(g: GpuView) -> str:
+    util = "?" if g.util_pct is None else f"{g.util_pct}%"
+    temp = "" if g.temp_c is None else f"  {g.temp_c}°C"
+    power = "" if g.power_w is None else f"  {g.power_w:.0f} W"
+    mem = f"mem {gib(g.mem_used_bytes)}/{gib(g.mem_total_bytes)} GiB"
+    return f"{g.index}  {clip(g.name, 40)}  util {util}  {mem}{temp}{power}"
+
+
+def _job_line(job: JobBrief) -> str:
+    return f"• job {job.id} {code(clip(job.command, 80))} by {mention(job.requested_by)}"
+
+
+def _check_lines(checks: Sequence[CheckView]) -> list[str]:
+    lines = []
+    for check in checks:
+        emoji = STATUS_EMOJI.get(check.status, "")
+        line = f"{emoji} *{escape(check.id)}*: {escape(clip(check.summary, 500))}"
+        if check.hint and check.status != "pass":
+            line += f"\n      _{escape(clip(check.hint, 500))}_"
+        lines.append(line)
+    return lines
+
+
+def _mismatch_text(result: RegisterResult) -> str:
+    inst = result.instance
+    rented = _rented(inst)
+    problems = "\n".join(
+        f"• {escape(p)}" for p in (result.mismatch.problems if result.mismatch else ())
+    )
+    return (
+        f":rotating_light: *GPU mismatch on {inst.name}* ({mention(inst.owner_id)}): rented "
+        f"{escape(rented)}, delivered {escape(_delivered(result.gpus) or 'no visible GPU')}.\n"
+        f"{problems}\nAsk the platform for the GPUs you pay for (or a refund) before using it."
+    )
+
+
+def _delivered(gpus: Sequence[GpuView]) -> str:
+    counts = Counter(g.name for g in gpus)
+    return ", ".join(f"{n}x {name}" for name, n in counts.most_common())
+
+
+def _rented(inst: InstanceView) -> str:
+    if inst.gpu_model:
+        return f"{inst.gpu_count or 1}x {inst.gpu_model}"
+    if inst.delivered_gpu_count:
+        return f"{inst.delivered_gpu_count}x {inst.delivered_gpu_name or 'GPU'}"
+    return "GPUs not stated"
+
+
+def _price(inst: InstanceView) -> str:
+    if inst.price_micros_per_hour == 0:
+        return "no price"
+    return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
+
+
+def _deadline(inst: InstanceView, now: datetime, tz: ZoneInfo) -> str:
+    if inst.deadline_at is None:
+        return "none"
+    return f"{when(inst.deadline_at, tz)} ({time_left(inst.deadline_at, now)})"
+
+
+def _host_key(inst: InstanceView) -> str:
+    if inst.host_key_fingerprint:
+        return code(inst.host_key_fingerprint)
+    return "none (this machine)" if inst.is_local else "not pinned"
+
+
+def _state(state: str) -> str:
+    return state.replace("_", " ")
+
+
+def _software(detail: InstanceDetail) -> str:
+    parts = []
+    if detail.row.instance.agent_version:
+        parts.append(f"agent {detail.row.instance.agent_version}")
+    if detail.driver_version:
+        parts.append(f"driver {detail.driver_version}")
+    if detail.cuda_version:
+        parts.append(f"CUDA {detail.cuda_version}")
+    return ", ".join(parts) or "unknown"
+
+
+def _plain_live(row: InstanceRow) -> str:
+    if row.problem is not None:
+        return f"{row.problem.kind}: {row.problem.message}"
+    if row.gpus:
+        return _gpu_summary(row.gpus)
+    return "no GPU data"

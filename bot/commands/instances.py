@@ -1,0 +1,285 @@
+"""`/gpu register`, `status`, `list`, `health`, `extend`, `release` and the release buttons.
+
+Handlers are thin: read the arguments, call bot.services.instances, render with
+bot.blocks.instances. Bad values raise UsageError (from bot.commands.values) before anything
+changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from bot import billing
+from bot.blocks import instances as blocks
+from bot.commands.registry import REGISTRY, ActionSpec, Caller, CommandSpec, Reply
+from bot.commands.values import (
+    parse_duration,
+    parse_money,
+    parse_price,
+    parse_size_gb,
+    parse_when,
+)
+from bot.errors import UsageError
+from bot.providers.base import KNOWN_PROVIDERS
+from bot.services import instances as service
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+REGISTER_USAGE = (
+    "/gpu register NAME USER@HOST[:PORT] --gpu MODEL [--count N] --price 2.10/h "
+    "[--release-in 3h | --release-at 18:00] "
+    "[--provider manual|aws|lambda|runpod|vast --provider-id ID] "
+    "[--billing second|minute|hour] [--min-charge 1m] [--disk 200 --storage 0.10/GB-month] "
+    "[--project P] [--python PATH] [--key PATH]"
+)
+STATUS_USAGE = "/gpu status [NAME]"
+LIST_USAGE = "/gpu list"
+HEALTH_USAGE = "/gpu health NAME [--full]"
+EXTEND_USAGE = "/gpu extend NAME DURATION"
+RELEASE_USAGE = "/gpu release NAME"
+
+_STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
+
+
+# --- register ---------------------------------------------------------------------------------
+
+
+def _configure_register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("address", metavar="USER@HOST[:PORT]")
+    parser.add_argument("--gpu", required=True, metavar="MODEL")
+    parser.add_argument("--count", type=parse_count, metavar="N")
+    parser.add_argument("--price", required=True, type=parse_price, metavar="2.10/h")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--release-in", type=parse_duration, metavar="3h")
+    when.add_argument("--release-at", metavar="18:00")
+    parser.add_argument("--provider", default="manual", type=str.lower, choices=KNOWN_PROVIDERS)
+    parser.add_argument("--provider-id", metavar="ID")
+    parser.add_argument("--billing", type=billing.parse_increment, metavar="second|minute|hour")
+    parser.add_argument("--min-charge", type=parse_duration, metavar="1m")
+    parser.add_argument("--disk", type=parse_size_gb, metavar="200")
+    parser.add_argument("--storage", type=parse_storage_price, metavar="0.10/GB-month")
+    parser.add_argument("--project", metavar="P")
+    parser.add_argument("--python", metavar="PATH")
+    parser.add_argument("--key", metavar="PATH")
+
+
+def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    release_at = None
+    if args.release_at is not None:
+        release_at = parse_when(args.release_at, now_utc=rt.now(), tz=rt.settings.tz())
+    if args.storage is not None and args.disk is None:
+        raise UsageError(
+            "--storage needs --disk (the size it is charged on).", usage=REGISTER_USAGE
+        )
+    request = service.RegisterRequest(
+        name=args.name,
+        address=args.address,
+        gpu_model=args.gpu,
+        gpu_count=args.count,
+        price_micros_per_hour=args.price,
+        release_in=args.release_in,
+        release_at=release_at,
+        provider=args.provider,
+        provider_id=args.provider_id,
+        billing=args.billing,
+        min_charge_s=int(args.min_charge.total_seconds()) if args.min_charge else None,
+        disk_gb=args.disk,
+        storage_micros_per_gb_month=args.storage or 0,
+        project=args.project,
+        python_path=args.python,
+        key_path=args.key,
+    )
+    result = service.register(rt, caller, request)
+    text, body = blocks.register_result(result)
+    return Reply(text=text, blocks=body, ephemeral=False)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def _configure_status(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", metavar="NAME")
+
+
+def _status(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    if args.name:
+        text, body = blocks.instance_detail(service.instance_detail(rt, args.name))
+    else:
+        text, body = blocks.fleet_overview(service.fleet_overview(rt))
+    return Reply(text=text, blocks=body)
+
+
+def _configure_list(parser: argparse.ArgumentParser) -> None:
+    del parser  # no arguments
+
+
+def _list(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    text, body = blocks.instance_list(service.list_instances(rt))
+    return Reply(text=text, blocks=body)
+
+
+def _configure_health(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("--full", action="store_true")
+
+
+def _health(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    text, body = blocks.health_report(service.health(rt, caller, args.name, full=args.full))
+    return Reply(text=text, blocks=body)
+
+
+# --- changing ---------------------------------------------------------------------------------
+
+
+def _configure_extend(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("duration", type=parse_duration, metavar="DURATION")
+
+
+def _extend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    view = service.extend(rt, caller, args.name, args.duration)
+    text, body = blocks.extended(view, now=rt.now(), timezone=rt.settings.timezone)
+    return Reply(text=text, blocks=body, ephemeral=False)
+
+
+def _configure_release(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+
+
+def _release(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    text, body = blocks.release_ask(service.ask_release(rt, caller, args.name))
+    return Reply(text=text, blocks=body)
+
+
+# --- buttons ----------------------------------------------------------------------------------
+
+
+def _release_ask_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    inst = service.instance_by_id(rt, instance_id(value))
+    text, body = blocks.release_ask(service.ask_release(rt, caller, inst.name))
+    return Reply(text=text, blocks=body)
+
+
+def _release_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    text, body = blocks.release_result(service.release(rt, caller, instance_id(value)))
+    return Reply(text=text, blocks=body, replace_original=True)
+
+
+def _release_cancel_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    text, body = blocks.release_cancelled(service.instance_by_id(rt, instance_id(value)))
+    return Reply(text=text, blocks=body, replace_original=True)
+
+
+def _release_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    text, body = blocks.release_result(service.confirm_released(rt, caller, instance_id(value)))
+    return Reply(text=text, blocks=body, replace_original=True, ephemeral=False)
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def parse_count(text: str) -> int:
+    """A GPU count, 1 to 64. Raises UsageError."""
+    if not text.strip().isdigit() or not 1 <= int(text) <= service.MAX_GPU_COUNT:
+        raise UsageError(
+            f"{text[:20]!r} is not a GPU count.", hint=f"Use 1 to {service.MAX_GPU_COUNT}."
+        )
+    return int(text)
+
+
+def parse_storage_price(text: str) -> int:
+    """``0.10/GB-month`` (or ``0.10``) as micro-units per GB-month. Raises UsageError."""
+    amount, _, unit = text.strip().lower().partition("/")
+    if unit not in _STORAGE_UNITS:
+        raise UsageError(
+            f"{text[:40]!r} is not a storage price.", hint="Write it like 0.10/GB-month."
+        )
+    return parse_money(amount)
+
+
+def instance_id(value: str) -> int:
+    """A button's value as an instance id. Raises UsageError for anything else."""
+    if not value.isdigit():
+        raise UsageError("This button is broken; run the command again.")
+    return int(value)
+
+
+# --- the specs --------------------------------------------------------------------------------
+
+
+REGISTER = REGISTRY.command(
+    CommandSpec(
+        name="register",
+        summary="Adopt an instance rented anywhere: pin its host key, install the agent, "
+        "check its GPUs, start the meter and the deadline",
+        usage=REGISTER_USAGE,
+        examples=(
+            "/gpu register box1 root@203.0.113.7 --gpu a100 --price 2.10/h --release-in 3h",
+            "/gpu register big ubuntu@gpu.example.com:2222 --gpu h100 --count 8 --price 24/h "
+            "--release-at 18:00 --project llm",
+            "/gpu register rp1 root@[2001:db8::7]:22 --gpu 4090 --price 0.69/h "
+            "--provider runpod --provider-id abc123 --disk 200 --storage 0.10/GB-month",
+        ),
+        configure=_configure_register,
+        handler=_register,
+    )
+)
+STATUS = REGISTRY.command(
+    CommandSpec(
+        name="status",
+        summary="The fleet: owner, GPUs, utilisation, memory, running job, time to deadline, "
+        "cost so far; or one instance in detail",
+        usage=STATUS_USAGE,
+        examples=("/gpu status", "/gpu status box1"),
+        configure=_configure_status,
+        handler=_status,
+    )
+)
+LIST = REGISTRY.command(
+    CommandSpec(
+        name="list",
+        summary="The registered instances as stored, without asking them",
+        usage=LIST_USAGE,
+        examples=("/gpu list",),
+        configure=_configure_list,
+        handler=_list,
+        aliases=("ls",),
+    )
+)
+HEALTH = REGISTRY.command(
+    CommandSpec(
+        name="health",
+        summary="The health checklist of an instance, pass/warn/fail/skip, each with a hint",
+        usage=HEALTH_USAGE,
+        examples=("/gpu health box1", "/gpu health box1 --full"),
+        configure=_configure_health,
+        handler=_health,
+    )
+)
+EXTEND = REGISTRY.command(
+    CommandSpec(
+        name="extend",
+        summary="Move an instance's deadline later",
+        usage=EXTEND_USAGE,
+        examples=("/gpu extend box1 2h", "/gpu extend box1 1h30m"),
+        configure=_configure_extend,
+        handler=_extend,
+    )
+)
+RELEASE = REGISTRY.command(
+    CommandSpec(
+        name="release",
+        summary="Release an instance (asks for confirmation first)",
+        usage=RELEASE_USAGE,
+        examples=("/gpu release box1",),
+        configure=_configure_release,
+        handler=_release,
+    )
+)
+REGISTRY.action(ActionSpec(blocks.RELEASE_ASK, _release_ask_button))
+REGISTRY.action(ActionSpec(blocks.RELEASE_CONFIRM, _release_confirm_button))
+REGISTRY.action(ActionSpec(blocks.RELEASE_CANCEL, _release_cancel_button))
+REGISTRY.action(ActionSpec(blocks.RELEASE_DONE, _release_done_button))

@@ -1,0 +1,1081 @@
+"""Instances: register, look at (status, list, health), extend and release. No Slack in here.
+
+Every network call (SSH, provider API) happens outside a database transaction; transactions are
+short and come after. Changes are authorised (bot.services.access) and audited
+(bot.services.audit) in the same transaction as the change. Errors are bot.errors types.
+
+A host key that changed (HostKeyChanged from any fleet call) alerts the owner once per presented
+key (a Prompt of kind ``host_key_changed`` keyed by its fingerprint); the fleet refuses the
+instance until it is registered again from the same address, which pins the new key.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import json
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from agents import specs
+from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
+from bot import billing
+from bot.blocks import instances as blocks
+from bot.commands.registry import Caller
+from bot.commands.values import format_duration
+from bot.errors import (
+    Conflict,
+    FleetError,
+    GpubotError,
+    HostKeyChanged,
+    HostKeyNotPinned,
+    NotAuthorized,
+    NotFound,
+    ProviderError,
+    ProviderNotFound,
+    UsageError,
+)
+from bot.fleet.base import LOCAL_HOST, HostKey, Target
+from bot.providers.base import KNOWN_PROVIDERS
+from bot.runtime import Runtime
+from bot.services import access, audit, prompts, releases
+from bot.services.views import (
+    CheckView,
+    FleetOverview,
+    GpuView,
+    HealthView,
+    InstanceDetail,
+    InstanceRow,
+    InstanceView,
+    JobBrief,
+    Mismatch,
+    ProblemView,
+    ProcessView,
+    RegisterResult,
+    ReleaseAsk,
+    ReleaseView,
+)
+from bot.store.models import Instance, Job, Person, Prompt
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+NAME_HINT = "Use 1-31 lowercase letters, digits and dashes, starting with a letter or digit."
+_USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+ADDRESS_HINT = (
+    "Write USER@HOST or USER@HOST:PORT, like root@203.0.113.7:2222 or ubuntu@[2001:db8::1]:22."
+)
+#: Instances the overview asks for live status; the others are shown as stored.
+POLLED_STATES = ("active",)
+MAX_GPU_COUNT = 64
+KIND_HOST_KEY_CHANGED = "host_key_changed"
+LOCAL_NAME = "local"
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where SSH reaches an instance; ``host`` is ``local`` for the bot's own machine."""
+
+    user: str
+    host: str
+    port: int = 22
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    """What `/gpu register` asks for, already typed. ``price_micros_per_hour`` is per instance;
+    ``release_in`` and ``release_at`` (naive UTC) are exclusive; neither means the default."""
+
+    name: str
+    address: str
+    gpu_model: str | None = None
+    gpu_count: int | None = None
+    price_micros_per_hour: int = 0
+    release_in: timedelta | None = None
+    release_at: datetime | None = None
+    provider: str = "manual"
+    provider_id: str | None = None
+    billing: str | None = None
+    min_charge_s: int | None = None
+    disk_gb: float | None = None
+    storage_micros_per_gb_month: int = 0
+    project: str | None = None
+    python_path: str | None = None
+    key_path: str | None = None
+    agent_home: str | None = None
+
+
+# --- register ---------------------------------------------------------------------------------
+
+
+def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResult:
+    """Adopt an instance: pin its host key, install and run the agent, quick health check,
+    compare the delivered GPUs with the rented ones, then store it with its deadline and
+    billing. Registering a name again from the same address (owner or admin) re-pins its key.
+
+    Nothing is stored when anything fails. Raises UsageError (bad input), Conflict (name in
+    use), NotAuthorized, ConfigError/NotFound/ProviderError (provider), FleetError subclasses."""
+    name = validate_name(req.name)
+    address = parse_address(req.address)
+    _check_local(name, address)
+    _validate(rt, req)
+    now = rt.now()
+    deadline_at = _deadline(rt, req, now)
+    existing = _registered_as(rt, caller, name, address)
+    _check_provider_id(rt, req)
+    host_key = (
+        None if address.host == LOCAL_HOST else rt.fleet.scan_host_key(address.host, address.port)
+    )
+    target = Target(
+        name=name,
+        host=address.host,
+        port=address.port,
+        user=address.user,
+        key_path=req.key_path,
+        host_key=host_key,
+        python_path=req.python_path,
+        agent_home=_agent_home(rt, req, address),
+    )
+    rt.fleet.forget(name)
+    try:
+        agent = rt.fleet.agent(target)
+        version = agent.ensure_agent()
+        status = agent.status()
+        report = agent.health(
+            python=req.python_path, expect_gpu=req.gpu_model, expect_count=req.gpu_count
+        )
+    except FleetError:
+        rt.fleet.forget(name)
+        raise
+    mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
+    fields = _instance_fields(req, target, status, version, now)
+    stored = _store_registration(rt, caller, name, existing, fields, deadline_at, now)
+    view = instance_view(stored)
+    result = RegisterResult(
+        instance=view,
+        host_key_fingerprint=host_key.fingerprint if host_key else None,
+        agent_version=version,
+        health=health_view(view, report, full=False),
+        gpus=gpu_views(status),
+        mismatch=mismatch,
+        re_registered=existing is not None,
+        now=now,
+        timezone=rt.settings.timezone,
+    )
+    if mismatch is not None:
+        _announce_mismatch(rt, caller, result)
+    return result
+
+
+def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
+    """The instance ``local`` (the machine the bot runs on), stored when missing; no deadline,
+    no price, nothing pinned. Idempotent, also when two callers race."""
+    now = rt.now()
+    for _ in range(2):
+        with rt.db.session() as session:
+            found = _live_by_name(session, LOCAL_NAME)
+            if found is not None:
+                return instance_view(found)
+        try:
+            with rt.db.session() as session:
+                _ensure_person(session, owner_id, None)
+                inst = Instance(
+                    name=LOCAL_NAME,
+                    owner_id=owner_id,
+                    state="active",
+                    host=LOCAL_HOST,
+                    port=0,
+                    ssh_user=getpass.getuser(),
+                    provider="manual",
+                    agent_home=local_agent_home(rt),
+                    currency=rt.settings.currency,
+                    created_at=now,
+                    ssh_ready_at=now,
+                )
+                session.add(inst)
+                session.flush()
+                audit.record(session, owner_id, "register", inst.id, at=now, local=True)
+                return instance_view(inst)
+        except sa_exc.IntegrityError:
+            continue  # someone else stored it meanwhile: read theirs
+    raise Conflict("The instance local could not be stored.", hint="Try again.")
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def fleet_overview(rt: Runtime) -> FleetOverview:
+    """Every instance that is not released, with live GPU status for the active ones (asked all
+    at once). An instance that cannot be reached shows its error; the others are unaffected."""
+    now = rt.now()
+    with rt.db.session() as session:
+        instances = list(
+            session.exec(
+                select(Instance).where(Instance.state != "released").order_by(col(Instance.name))
+            ).all()
+        )
+        jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
+    statuses = _poll(rt, [i for i in instances if i.state in POLLED_STATES], now)
+    rows = tuple(_row(inst, statuses.get(inst.name), jobs, now) for inst in instances)
+    return FleetOverview(rows=rows, now=now, timezone=rt.settings.timezone)
+
+
+def list_instances(rt: Runtime) -> FleetOverview:
+    """Every instance that is not released, as stored (the last poll's GPUs); asks nobody."""
+    now = rt.now()
+    with rt.db.session() as session:
+        instances = list(
+            session.exec(
+                select(Instance).where(Instance.state != "released").order_by(col(Instance.name))
+            ).all()
+        )
+        jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
+    rows = tuple(_row(inst, None, jobs, now) for inst in instances)
+    return FleetOverview(rows=rows, now=now, timezone=rt.settings.timezone)
+
+
+def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
+    """One instance in detail, asked live when it is active. A released instance's name shows
+    its last registration. Raises NotFound."""
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = _by_name_any(session, name)
+        jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
+    outcome = _poll(rt, [inst], now).get(inst.name) if inst.state in POLLED_STATES else None
+    row = _row(inst, outcome, jobs, now)
+    snapshot = outcome if isinstance(outcome, StatusSnapshot) else _stored_status(inst)
+    cost = billing.cost_breakdown(inst, now)
+    return InstanceDetail(
+        row=row,
+        now=now,
+        timezone=rt.settings.timezone,
+        hostname=snapshot.host.hostname if snapshot else None,
+        driver_version=snapshot.driver.version if snapshot and snapshot.driver else None,
+        cuda_version=snapshot.driver.cuda_version if snapshot and snapshot.driver else None,
+        processes=tuple(
+            ProcessView(p.gpu_index, p.pid, p.user, p.command, p.used_mem_bytes, p.job_id)
+            for p in (snapshot.processes if snapshot else ())
+        ),
+        compute_cost_micros=cost.compute_micros,
+        storage_cost_micros=cost.storage_micros,
+    )
+
+
+def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> HealthView:
+    """The health checklist of an active instance (``full`` adds the CUDA checks in the
+    instance's Python). Everyone may ask. Raises NotFound, Conflict, FleetError subclasses."""
+    with rt.db.session() as session:
+        inst = get_live_instance(session, name)
+    _require_active(inst, "checked")
+    try:
+        report = rt.fleet.agent(target_for(rt, inst)).health(
+            full=full,
+            python=inst.python_path,
+            expect_gpu=inst.gpu_model,
+            expect_count=inst.gpu_count,
+        )
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        raise
+    log.info("health of %s for %s: %s", inst.name, caller.user_id, report.status)
+    return health_view(instance_view(inst), report, full=full)
+
+
+# --- changing ---------------------------------------------------------------------------------
+
+
+def extend(rt: Runtime, caller: Caller, name: str, delta: timedelta) -> InstanceView:
+    """Move the deadline ``delta`` later (from now when it passed or there is none). Owner or
+    admin; only an admin goes past the lifetime cap. Raises UsageError, NotFound,
+    NotAuthorized, Conflict (not active)."""
+    if delta <= timedelta(0):
+        raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="extend")
+        _require_active(inst, "extended")
+        old = inst.deadline_at
+        new = max(old or now, now) + delta
+        cap = inst.lifetime_cap_at
+        if cap is not None and new > cap and not access.is_admin(rt, caller):
+            raise NotAuthorized(
+                f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin "
+                f"set); extending by {format_duration(delta)} would go past it.",
+                hint="Extend by less, or ask an admin to extend it past the limit.",
+            )
+        won = session.exec(
+            update(Instance)
+            .where(col(Instance.id) == inst.id, col(Instance.state) == "active")
+            .values(deadline_at=new)
+        ).rowcount
+        if won != 1:
+            raise Conflict(f"{inst.name} is being released; it can no longer be extended.")
+        audit.record(
+            session,
+            caller.user_id,
+            "extend",
+            inst.id,
+            at=now,
+            old_deadline_at=old,
+            new_deadline_at=new,
+            by_s=int(delta.total_seconds()),
+            past_cap=bool(cap is not None and new > cap),
+        )
+        session.refresh(inst)
+        return instance_view(inst)
+
+
+def ask_release(rt: Runtime, caller: Caller, name: str) -> ReleaseAsk:
+    """What releasing would mean (cost so far, running jobs); changes nothing. Owner or admin.
+    Raises NotFound, NotAuthorized, Conflict (already being released)."""
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="release")
+        _require_active(inst, "released again")
+        jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
+    return ReleaseAsk(
+        instance=instance_view(inst),
+        manual=_is_manual(rt, inst),
+        cost_micros=billing.cost_so_far(inst, now),
+        running_jobs=jobs.get(inst.id or 0, ()),
+    )
+
+
+def release(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
+    """The confirmed release: open a Release (reason ``user``) and work on it now. A platform
+    with an API is asked to terminate; a manual one gets the owner asked to release it there.
+    Raises NotFound, NotAuthorized, Conflict (already released), ProviderError/ConfigError."""
+    with rt.db.session() as session:
+        inst = _by_id(session, instance_id)
+        access.require_owner_or_admin(rt, caller, inst, action="release")
+    if inst.state == "released":
+        raise Conflict(f"{inst.name} is already released.")
+    opened = releases.request_release(rt, instance_id, reason="user", requested_by=caller.user_id)
+    assert opened.id is not None
+    done = releases.process_release(rt, opened.id)
+    rt.fleet.forget(inst.name)
+    with rt.db.session() as session:
+        current = _by_id(session, instance_id)
+    return ReleaseView(
+        instance=instance_view(current),
+        release_id=opened.id,
+        state=done.state,
+        manual=_is_manual(rt, inst),
+        last_error=done.last_error,
+    )
+
+
+def confirm_released(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
+    """The owner (or an admin) says a manual instance is released on its platform: the meter
+    stops now. Idempotent. Raises NotFound, NotAuthorized."""
+    done = releases.confirm_manual_release(rt, caller, instance_id)
+    with rt.db.session() as session:
+        inst = _by_id(session, instance_id)
+    rt.fleet.forget(inst.name)
+    assert done.id is not None
+    return ReleaseView(
+        instance=instance_view(inst),
+        release_id=done.id,
+        state=done.state,
+        manual=True,
+        last_error=done.last_error,
+    )
+
+
+def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
+    """An instance by id (button values carry ids). Raises NotFound."""
+    with rt.db.session() as session:
+        return instance_view(_by_id(session, instance_id))
+
+
+# --- shared with other services ---------------------------------------------------------------
+
+
+def get_live_instance(session: Session, name: str) -> Instance:
+    """The instance called ``name`` that is not released. Raises NotFound with a hint."""
+    inst = _live_by_name(session, name)
+    if inst is None:
+        raise NotFound(
+            f"There is no instance called {name!r}.",
+            hint="`/gpu list` shows the instances; names are lowercase.",
+        )
+    return inst
+
+
+def target_for(rt: Runtime, inst: Instance) -> Target:
+    """How the fleet reaches a stored instance (its pinned key, key file, Python, agent home)."""
+    host_key = None
+    if inst.host_key_b64 and inst.host_key_type:
+        host_key = HostKey(
+            key_type=inst.host_key_type,
+            key_b64=inst.host_key_b64,
+            fingerprint=inst.host_key_fingerprint or "",
+        )
+    return Target(
+        name=inst.name,
+        host=inst.host,
+        port=inst.port,
+        user=inst.ssh_user,
+        key_path=inst.ssh_key_path,
+        host_key=host_key,
+        python_path=inst.python_path,
+        agent_home=inst.agent_home,
+    )
+
+
+def handle_fleet_error(rt: Runtime, inst: Instance, exc: FleetError) -> None:
+    """React to a failed fleet call: a changed host key alerts the owner (once per presented
+    key). Never raises; the caller re-raises or shows ``exc``."""
+    if not isinstance(exc, HostKeyChanged) or inst.id is None:
+        return
+    presented = exc.presented_fingerprint or "no key of the pinned type"
+    try:
+        with rt.db.session() as session:
+            prompt = prompts.ensure_prompt(
+                session,
+                instance_id=inst.id,
+                kind=KIND_HOST_KEY_CHANGED,
+                key=presented[:128],
+                recipient=inst.owner_id,
+                due_at=rt.now(),
+            )
+            prompt_id = prompt.id
+        assert prompt_id is not None
+        text, body = blocks.host_key_changed(
+            instance_view(inst),
+            expected=inst.host_key_fingerprint or exc.expected_fingerprint or "unknown",
+            presented=presented,
+        )
+        prompts.deliver(rt, prompt_id, text, body)
+    except Exception:  # an alert must never hide the error the caller shows
+        log.exception("alerting the owner of %s about a changed host key failed", inst.name)
+
+
+def instance_view(inst: Instance) -> InstanceView:
+    """The view of a stored instance."""
+    return InstanceView(
+        id=inst.id or 0,
+        name=inst.name,
+        owner_id=inst.owner_id,
+        state=inst.state,
+        provider=inst.provider,
+        provider_instance_id=inst.provider_instance_id,
+        host=inst.host,
+        port=inst.port,
+        ssh_user=inst.ssh_user,
+        project=inst.project,
+        gpu_model=inst.gpu_model,
+        gpu_count=inst.gpu_count,
+        delivered_gpu_name=inst.delivered_gpu_name,
+        delivered_gpu_count=inst.delivered_gpu_count,
+        price_micros_per_hour=releases.hourly_cost_micros(inst),
+        currency=inst.currency,
+        created_at=inst.created_at,
+        deadline_at=inst.deadline_at,
+        lifetime_cap_at=inst.lifetime_cap_at,
+        host_key_fingerprint=inst.host_key_fingerprint,
+        python_path=inst.python_path,
+        agent_version=inst.agent_version,
+        channel_id=inst.channel_id,
+    )
+
+
+def gpu_views(status: StatusSnapshot) -> tuple[GpuView, ...]:
+    """The GPUs of a status snapshot."""
+    return tuple(
+        GpuView(
+            index=g.index,
+            name=g.name,
+            util_pct=g.util_gpu_pct,
+            mem_used_bytes=g.mem_used_bytes,
+            mem_total_bytes=g.mem_total_bytes,
+            temp_c=g.temp_c,
+            power_w=g.power_draw_w,
+        )
+        for g in status.gpus
+    )
+
+
+def health_view(inst: InstanceView, report: HealthReport, *, full: bool) -> HealthView:
+    """The view of an agent's health report."""
+    return HealthView(
+        instance=inst,
+        status=report.status,
+        checks=tuple(CheckView(c.id, c.status, c.summary, c.hint) for c in report.checks),
+        full=full,
+    )
+
+
+def compare_gpus(
+    expected_model: str | None, expected_count: int | None, status: StatusSnapshot
+) -> Mismatch | None:
+    """What differs between the rented GPUs and the delivered ones (fewer cards, another model,
+    less memory per card), or None when they agree or nothing was expected."""
+    if expected_model is None and expected_count is None:
+        return None
+    problems: list[str] = []
+    delivered = len(status.gpus)
+    if status.nvml_error is not None:
+        problems.append(f"no GPU is visible: {status.nvml_error.message}")
+    elif expected_count is not None and delivered < expected_count:
+        problems.append(f"fewer cards: {delivered} delivered, {expected_count} rented")
+    if expected_model:
+        problems.extend(_model_problems(expected_model, status))
+    if not problems:
+        return None
+    return Mismatch(
+        expected_model=expected_model,
+        expected_count=expected_count,
+        delivered_names=tuple(g.name for g in status.gpus),
+        problems=tuple(problems),
+    )
+
+
+def validate_name(text: str) -> str:
+    """An instance name as typed. Raises UsageError when it does not fit the pattern."""
+    if not NAME_RE.fullmatch(text):
+        raise UsageError(f"{text[:60]!r} is not a valid instance name.", hint=NAME_HINT)
+    return text
+
+
+def parse_address(text: str) -> Address:
+    """``USER@HOST[:PORT]`` (IPv6 hosts in brackets, ``[::1]:2222``), or ``local``.
+
+    Raises UsageError naming what is wrong."""
+    raw = text.strip()
+    if raw == LOCAL_HOST:
+        return Address(user=getpass.getuser(), host=LOCAL_HOST, port=0)
+    user, at, rest = raw.rpartition("@")
+    if not at or not user:
+        raise UsageError(f"{raw[:80]!r} has no user name.", hint=ADDRESS_HINT)
+    if not _USER_RE.fullmatch(user):
+        raise UsageError(f"{user[:40]!r} is not a valid user name.", hint=ADDRESS_HINT)
+    host, port = _split_host_port(rest, raw)
+    return Address(user=user, host=host, port=port)
+
+
+# --- helpers: register ------------------------------------------------------------------------
+
+
+def _validate(rt: Runtime, req: RegisterRequest) -> None:
+    if req.gpu_count is not None and not 1 <= req.gpu_count <= MAX_GPU_COUNT:
+        raise UsageError(
+            f"--count {req.gpu_count} is not a GPU count.", hint=f"Use 1 to {MAX_GPU_COUNT}."
+        )
+    if req.gpu_model is not None and not req.gpu_model.strip():
+        raise UsageError("--gpu needs a model.", hint="Like --gpu a100 or --gpu 4090.")
+    if req.release_in is not None and req.release_at is not None:
+        raise UsageError(
+            "Give --release-in or --release-at, not both.", hint="Like --release-in 3h."
+        )
+    if req.price_micros_per_hour < 0 or req.storage_micros_per_gb_month < 0:
+        raise UsageError("Prices cannot be negative.", hint="Like --price 2.10/h.")
+    if req.provider not in KNOWN_PROVIDERS:
+        raise UsageError(
+            f"{req.provider[:40]!r} is not a provider.",
+            hint=f"Use one of: {', '.join(KNOWN_PROVIDERS)}.",
+        )
+    if req.provider != "manual" and not req.provider_id:
+        raise UsageError(
+            f"--provider {req.provider} needs --provider-id, the platform's id of the instance.",
+            hint="Without an id the bot cannot release it; use --provider manual instead.",
+        )
+    if req.billing is not None:
+        billing.parse_increment(req.billing)
+    if req.min_charge_s is not None and req.min_charge_s < 0:
+        raise UsageError("--min-charge cannot be negative.", hint="Like --min-charge 1m.")
+    if req.disk_gb is not None and req.disk_gb <= 0:
+        raise UsageError("--disk must be a positive size in GB.", hint="Like --disk 200.")
+    if req.project is not None and not 0 < len(req.project) <= 100:
+        raise UsageError("--project needs a name of at most 100 characters.")
+    if req.python_path is not None and not 0 < len(req.python_path) <= 1000:
+        raise UsageError("--python needs a path.", hint="Like --python /opt/conda/bin/python.")
+    if req.key_path is not None and not Path(req.key_path).expanduser().is_file():
+        raise UsageError(
+            f"There is no key file {req.key_path[:200]!r} on the bot's machine.",
+            hint="Give the path of a private key the bot can read, or leave --key out to use "
+            "GPUBOT_SSH_KEY.",
+        )
+    rt.providers.get(req.provider)  # ConfigError when it needs configuring
+
+
+def _check_local(name: str, address: Address) -> None:
+    if (name == LOCAL_NAME) != (address.host == LOCAL_HOST):
+        raise UsageError(
+            "The name local and the address local go together: they mean the machine the bot "
+            "runs on.",
+            hint="Use another name for a remote instance.",
+        )
+
+
+def _deadline(rt: Runtime, req: RegisterRequest, now: datetime) -> datetime | None:
+    if req.release_at is not None:
+        if req.release_at <= now:
+            raise UsageError("--release-at is in the past.", hint="Give a time in the future.")
+        return req.release_at
+    if req.release_in is not None:
+        if req.release_in <= timedelta(0):
+            raise UsageError("--release-in must be positive.", hint="Like --release-in 3h.")
+        return now + req.release_in
+    if req.address.strip() == LOCAL_HOST:
+        return None
+    return now + timedelta(seconds=rt.settings.default_release_in_s)
+
+
+def _registered_as(rt: Runtime, caller: Caller, name: str, address: Address) -> Instance | None:
+    """The live instance this registration re-registers, or None for a new name."""
+    with rt.db.session() as session:
+        existing = _live_by_name(session, name)
+    if existing is None:
+        return None
+    same = (existing.host, existing.port, existing.ssh_user) == (
+        address.host,
+        address.port,
+        address.user,
+    )
+    if not same or existing.state not in POLLED_STATES:
+        raise Conflict(
+            f"The name {name} is taken by an instance at {instance_view(existing).address} "
+            f"(owner <@{existing.owner_id}>).",
+            hint="Choose another name, or release that instance first.",
+        )
+    access.require_owner_or_admin(rt, caller, existing, action="re-register")
+    return existing
+
+
+def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
+    if not req.provider_id:
+        return
+    provider = rt.providers.get(req.provider)
+    if not provider.capabilities.can_list:
+        return
+    try:
+        provider.get(req.provider_id)
+    except ProviderNotFound as exc:
+        raise NotFound(
+            f"{req.provider} does not know an instance {req.provider_id[:100]!r}.",
+            hint="Copy the id from the platform's console.",
+        ) from exc
+    except ProviderError:
+        raise
+
+
+def _instance_fields(
+    req: RegisterRequest, target: Target, status: StatusSnapshot, version: str, now: datetime
+) -> dict[str, object]:
+    names = sorted({g.name for g in status.gpus})
+    host_key = target.host_key
+    fields: dict[str, object] = {
+        "host": target.host,
+        "port": target.port,
+        "ssh_user": target.user,
+        "ssh_key_path": req.key_path,
+        "host_key_type": host_key.key_type if host_key else None,
+        "host_key_b64": host_key.key_b64 if host_key else None,
+        "host_key_fingerprint": host_key.fingerprint if host_key else None,
+        "python_path": req.python_path,
+        "agent_home": target.agent_home,
+        "agent_version": version,
+        "gpu_model": req.gpu_model,
+        "gpu_count": req.gpu_count,
+        "delivered_gpu_name": ", ".join(names)[:128] or None,
+        "delivered_gpu_count": len(status.gpus),
+        "price_micros": req.price_micros_per_hour,
+        "provider": req.provider,
+        "provider_instance_id": req.provider_id,
+        "storage_micros_per_gb_month": req.storage_micros_per_gb_month,
+        "disk_gb": req.disk_gb,
+        "project": req.project,
+        "ssh_ready_at": now,
+        "last_status_json": dumps(status),
+        "last_status_at": now,
+        "last_error": None,
+    }
+    if req.billing is not None:
+        fields["billing_increment"] = billing.parse_increment(req.billing)
+    if req.min_charge_s is not None:
+        fields["min_charge_s"] = req.min_charge_s
+    return fields
+
+
+def _store_registration(
+    rt: Runtime,
+    caller: Caller,
+    name: str,
+    existing: Instance | None,
+    fields: dict[str, object],
+    deadline_at: datetime | None,
+    now: datetime,
+) -> Instance:
+    try:
+        with rt.db.session() as session:
+            _ensure_person(session, caller.user_id, caller.user_name)
+            if existing is not None:
+                inst = _re_register(session, caller, existing, fields, deadline_at, now)
+            else:
+                inst = Instance(
+                    name=name,
+                    owner_id=caller.user_id,
+                    channel_id=caller.channel_id,
+                    state="active",
+                    currency=rt.settings.currency,
+                    created_at=now,
+                    deadline_at=deadline_at,
+                    **fields,  # type: ignore[arg-type]
+                )
+                session.add(inst)
+                session.flush()
+                audit.record(
+                    session,
+                    caller.user_id,
+                    "register",
+                    inst.id,
+                    at=now,
+                    address=instance_view(inst).address,
+                    gpu_model=inst.gpu_model,
+                    gpu_count=inst.gpu_count,
+                    price_micros=inst.price_micros,
+                    provider=inst.provider,
+                    deadline_at=deadline_at,
+                    host_key_fingerprint=inst.host_key_fingerprint,
+                )
+            return inst
+    except sa_exc.IntegrityError as exc:
+        rt.fleet.forget(name)
+        raise Conflict(
+            f"The name {name} was just taken by another registration.",
+            hint="Choose another name.",
+        ) from exc
+
+
+def _re_register(
+    session: Session,
+    caller: Caller,
+    existing: Instance,
+    fields: dict[str, object],
+    deadline_at: datetime | None,
+    now: datetime,
+) -> Instance:
+    inst = session.get(Instance, existing.id)
+    if inst is None or inst.state not in POLLED_STATES:
+        raise Conflict(f"{existing.name} changed while it was being registered again.")
+    old_fingerprint = inst.host_key_fingerprint
+    for key, value in fields.items():
+        if key in ("ssh_ready_at",):
+            continue
+        setattr(inst, key, value)
+    if deadline_at is not None and fields.get("host") != LOCAL_HOST:
+        inst.deadline_at = deadline_at
+    session.add(inst)
+    for prompt in session.exec(
+        select(Prompt).where(
+            Prompt.instance_id == inst.id,
+            Prompt.kind == KIND_HOST_KEY_CHANGED,
+            col(Prompt.resolved_at).is_(None),
+        )
+    ).all():
+        assert prompt.id is not None
+        prompts.resolve(session, prompt.id, resolution="re_registered", by=caller.user_id, now=now)
+    audit.record(
+        session,
+        caller.user_id,
+        "re_register",
+        inst.id,
+        at=now,
+        old_host_key_fingerprint=old_fingerprint,
+        host_key_fingerprint=inst.host_key_fingerprint,
+    )
+    return inst
+
+
+def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
+    text, body = blocks.mismatch_notice(result)
+    recipients = [result.instance.owner_id, rt.settings.channel, caller.channel_id]
+    for recipient in dict.fromkeys(r for r in recipients if r):
+        prompts.notify(rt, recipient, text, body)
+
+
+def _ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
+    if session.get(Person, slack_id) is not None:
+        return
+    try:
+        with session.begin_nested():
+            session.add(Person(slack_id=slack_id, display_name=display_name))
+    except sa_exc.IntegrityError:
+        if session.get(Person, slack_id) is None:
+            raise
+
+
+def local_agent_home(rt: Runtime) -> str:
+    """Where the agent of the instance ``local`` keeps its state: in the bot's data dir."""
+    return str(rt.settings.data_dir / "local-agent")
+
+
+def _agent_home(rt: Runtime, req: RegisterRequest, address: Address) -> str | None:
+    if req.agent_home:
+        return req.agent_home
+    return local_agent_home(rt) if address.host == LOCAL_HOST else None
+
+
+def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
+    wanted = specs.candidates(expected_model)
+    if not wanted or not status.gpus:
+        return []
+    keys = {spec.key for spec in wanted}
+    least_mem = min(spec.mem_min_bytes for spec in wanted)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for gpu in status.gpus:
+        found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
+        label = gpu.name
+        problem: str | None = None
+        if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < least_mem:
+            problem = (
+                f"less memory: {label} has {gpu.mem_total_bytes / _GIB:.0f} GiB, the rented "
+                f"{expected_model} has {min(spec.mem_gb for spec in wanted)} GiB or more"
+            )
+        elif found is None:
+            problem = f"another model: {label} is not a whole {expected_model}"
+        elif found.key not in keys:
+            problem = f"another model: {found.name} instead of {expected_model}"
+        if problem is not None and problem not in seen:
+            seen.add(problem)
+            count = sum(1 for g in status.gpus if g.name == gpu.name)
+            problems.append(problem if count == 1 else f"{problem} ({count} cards)")
+    return problems
+
+
+def _split_host_port(rest: str, raw: str) -> tuple[str, int]:
+    port_text: str | None = None
+    if rest.startswith("["):
+        host, bracket, after = rest[1:].partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            raise UsageError(f"{raw[:80]!r}: the IPv6 address is not closed.", hint=ADDRESS_HINT)
+        port_text = after[1:] if after else None
+        _check_ipv6(host, raw)
+    elif rest.count(":") > 1:
+        host = rest
+        _check_ipv6(host, raw)
+    else:
+        host, colon, port_text_ = rest.partition(":")
+        port_text = port_text_ if colon else None
+        _check_hostname(host, raw)
+    port = 22
+    if port_text is not None:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise UsageError(f"{port_text[:20]!r} is not a port.", hint="Use 1 to 65535.")
+        port = int(port_text)
+    return host, port
+
+
+def _check_ipv6(host: str, raw: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError as exc:
+        raise UsageError(
+            f"{raw[:80]!r}: {host[:60]!r} is not an IPv6 address.", hint=ADDRESS_HINT
+        ) from exc
+
+
+def _check_hostname(host: str, raw: str) -> None:
+    if not host:
+        raise UsageError(f"{raw[:80]!r} has no host.", hint=ADDRESS_HINT)
+    if len(host) > 253 or not all(_HOST_LABEL_RE.fullmatch(p) for p in host.rstrip(".").split(".")):
+        raise UsageError(f"{host[:80]!r} is not a host name or address.", hint=ADDRESS_HINT)
+
+
+# --- helpers: reading -------------------------------------------------------------------------
+
+
+def _poll(
+    rt: Runtime, instances: Sequence[Instance], now: datetime
+) -> dict[str, StatusSnapshot | FleetError]:
+    """Ask every instance for its status at once; record each outcome on its row (the snapshot
+    and its time, or the error). The poller's own columns (``last_polled_at``,
+    ``last_poll_ok``) are left to it, so looking never delays a poll."""
+    outcomes: dict[str, StatusSnapshot | FleetError] = {}
+    targets: list[Target] = []
+    for inst in instances:
+        target = target_for(rt, inst)
+        if not target.is_local and target.host_key is None:
+            outcomes[inst.name] = HostKeyNotPinned(
+                f"{inst.name}: no host key is pinned", instance=inst.name
+            )
+            continue
+        targets.append(target)
+    if targets:
+        outcomes.update(rt.fleet.fan_out(targets, lambda agent: agent.status()))
+    if outcomes:
+        _record_polls(rt, instances, outcomes, now)
+    for inst in instances:
+        outcome = outcomes.get(inst.name)
+        if isinstance(outcome, FleetError):
+            handle_fleet_error(rt, inst, outcome)
+    return outcomes
+
+
+def _record_polls(
+    rt: Runtime,
+    instances: Sequence[Instance],
+    outcomes: dict[str, StatusSnapshot | FleetError],
+    now: datetime,
+) -> None:
+    with rt.db.session() as session:
+        for inst in instances:
+            outcome = outcomes.get(inst.name)
+            if outcome is None:
+                continue
+            if isinstance(outcome, FleetError):
+                values: dict[str, object] = {"last_error": outcome.user_text()[:2000]}
+            else:
+                values = {
+                    "last_error": None,
+                    "last_status_json": dumps(outcome),
+                    "last_status_at": now,
+                }
+            session.exec(update(Instance).where(col(Instance.id) == inst.id).values(**values))
+
+
+def _row(
+    inst: Instance,
+    outcome: StatusSnapshot | FleetError | None,
+    jobs: dict[int, tuple[JobBrief, ...]],
+    now: datetime,
+) -> InstanceRow:
+    problem = None
+    snapshot: StatusSnapshot | None
+    if isinstance(outcome, FleetError):
+        problem = ProblemView(type(outcome).__name__, outcome.message, outcome.hint)
+        snapshot = _stored_status(inst)
+        polled_at = _status_time(inst) if snapshot else None
+    elif outcome is None:
+        snapshot = _stored_status(inst)
+        polled_at = _status_time(inst) if snapshot else None
+    else:
+        snapshot = outcome
+        polled_at = now
+    return InstanceRow(
+        instance=instance_view(inst),
+        live=isinstance(outcome, StatusSnapshot),
+        gpus=gpu_views(snapshot) if snapshot else (),
+        problem=problem,
+        running_jobs=jobs.get(inst.id or 0, ()),
+        cost_micros=billing.cost_so_far(inst, now),
+        polled_at=polled_at,
+        nvml_problem=snapshot.nvml_error.message if snapshot and snapshot.nvml_error else None,
+    )
+
+
+def _running_jobs(session: Session, instance_ids: Iterable[int]) -> dict[int, tuple[JobBrief, ...]]:
+    ids = list(instance_ids)
+    if not ids:
+        return {}
+    found: dict[int, list[JobBrief]] = {}
+    rows = session.exec(
+        select(Job)
+        .where(col(Job.instance_id).in_(ids), Job.state == "running")
+        .order_by(col(Job.id))
+    ).all()
+    for job in rows:
+        found.setdefault(job.instance_id, []).append(
+            JobBrief(
+                id=job.id or 0,
+                agent_job_id=job.agent_job_id,
+                requested_by=job.requested_by,
+                command=_command_text(job.command_json),
+                started_at=job.started_at,
+            )
+        )
+    return {key: tuple(value) for key, value in found.items()}
+
+
+def _command_text(command_json: str) -> str:
+    try:
+        argv = json.loads(command_json)
+    except ValueError:
+        return command_json
+    if isinstance(argv, list):
+        return " ".join(str(part) for part in argv)
+    return str(argv)
+
+
+def _status_time(inst: Instance) -> datetime | None:
+    times = [t for t in (inst.last_status_at, inst.last_polled_at) if t is not None]
+    return max(times) if times else None
+
+
+def _stored_status(inst: Instance) -> StatusSnapshot | None:
+    if not inst.last_status_json:
+        return None
+    try:
+        return from_dict(StatusSnapshot, json.loads(inst.last_status_json))
+    except (ValueError, ProtocolError):
+        return None
+
+
+def _live_by_name(session: Session, name: str) -> Instance | None:
+    return session.exec(
+        select(Instance).where(Instance.name == name, Instance.state != "released")
+    ).first()
+
+
+def _by_name_any(session: Session, name: str) -> Instance:
+    found = _live_by_name(session, name)
+    if found is not None:
+        return found
+    released = session.exec(
+        select(Instance).where(Instance.name == name).order_by(col(Instance.id).desc())
+    ).first()
+    if released is None:
+        return get_live_instance(session, name)
+    return released
+
+
+def _by_id(session: Session, instance_id: int) -> Instance:
+    inst = session.get(Instance, instance_id)
+    if inst is None:
+        raise NotFound(f"There is no instance with id {instance_id}.")
+    return inst
+
+
+def _require_active(inst: Instance, what: str) -> None:
+    if inst.state == "active":
+        return
+    state = inst.state.replace("_", " ")
+    raise Conflict(f"{inst.name} is {state}; it cannot be {what} now.")
+
+
+def _is_manual(rt: Runtime, inst: Instance) -> bool:
+    if not inst.provider_instance_id:
+        return True
+    try:
+        return not rt.providers.get(inst.provider).capabilities.api_release
+    except GpubotError:  # an unconfigured provider: the release attempt will say so
+        return False
+
+
+def _render_host_key_prompt(
+    rt: Runtime, session: Session, prompt: Prompt, inst: Instance
+) -> prompts.Message | None:
+    """Re-render an undelivered host key alert; None once the instance was re-registered with
+    the presented key or released."""
+    if inst.state == "released" or inst.host_key_fingerprint == prompt.key:
+        return None
+    return blocks.host_key_changed(
+        instance_view(inst), expected=inst.host_key_fingerprint or "unknown", presented=prompt.key
+    )
+
+
+prompts.RENDERERS[KIND_HOST_KEY_CHANGED] = _render_host_key_prompt

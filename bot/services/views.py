@@ -1,0 +1,218 @@
+"""What the instance services return and the renderers show: frozen values, no rows, no Slack.
+
+Times are naive UTC; every view that shows relative times carries the ``now`` it was built at
+and the time zone name to show absolute times in. Money is integer micro-units; memory bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    """An instance as stored: who owns it, where it runs, what was rented, its deadline."""
+
+    id: int
+    name: str
+    owner_id: str
+    state: str
+    provider: str
+    provider_instance_id: str | None
+    host: str
+    port: int
+    ssh_user: str
+    project: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    delivered_gpu_name: str | None
+    delivered_gpu_count: int | None
+    price_micros_per_hour: int
+    currency: str
+    created_at: datetime
+    deadline_at: datetime | None
+    lifetime_cap_at: datetime | None
+    host_key_fingerprint: str | None
+    python_path: str | None
+    agent_version: str | None
+    channel_id: str | None
+
+    @property
+    def is_local(self) -> bool:
+        """The machine the bot runs on."""
+        return self.host == "local"
+
+    @property
+    def address(self) -> str:
+        """``user@host:port`` (IPv6 hosts in brackets), or ``local``."""
+        if self.is_local:
+            return "local"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        port = "" if self.port == 22 else f":{self.port}"
+        return f"{self.ssh_user}@{host}{port}"
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU at the last poll; None where the GPU does not report a value."""
+
+    index: int
+    name: str
+    util_pct: int | None
+    mem_used_bytes: int | None
+    mem_total_bytes: int | None
+    temp_c: int | None
+    power_w: float | None
+
+
+@dataclass(frozen=True)
+class JobBrief:
+    """A job the bot knows is running on an instance."""
+
+    id: int
+    agent_job_id: str
+    requested_by: str
+    command: str
+    started_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ProblemView:
+    """Why live data is missing: the error's class name (``Unreachable``...), message, hint."""
+
+    kind: str
+    message: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """One instance in the fleet overview: stored facts plus what the poll found.
+
+    ``live`` is False when the instance was not asked (not active) or the poll failed
+    (``problem`` says why); ``cost_micros`` is the cost so far (compute and storage)."""
+
+    instance: InstanceView
+    live: bool
+    gpus: tuple[GpuView, ...]
+    problem: ProblemView | None
+    running_jobs: tuple[JobBrief, ...]
+    cost_micros: int
+    polled_at: datetime | None
+    nvml_problem: str | None = None
+
+
+@dataclass(frozen=True)
+class FleetOverview:
+    """Every instance that is not released, with live status where it could be had."""
+
+    rows: tuple[InstanceRow, ...]
+    now: datetime
+    timezone: str
+
+    @property
+    def hourly_burn_micros(self) -> int:
+        """What the listed instances cost per hour together."""
+        return sum(row.instance.price_micros_per_hour for row in self.rows)
+
+    @property
+    def cost_micros(self) -> int:
+        """What the listed instances cost so far together."""
+        return sum(row.cost_micros for row in self.rows)
+
+
+@dataclass(frozen=True)
+class ProcessView:
+    """A process holding GPU memory."""
+
+    gpu_index: int
+    pid: int
+    user: str | None
+    command: str | None
+    used_mem_bytes: int | None
+    job_id: str | None
+
+
+@dataclass(frozen=True)
+class InstanceDetail:
+    """One instance in detail: the overview row and what else the poll said."""
+
+    row: InstanceRow
+    now: datetime
+    timezone: str
+    hostname: str | None
+    driver_version: str | None
+    cuda_version: str | None
+    processes: tuple[ProcessView, ...]
+    compute_cost_micros: int
+    storage_cost_micros: int
+
+
+@dataclass(frozen=True)
+class CheckView:
+    """One health check: ``status`` pass, warn, fail or skip; ``hint`` what to do about it."""
+
+    id: str
+    status: str
+    summary: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """The health checklist of one instance; ``status`` is the worst check's."""
+
+    instance: InstanceView
+    status: str
+    checks: tuple[CheckView, ...]
+    full: bool
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """What was delivered differs from what was rented (fewer cards, another model, less
+    memory); ``problems`` says each difference in words."""
+
+    expected_model: str | None
+    expected_count: int | None
+    delivered_names: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    """A registration: the stored instance, the pinned host key, the quick health check and any
+    mismatch between the rented and the delivered GPUs."""
+
+    instance: InstanceView
+    host_key_fingerprint: str | None
+    agent_version: str
+    health: HealthView
+    gpus: tuple[GpuView, ...]
+    mismatch: Mismatch | None
+    re_registered: bool
+    now: datetime
+    timezone: str
+
+
+@dataclass(frozen=True)
+class ReleaseAsk:
+    """Before a release: what the instance cost so far and what runs on it. Nothing changed."""
+
+    instance: InstanceView
+    manual: bool
+    cost_micros: int
+    running_jobs: tuple[JobBrief, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """After a confirmed release request: the Release row's state (``confirmed``,
+    ``awaiting_owner`` for a manual platform, ``pending``/``escalated`` while retrying)."""
+
+    instance: InstanceView
+    release_id: int
+    state: str
+    manual: bool
+    last_error: str | None
