@@ -33,7 +33,7 @@ EXIT_CONFIG = 2
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gpubot``; returns the exit status (0 ok, 1 failed, 2 bad usage or settings)."""
-    args = _parser().parse_args(argv)
+    args = cli_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
         mode = args.mode or ("socket" if settings.socket_mode else "console")
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def cli_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpubot",
         description="Slack chat-ops for rented GPU instances. With no command: Socket Mode "

@@ -1,0 +1,135 @@
+"""deploy/ stays in step with the code: the Slack manifest with the listeners and the registry,
+the scopes with the Web API methods the bot calls, the env example with the settings."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from slack_sdk import WebClient
+
+from bot.cli import cli_parser
+from bot.commands import load_all
+from bot.listeners import SLASH_COMMAND
+from bot.local_slack import LocalSlack
+from bot.slack_notifier import SlackNotifier
+from tests.fixtures.slack import BOT_TOKEN, SlackBot
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+#: The bot scope each Web API method needs (Slack's method reference).
+SCOPES = {
+    "chat.postMessage": "chat:write",
+    "chat.update": "chat:write",
+    "conversations.open": "im:write",
+    "files.getUploadURLExternal": "files:write",
+    "files.completeUploadExternal": "files:write",
+    "users.info": "users:read",
+}
+
+
+def _manifest() -> dict[str, Any]:
+    data = yaml.safe_load((DEPLOY / "manifest.yaml").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def _slash(manifest: dict[str, Any]) -> dict[str, Any]:
+    (command,) = manifest["features"]["slash_commands"]
+    assert isinstance(command, dict)
+    return command
+
+
+def test_manifest_declares_the_one_slash_command_the_app_listens_to() -> None:
+    command = _slash(_manifest())
+    assert command["command"] == SLASH_COMMAND
+    assert command["should_escape"] is True
+    assert command["url"].endswith("/slack/events")
+
+
+def test_every_registered_command_is_in_the_usage_hint() -> None:
+    hint = _slash(_manifest())["usage_hint"]
+    words = set(re.findall(r"[a-z][a-z-]*", hint))
+    missing = [spec.name for spec in load_all().primary_commands() if spec.name not in words]
+    assert missing == [], f"add {missing} to the usage_hint in deploy/manifest.yaml"
+    assert len(hint) <= 1000
+
+
+def test_interactivity_and_socket_mode_are_on() -> None:
+    settings = _manifest()["settings"]
+    assert load_all().actions, "buttons are registered, so interactivity is needed"
+    assert settings["interactivity"]["is_enabled"] is True
+    assert settings["interactivity"]["request_url"].endswith("/slack/events")
+    assert settings["socket_mode_enabled"] is True
+
+
+def test_scopes_cover_every_web_api_method_the_notifier_calls(local_slack: LocalSlack) -> None:
+    notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=local_slack.api_url))
+    ref = notifier.post("U0ALICE", "hello")
+    notifier.update(ref, "hello again")
+    notifier.upload_file("C0GENERAL", "a.csv", b"a\n", title="A")
+    called = {call.method for call in local_slack.calls}
+    assert called <= set(SCOPES), f"add the scopes of {called - set(SCOPES)} here"
+    scopes = set(_manifest()["oauth_config"]["scopes"]["bot"])
+    assert "commands" in scopes
+    assert {SCOPES[method] for method in called} <= scopes
+
+
+@pytest.mark.integration
+def test_the_manifest_command_and_every_button_are_handled(slack_bot: SlackBot) -> None:
+    command = _slash(_manifest())["command"].removeprefix("/")
+    assert command == "gpu"
+    assert slack_bot.command("help") == 200
+    actions = sorted(load_all().actions)
+    for action_id in actions:
+        # A click on a button the app registered is acked (200), never unhandled (404).
+        assert slack_bot.click(action_id, "0") == 200, action_id
+    assert slack_bot.click("no_such_button", "0") == 404
+    replies = slack_bot.replies(1 + len(actions))
+    assert all(reply.payload["text"] for reply in replies)
+    assert not any(":x: Something went wrong" in r.payload["text"] for r in replies)
+
+
+def test_env_example_lists_every_setting() -> None:
+    names = set(
+        re.findall(r'"((?:GPUBOT|SLACK)_[A-Z0-9_]+)"', (ROOT / "bot/settings.py").read_text())
+    )
+    example = (DEPLOY / ".env.example").read_text()
+    listed = set(re.findall(r"^#?\s*((?:GPUBOT|SLACK)_[A-Z0-9_]+)=", example, flags=re.M))
+    assert names, "settings read the environment"
+    assert names - listed == set(), "document these in deploy/.env.example"
+    assert listed - names == set(), "deploy/.env.example names settings that do not exist"
+
+
+def test_compose_runs_the_bot_on_postgresql() -> None:
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert services["db"]["image"].startswith("postgres:")
+    bot = services["bot"]
+    assert bot["environment"]["GPUBOT_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert bot["depends_on"]["db"]["condition"] == "service_healthy"
+    assert bot["build"]["dockerfile"] == "deploy/Dockerfile"
+    cli_parser().parse_args(bot["command"])
+
+
+def test_service_units_run_commands_the_cli_has() -> None:
+    units = sorted((DEPLOY / "systemd").glob("*.service"))
+    assert [u.name for u in units] == ["gpubot-http.service", "gpubot.service"]
+    for unit in units:
+        for line in unit.read_text().splitlines():
+            if line.startswith(("ExecStart=", "ExecStartPre=")):
+                argv = shlex.split(line.split("=", 1)[1])
+                assert argv[0].endswith("/gpubot")
+                cli_parser().parse_args(argv[1:])
+
+
+def test_dockerfile_entrypoint_is_the_cli() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["gpubot"]' in text
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", text, flags=re.M)
+    cli_parser().parse_args(yaml.safe_load(cmd))
