@@ -13,10 +13,11 @@ the job runner) are imported inside the handlers, so ``status`` loads only what 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
-from agents import __version__
+from agents import __version__, jobs_cli
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -33,11 +34,47 @@ class UsageError(Exception):
         self.usage = usage
 
 
+class AgentHelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal width looked up once, not per argument."""
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: Optional[int] = None,
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_width())
+
+
 class AgentArgumentParser(argparse.ArgumentParser):
     """An ArgumentParser that raises UsageError instead of exiting, so main() owns the exit."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", AgentHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message}", self.format_usage())
+
+
+_WIDTH: List[int] = []
+
+
+def terminal_width() -> int:
+    """Columns for help text: $COLUMNS, else the terminal's, else 80; minus a margin of 2."""
+    if not _WIDTH:
+        try:
+            columns = int(os.environ.get("COLUMNS", "0"))
+        except ValueError:
+            columns = 0
+        if columns <= 0:
+            try:
+                columns = os.get_terminal_size(sys.stdout.fileno()).columns
+            except (AttributeError, ValueError, OSError):  # not a terminal, or no fileno
+                columns = 80
+        _WIDTH.append(max(columns - 2, 40))
+    return _WIDTH[0]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -81,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(sub)
     _add_health(sub)
     _add_version(sub)
-    _add_jobs(sub)
+    jobs_cli.register(sub)
     return parser
 
 
@@ -141,14 +178,6 @@ def _add_version(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p = sub.add_parser("version", help="agent and Python versions")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(handler=_cmd_version)
-
-
-def _add_jobs(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    try:
-        from agents import jobs_cli
-    except ImportError:  # the job commands ship in a later build
-        return
-    jobs_cli.register(sub)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

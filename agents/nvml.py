@@ -12,9 +12,9 @@ Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager, suppress
 from dataclasses import fields
-from datetime import datetime, timezone
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 from agents.protocol import (
@@ -92,12 +92,15 @@ class NvmlUnavailable(Exception):
         self.error = error
 
 
-def collect_status(clock: Optional[Callable[[], datetime]] = None) -> StatusSnapshot:
-    """One snapshot of host, driver, GPUs and GPU processes. Never raises for NVML problems."""
+def collect_status(clock: Optional[Callable[[], float]] = None) -> StatusSnapshot:
+    """One snapshot of host, driver, GPUs and GPU processes. Never raises for NVML problems.
+
+    ``clock`` gives the time as Unix epoch seconds (default ``time.time``).
+    """
     from agents.host import collect_host
 
     host = collect_host()
-    collected_at = _iso_utc((clock or _utcnow)())
+    collected_at = iso_utc((clock or time.time)())
     try:
         with nvml_session() as nv:
             return _Collector(nv).status(host, collected_at)
@@ -511,11 +514,6 @@ def _watts(milliwatts: Any) -> Optional[float]:
     return None if milliwatts is None else round(int(milliwatts) / 1000.0, 3)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _iso_utc(moment: datetime) -> str:
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
+def iso_utc(epoch_s: float) -> str:
+    """Unix epoch seconds as ISO 8601 UTC to the second: "2026-03-01T12:30:00+00:00"."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(epoch_s))

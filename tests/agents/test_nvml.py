@@ -475,7 +475,7 @@ def test_cuda_version_string(value, text):
 
 def test_snapshot_round_trips_through_json(fake_nvml):
     fake_nvml.gpus(2, processes=[{"pid": os.getpid(), "used_memory": GIB}])
-    moment = datetime(2026, 3, 1, 12, 30, tzinfo=UTC)
+    moment = datetime(2026, 3, 1, 12, 30, tzinfo=UTC).timestamp()
     status = nvml.collect_status(clock=lambda: moment)
     assert status.collected_at == "2026-03-01T12:30:00+00:00"
     text = protocol.dumps(status)

@@ -1,0 +1,205 @@
+"""Benchmark: wall time and peak memory of ``gpu-agent status --json`` against the floor.
+
+Each command runs in a fresh process, N times, interleaved round-robin so that drift in machine
+load hits every command alike. Reported: the median wall time, and the median peak RSS measured
+by ``/usr/bin/time`` (a small C parent, so the child's peak is its own and not a copy of this
+Python's), with ratios against ``python -c pass`` run by the same interpreter with the same
+flags. Target: status within 2x the floor.
+
+    python bench/agent_status.py [-n 21] [--pyz dist/gpu-agent.pyz] [--python PATH] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 2.0
+TIME = "/usr/bin/time"
+RSS_RUNS = 5
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: tuple[str, ...]
+    floor: str | None  # the case this one is compared with
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    median_ms: float
+    p90_ms: float
+    median_cpu_ms: float
+    cpu_ratio: float | None
+    median_rss_mib: float | None
+    time_ratio: float | None
+    rss_ratio: float | None
+    runs: int
+
+
+def run_once(argv: tuple[str, ...], env: dict[str, str]) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system) of one fresh process; raises if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}")
+    return elapsed, usage.ru_utime + usage.ru_stime
+
+
+def peak_rss_mib(argv: tuple[str, ...], env: dict[str, str]) -> float | None:
+    """Peak RSS in MiB of one fresh process, via /usr/bin/time; None where it is missing."""
+    if not os.path.exists(TIME):
+        return None
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as out:
+        subprocess.run(
+            [TIME, "-f", "%M", "-o", out.name, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=tempfile.gettempdir(),
+            check=True,
+        )
+        return int(out.read().strip().splitlines()[-1]) / 1024.0  # KiB
+
+
+def measure(cases: list[Case], runs: int, env: dict[str, str]) -> list[Result]:
+    times: dict[str, list[float]] = {c.name: [] for c in cases}
+    cpu: dict[str, list[float]] = {c.name: [] for c in cases}
+    rss: dict[str, list[float]] = {c.name: [] for c in cases}
+    for case in cases:  # warm the page cache and any bytecode caches
+        run_once(case.argv, env)
+    for i in range(runs):
+        for case in cases:
+            wall, cpu_s = run_once(case.argv, env)
+            times[case.name].append(wall)
+            cpu[case.name].append(cpu_s)
+            if i < RSS_RUNS:
+                mib = peak_rss_mib(case.argv, env)
+                if mib is not None:
+                    rss[case.name].append(mib)
+    medians = {n: statistics.median(v) for n, v in times.items()}
+    cpu_medians = {n: statistics.median(v) for n, v in cpu.items()}
+    rss_medians = {n: statistics.median(v) if v else None for n, v in rss.items()}
+    results = []
+    for case in cases:
+        ordered = sorted(times[case.name])
+        p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+        mine, floor_rss = rss_medians[case.name], rss_medians.get(case.floor or "")
+        results.append(
+            Result(
+                name=case.name,
+                median_ms=medians[case.name] * 1000,
+                p90_ms=p90 * 1000,
+                median_cpu_ms=cpu_medians[case.name] * 1000,
+                cpu_ratio=cpu_medians[case.name] / cpu_medians[case.floor] if case.floor else None,
+                median_rss_mib=mine,
+                time_ratio=medians[case.name] / medians[case.floor] if case.floor else None,
+                rss_ratio=mine / floor_rss if mine and floor_rss else None,
+                runs=runs,
+            )
+        )
+    return results
+
+
+def build_cases(python: str, installed: str, pyz: Path) -> list[Case]:
+    return [
+        Case("floor: python -c pass", (installed_python(installed), "-c", "pass"), None),
+        Case(
+            "installed: gpu-agent status --json",
+            (installed, "status", "--json"),
+            "floor: python -c pass",
+        ),
+        Case("floor: python3 -I -c pass", (python, "-I", "-c", "pass"), None),
+        Case(
+            "zipapp: python3 -I gpu-agent.pyz status --json",
+            (python, "-I", str(pyz), "status", "--json"),
+            "floor: python3 -I -c pass",
+        ),
+    ]
+
+
+def installed_python(script: str) -> str:
+    """The interpreter named in a console script's shebang."""
+    with open(script, encoding="utf-8") as fh:
+        first = fh.readline().strip()
+    if not first.startswith("#!"):
+        return sys.executable
+    return first[2:].split()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--runs", type=int, default=21, help="runs per command (default 21)")
+    parser.add_argument("--pyz", type=Path, help="zipapp to measure (default: build a fresh one)")
+    parser.add_argument(
+        "--python",
+        default=getattr(sys, "_base_executable", sys.executable),
+        help="interpreter for the zipapp and its floor",
+    )
+    parser.add_argument(
+        "--installed",
+        default=str(Path(sys.executable).with_name("gpu-agent")),
+        help="the installed gpu-agent console script",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args(argv)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
+    if os.environ.get("PYTHONPATH"):  # where an uninstalled checkout finds agents and pynvml
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+        pyz = args.pyz
+        if pyz is None:
+            sys.path.insert(0, str(ROOT))
+            from agents import zipapp
+
+            pyz = zipapp.build(Path(tmp) / "gpu-agent.pyz")
+        results = measure(build_cases(args.python, args.installed, pyz), args.runs, env)
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=1))
+        return 0
+    print(
+        f"{'command':<48} {'wall':>8} {'p90':>8} {'CPU':>8} {'peak RSS':>9} "
+        f"{'wall x':>6} {'CPU x':>6} {'RSS x':>6}"
+    )
+    for r in results:
+        mib = f"{r.median_rss_mib:.1f}MiB" if r.median_rss_mib else "-"
+        print(
+            f"{r.name:<48} {r.median_ms:>6.1f}ms {r.p90_ms:>6.1f}ms {r.median_cpu_ms:>6.1f}ms "
+            f"{mib:>9} {_ratio(r.time_ratio):>6} {_ratio(r.cpu_ratio):>6} {_ratio(r.rss_ratio):>6}"
+        )
+    worst = max(r.time_ratio for r in results if r.time_ratio)
+    worst_cpu = max(r.cpu_ratio for r in results if r.cpu_ratio)
+    verdict = "within" if worst <= TARGET_RATIO else "OVER"
+    print(
+        f"{results[0].runs} runs each (medians); worst wall ratio {worst:.2f}, worst CPU ratio "
+        f"{worst_cpu:.2f}: wall {verdict} the {TARGET_RATIO:.0f}x target"
+    )
+    return 0
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
