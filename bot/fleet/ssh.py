@@ -8,7 +8,10 @@ Every paramiko and socket error leaves this module as a bot.errors.FleetError.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
+import math
 import posixpath
 import select
 import shlex
@@ -18,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
@@ -77,35 +81,58 @@ class SshTransport:
         command = shlex.join(argv)
         deadline = time.monotonic() + timeout_s
         with self._channel(deadline) as chan:
+            # paramiko waits for some replies without a timeout: close the channel at the
+            # deadline so that nothing blocks past it.
+            alarm = WATCHDOG.schedule(deadline, chan.close)
             try:
+                chan.settimeout(self._remaining(deadline))
                 chan.exec_command(command)
                 if stdin:
                     chan.sendall(stdin)
                 chan.shutdown_write()
+                result = self._collect(chan, deadline, timeout_s)
             except (paramiko.SSHException, OSError, EOFError) as exc:
+                if alarm.fired:
+                    raise self._timeout(timeout_s) from exc
                 raise self._lost(exc) from exc
-            return self._collect(chan, deadline, timeout_s)
+            finally:
+                alarm.cancel()
+            if alarm.fired and result.exit_code == -1:
+                raise self._timeout(timeout_s)
+            return result
 
     def put_file(self, local_path: str, remote_path: str, *, mode: int = 0o755) -> None:
         """Upload over SFTP to a temporary name, then rename into place (readers never see a
-        partial file). Relative remote paths are relative to the user's home directory."""
-        deadline = time.monotonic() + self._settings.ssh_command_timeout_s
+        partial file). Relative remote paths are relative to the user's home directory.
+
+        Takes at most the SSH command timeout; raises FleetError when the file cannot be
+        written there, Unreachable or CommandTimeout when the connection fails."""
+        timeout_s = self._settings.ssh_command_timeout_s
+        deadline = time.monotonic() + timeout_s
         with self._channel(deadline) as chan:
+            alarm = WATCHDOG.schedule(deadline, chan.close)
             try:
+                chan.settimeout(self._remaining(deadline))
                 chan.invoke_subsystem("sftp")
                 sftp = paramiko.SFTPClient(chan)
                 self._upload(sftp, local_path, remote_path, mode)
             except FleetError:
                 raise
             except (paramiko.SSHException, EOFError, TimeoutError) as exc:
+                if alarm.fired:
+                    raise self._timeout(timeout_s) from exc
                 raise self._lost(exc) from exc
             except OSError as exc:
+                if alarm.fired or chan.closed:
+                    raise self._lost(exc) from exc
                 raise FleetError(
                     f"could not copy {Path(local_path).name} to {self.target.name}:{remote_path}:"
                     f" {exc}",
                     instance=self.target.name,
                     hint="Check free disk space and write permission on the instance.",
                 ) from exc
+            finally:
+                alarm.cancel()
 
     def connect(self) -> None:
         """Make sure a verified, authenticated connection is up (dial when needed)."""
@@ -216,26 +243,20 @@ class SshTransport:
         while not chan.exit_status_ready():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise CommandTimeout(
-                    f"{self.target.name}: the command did not finish within {timeout_s:g} s",
-                    instance=self.target.name,
-                    hint="Try again; if it keeps happening the instance may be overloaded.",
-                )
+                raise self._timeout(timeout_s)
             if chan.eof_received:
                 # All output is in; only the exit status is still on its way.
                 chan.status_event.wait(remaining)
             else:
-                select.select([chan], [], [], remaining)
+                _wait_readable(chan, remaining)
             _drain(chan, out, err)
         _drain(chan, out, err)
         status = chan.recv_exit_status()
-        if status == -1:
-            conn = chan.get_transport()
-            if conn is None or not conn.is_active():
-                raise Unreachable(
-                    f"{self.target.name}: the connection dropped during the command",
-                    instance=self.target.name,
-                )
+        if status == -1 and _connection_lost(chan):
+            raise Unreachable(
+                f"{self.target.name}: the connection dropped during the command",
+                instance=self.target.name,
+            )
         return ExecResult(
             exit_code=status,
             stdout=out.decode("utf-8", errors="replace"),
@@ -259,6 +280,13 @@ class SshTransport:
         finally:
             sftp.close()
 
+    def _timeout(self, timeout_s: float) -> CommandTimeout:
+        return CommandTimeout(
+            f"{self.target.name}: the command did not finish within {timeout_s:g} s",
+            instance=self.target.name,
+            hint="Try again; if it keeps happening the instance may be overloaded.",
+        )
+
     def _lost(self, exc: BaseException) -> Unreachable:
         if isinstance(exc, TimeoutError):
             return CommandTimeout(
@@ -279,9 +307,17 @@ def dial(target: Target, *, timeout_s: float, key: paramiko.PKey) -> paramiko.Tr
     pinned = target.host_key
     if pinned is None:
         raise HostKeyNotPinned(f"{target.name}: no host key is pinned", instance=target.name)
-    conn = _handshake(
-        target.host, target.port, timeout_s=timeout_s, key_types=algorithms_for(pinned.key_type)
-    )
+    try:
+        conn = _handshake(
+            target.host,
+            target.port,
+            timeout_s=timeout_s,
+            key_types=algorithms_for(pinned.key_type),
+        )
+    except HostKeyChanged as exc:
+        exc.instance = target.name
+        exc.expected_fingerprint = pinned.fingerprint
+        raise
     try:
         presented = _server_key(conn)
         if presented.key_b64 != pinned.key_b64 or presented.key_type != pinned.key_type:
@@ -402,6 +438,23 @@ def _authenticate(conn: paramiko.Transport, target: Target, key: paramiko.PKey) 
         )
 
 
+def _connection_lost(chan: paramiko.Channel) -> bool:
+    """Whether a channel that closed without an exit status did so because the connection died
+    (rather than the command being killed by a signal, which paramiko reports the same way)."""
+    conn = chan.get_transport()
+    if conn is None:
+        return True
+    # The transport thread closes channels just before it marks itself inactive.
+    return getattr(conn, "saved_exception", None) is not None or not conn.is_active()
+
+
+def _wait_readable(chan: paramiko.Channel, timeout_s: float) -> None:
+    """Wait until the channel has output, EOF or closed (poll: no select() fd limit)."""
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    poller.poll(max(1, math.ceil(timeout_s * 1000)))
+
+
 def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
     while chan.recv_ready():
         out += chan.recv(_READ_CHUNK)
@@ -440,3 +493,56 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ConnectionResetError):
         return "connection reset by the server"
     return text
+
+
+@dataclass(order=True)
+class _Alarm:
+    deadline: float
+    seq: int
+    action: Callable[[], None] = field(compare=False)
+    fired: bool = field(default=False, compare=False)
+    cancelled: bool = field(default=False, compare=False)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Watchdog:
+    """One daemon thread running actions at monotonic deadlines unless cancelled first."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[_Alarm] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, deadline: float, action: Callable[[], None]) -> _Alarm:
+        """Run ``action`` at ``deadline`` (time.monotonic) unless the alarm is cancelled."""
+        alarm = _Alarm(deadline, next(self._seq), action)
+        with self._cv:
+            heapq.heappush(self._heap, alarm)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="ssh-watchdog", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return alarm
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap or (
+                    not self._heap[0].cancelled and self._heap[0].deadline > time.monotonic()
+                ):
+                    wait = self._heap[0].deadline - time.monotonic() if self._heap else None
+                    self._cv.wait(wait)
+                alarm = heapq.heappop(self._heap)
+                if alarm.cancelled:
+                    continue
+                alarm.fired = True
+            try:
+                alarm.action()
+            except Exception:
+                log.exception("ssh watchdog action failed")
+
+
+WATCHDOG = _Watchdog()
