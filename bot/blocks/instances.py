@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 
 from bot.blocks.common import (
     MAX_BLOCKS,
+    SECTION_TEXT_MAX,
     Block,
     Message,
     actions,
@@ -62,7 +63,6 @@ STATUS_EMOJI = {
     "skip": ":white_circle:",
 }
 _PROBLEM_TEXT_MAX = 300
-_PROCESSES_SHOWN = 20
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -161,21 +161,18 @@ def instance_detail(detail: InstanceDetail) -> Message:
     blocks: list[Block] = [header(f"{inst.name}"), fields(items)]
     blocks.append(section(_live_line(row, detail.now)))
     if row.gpus:
-        blocks.append(section("```" + "\n".join(_gpu_line(g) for g in row.gpus) + "```"))
+        lines = [_gpu_line(g) for g in row.gpus]
+        blocks.extend(_listing("", lines, "GPUs", code_block=True))
     if row.running_jobs:
-        blocks.append(
-            section("*Running jobs*\n" + "\n".join(_job_line(j) for j in row.running_jobs))
-        )
+        lines = [_job_line(j) for j in row.running_jobs]
+        blocks.extend(_listing("*Running jobs*", lines, "jobs"))
     if detail.processes:
         lines = [
-            f"GPU {p.gpu_index} · pid {p.pid} · {escape(p.user or '?')} · "
+            f"GPU {p.gpu_index} · pid {p.pid} · {escape(clip(p.user or '?', 32))} · "
             f"{gib(p.used_mem_bytes)} GiB · {escape(clip(p.command or '?', 80))}"
-            for p in detail.processes[:_PROCESSES_SHOWN]
+            for p in detail.processes
         ]
-        more = len(detail.processes) - _PROCESSES_SHOWN
-        if more > 0:
-            lines.append(f"… and {more} more")
-        blocks.append(section("*Processes on the GPUs*\n" + "\n".join(lines)))
+        blocks.extend(_listing("*Processes on the GPUs*", lines, "processes"))
     if inst.state == "active":
         blocks.append(
             actions(
@@ -310,6 +307,21 @@ def _fleet(overview: FleetOverview, *, title: str, live: bool) -> Message:
     return fallback(f"{title}: {summary}."), fit(blocks, note)
 
 
+def _listing(
+    title: str, lines: Sequence[str], what: str, *, code_block: bool = False
+) -> list[Block]:
+    """A titled section of as many lines as fit, and a context saying how many did not."""
+    wrap = 6 if code_block else 0
+    room = SECTION_TEXT_MAX - len(title) - 1 - wrap
+    first = pack(lines, room)[0]
+    shown = first.count("\n") + 1
+    body = f"```{first}```" if code_block else first
+    blocks = [section(f"{title}\n{body}" if title else body)]
+    if shown < len(lines):
+        blocks.append(context(f"… and {len(lines) - shown} more {what}."))
+    return blocks
+
+
 def _row_text(row: InstanceRow, now: datetime, *, live: bool) -> str:
     inst = row.instance
     first = f"*{inst.name}* · {mention(inst.owner_id)} · {escape(_rented(inst))} · {_price(inst)}"
@@ -371,7 +383,7 @@ def _gpu_line(g: GpuView) -> str:
     temp = "" if g.temp_c is None else f"  {g.temp_c}°C"
     power = "" if g.power_w is None else f"  {g.power_w:.0f} W"
     mem = f"mem {gib(g.mem_used_bytes)}/{gib(g.mem_total_bytes)} GiB"
-    return f"{g.index}  {clip(g.name, 40)}  util {util}  {mem}{temp}{power}"
+    return f"{g.index}  {escape(clip(g.name, 40))}  util {util}  {mem}{temp}{power}"
 
 
 def _job_line(job: JobBrief) -> str:
