@@ -82,7 +82,7 @@ def all_text(blocks: list[dict[str, Any]]) -> str:
 
 def buttons(blocks: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(action_id, value) of every button."""
-    found = []
+    found: list[tuple[str, str]] = []
     for block in blocks:
         elements = block.get("elements", []) if block["type"] == "actions" else []
         if "accessory" in block:
