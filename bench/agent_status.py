@@ -54,15 +54,18 @@ def run_once(argv: tuple[str, ...], env: dict[str, str]) -> tuple[float, float]:
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         env=env,
         cwd=tempfile.gettempdir(),
     )
+    assert proc.stderr is not None
+    stderr = proc.stderr.read().decode(errors="replace")  # until the child closes it
+    proc.stderr.close()
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}")
+        raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}: {stderr}")
     return elapsed, usage.ru_utime + usage.ru_stime
 
 
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("PYTHONPATH"):  # where an uninstalled checkout finds agents and pynvml
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
-        pyz = args.pyz
+        pyz = args.pyz.resolve() if args.pyz else None
         if pyz is None:
             sys.path.insert(0, str(ROOT))
             from agents import zipapp
