@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 T = TypeVar("T")
 
-#: Threads Bolt uses to run listeners up to their ack(); the slow work is on the bot's executor.
-ACK_THREADS = 16
 
 
 class BotExecutor(ThreadPoolExecutor):
@@ -155,8 +153,10 @@ def build_app(
         signing_secret=settings.slack_signing_secret or "",
         client=web,
         token_verification_enabled=False,
-        process_before_response=False,
-        listener_executor=ThreadPoolExecutor(ACK_THREADS, thread_name_prefix="gpubot-ack"),
+        # The listeners only ack and hand the work to the bot's executor, so Bolt may run them
+        # in the request's own thread: the answer goes back the moment they return, without
+        # Bolt's pool of listener threads or its polling for the ack.
+        process_before_response=True,
         logger=logging.getLogger("bot.bolt"),
     )
     register_listeners(app, rt, commands)
