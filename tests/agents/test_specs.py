@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pkgutil
 import subprocess
 import sys
 import zipfile
@@ -244,6 +245,6 @@ def test_catalogue_loads_from_a_zip_import(tmp_path):
 
 def test_a_broken_data_file_is_reported(monkeypatch):
     monkeypatch.setattr(specs, "_CACHE", {})
-    monkeypatch.setattr(specs.pkgutil, "get_data", lambda _pkg, _name: b'{"gpus": [{"key": 1}]}')
+    monkeypatch.setattr(pkgutil, "get_data", lambda _pkg, _name: b'{"gpus": [{"key": 1}]}')
     with pytest.raises(specs.CatalogueError, match="row"):
         specs.load_catalogue()
