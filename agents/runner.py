@@ -792,7 +792,8 @@ def _launch_supervisor(store: JobStore, job_id: str) -> Tuple[int, Optional[int]
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(agents.__file__)))
     python = sys.executable or shutil.which("python3") or "python3"
-    argv = [python, "-c", _BOOT, root, store.home, job_id]
+    isolated = ["-I"] if sys.flags.isolated else []  # started as `python -I`: stay isolated
+    argv = [python, *isolated, "-c", _BOOT, root, store.home, job_id]
     log = open(os.path.join(store.job_dir(job_id), "supervisor.log"), "ab")  # noqa: SIM115
     try:
         proc = subprocess.Popen(

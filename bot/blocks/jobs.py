@@ -1,0 +1,289 @@
+"""Block Kit for jobs: the "queued" message, the completion reply, the job list, logs, who and
+cancel. Pure functions: views in, ``(text, blocks)`` out, within Slack's limits.
+
+Command lines and logs are shown as code, escaped for mrkdwn; a log is cut from its start so
+its last lines always fit.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from datetime import timedelta
+
+from bot.blocks.common import (
+    SECTION_TEXT_MAX,
+    Block,
+    Message,
+    actions,
+    button,
+    clip,
+    code,
+    context,
+    escape,
+    fallback,
+    fields,
+    fit,
+    header,
+    mention,
+    pack,
+    section,
+)
+from bot.commands.values import format_duration, format_money
+from bot.services.job_views import JobListView, JobView, LogView, WhoView
+
+#: The button that asks to release the instance (registered by the instance commands).
+RELEASE_ASK = "instance_release_ask"
+
+STATE_EMOJI = {
+    "queued": ":hourglass_flowing_sand:",
+    "running": ":runner:",
+    "succeeded": ":white_check_mark:",
+    "failed": ":x:",
+    "cancelled": ":no_entry_sign:",
+    "lost": ":grey_question:",
+}
+_FENCE = "```"
+#: A code block's text may use this much of a section (fences and a newline each side).
+CODE_MAX = SECTION_TEXT_MAX - 2 * (len(_FENCE) + 1)
+#: Log sections ``/gpu logs`` may show (the newest lines win).
+LOG_SECTIONS_MAX = 12
+_GIB = 1024**3
+
+
+def queued_message(job: JobView) -> Message:
+    """The channel message posted when a job is queued; its thread gets the completion reply."""
+    title = f"Job {job.ref} queued on {job.instance_name}"
+    lines = [
+        f"{STATE_EMOJI['queued']} *{escape(title)}*"
+        + (f" for {mention(job.requested_by)}" if job.requested_by else ""),
+    ]
+    details = [f"GPUs: {_gpus_requested(job)}"]
+    if job.retries:
+        details.append(f"retries: {job.retries}")
+    if job.release_when_done:
+        details.append("the instance is released when its jobs are done")
+    blocks: list[Block] = [
+        section("\n".join(lines)),
+        section(code_block(command_line(job.command))),
+        context(
+            " · ".join(details),
+            f"Agent job `{escape(job.agent_job_id)}`. I'll reply in this thread when it ends.",
+        ),
+    ]
+    text = f"{title}: {command_line(job.command)}"
+    return fallback(text), fit(blocks)
+
+
+def completion_reply(job: JobView) -> Message:
+    """The thread reply when a job ends: state, command, duration, exit code, GPU-hours and
+    cost, per-GPU utilisation and peak memory, diagnoses, the log's last lines, and a button
+    to release the instance."""
+    emoji = STATE_EMOJI.get(job.state, ":grey_question:")
+    title = f"Job {job.ref} on {job.instance_name} {job.state}"
+    head = f"{emoji} *{escape(title)}*"
+    if job.requested_by:
+        head += f" {mention(job.requested_by)}"
+    if job.note:
+        head += f"\n{escape(job.note)}"
+    blocks: list[Block] = [section(head), fields(_facts(job))]
+    blocks.append(section(code_block(command_line(job.command))))
+    summary = job.summary
+    if summary is not None and summary.gpus:
+        blocks.extend(section(chunk) for chunk in pack(_gpu_lines(job), SECTION_TEXT_MAX))
+    if summary is not None and summary.diagnoses:
+        lines = [f":bulb: {escape(d.message)}" for d in summary.diagnoses]
+        blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
+    if summary is not None and summary.log_tail.strip():
+        blocks.append(section(code_block(summary.log_tail, keep="end")))
+    if job.instance_active:
+        blocks.append(actions([button("Release instance", RELEASE_ASK, str(job.instance_id))]))
+    text = f"{title} ({_exit_text(job)}, {_duration_text(job)}, {_cost_text(job)})"
+    return fallback(text), fit(blocks)
+
+
+def job_list(view: JobListView) -> Message:
+    """``/gpu jobs [NAME]``: one line per job, newest last."""
+    where = view.instance_name or "the fleet"
+    if not view.jobs:
+        text = f"No jobs on {where}."
+        blocks: list[Block] = [section(escape(text))]
+        if view.problem:
+            blocks.append(context(escape(view.problem)))
+        return text, tuple(blocks)
+    lines = [_list_line(job, with_instance=view.instance_name is None) for job in view.jobs]
+    blocks = [header(f"Jobs on {where}")]
+    blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
+    if view.problem:
+        blocks.append(context(escape(view.problem)))
+    text = f"Jobs on {where}:\n" + "\n".join(
+        f"{job.ref} {job.state} {command_line(job.command)}" for job in view.jobs
+    )
+    return fallback(text), fit(blocks, "{n} more sections not shown.")
+
+
+def log_message(view: LogView) -> Message:
+    """``/gpu logs JOB``: the log's last lines as code, split over sections when long."""
+    job = view.job
+    title = f"Log of job {job.ref} on {job.instance_name} ({job.state})"
+    blocks: list[Block] = [section(f"{STATE_EMOJI.get(job.state, '')} *{escape(title)}*".strip())]
+    if not view.text.strip():
+        blocks.append(context("The log is empty so far."))
+        return fallback(title + ": empty"), tuple(blocks)
+    chunks = split_code(view.text, LOG_SECTIONS_MAX)
+    blocks.extend(section(chunk) for chunk in chunks)
+    blocks.append(context(f"Last {view.tail} lines at most. `/gpu logs {job.ref} --tail N`"))
+    return fallback(f"{title}\n{view.text}"), fit(blocks)
+
+
+def who_message(view: WhoView) -> Message:
+    """``/gpu who NAME``: every GPU and who holds it."""
+    title = f"Who uses the GPUs of {view.instance_name}"
+    if not view.gpus:
+        return f"{title}: no GPUs.", (section(f"*{escape(title)}*: no GPUs."),)
+    lines = []
+    for gpu in view.gpus:
+        lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}")
+        if not gpu.processes:
+            lines.append("    free")
+        for proc in gpu.processes:
+            who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or "unknown")
+            job = f" · job {code(proc.job_ref)}" if proc.job_ref else ""
+            mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
+            cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
+            lines.append(f"    pid {proc.pid} · {who}{job}{mem}{cmd}")
+    blocks: list[Block] = [header(title)]
+    blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
+    text = f"{title}: " + "; ".join(
+        f"GPU {g.index}: {len(g.processes)} process(es)" for g in view.gpus
+    )
+    return fallback(text), fit(blocks)
+
+
+def cancel_message(job: JobView) -> Message:
+    """The answer to ``/gpu cancel``."""
+    text = f"Job {job.ref} on {job.instance_name}: {job.state}."
+    if job.state == "cancelled":
+        text = f"Cancelled job {job.ref} on {job.instance_name}."
+    return text, (section(f"{STATE_EMOJI.get(job.state, '')} {escape(text)}".strip()),)
+
+
+def submitted_reply(job: JobView, posted: bool) -> Message:
+    """The caller's answer to ``/gpu run``: the queued message itself when it could not be
+    posted to the channel, else a short note."""
+    if not posted:
+        return queued_message(job)
+    text = f"Queued job {job.ref} on {job.instance_name}; I'll reply in its thread when it ends."
+    return text, (section(escape(text)),)
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def command_line(command: Sequence[str]) -> str:
+    """argv as one line a shell would read back to the same argv."""
+    return " ".join(shlex.quote(part) for part in command)
+
+
+def code_block(text: str, *, keep: str = "start") -> str:
+    """``text`` as a code block that fits one section: cut at the end (``keep="start"``) or at
+    the start (``keep="end"``, for logs), whole lines where possible."""
+    body = escape(text.rstrip("\n")).replace(_FENCE, "'''")
+    if len(body) > CODE_MAX:
+        body = _cut_end(body, CODE_MAX) if keep == "end" else clip(body, CODE_MAX)
+    return f"{_FENCE}\n{body or ' '}\n{_FENCE}"
+
+
+def split_code(text: str, max_sections: int) -> list[str]:
+    """A long text as code blocks of one section each, at most ``max_sections`` of them,
+    keeping its end."""
+    lines = escape(text.rstrip("\n")).replace(_FENCE, "'''").split("\n")
+    chunks = pack(lines, CODE_MAX)
+    kept = chunks[-max_sections:]
+    if len(chunks) > len(kept):
+        kept[0] = _cut_end("…\n" + kept[0], CODE_MAX)
+    return [f"{_FENCE}\n{chunk or ' '}\n{_FENCE}" for chunk in kept]
+
+
+def _cut_end(body: str, limit: int) -> str:
+    """The last ``limit`` characters of ``body``, starting at a line where possible."""
+    if len(body) <= limit:
+        return body
+    tail = body[-(limit - 2) :]
+    newline = tail.find("\n")
+    if 0 <= newline < len(tail) // 2:
+        tail = tail[newline + 1 :]
+    return "…\n" + tail
+
+
+def _facts(job: JobView) -> list[str]:
+    facts = [
+        f"*State*\n{job.state}",
+        f"*Exit code*\n{_exit_text(job)}",
+        f"*Duration*\n{_duration_text(job)}",
+        f"*GPUs*\n{_gpus_assigned(job)}",
+        f"*GPU-hours*\n{_gpu_hours_text(job)}",
+        f"*Cost*\n{_cost_text(job)}",
+    ]
+    if job.retries:
+        facts.append(f"*Attempts*\n{job.attempt} of {job.retries + 1}")
+    if job.summary is not None and job.summary.cpu_avg_pct is not None:
+        facts.append(f"*CPU*\n{job.summary.cpu_avg_pct:.0f}% of a core")
+    return facts
+
+
+def _gpu_lines(job: JobView) -> list[str]:
+    assert job.summary is not None
+    lines = []
+    for gpu in job.summary.gpus:
+        util = "?" if gpu.util_avg_pct is None else f"{gpu.util_avg_pct:.0f}%"
+        peak = "?" if gpu.mem_peak_bytes is None else _gib(gpu.mem_peak_bytes)
+        lines.append(f"GPU {gpu.index}: {util} busy on average, peak memory {peak}")
+    return lines
+
+
+def _list_line(job: JobView, *, with_instance: bool) -> str:
+    emoji = STATE_EMOJI.get(job.state, "")
+    where = f" on *{escape(job.instance_name)}*" if with_instance else ""
+    who = f" · {mention(job.requested_by)}" if job.requested_by else ""
+    extra = ""
+    if job.final:
+        extra = f" · exit {_exit_text(job)} · {_duration_text(job)}"
+        if job.cost_micros is not None:
+            extra += f" · {format_money(job.cost_micros, job.currency)}"
+    elif job.gpus_assigned or job.gpus_requested:
+        extra = f" · GPUs {_gpus_assigned(job) if job.gpus_assigned else job.gpus_requested}"
+    cmd = code(clip(command_line(job.command), 120))
+    return f"{emoji} `{escape(job.ref)}`{where} {job.state}{who}{extra} · {cmd}"
+
+
+def _gpus_requested(job: JobView) -> str:
+    return job.gpus_requested or "none"
+
+
+def _gpus_assigned(job: JobView) -> str:
+    return ", ".join(str(g) for g in job.gpus_assigned) or "none"
+
+
+def _exit_text(job: JobView) -> str:
+    return "-" if job.exit_code is None else str(job.exit_code)
+
+
+def _duration_text(job: JobView) -> str:
+    if job.duration_s is None:
+        return "-"
+    if job.duration_s < 1:
+        return f"{job.duration_s:.1f}s"
+    return format_duration(timedelta(seconds=job.duration_s))
+
+
+def _gpu_hours_text(job: JobView) -> str:
+    return "-" if job.gpu_hours is None else f"{job.gpu_hours:.2f}"
+
+
+def _cost_text(job: JobView) -> str:
+    return "-" if job.cost_micros is None else format_money(job.cost_micros, job.currency)
+
+
+def _gib(n_bytes: int | None) -> str:
+    return "?" if n_bytes is None else f"{n_bytes / _GIB:.1f} GiB"

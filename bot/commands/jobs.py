@@ -1,0 +1,143 @@
+"""`/gpu run`, `/gpu jobs`, `/gpu logs`, `/gpu cancel`, `/gpu who`: parse, call the job
+service, render. Registered into REGISTRY when imported."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from bot.blocks import jobs as blocks
+from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
+from bot.services import jobs as service
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+RUN_USAGE = "/gpu run NAME [--gpus 0,1|N] [--retries N] [--release-when-done] -- CMD ..."
+JOBS_USAGE = "/gpu jobs [NAME]"
+LOGS_USAGE = "/gpu logs JOB [--tail N]"
+CANCEL_USAGE = "/gpu cancel JOB"
+WHO_USAGE = "/gpu who NAME"
+
+
+def _configure_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the instance")
+    parser.add_argument("--gpus", metavar="0,1|N", help="exact GPUs, or how many")
+    parser.add_argument("--retries", metavar="N", type=int, default=0, help="re-runs on failure")
+    parser.add_argument("--release-when-done", action="store_true", help="release when done")
+
+
+def _configure_jobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", nargs="?", help="the instance")
+
+
+def _configure_logs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="the job's number or id")
+    parser.add_argument("--tail", metavar="N", type=int, help="how many lines")
+
+
+def _configure_cancel(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", metavar="JOB", help="the job's number or id")
+
+
+def _configure_who(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the instance")
+
+
+def handle_run(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """Queue the command after `--` on the instance."""
+    result = service.submit(
+        rt,
+        caller,
+        args.name,
+        list(args.command),
+        gpus=args.gpus,
+        retries=args.retries,
+        release_when_done=args.release_when_done,
+    )
+    text, body = blocks.submitted_reply(result.job, result.posted)
+    return Reply(text=text, blocks=body, ephemeral=result.posted)
+
+
+def handle_jobs(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """The queue of one instance, or the fleet's recent jobs."""
+    text, body = blocks.job_list(service.list_jobs(rt, args.name))
+    return Reply(text=text, blocks=body)
+
+
+def handle_logs(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """The last lines of a job's log."""
+    text, body = blocks.log_message(service.logs(rt, args.job, args.tail))
+    return Reply(text=text, blocks=body)
+
+
+def handle_cancel(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """Cancel a queued or running job."""
+    text, body = blocks.cancel_message(service.cancel(rt, caller, args.job))
+    return Reply(text=text, blocks=body)
+
+
+def handle_who(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """Who holds each GPU of the instance."""
+    text, body = blocks.who_message(service.who(rt, args.name))
+    return Reply(text=text, blocks=body)
+
+
+RUN = REGISTRY.command(
+    CommandSpec(
+        name="run",
+        summary=(
+            "Queue a job on an instance; I reply in its thread when it ends (exit code, "
+            "duration, cost, GPU use, hints, log tail)"
+        ),
+        usage=RUN_USAGE,
+        examples=(
+            "/gpu run box1 --gpus 2 -- python train.py --lr 3e-4",
+            "/gpu run box1 --gpus 0,1 --retries 2 -- torchrun --nproc_per_node=2 train.py",
+            "/gpu run box1 --release-when-done -- bash -c 'make data && python eval.py'",
+        ),
+        configure=_configure_run,
+        handler=handle_run,
+        remainder=True,
+    )
+)
+JOBS = REGISTRY.command(
+    CommandSpec(
+        name="jobs",
+        summary="The job queue of an instance, or the fleet's recent jobs",
+        usage=JOBS_USAGE,
+        examples=("/gpu jobs", "/gpu jobs box1"),
+        configure=_configure_jobs,
+        handler=handle_jobs,
+    )
+)
+LOGS = REGISTRY.command(
+    CommandSpec(
+        name="logs",
+        summary="The last lines of a job's log",
+        usage=LOGS_USAGE,
+        examples=("/gpu logs 42", "/gpu logs 42 --tail 200", "/gpu logs box1:20261202-110000-ab12"),
+        configure=_configure_logs,
+        handler=handle_logs,
+    )
+)
+CANCEL = REGISTRY.command(
+    CommandSpec(
+        name="cancel",
+        summary="Cancel a queued or running job (its whole process tree)",
+        usage=CANCEL_USAGE,
+        examples=("/gpu cancel 42",),
+        configure=_configure_cancel,
+        handler=handle_cancel,
+    )
+)
+WHO = REGISTRY.command(
+    CommandSpec(
+        name="who",
+        summary="Which person and job holds each GPU of an instance",
+        usage=WHO_USAGE,
+        examples=("/gpu who box1",),
+        configure=_configure_who,
+        handler=handle_who,
+    )
+)

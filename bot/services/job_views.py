@@ -1,0 +1,125 @@
+"""What the job services hand to the renderers: frozen views, no Slack, no SQL.
+
+Times are naive UTC; money is integer micro-units of ``currency``; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from agents.protocol import JobSummary
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job on an instance. ``id`` is the bot's job number (None for a job started on the
+    instance without the bot); ``requested_by`` the Slack user who ran it; ``user`` the
+    account it runs as on the instance."""
+
+    id: int | None
+    agent_job_id: str
+    instance_id: int
+    instance_name: str
+    state: str
+    command: tuple[str, ...]
+    requested_by: str | None = None
+    user: str | None = None
+    name: str | None = None
+    gpus_requested: str | None = None
+    gpus_assigned: tuple[int, ...] = ()
+    retries: int = 0
+    attempt: int = 0
+    release_when_done: bool = False
+    submitted_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    duration_s: float | None = None
+    gpu_hours: float | None = None
+    cost_micros: int | None = None
+    currency: str = "USD"
+    summary: JobSummary | None = None
+    note: str | None = None
+    instance_active: bool = True
+
+    @property
+    def ref(self) -> str:
+        """How people name the job in commands: ``42`` for the bot's jobs, else
+        ``INSTANCE:AGENT_ID``."""
+        return str(self.id) if self.id is not None else f"{self.instance_name}:{self.agent_job_id}"
+
+    @property
+    def final(self) -> bool:
+        """Whether the job has ended (succeeded, failed, cancelled or lost)."""
+        return self.state in FINAL_STATES
+
+
+FINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """A queued job and whether its channel message was posted (the completion reply goes to
+    that message's thread, else to the requester directly)."""
+
+    job: JobView
+    posted: bool
+
+
+@dataclass(frozen=True)
+class JobListView:
+    """Jobs of one instance (``instance_name``) or of the whole fleet (None); ``problem`` says
+    why the list comes from the bot's records rather than from the instance."""
+
+    instance_name: str | None
+    jobs: tuple[JobView, ...]
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class LogView:
+    """The end of a job's log: ``text`` holds at most ``tail`` lines."""
+
+    job: JobView
+    text: str
+    tail: int
+
+
+@dataclass(frozen=True)
+class WhoProcess:
+    """A process on a GPU: its account on the instance, and the Slack user and job behind it
+    where the bot knows them."""
+
+    pid: int
+    user: str | None
+    slack_user: str | None
+    job_ref: str | None
+    command: str | None
+    used_mem_bytes: int | None
+
+
+@dataclass(frozen=True)
+class WhoGpuView:
+    """One GPU and its processes."""
+
+    index: int
+    name: str
+    processes: tuple[WhoProcess, ...]
+
+
+@dataclass(frozen=True)
+class WhoView:
+    """``/gpu who NAME``."""
+
+    instance_name: str
+    gpus: tuple[WhoGpuView, ...]
+
+
+@dataclass(frozen=True)
+class PollReport:
+    """One poll of jobs: how many rows changed, replies posted, instances that failed."""
+
+    updated: int = 0
+    replied: int = 0
+    unreachable: tuple[str, ...] = ()

@@ -1,0 +1,773 @@
+"""Jobs: run, list, logs, cancel, who, and the poll that posts one completion reply per job.
+No Slack in here (messages go through ``rt.notifier``); no network call inside a transaction.
+
+A job is a Job row. ``agent_job_id`` is ``pending-<token>`` until the agent confirms the job;
+the agent gets ``--name gpubot-<token>``, so a job whose confirmation was lost (a timeout, a
+dropped connection, a crash) is found again by the poll. ``summary_json`` holds the agent's
+latest JobRecord (schema 1) for the job.
+
+Polling (``poll_all``, a tick hook) asks each instance with unfinished jobs for
+``jobs --since T``, where T is the agent's own creation time of the oldest unfinished job: every
+unfinished job appears in the answer, so a job the agent no longer knows is marked ``lost``, and
+an instance that was unreachable or a bot that was down catches up on its next poll.
+
+Completion replies are at-least-once with a narrow window: a reply is claimed in a short
+transaction (``reply_claimed_at``), posted, then marked (``replied_at``). A failed post gives
+the claim back; a claim left by a crashed process is taken over after ``CLAIM_TIMEOUT``. So a
+reply is never lost, and is doubled only if the process dies between Slack accepting the post
+and the next commit. While ``/gpu run`` is posting the job's message it holds the claim, so a
+very short job's reply still lands in that message's thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import CursorResult, or_, update
+from sqlmodel import Session, col, select
+
+from agents.protocol import JobList, JobRecord, ProtocolError, dumps, loads
+from agents.runner import JobRequestError, parse_gpus
+from bot import billing
+from bot.blocks import jobs as blocks
+from bot.commands.registry import Caller
+from bot.errors import (
+    AgentBroken,
+    Conflict,
+    FleetError,
+    GpubotError,
+    NotFound,
+    Unreachable,
+    UsageError,
+)
+from bot.fleet.base import Target
+from bot.runtime import Runtime
+from bot.services import access, audit
+from bot.services.instances import get_live_instance, handle_fleet_error, target_for
+from bot.services.job_views import (
+    FINAL_STATES,
+    JobListView,
+    JobView,
+    LogView,
+    PollReport,
+    SubmitResult,
+    WhoGpuView,
+    WhoProcess,
+    WhoView,
+)
+from bot.store.models import Instance, Job
+
+log = logging.getLogger(__name__)
+
+#: A reply claimed longer ago than this was left by a process that died: take it over.
+CLAIM_TIMEOUT = timedelta(minutes=5)
+#: A submission the agent has not confirmed after this long did not reach it.
+SUBMIT_CONFIRM_TIMEOUT = timedelta(minutes=10)
+#: How far the bot's and an instance's clocks may disagree when finding unconfirmed jobs.
+CLOCK_SLACK = timedelta(hours=1)
+PENDING_PREFIX = "pending-"
+NAME_PREFIX = "gpubot-"
+ACTIVE_STATES = ("queued", "running")
+DEFAULT_TAIL = 50
+MAX_TAIL = 5000
+MAX_RETRIES = 100
+#: ``/gpu jobs NAME`` shows the instance's jobs of this period, ``/gpu jobs`` the fleet's.
+LIST_WINDOW = timedelta(days=3)
+LIST_LIMIT = 40
+#: Instance states whose agents are asked about jobs; others have no agent to ask any more.
+REACHABLE_STATES = ("registering", "active", "releasing", "awaiting_confirmation")
+
+
+def submit(
+    rt: Runtime,
+    caller: Caller,
+    instance_name: str,
+    command: Sequence[str],
+    gpus: str | None = None,
+    retries: int = 0,
+    release_when_done: bool = False,
+) -> SubmitResult:
+    """Queue ``command`` (argv, never given to a shell) on the instance and post the job's
+    message where the caller typed (else to the caller directly).
+
+    Only the owner, people the owner allowed, or an admin may. Raises UsageError, NotFound,
+    Conflict (instance not active), NotAuthorized, FleetError.
+    """
+    argv = tuple(command)
+    request_text = _check_request(argv, gpus, retries)
+    now = rt.now()
+    token = secrets.token_hex(6)
+    with rt.db.session() as session:
+        inst = get_live_instance(session, instance_name)
+        if inst.state != "active":
+            raise Conflict(
+                f"{inst.name} is {inst.state.replace('_', ' ')}; jobs run only on active instances."
+            )
+        access.require_operate(rt, caller, inst, session)
+        target = target_for(rt, inst)
+        job = Job(
+            instance_id=_id(inst),
+            agent_job_id=PENDING_PREFIX + token,
+            requested_by=caller.user_id,
+            command_json=json.dumps(list(argv)),
+            gpus=request_text,
+            gpu_count=max(parse_gpus(request_text).count, 0),
+            retries=retries,
+            release_when_done=release_when_done,
+            state="queued",
+            submitted_at=now,
+            channel_id=caller.channel_id,
+            reply_claimed_at=now,  # held until the job's message is posted
+        )
+        session.add(job)
+        session.flush()
+        job_id = _id(job)
+        audit.record(
+            session,
+            caller.user_id,
+            "job_run",
+            inst.id,
+            at=now,
+            job=job_id,
+            command=list(argv),
+            gpus=request_text,
+            retries=retries,
+            release_when_done=release_when_done,
+        )
+    record = _run_on_agent(rt, inst, target, job_id, argv, request_text, retries, token)
+    with rt.db.session() as session:
+        job = _job(session, job_id)
+        _apply_record(job, record, inst)
+        view = job_view(job, inst, record)
+    text, body = blocks.queued_message(view)
+    channel = caller.channel_id or inst.channel_id or rt.settings.channel or caller.user_id
+    ref = None
+    try:
+        ref = rt.notifier.post(channel, text, body)
+    except GpubotError:
+        log.warning("posting the message of job %s failed", job_id, exc_info=True)
+    with rt.db.session() as session:
+        job = _job(session, job_id)
+        if ref is not None:
+            job.channel_id, job.message_ts = ref.channel, ref.ts
+        job.reply_claimed_at = None
+    return SubmitResult(job=view, posted=ref is not None)
+
+
+def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
+    """The jobs of one instance as its agent lists them (the bot's records when it cannot be
+    reached), or the fleet's recent and unfinished jobs from the bot's records."""
+    now = rt.now()
+    if instance_name is None:
+        return _fleet_jobs(rt, now)
+    with rt.db.session() as session:
+        inst = get_live_instance(session, instance_name)
+        target = target_for(rt, inst)
+    try:
+        since = _iso(now - LIST_WINDOW - CLOCK_SLACK)
+        listing = rt.fleet.agent(target).jobs(since=since)
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        with rt.db.session() as session:
+            rows = _recent_rows(session, now, inst.id)
+        stored = tuple(job_view(row, inst, _stored_record(row)) for row in rows)
+        return JobListView(inst.name, stored, problem=f"From the bot's records: {exc.message}")
+    shown = listing.jobs[-LIST_LIMIT:]
+    with rt.db.session() as session:
+        known = {
+            row.agent_job_id: row
+            for row in session.exec(
+                select(Job).where(
+                    Job.instance_id == inst.id,
+                    col(Job.agent_job_id).in_([record.id for record in shown]),
+                )
+            ).all()
+        }
+    views = [
+        job_view(known[r.id], inst, r) if r.id in known else _agent_only_view(inst, r)
+        for r in shown
+    ]
+    return JobListView(inst.name, tuple(views))
+
+
+def logs(rt: Runtime, job_ref: str, tail: int | None = None) -> LogView:
+    """The last ``tail`` lines (default 50) of a job's log. Raises UsageError, NotFound,
+    FleetError."""
+    lines = DEFAULT_TAIL if tail is None else tail
+    if not 1 <= lines <= MAX_TAIL:
+        raise UsageError(f"--tail must be between 1 and {MAX_TAIL}.")
+    inst, agent_job_id, row = _resolve(rt, job_ref)
+    if agent_job_id.startswith(PENDING_PREFIX):
+        raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
+    target = target_for(rt, inst)
+    try:
+        text = rt.fleet.agent(target).logs(agent_job_id, tail=lines)
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        raise
+    view = job_view(row, inst, _stored_record(row)) if row else _bare_view(inst, agent_job_id)
+    return LogView(job=view, text=text, tail=lines)
+
+
+def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
+    """Cancel a queued or running job (its whole process tree). Only the owner, people the
+    owner allowed, or an admin may. Raises NotFound, Conflict, NotAuthorized, FleetError."""
+    inst, agent_job_id, row = _resolve(rt, job_ref)
+    if row is not None and row.state in FINAL_STATES:
+        raise Conflict(f"Job {job_ref} has already finished ({row.state}).")
+    if agent_job_id.startswith(PENDING_PREFIX):
+        raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
+    access.require_operate(rt, caller, inst)
+    target = target_for(rt, inst)
+    try:
+        record = rt.fleet.agent(target).cancel(agent_job_id)
+    except AgentBroken as exc:
+        if "already finished" in exc.message:
+            raise Conflict(f"Job {job_ref} has already finished.") from exc
+        raise
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        raise
+    with rt.db.session() as session:
+        audit.record(
+            session, caller.user_id, "job_cancel", inst.id, at=rt.now(), agent_job=agent_job_id
+        )
+        if row is None:
+            return _agent_only_view(inst, record)
+        job = _job(session, _id(row))
+        _apply_record(job, record, inst)
+        return job_view(job, inst, record)
+
+
+def who(rt: Runtime, name: str) -> WhoView:
+    """Every GPU of the instance and its processes, shown as Slack users where the process
+    belongs to a job the bot ran. Raises NotFound, FleetError."""
+    with rt.db.session() as session:
+        inst = get_live_instance(session, name)
+        target = target_for(rt, inst)
+    try:
+        report = rt.fleet.agent(target).who()
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        raise
+    job_ids = {p.job_id for g in report.gpus for p in g.processes if p.job_id}
+    with rt.db.session() as session:
+        rows = {
+            row.agent_job_id: row
+            for row in session.exec(
+                select(Job).where(Job.instance_id == inst.id, col(Job.agent_job_id).in_(job_ids))
+            ).all()
+        }
+    gpus = []
+    for gpu in report.gpus:
+        procs = []
+        for proc in gpu.processes:
+            row = rows.get(proc.job_id or "")
+            ref = None
+            if proc.job_id:
+                ref = str(row.id) if row is not None else f"{inst.name}:{proc.job_id}"
+            procs.append(
+                WhoProcess(
+                    pid=proc.pid,
+                    user=proc.user,
+                    slack_user=row.requested_by if row is not None else None,
+                    job_ref=ref,
+                    command=proc.command,
+                    used_mem_bytes=proc.used_mem_bytes,
+                )
+            )
+        gpus.append(WhoGpuView(index=gpu.index, name=gpu.name, processes=tuple(procs)))
+    return WhoView(instance_name=inst.name, gpus=tuple(gpus))
+
+
+# --- polling and replies ------------------------------------------------------------------
+
+
+def poll_all(rt: Runtime, now: datetime | None = None) -> PollReport:
+    """Bring every unfinished job up to date from its instance's agent, then post the
+    completion replies due. For the scheduler's tick; safe to run late, twice, or from two
+    processes at once."""
+    now = now or rt.now()
+    return _poll(rt, now, instance_id=None)
+
+
+def poll_jobs(rt: Runtime, instance_id: int, now: datetime | None = None) -> PollReport:
+    """``poll_all`` for one instance."""
+    return _poll(rt, now or rt.now(), instance_id=instance_id)
+
+
+def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | None = None) -> int:
+    """Post the completion reply of every finished job that has none; returns how many."""
+    now = now or rt.now()
+    cutoff = now - CLAIM_TIMEOUT
+    with rt.db.session() as session:
+        query = select(Job.id).where(
+            col(Job.state).in_(FINAL_STATES),
+            col(Job.replied_at).is_(None),
+            or_(col(Job.reply_claimed_at).is_(None), col(Job.reply_claimed_at) < cutoff),
+        )
+        if instance_id is not None:
+            query = query.where(Job.instance_id == instance_id)
+        due = [int(i) for i in session.exec(query.order_by(col(Job.id))).all() if i is not None]
+    return sum(1 for job_id in due if _reply(rt, job_id, now))
+
+
+# --- views --------------------------------------------------------------------------------
+
+
+def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
+    """The view of a stored job; ``record``, the agent's latest word on it, wins over the row
+    for state, times and exit code."""
+    summary = record.summary if record is not None else None
+    assigned = record.gpus_assigned if record is not None else _assigned_from(row.gpus)
+    duration = _duration_s(row, record)
+    return JobView(
+        id=row.id,
+        agent_job_id=row.agent_job_id,
+        instance_id=row.instance_id,
+        instance_name=inst.name,
+        state=record.state if record is not None else row.state,
+        command=_command(row.command_json),
+        requested_by=row.requested_by,
+        user=record.user if record is not None else None,
+        name=record.name if record is not None else None,
+        gpus_requested=record.gpus_requested if record is not None else row.gpus,
+        gpus_assigned=tuple(assigned),
+        retries=row.retries,
+        attempt=record.attempt if record is not None else 0,
+        release_when_done=row.release_when_done,
+        submitted_at=row.submitted_at,
+        started_at=_naive(record.started_at) if record is not None else row.started_at,
+        finished_at=_naive(record.finished_at) if record is not None else row.finished_at,
+        exit_code=record.exit_code if record is not None else row.exit_code,
+        duration_s=duration,
+        gpu_hours=_gpu_hours(duration, len(assigned)),
+        cost_micros=row.cost_micros,
+        currency=inst.currency,
+        summary=summary,
+        note=record.note if record is not None else None,
+        instance_active=inst.state == "active",
+    )
+
+
+# --- internals ----------------------------------------------------------------------------
+
+
+def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str | None:
+    if not argv:
+        raise UsageError(
+            "Nothing to run.", hint="Put the command after a double dash: `-- python train.py`."
+        )
+    if not 0 <= retries <= MAX_RETRIES:
+        raise UsageError(f"--retries must be between 0 and {MAX_RETRIES}.")
+    try:
+        request = parse_gpus(gpus)
+    except JobRequestError as exc:
+        raise UsageError(str(exc)[0].upper() + str(exc)[1:] + ".") from exc
+    return request.text if request.count >= 0 else "all"
+
+
+def _run_on_agent(
+    rt: Runtime,
+    inst: Instance,
+    target: Target,
+    job_id: int,
+    argv: tuple[str, ...],
+    gpus: str | None,
+    retries: int,
+    token: str,
+) -> JobRecord:
+    """``gpu-agent run``; on failure the pending row is dropped, or kept for the poll to settle
+    when the agent may have queued the job before the connection failed."""
+    try:
+        return rt.fleet.agent(target).run(
+            argv, gpus=gpus, retries=retries, name=NAME_PREFIX + token
+        )
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        with rt.db.session() as session:
+            job = _job(session, job_id)
+            if isinstance(exc, Unreachable):
+                job.reply_claimed_at = None
+            else:
+                session.delete(job)
+        if isinstance(exc, Unreachable):
+            raise Unreachable(
+                f"{inst.name} did not confirm the job ({exc.message}). If it was queued, I will "
+                "find it and reply when it ends.",
+                instance=inst.name,
+                hint=f"`/gpu jobs {inst.name}` shows the queue; run it again if it is not there.",
+            ) from exc
+        raise
+
+
+def _poll(rt: Runtime, now: datetime, instance_id: int | None) -> PollReport:
+    plans: dict[str, tuple[int, Target, str]] = {}
+    updated = 0
+    with rt.db.session() as session:
+        query = select(Job).where(col(Job.state).in_(ACTIVE_STATES))
+        if instance_id is not None:
+            query = query.where(Job.instance_id == instance_id)
+        rows = session.exec(query).all()
+        by_instance: dict[int, list[Job]] = {}
+        for row in rows:
+            by_instance.setdefault(row.instance_id, []).append(row)
+        for iid, inst_rows in by_instance.items():
+            inst = session.get(Instance, iid)
+            if inst is None:
+                continue
+            if inst.state not in REACHABLE_STATES:
+                for row in inst_rows:
+                    _mark_lost(row, inst, now, f"the instance was {inst.state}")
+                    updated += 1
+                continue
+            plans[inst.name] = (iid, target_for(rt, inst), _since(inst_rows))
+    unreachable: list[str] = []
+    if plans:
+        since_by_name = {name: since for name, (_, _, since) in plans.items()}
+        answers = rt.fleet.fan_out(
+            [target for _, target, _ in plans.values()],
+            lambda agent: agent.jobs(since=since_by_name[agent.target.name]),
+        )
+        for name, answer in answers.items():
+            iid = plans[name][0]
+            if isinstance(answer, FleetError):
+                unreachable.append(name)
+                _note_unreachable(rt, iid, answer)
+                continue
+            updated += _apply_listing(rt, iid, answer, now)
+    replied = send_replies(rt, now, instance_id)
+    return PollReport(updated=updated, replied=replied, unreachable=tuple(unreachable))
+
+
+def _apply_listing(rt: Runtime, instance_id: int, listing: JobList, now: datetime) -> int:
+    """Update the instance's unfinished rows from the agent's list; returns rows changed."""
+    by_id = {record.id: record for record in listing.jobs}
+    by_name = {record.name: record for record in listing.jobs if record.name}
+    changed = 0
+    with rt.db.session() as session:
+        inst = session.get(Instance, instance_id)
+        if inst is None:
+            return 0
+        rows = session.exec(
+            select(Job).where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+        ).all()
+        for row in rows:
+            if row.agent_job_id.startswith(PENDING_PREFIX):
+                token = row.agent_job_id[len(PENDING_PREFIX) :]
+                record = by_name.get(NAME_PREFIX + token)
+                if record is None:
+                    if row.submitted_at < now - SUBMIT_CONFIRM_TIMEOUT:
+                        _mark_lost(row, inst, now, f"{inst.name} never confirmed the job")
+                        changed += 1
+                    continue
+            else:
+                record = by_id.get(row.agent_job_id)
+                if record is None:
+                    _mark_lost(row, inst, now, f"{inst.name} no longer knows this job")
+                    changed += 1
+                    continue
+            if _apply_record(row, record, inst):
+                changed += 1
+    return changed
+
+
+def _apply_record(job: Job, record: JobRecord, inst: Instance) -> bool:
+    """Copy the agent's record into the row; returns whether anything changed."""
+    before = (job.agent_job_id, job.state, job.summary_json)
+    job.agent_job_id = record.id
+    job.state = record.state
+    job.started_at = _naive(record.started_at)
+    job.finished_at = _naive(record.finished_at)
+    job.exit_code = record.exit_code
+    if record.gpus_assigned:
+        job.gpus = ",".join(str(g) for g in record.gpus_assigned)
+        job.gpu_count = len(record.gpus_assigned)
+    job.summary_json = dumps(record)
+    if record.state in FINAL_STATES:
+        job.cost_micros = _cost(job, record, inst)
+    return before != (job.agent_job_id, job.state, job.summary_json)
+
+
+def _mark_lost(job: Job, inst: Instance, now: datetime, why: str) -> None:
+    record = _stored_record(job)
+    note = f"Lost: {why}."
+    if record is None:
+        record = JobRecord(
+            id=job.agent_job_id,
+            name=None,
+            state="lost",
+            command=_command(job.command_json),
+            user=None,
+            gpus_requested=job.gpus,
+            gpus_assigned=(),
+            retries=job.retries,
+            attempt=0,
+            created_at=_iso(job.submitted_at),
+            started_at=None,
+            finished_at=None,
+            exit_code=None,
+        )
+    job.state = "lost"
+    job.finished_at = now
+    job.summary_json = dumps(replace(record, state="lost", finished_at=_iso(now), note=note))
+    job.cost_micros = _cost(job, _stored_record(job), inst)
+
+
+def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
+    """Claim, post and mark one completion reply; False when another process has it or the
+    post failed (the claim is then given back)."""
+    if not _claim(rt, job_id, now):
+        return False
+    with rt.db.session() as session:
+        job = _job(session, job_id)
+        inst = session.get(Instance, job.instance_id)
+        if inst is None:
+            return False
+        view = job_view(job, inst, _stored_record(job))
+        thread = job.message_ts
+        channel = job.channel_id if thread else job.requested_by
+    text, body = blocks.completion_reply(view)
+    try:
+        rt.notifier.post(channel or job.requested_by, text, body, thread_ts=thread)
+    except GpubotError:
+        log.warning("completion reply of job %s failed; retrying later", job_id, exc_info=True)
+        with rt.db.session() as session:
+            session.execute(
+                update(Job)
+                .where(col(Job.id) == job_id, col(Job.reply_claimed_at) == now)
+                .values(reply_claimed_at=None)
+            )
+        return False
+    with rt.db.session() as session:
+        session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
+    return True
+
+
+def _claim(rt: Runtime, job_id: int, now: datetime) -> bool:
+    with rt.db.session() as session:
+        result = session.execute(
+            update(Job)
+            .where(
+                col(Job.id) == job_id,
+                col(Job.replied_at).is_(None),
+                or_(
+                    col(Job.reply_claimed_at).is_(None),
+                    col(Job.reply_claimed_at) < now - CLAIM_TIMEOUT,
+                ),
+            )
+            .values(reply_claimed_at=now)
+        )
+        return isinstance(result, CursorResult) and result.rowcount == 1
+
+
+def _note_unreachable(rt: Runtime, instance_id: int, exc: FleetError) -> None:
+    with rt.db.session() as session:
+        inst = session.get(Instance, instance_id)
+    if inst is not None:
+        handle_fleet_error(rt, inst, exc)
+    log.info("job poll: %s", exc.message)
+
+
+def _since(rows: Sequence[Job]) -> str:
+    """The agent-clock time at or before which every one of ``rows`` was created."""
+    moments = []
+    for row in rows:
+        record = _stored_record(row)
+        created = _aware(record.created_at) if record is not None else None
+        if created is None or row.agent_job_id.startswith(PENDING_PREFIX):
+            moments.append(row.submitted_at.replace(tzinfo=UTC) - CLOCK_SLACK)
+        else:
+            moments.append(created - timedelta(seconds=1))
+    return min(moments).isoformat(timespec="milliseconds")
+
+
+def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
+    with rt.db.session() as session:
+        rows = _recent_rows(session, now, None)
+        instances = {
+            i.id: i
+            for i in session.exec(
+                select(Instance).where(col(Instance.id).in_({r.instance_id for r in rows}))
+            ).all()
+        }
+    views = tuple(
+        job_view(row, instances[row.instance_id], _stored_record(row))
+        for row in rows
+        if row.instance_id in instances
+    )
+    return JobListView(None, views)
+
+
+def _recent_rows(session: Session, now: datetime, instance_id: int | None) -> list[Job]:
+    query = select(Job).where(
+        or_(col(Job.state).in_(ACTIVE_STATES), col(Job.submitted_at) >= now - LIST_WINDOW)
+    )
+    if instance_id is not None:
+        query = query.where(Job.instance_id == instance_id)
+    rows = session.exec(query.order_by(col(Job.id).desc()).limit(LIST_LIMIT)).all()
+    return list(reversed(rows))
+
+
+def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
+    """A job named ``42``/``#42`` (the bot's number), an agent job id (or its unique start)
+    the bot knows, or ``INSTANCE:AGENT_ID``. Raises NotFound, UsageError."""
+    raw = ref.strip().lstrip("#")
+    with rt.db.session() as session:
+        if raw.isdigit():
+            job = session.get(Job, int(raw))
+            if job is None:
+                raise NotFound(f"There is no job {raw}.", hint="`/gpu jobs` lists them.")
+            return _instance_of(session, job), job.agent_job_id, job
+        if ":" in raw:
+            name, _, agent_id = raw.partition(":")
+            inst = get_live_instance(session, name)
+            job = session.exec(
+                select(Job).where(Job.instance_id == inst.id, Job.agent_job_id == agent_id)
+            ).first()
+            return inst, agent_id, job
+        matches = session.exec(
+            select(Job).where(col(Job.agent_job_id).startswith(raw)).limit(3)
+        ).all()
+        if len(matches) == 1:
+            return _instance_of(session, matches[0]), matches[0].agent_job_id, matches[0]
+        if matches:
+            raise UsageError(f"{ref!r} matches several jobs; give more of its id.")
+        raise NotFound(
+            f"There is no job {ref!r}.",
+            hint="Name a job by its number (`/gpu jobs` lists them) or as INSTANCE:AGENT_ID.",
+        )
+
+
+def _instance_of(session: Session, job: Job) -> Instance:
+    inst = session.get(Instance, job.instance_id)
+    if inst is None:
+        raise NotFound(f"The instance of job {job.id} is gone.")
+    return inst
+
+
+def _agent_only_view(inst: Instance, record: JobRecord) -> JobView:
+    """A job started on the instance without the bot."""
+    duration = record.summary.duration_s if record.summary is not None else None
+    return JobView(
+        id=None,
+        agent_job_id=record.id,
+        instance_id=_id(inst),
+        instance_name=inst.name,
+        state=record.state,
+        command=tuple(record.command),
+        user=record.user,
+        name=record.name,
+        gpus_requested=record.gpus_requested,
+        gpus_assigned=tuple(record.gpus_assigned),
+        retries=record.retries,
+        attempt=record.attempt,
+        started_at=_naive(record.started_at),
+        finished_at=_naive(record.finished_at),
+        exit_code=record.exit_code,
+        duration_s=duration,
+        gpu_hours=_gpu_hours(duration, len(record.gpus_assigned)),
+        currency=inst.currency,
+        summary=record.summary,
+        note=record.note,
+        instance_active=inst.state == "active",
+    )
+
+
+def _bare_view(inst: Instance, agent_job_id: str) -> JobView:
+    return JobView(
+        id=None,
+        agent_job_id=agent_job_id,
+        instance_id=_id(inst),
+        instance_name=inst.name,
+        state="unknown",
+        command=(),
+        currency=inst.currency,
+    )
+
+
+def _cost(job: Job, record: JobRecord | None, inst: Instance) -> int | None:
+    if job.started_at is None:
+        return 0
+    duration = _duration_s(job, record)
+    if duration is None:
+        return None
+    end = job.started_at + timedelta(seconds=duration)
+    return billing.job_cost(inst, job.started_at, end, job.gpu_count or None)
+
+
+def _duration_s(job: Job, record: JobRecord | None) -> float | None:
+    if record is not None and record.summary is not None:
+        return record.summary.duration_s
+    if job.started_at is not None and job.finished_at is not None:
+        return max(0.0, (job.finished_at - job.started_at).total_seconds())
+    return None
+
+
+def _gpu_hours(duration_s: float | None, gpus: int) -> float | None:
+    if duration_s is None:
+        return None
+    return duration_s / 3600.0 * gpus
+
+
+def _stored_record(job: Job) -> JobRecord | None:
+    if not job.summary_json:
+        return None
+    try:
+        return loads(JobRecord, job.summary_json)
+    except ProtocolError:
+        return None
+
+
+def _assigned_from(gpus: str | None) -> tuple[int, ...]:
+    if not gpus or gpus == "all":
+        return ()
+    try:
+        return tuple(int(part) for part in gpus.split(",") if part)
+    except ValueError:
+        return ()
+
+
+def _command(command_json: str) -> tuple[str, ...]:
+    try:
+        argv = json.loads(command_json)
+    except ValueError:
+        return (command_json,)
+    return tuple(str(part) for part in argv) if isinstance(argv, list) else (str(argv),)
+
+
+def _aware(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _naive(text: str | None) -> datetime | None:
+    moment = _aware(text)
+    return moment.replace(tzinfo=None) if moment is not None else None
+
+
+def _iso(moment: datetime) -> str:
+    aware = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+    return aware.isoformat(timespec="milliseconds")
+
+
+def _job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise NotFound(f"There is no job {job_id}.")
+    return job
+
+
+def _id(row: Instance | Job) -> int:
+    assert row.id is not None
+    return row.id

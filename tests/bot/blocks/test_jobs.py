@@ -1,0 +1,273 @@
+"""Job messages: every block valid by Slack's rules, at the limits (huge logs, 8 GPUs, long
+commands), with the text escaped and the newest log lines kept."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from agents.protocol import Diagnosis, JobGpuStat, JobSummary
+from bot.blocks import jobs as blocks
+from bot.blocks.common import MAX_BLOCKS, SECTION_TEXT_MAX
+from bot.local_slack import check_blocks
+from bot.services.job_views import (
+    JobListView,
+    JobView,
+    LogView,
+    WhoGpuView,
+    WhoProcess,
+    WhoView,
+)
+
+GIB = 1024**3
+
+
+def job(**changes: Any) -> JobView:
+    values: dict[str, Any] = dict(
+        id=42,
+        agent_job_id="20261202-120000-ab12",
+        instance_id=7,
+        instance_name="box1",
+        state="succeeded",
+        command=("python", "train.py", "--lr", "3e-4"),
+        requested_by="U0ALICE",
+        gpus_requested="2",
+        gpus_assigned=(0, 1),
+        retries=0,
+        attempt=1,
+        submitted_at=datetime(2026, 12, 2, 12, 0),
+        started_at=datetime(2026, 12, 2, 12, 0, 1),
+        finished_at=datetime(2026, 12, 2, 13, 30, 1),
+        exit_code=0,
+        duration_s=5400.0,
+        gpu_hours=3.0,
+        cost_micros=6_300_000,
+        summary=JobSummary(
+            duration_s=5400.0,
+            cpu_avg_pct=180.0,
+            gpus=(JobGpuStat(0, 93.4, 70 * GIB), JobGpuStat(1, 91.0, 69 * GIB)),
+            diagnoses=(),
+            log_tail="epoch 9 loss 0.12\ndone\n",
+        ),
+    )
+    values.update(changes)
+    return JobView(**values)
+
+
+def all_text(message: tuple[str, tuple[dict[str, Any], ...]]) -> str:
+    import json
+
+    return message[0] + json.dumps(message[1], ensure_ascii=False)
+
+
+def section_texts(body: tuple[dict[str, Any], ...]) -> list[str]:
+    return [b["text"]["text"] for b in body if b["type"] == "section" and "text" in b]
+
+
+def test_completion_reply_has_every_fact_and_the_release_button():
+    text, body = blocks.completion_reply(job())
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    for fragment in (
+        "Job 42 on box1 succeeded",
+        "<@U0ALICE>",
+        "*Exit code*\\n0",
+        "*Duration*\\n1h 30m",
+        "*GPU-hours*\\n3.00",
+        "*Cost*\\n$6.30",
+        "*CPU*\\n180% of a core",
+        "GPU 0: 93% busy on average, peak memory 70.0 GiB",
+        "GPU 1: 91% busy",
+        "python train.py --lr 3e-4",
+        "epoch 9 loss 0.12\\ndone",
+    ):
+        assert fragment in shown, fragment
+    (button,) = body[-1]["elements"]
+    assert (button["action_id"], button["value"]) == ("instance_release_ask", "7")
+    assert button["text"]["text"] == "Release instance"
+    assert "(0, 1h 30m, $6.30)" in text
+
+
+def test_completion_reply_for_a_released_instance_has_no_button():
+    _, body = blocks.completion_reply(job(instance_active=False))
+    assert all(b["type"] != "actions" for b in body)
+
+
+def test_failed_job_shows_note_attempts_and_diagnoses():
+    summary = JobSummary(
+        duration_s=12.5,
+        cpu_avg_pct=None,
+        gpus=(),
+        diagnoses=(
+            Diagnosis("cuda_oom", "Ran out of GPU memory: lower the batch size <now>."),
+            Diagnosis("dataloader_bound", "Data loading is the bottleneck."),
+        ),
+        log_tail="Traceback...\nRuntimeError: CUDA out of memory\n",
+    )
+    message = blocks.completion_reply(
+        job(
+            state="failed",
+            exit_code=137,
+            retries=2,
+            attempt=3,
+            note="killed by SIGKILL",
+            summary=summary,
+            duration_s=12.5,
+            gpus_assigned=(),
+        )
+    )
+    assert check_blocks(message[1]) == []
+    shown = all_text(message)
+    assert ":x: *Job 42 on box1 failed*" in shown
+    assert "killed by SIGKILL" in shown
+    assert "*Attempts*\\n3 of 3" in shown
+    assert "*Exit code*\\n137" in shown
+    assert "*GPUs*\\nnone" in shown
+    assert "lower the batch size &lt;now&gt;." in shown
+    assert "Data loading is the bottleneck." in shown
+    assert "*Duration*\\n12s" in shown
+
+
+def test_lost_job_without_summary_or_cost():
+    message = blocks.completion_reply(
+        job(state="lost", exit_code=None, summary=None, duration_s=None, cost_micros=None)
+    )
+    assert check_blocks(message[1]) == []
+    shown = all_text(message)
+    assert "*Exit code*\\n-" in shown
+    assert "*Cost*\\n-" in shown
+    assert ":grey_question:" in shown
+
+
+def test_huge_log_keeps_its_last_lines_within_a_section():
+    log = "".join(f"step {i} loss 0.{i:04d} <&>\n" for i in range(100_000))
+    _, body = blocks.completion_reply(job(summary=JobSummary(1.0, None, (), (), log_tail=log)))
+    assert check_blocks(body) == []
+    code = section_texts(body)[-1]
+    assert len(code) <= SECTION_TEXT_MAX
+    assert code.startswith("```\n…\nstep ")
+    assert code.endswith("step 99999 loss 0.99999 &lt;&amp;&gt;\n```")
+
+
+def test_a_single_giant_log_line_still_fits():
+    _, body = blocks.completion_reply(
+        job(summary=JobSummary(1.0, None, (), (), log_tail="x" * 50_000 + "END"))
+    )
+    assert check_blocks(body) == []
+    assert section_texts(body)[-1].endswith("xEND\n```")
+
+
+def test_code_fences_in_logs_and_commands_cannot_break_out():
+    message = blocks.completion_reply(
+        job(
+            command=("sh", "-c", "echo ```; echo `id`"),
+            summary=JobSummary(1.0, None, (), (), log_tail="```\n*bold*\n```\n"),
+        )
+    )
+    assert check_blocks(message[1]) == []
+    for text in section_texts(message[1]):
+        if text.startswith("```"):
+            assert text.count("```") == 2
+
+
+def test_eight_gpus_and_a_very_long_command():
+    eight = tuple(JobGpuStat(i, float(i * 10), i * GIB) for i in range(8))
+    command = ("python", "train.py", *[f"--flag{i}='{'v' * 40}'" for i in range(200)])
+    message = blocks.completion_reply(
+        job(
+            command=command,
+            gpus_assigned=tuple(range(8)),
+            summary=JobSummary(10.0, 50.0, eight, (), log_tail="ok\n"),
+        )
+    )
+    assert check_blocks(message[1]) == []
+    assert len(message[1]) <= MAX_BLOCKS
+    shown = all_text(message)
+    assert "GPU 7: 70% busy on average, peak memory 7.0 GiB" in shown
+    assert "*GPUs*\\n0, 1, 2, 3, 4, 5, 6, 7" in shown
+    assert len(message[0]) <= 4000
+
+
+def test_queued_message_quotes_the_command_as_typed():
+    argv = ("python", "-c", "print('a b')", "$HOME", "a;b|c", "")
+    text, body = blocks.queued_message(job(state="queued", command=argv, retries=2))
+    assert check_blocks(body) == []
+    assert shlex.split(text.split(": ", 1)[1]) == list(argv)
+    shown = all_text((text, body))
+    assert "Job 42 queued on box1" in shown
+    assert "retries: 2" in shown
+    assert "I'll reply in this thread" in shown
+
+
+def test_submitted_reply_is_short_when_the_message_was_posted():
+    text, body = blocks.submitted_reply(job(state="queued"), posted=True)
+    assert text == "Queued job 42 on box1; I'll reply in its thread when it ends."
+    assert check_blocks(body) == []
+    fallback_text, _ = blocks.submitted_reply(job(state="queued"), posted=False)
+    assert fallback_text.startswith("Job 42 queued on box1")
+
+
+def test_job_list_of_the_fleet_and_of_one_instance():
+    outside = job(id=None, agent_job_id="20261202-1", state="running", requested_by=None)
+    fleet = blocks.job_list(JobListView(None, (job(), outside)))
+    assert check_blocks(fleet[1]) == []
+    shown = all_text(fleet)
+    assert "`42` on *box1* succeeded" in shown
+    assert "`box1:20261202-1` on *box1* running" in shown
+    assert "$6.30" in shown
+    empty = blocks.job_list(JobListView("box1", (), problem="From the bot's records: down"))
+    assert empty[0] == "No jobs on box1."
+    assert "From the bot" in all_text(empty)
+
+
+def test_job_list_with_many_jobs_stays_within_50_blocks():
+    many = tuple(job(id=i, command=("x" * 300,)) for i in range(600))
+    _text, body = blocks.job_list(JobListView("box1", many))
+    assert check_blocks(body) == []
+    assert len(body) <= MAX_BLOCKS
+
+
+def test_log_message_splits_long_logs_and_keeps_the_end():
+    log = "".join(f"line {i}\n" for i in range(20_000))
+    _text, body = blocks.log_message(LogView(job(), log, 20_000))
+    assert check_blocks(body) == []
+    codes = [t for t in section_texts(body) if t.startswith("```")]
+    assert len(codes) == blocks.LOG_SECTIONS_MAX
+    assert codes[0].startswith("```\n…\n")
+    assert codes[-1].endswith("line 19999\n```")
+    empty = blocks.log_message(LogView(job(), "", 50))
+    assert "The log is empty so far." in all_text(empty)
+
+
+def test_who_message_shows_slack_users_and_other_processes():
+    view = WhoView(
+        "box1",
+        (
+            WhoGpuView(
+                0,
+                "NVIDIA H100 80GB HBM3",
+                (
+                    WhoProcess(11, "ubuntu", "U0ALICE", "42", "python train.py", 30 * GIB),
+                    WhoProcess(12, "root", None, None, None, None),
+                ),
+            ),
+            WhoGpuView(1, "NVIDIA H100 80GB HBM3", ()),
+        ),
+    )
+    text, body = blocks.who_message(view)
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    assert "pid 11 · <@U0ALICE> · job `42` · 30.0 GiB · `python train.py`" in shown
+    assert "pid 12 · root" in shown
+    assert "free" in shown
+    assert blocks.who_message(WhoView("box1", ()))[0].endswith("no GPUs.")
+
+
+@pytest.mark.parametrize("state", ["cancelled", "succeeded"])
+def test_cancel_message(state):
+    text, body = blocks.cancel_message(job(state=state))
+    assert check_blocks(body) == []
+    assert ("Cancelled job 42" in text) == (state == "cancelled")

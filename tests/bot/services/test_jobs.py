@@ -1,0 +1,508 @@
+"""The job service with real parts: the real agent run by the local transport (and over a real
+sshd), real SQLite and PostgreSQL, a recording notifier standing in for Slack's Web API and
+NVML faked inside the agent build (no GPU here)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import threading
+import time
+import zipapp
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlmodel import select
+
+from agents.protocol import FINAL_JOB_STATES
+from agents.runner import JobStore
+from agents.zipapp import collect_entries
+from bot.commands.registry import Caller
+from bot.errors import Conflict, NotAuthorized, NotFound, SlackError, UsageError
+from bot.fleet.fleet import Fleet
+from bot.fleet.local import LocalTransport
+from bot.notify import MessageRef
+from bot.runtime import Runtime
+from bot.services import audit
+from bot.services import jobs as svc
+from bot.store.db import Database
+from bot.store.models import InstanceAccess, Job, Person
+from tests.agents.runner_support import FAST_ENV, Agent
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
+from tests.fixtures.fake_nvml import FAKE_DIR, FakeNvml
+from tests.fixtures.sshd import SshServer
+
+pytestmark = pytest.mark.integration
+
+OWNER = Caller(user_id="UOWNER", channel_id="CTEAM", user_name="owner")
+FRIEND = Caller(user_id="UFRIEND", channel_id="CTEAM")
+STRANGER = Caller(user_id="USTRANGER", channel_id="CTEAM")
+ADMIN = Caller(user_id="UADMIN", channel_id="COPS")
+PY = shutil.which("python3") or "python3"
+WRITE_ARGV = (
+    "import json, os, sys; "
+    "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
+)
+TRICKY = [
+    "it's",
+    'say "hi"',
+    "two  spaces",
+    "$HOME",
+    "a;b",
+    "x | y && z",
+    "`id`",
+    "$(whoami)",
+    "line1\nline2",
+    "",
+    "*",
+    "--",
+    "ünïcødé",
+    "back\\slash",
+]
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent zipapp with the fake pynvml vendored in place of nvidia-ml-py's."""
+    entries = collect_entries()
+    entries["pynvml.py"] = (FAKE_DIR / "pynvml.py").read_bytes()
+    payload = io.BytesIO()
+    with zipfile.ZipFile(payload, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(entries):
+            archive.writestr(name, entries[name])
+    payload.seek(0)
+    out = tmp_path_factory.mktemp("agent") / "gpu-agent.pyz"
+    zipapp.create_archive(payload, out, interpreter="/usr/bin/env python3")
+    return out
+
+
+@dataclass
+class World:
+    rt: Runtime
+    db: Database
+    clock: Clock
+    notifier: RecordingNotifier
+    instance_id: int
+    agent_home: Path
+    fleet: Fleet
+
+    @property
+    def store(self) -> JobStore:
+        return JobStore(str(self.agent_home))
+
+    def runtime(self, notifier: Any = None) -> Runtime:
+        """Another bot process on the same store and instance (a restart)."""
+        return make_runtime(
+            self.db, self.clock, notifier=notifier or RecordingNotifier(), fleet=self.fleet
+        )
+
+    def row(self, job_id: int) -> Job:
+        with self.db.session() as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            return job
+
+    def wait_agent(self, agent_job_id: str, states=tuple(FINAL_JOB_STATES), timeout=20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.store.read(agent_job_id)["state"] not in states:
+            assert time.monotonic() < deadline, f"agent job {agent_job_id} never reached {states}"
+            time.sleep(0.05)
+
+    def replies(self, notifier: RecordingNotifier | None = None) -> list[Any]:
+        return [p for p in (notifier or self.notifier).posts if "Job " in p.text and p.thread_ts]
+
+
+@pytest.fixture
+def world(
+    db: Database,
+    tmp_path: Path,
+    fake_gpu_agent: Path,
+    fake_nvml: FakeNvml,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[World]:
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    fake_nvml.gpus(2, util_gpu=40, memory_used=8 * 1024**3)
+    clock = Clock()
+    notifier = RecordingNotifier()
+    rt = make_runtime(db, clock, notifier=notifier, ssh_command_timeout_s=30.0)
+    login = tmp_path / "login"
+    login.mkdir()
+    fleet = Fleet(
+        rt.settings, zipapp_path=fake_gpu_agent, local_transport=LocalTransport(home=login)
+    )
+    rt.fleet = fleet
+    agent_home = tmp_path / "agent-home"
+    instance_id = add_instance(
+        db,
+        name="box",
+        host="local",
+        ssh_user="me",
+        agent_home=str(agent_home),
+        price_micros=3_600_000,
+        gpu_count=2,
+    )
+    with db.session() as session:
+        session.add(Person(slack_id="UFRIEND"))
+        session.flush()
+        session.add(
+            InstanceAccess(instance_id=instance_id, person_id="UFRIEND", granted_by="UOWNER")
+        )
+    try:
+        yield World(rt, db, clock, notifier, instance_id, agent_home, fleet)
+    finally:
+        Agent(agent_home, {}).cleanup()
+        fleet.close()
+
+
+def run(world: World, caller: Caller, command: list[str], **kwargs: Any) -> Job:
+    result = svc.submit(world.rt, caller, "box", command, **kwargs)
+    assert result.job.id is not None
+    return world.row(result.job.id)
+
+
+def test_run_posts_the_message_and_exactly_one_completion_reply_in_its_thread(world: World):
+    job = run(world, OWNER, [PY, "-c", "print('hello from the job')"], gpus="1")
+    assert job.agent_job_id.startswith("2")  # the agent's id, no longer pending
+    assert job.requested_by == "UOWNER"
+    assert job.reply_claimed_at is None
+    (message,) = world.notifier.posts
+    assert (message.channel, message.thread_ts) == ("CTEAM", None)
+    assert "Job 1 queued on box" in message.text
+    assert (job.channel_id, job.message_ts) == ("CTEAM", message.ts)
+    with world.db.session() as session:
+        (entry,) = audit.entries(session, action="job_run")
+    assert audit.details(entry)["command"] == [PY, "-c", "print('hello from the job')"]
+
+    world.wait_agent(job.agent_job_id)
+    report = svc.poll_all(world.rt)
+    assert (report.updated, report.replied) == (1, 1)
+    (reply,) = world.replies()
+    assert (reply.channel, reply.thread_ts) == ("CTEAM", message.ts)
+    assert "Job 1 on box succeeded" in reply.text
+    body = json.dumps(reply.blocks)
+    assert "hello from the job" in body
+    assert "GPU 0: 40% busy on average, peak memory 8.0 GiB" in body
+    assert "instance_release_ask" in body
+    row = world.row(1)
+    assert (row.state, row.exit_code, row.gpus, row.gpu_count) == ("succeeded", 0, "0", 1)
+    assert row.replied_at == world.clock.now
+    assert row.cost_micros is not None
+    assert row.cost_micros >= 1
+
+    assert svc.poll_all(world.rt).replied == 0
+    world.clock.advance(hours=1)
+    assert svc.poll_all(world.rt).replied == 0
+    assert len(world.replies()) == 1
+
+
+@pytest.mark.parametrize("crash_at", ["before_post", "after_claim_expired"])
+def test_exactly_one_reply_across_a_bot_restart(world: World, crash_at: str):
+    job = run(world, OWNER, ["true"])
+    world.wait_agent(job.agent_job_id)
+
+    class Crash(RuntimeError):
+        pass
+
+    class DyingNotifier(RecordingNotifier):
+        def post(self, *args: Any, **kwargs: Any) -> MessageRef:
+            raise Crash("the bot process died here")
+
+    dying = world.runtime(DyingNotifier())
+    with pytest.raises(Crash):
+        svc.poll_all(dying)
+    claimed = world.row(job.id or 0)
+    assert claimed.state == "succeeded"
+    assert claimed.reply_claimed_at == world.clock.now
+    assert claimed.replied_at is None
+
+    restarted = RecordingNotifier()
+    rt2 = world.runtime(restarted)
+    world.clock.advance(minutes=1)
+    assert svc.poll_all(rt2).replied == 0  # the claim may still be in flight elsewhere
+    if crash_at == "after_claim_expired":
+        world.clock.advance(minutes=10)
+    else:
+        world.clock.advance(seconds=svc.CLAIM_TIMEOUT.total_seconds())
+    assert svc.poll_all(rt2).replied == 1
+    rt3 = world.runtime(restarted)
+    world.clock.advance(hours=2)
+    assert svc.poll_all(rt3).replied == 0
+    assert len(world.replies(restarted)) == 1
+    assert world.replies(restarted)[0].thread_ts == job.message_ts
+
+
+def test_a_failed_post_is_retried_and_still_sent_once(world: World):
+    job = run(world, OWNER, ["sh", "-c", "exit 3"])
+    world.wait_agent(job.agent_job_id)
+    world.notifier.fail_posts = True
+    assert svc.poll_all(world.rt).replied == 0
+    assert world.row(job.id or 0).reply_claimed_at is None
+    world.notifier.fail_posts = False
+    assert svc.poll_all(world.rt).replied == 1
+    (reply,) = world.replies()
+    assert "Job 1 on box failed" in reply.text
+    assert "*Exit code*\\n3" in json.dumps(reply.blocks)
+
+
+def test_concurrent_pollers_post_each_reply_once(world: World):
+    with world.db.session() as session:
+        for i in range(12):
+            session.add(
+                Job(
+                    instance_id=world.instance_id,
+                    agent_job_id=f"done-{i}",
+                    requested_by="UOWNER",
+                    command_json='["true"]',
+                    state="succeeded",
+                    channel_id="CTEAM",
+                    message_ts=f"{i}.0001",
+                )
+            )
+    notifiers = [RecordingNotifier() for _ in range(4)]
+    runtimes = [world.runtime(n) for n in notifiers]
+    barrier = threading.Barrier(len(runtimes))
+    errors: list[BaseException] = []
+
+    def reply(rt: Runtime) -> None:
+        try:
+            barrier.wait()
+            svc.send_replies(rt)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reply, args=(rt,)) for rt in runtimes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    threads_replied = sorted(p.thread_ts or "" for n in notifiers for p in n.posts)
+    assert threads_replied == sorted(f"{i}.0001" for i in range(12))
+
+
+def test_a_job_whose_confirmation_was_lost_is_found_and_answered(world: World):
+    # The bot wrote the pending row, then the connection dropped after the agent queued it.
+    with world.db.session() as session:
+        session.add(
+            Job(
+                instance_id=world.instance_id,
+                agent_job_id=f"{svc.PENDING_PREFIX}abc123",
+                requested_by="UOWNER",
+                command_json='["true"]',
+                state="queued",
+                submitted_at=world.clock.now,
+                channel_id="CTEAM",
+            )
+        )
+        session.add(
+            Job(
+                instance_id=world.instance_id,
+                agent_job_id=f"{svc.PENDING_PREFIX}neverarrived",
+                requested_by="UOWNER",
+                command_json='["true"]',
+                state="queued",
+                submitted_at=world.clock.now,
+            )
+        )
+    agent = world.fleet.agent(svc.target_for(world.rt, _instance(world)))
+    record = agent.run(["true"], name=f"{svc.NAME_PREFIX}abc123")
+    world.wait_agent(record.id)
+    svc.poll_all(world.rt)
+    with world.db.session() as session:
+        adopted = session.exec(select(Job).where(Job.agent_job_id == record.id)).one()
+        waiting = session.exec(select(Job).where(Job.agent_job_id.endswith("neverarrived"))).one()  # type: ignore[attr-defined]
+    assert adopted.state == "succeeded"
+    assert waiting.state == "queued"
+    world.clock.advance(minutes=11)
+    svc.poll_all(world.rt)
+    assert world.row(waiting.id or 0).state == "lost"
+    texts = sorted(p.text for p in world.notifier.posts)
+    assert texts[0].startswith(f"Job {adopted.id} on box succeeded")
+    assert texts[1].startswith(f"Job {waiting.id} on box lost")
+    # Neither got its channel message posted: the requester hears directly.
+    assert [(p.channel, p.thread_ts) for p in world.notifier.posts] == [("UOWNER", None)] * 2
+
+
+def test_a_job_the_agent_forgot_is_lost(world: World):
+    job = run(world, OWNER, ["sleep", "30"])
+    world.wait_agent(job.agent_job_id, ("running",))
+    Agent(world.agent_home, {}).cleanup()
+    shutil.rmtree(world.agent_home / "jobs" / job.agent_job_id)
+    (world.agent_home / "active" / job.agent_job_id).unlink()
+    svc.poll_all(world.rt)
+    row = world.row(job.id or 0)
+    assert row.state == "lost"
+    (reply,) = world.replies()
+    assert "no longer knows this job" in json.dumps(reply.blocks)
+
+
+def test_only_owner_allowed_people_and_admins_run_and_cancel(world: World):
+    with pytest.raises(NotAuthorized, match="Only <@UOWNER>"):
+        svc.submit(world.rt, STRANGER, "box", ["true"])
+    with world.db.session() as session:
+        assert session.exec(select(Job)).all() == []
+    assert world.store.all_ids() == []
+    friend = run(world, FRIEND, ["sleep", "30"])
+    admin = run(world, ADMIN, ["sleep", "30"])
+    assert (friend.requested_by, admin.requested_by) == ("UFRIEND", "UADMIN")
+    world.wait_agent(friend.agent_job_id, ("running",))
+    with pytest.raises(NotAuthorized):
+        svc.cancel(world.rt, STRANGER, str(friend.id))
+    assert world.store.read(friend.agent_job_id)["state"] == "running"
+    cancelled = svc.cancel(world.rt, FRIEND, str(friend.id))
+    assert cancelled.state == "cancelled"
+    assert svc.cancel(world.rt, OWNER, admin.agent_job_id[:17]).state == "cancelled"
+    with pytest.raises(Conflict, match="already finished"):
+        svc.cancel(world.rt, OWNER, str(friend.id))
+    svc.poll_all(world.rt)
+    replies = world.replies()
+    assert len(replies) == 2
+    assert all("cancelled" in r.text for r in replies)
+
+
+def test_bad_requests_change_nothing(world: World):
+    for kwargs, error, message in (
+        ({"command": []}, UsageError, "Nothing to run"),
+        ({"command": ["true"], "gpus": "a,b"}, UsageError, "not understood"),
+        ({"command": ["true"], "retries": 101}, UsageError, "between 0 and 100"),
+    ):
+        with pytest.raises(error, match=message):
+            svc.submit(world.rt, OWNER, "box", **kwargs)
+    with pytest.raises(NotFound):
+        svc.submit(world.rt, OWNER, "nope", ["true"])
+    from bot.errors import AgentBroken
+
+    with pytest.raises(AgentBroken, match="more GPUs than this machine has"):
+        svc.submit(world.rt, OWNER, "box", ["true"], gpus="3")
+    with pytest.raises(AgentBroken, match="command not found"):
+        svc.submit(world.rt, OWNER, "box", ["no-such-program-xyz"])
+    with world.db.session() as session:
+        assert session.exec(select(Job)).all() == []
+    assert world.notifier.posts == []
+
+
+def test_logs_jobs_and_who(world: World, fake_nvml: FakeNvml):
+    job = run(world, OWNER, ["sh", "-c", "for i in 1 2 3; do echo line $i; done; sleep 30"])
+    world.wait_agent(job.agent_job_id, ("running",))
+    deadline = time.monotonic() + 10
+    while "line 3" not in svc.logs(world.rt, str(job.id)).text:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert svc.logs(world.rt, f"#{job.id}", tail=1).text == "line 3\n"
+    assert svc.logs(world.rt, f"box:{job.agent_job_id}", tail=2).text == "line 2\nline 3\n"
+    with pytest.raises(UsageError):
+        svc.logs(world.rt, str(job.id), tail=0)
+    with pytest.raises(NotFound):
+        svc.logs(world.rt, "999")
+
+    listing = svc.list_jobs(world.rt, "box")
+    assert [(j.id, j.state) for j in listing.jobs] == [(job.id, "running")]
+    assert svc.list_jobs(world.rt).jobs[0].requested_by == "UOWNER"
+
+    pid = world.store.read(job.agent_job_id)["job_pid"]
+    fake_nvml.gpus(2, per_gpu={1: {"processes": [{"pid": pid, "used_memory": 3 * 1024**3}]}})
+    view = svc.who(world.rt, "box")
+    assert [len(g.processes) for g in view.gpus] == [0, 1]
+    (proc,) = view.gpus[1].processes
+    assert (proc.pid, proc.slack_user, proc.job_ref) == (pid, "UOWNER", str(job.id))
+    assert svc.cancel(world.rt, OWNER, str(job.id)).state == "cancelled"
+
+
+def test_unfinished_jobs_of_a_released_instance_are_lost(world: World):
+    job = run(world, OWNER, ["sleep", "30"])
+    with world.db.session() as session:
+        inst = _instance(world, session)
+        inst.state = "released"
+        session.add(inst)
+    svc.poll_all(world.rt)
+    assert world.row(job.id or 0).state == "lost"
+    (reply,) = world.replies()
+    assert "the instance was released" in json.dumps(reply.blocks)
+    assert "instance_release_ask" not in json.dumps(reply.blocks)
+
+
+def test_a_job_message_that_cannot_be_posted_still_gets_its_reply(world: World):
+    class NoChannel(RecordingNotifier):
+        def post(self, channel: str, text: str, blocks: Any = (), *, thread_ts: Any = None):
+            if channel == "CTEAM":
+                raise SlackError("not_in_channel", error="not_in_channel")
+            return super().post(channel, text, blocks, thread_ts=thread_ts)
+
+    notifier = NoChannel()
+    rt = world.runtime(notifier)
+    result = svc.submit(rt, OWNER, "box", ["true"])
+    assert result.posted is False
+    job = world.row(result.job.id or 0)
+    world.wait_agent(job.agent_job_id)
+    assert svc.poll_all(rt).replied == 1
+    (reply,) = notifier.posts
+    assert (reply.channel, reply.thread_ts) == ("UOWNER", None)
+
+
+def test_catch_up_after_the_instance_was_unreachable(
+    db: Database, tmp_path: Path, sshd: SshServer, fake_gpu_agent: Path
+):
+    clock = Clock()
+    notifier = RecordingNotifier()
+    rt = make_runtime(
+        db, clock, notifier=notifier, ssh_connect_timeout_s=3.0, ssh_command_timeout_s=30.0
+    )
+    rt.fleet = Fleet(rt.settings, zipapp_path=fake_gpu_agent)
+    agent_home = tmp_path / "remote-agent-home"
+    add_instance(
+        db,
+        name="box",
+        host=sshd.host,
+        port=sshd.port,
+        ssh_user=sshd.user,
+        ssh_key_path=str(sshd.client_key_path),
+        host_key_type=sshd.host_key.key_type,
+        host_key_b64=sshd.host_key.key_b64,
+        host_key_fingerprint=sshd.host_key.fingerprint,
+        agent_home=str(agent_home),
+    )
+    try:
+        result = svc.submit(rt, OWNER, "box", [PY, "-c", WRITE_ARGV, *TRICKY])
+        job_id = result.job.id or 0
+        with db.session() as session:
+            agent_job_id = session.get(Job, job_id).agent_job_id  # type: ignore[union-attr]
+        store = JobStore(str(agent_home))
+        deadline = time.monotonic() + 20
+        while store.read(agent_job_id)["state"] not in FINAL_JOB_STATES:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        written = json.loads((agent_home / "jobs" / agent_job_id / "argv.json").read_text())
+        assert written == TRICKY  # crossed SSH and the remote shell exactly as given
+
+        sshd.stop()
+        report = svc.poll_all(rt)
+        assert report.unreachable == ("box",)
+        assert [p for p in notifier.posts if p.thread_ts] == []
+        sshd.restart()
+        rt.fleet.forget("box")
+        clock.advance(hours=3)
+        report = svc.poll_all(rt)
+        assert (report.unreachable, report.replied) == ((), 1)
+        assert svc.poll_all(rt).replied == 0
+    finally:
+        Agent(agent_home, {}).cleanup()
+        rt.fleet.close()
+
+
+def _instance(world: World, session: Any = None) -> Any:
+    from bot.store.models import Instance
+
+    if session is not None:
+        inst = session.get(Instance, world.instance_id)
+        assert inst is not None
+        return inst
+    with world.db.session() as own:
+        inst = own.get(Instance, world.instance_id)
+        assert inst is not None
+        return inst
