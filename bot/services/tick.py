@@ -29,6 +29,7 @@ T = TypeVar("T")
 #: Steps other parts of the bot add, as "module:function"; each is called as fn(rt, now)
 #: (or fn(rt)) after the agents are polled and before the rules run. Add one line per hook.
 TICK_HOOKS: list[str] = [
+    "bot.services.jobs:poll_all",
     "bot.services.ledger:ledger_tick",
     "bot.services.budgets:budget_tick",
     "bot.services.digest:digest_tick",
