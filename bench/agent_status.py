@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the installed gpu-agent console script",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also print the costliest imports of the zipapp"
+    )
     args = parser.parse_args(argv)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/")}
     if os.environ.get("PYTHONPATH"):  # where an uninstalled checkout finds agents and pynvml
@@ -177,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
 
             pyz = zipapp.build(Path(tmp) / "gpu-agent.pyz")
         results = measure(build_cases(args.python, args.installed, pyz), args.runs, env)
+        imports: list[str] = []
+        if args.breakdown and not args.json:
+            traced = (args.python, "-X", "importtime", "-I", str(pyz), "status", "--json")
+            imports = import_costs(traced, env)
     if args.json:
         print(json.dumps([asdict(r) for r in results], indent=1))
         return 0
@@ -193,11 +200,27 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(r.time_ratio for r in results if r.time_ratio)
     worst_cpu = max(r.cpu_ratio for r in results if r.cpu_ratio)
     verdict = "within" if worst <= TARGET_RATIO else "OVER"
+    if imports:
+        print("costliest top-level imports of one zipapp status run (cumulative):")
+        print("\n".join(imports))
     print(
         f"{results[0].runs} runs each (medians); worst wall ratio {worst:.2f}, worst CPU ratio "
         f"{worst_cpu:.2f}: wall {verdict} the {TARGET_RATIO:.0f}x target"
     )
     return 0
+
+
+def import_costs(argv: tuple[str, ...], env: dict[str, str], top: int = 10) -> list[str]:
+    """The costliest top-level imports of one run (``-X importtime``), as printable lines."""
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=True)
+    rows = []
+    for line in proc.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and not parts[2].startswith("  ") and parts[1].strip().isdigit():
+            rows.append((int(parts[1]), parts[2].strip()))
+    return [
+        f"  {micros / 1000:7.1f}ms  {name}" for micros, name in sorted(rows, reverse=True)[:top]
+    ]
 
 
 def _ratio(value: float | None) -> str:
