@@ -386,7 +386,7 @@ def test_dead_pooled_connection_is_redialled(fleet: Fleet, sshd: SshServer) -> N
 def test_sshd_killed_mid_call_is_a_typed_error_and_others_still_answer(
     fleet: Fleet, sshd: SshServer, other_sshd: SshServer, tmp_path: Path
 ) -> None:
-    slow_python = _script(tmp_path / "slow-python", 'sleep 3\nexec python3 "$@"\n')
+    slow_python = _script(tmp_path / "slow-python", 'sleep 10\nexec python3 "$@"\n')
     doomed = sshd.target("doomed", python_path=slow_python)
     healthy = [other_sshd.target(f"ok-{i}") for i in range(3)]
     for target in healthy:
@@ -406,7 +406,7 @@ def test_sshd_killed_mid_call_is_a_typed_error_and_others_still_answer(
     assert "dropped" in str(results["doomed"]) or "failed" in str(results["doomed"])
     for target in healthy:
         assert isinstance(results[target.name], StatusSnapshot), results[target.name]
-    assert elapsed < 3.0  # the dead host did not hold anyone up to the slow command's end
+    assert elapsed < 8.0  # nobody waited for the slow command's end (10 s)
 
 
 def test_fan_out_bounds_a_hung_host_by_the_timeout(
