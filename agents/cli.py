@@ -194,12 +194,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    try:
-        from agents import health
-    except ImportError:
-        sys.stderr.write("gpu-agent: error: this build has no health checks; update the agent\n")
-        return EXIT_FAILED
-    from agents import nvml, protocol
+    from agents import health, nvml, protocol
 
     snapshot = nvml.collect_status()
     kwargs: Dict[str, Any] = {
