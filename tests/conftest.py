@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fixtures.slack",
     "tests.fixtures.store",
     "tests.fixtures.providers",
+    "tests.fixtures.instances",
 ]
 
 HAS_GPU = os.path.exists("/dev/nvidiactl")

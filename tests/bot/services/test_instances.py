@@ -3,15 +3,11 @@ agent (its NVML faked: no GPU here) and a real sshd for registration over SSH.""
 
 from __future__ import annotations
 
-import io
 import json
 import socket
-import zipapp
-import zipfile
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from sqlmodel import select
@@ -23,7 +19,6 @@ from agents.protocol import (
     NvmlError,
     StatusSnapshot,
 )
-from agents.zipapp import collect_entries
 from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
@@ -33,79 +28,36 @@ from bot.errors import (
     Unreachable,
     UsageError,
 )
-from bot.fleet.fleet import Fleet
-from bot.fleet.local import LocalTransport
 from bot.runtime import Runtime
 from bot.services import audit
 from bot.services import instances as svc
 from bot.services.instances import RegisterRequest
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
-from tests.fixtures.fake_nvml import FAKE_DIR, FakeNvml
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+from tests.fixtures.fake_nvml import FakeNvml
+from tests.fixtures.instances import A100_80
 from tests.fixtures.sshd import SshServer
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM", user_name="owner")
 OTHER = Caller(user_id="UOTHER", channel_id="CTEAM")
 ADMIN = Caller(user_id="UADMIN", channel_id="CTEAM")
-A100_80 = "NVIDIA A100-SXM4-80GB"
 A100_40 = "NVIDIA A100-SXM4-40GB"
 
 
-@pytest.fixture(scope="session")
-def fake_gpu_zipapp(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The agent zipapp with the fake pynvml vendored in place of nvidia-ml-py's, so the real
-    agent reports the GPUs the test configures (GPUBOT_FAKE_NVML)."""
-    entries = collect_entries()
-    entries["pynvml.py"] = (FAKE_DIR / "pynvml.py").read_bytes()
-    payload = io.BytesIO()
-    with zipfile.ZipFile(payload, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(entries):
-            archive.writestr(name, entries[name])
-    payload.seek(0)
-    out = tmp_path_factory.mktemp("agent") / "gpu-agent.pyz"
-    zipapp.create_archive(payload, out, interpreter="/usr/bin/env python3")
-    return out
+@pytest.fixture
+def rt(local_rt: Runtime) -> Runtime:
+    return local_rt
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock(rt: Runtime) -> Clock:
+    return cast(Clock, rt.clock)
 
 
 @pytest.fixture
-def notifier() -> RecordingNotifier:
-    return RecordingNotifier()
-
-
-@pytest.fixture
-def rt(
-    db: Database,
-    clock: Clock,
-    notifier: RecordingNotifier,
-    fake_gpu_zipapp: Path,
-    fake_nvml: FakeNvml,
-    tmp_path: Path,
-) -> Iterator[Runtime]:
-    fake_nvml.gpus(2, A100_80)
-    runtime = make_runtime(
-        db,
-        clock,
-        notifier=notifier,
-        data_dir=tmp_path / "data",
-        ssh_connect_timeout_s=3.0,
-        ssh_command_timeout_s=30.0,
-    )
-    home = tmp_path / "home"
-    home.mkdir()
-    fleet = Fleet(
-        runtime.settings, zipapp_path=fake_gpu_zipapp, local_transport=LocalTransport(home=home)
-    )
-    runtime.fleet = fleet
-    try:
-        yield runtime
-    finally:
-        fleet.close()
+def notifier(rt: Runtime) -> RecordingNotifier:
+    return cast(RecordingNotifier, rt.notifier)
 
 
 def _local(**changes: object) -> RegisterRequest:
