@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
@@ -72,16 +72,20 @@ class PlannedCharge:
 def accrue(db: Database, now: datetime, tz: ZoneInfo) -> int:
     """Write every charge that is due up to ``now`` for every instance; returns how many.
 
-    Safe to run concurrently with itself: a bucket another process wrote first is skipped.
+    One read finds the instances with something due (two queries, whatever the fleet's
+    history); only those are charged, each in its own transaction. Safe to run concurrently
+    with itself: a bucket another process wrote first is skipped.
     Raises StoreError when the database fails.
     """
     with db.session() as session:
-        ids = [
-            instance_id
-            for instance_id in session.exec(select(Instance.id).order_by(col(Instance.id)))
-            if instance_id is not None
-        ]
-    return sum(accrue_instance(db, instance_id, now, tz) for instance_id in ids)
+        instances = list(session.exec(select(Instance).order_by(col(Instance.id))).all())
+        states = _all_states(session)
+    due = [
+        instance.id
+        for instance in instances
+        if instance.id is not None and plan_charges(instance, states.get(instance.id, {}), now, tz)
+    ]
+    return sum(accrue_instance(db, instance_id, now, tz) for instance_id in due)
 
 
 def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo) -> int:
@@ -296,17 +300,37 @@ def _last_boundary(start: datetime, now: datetime, tz: ZoneInfo) -> datetime:
 
 
 def _states(session: Session, instance_id: int) -> dict[str, KindState]:
-    rows = session.exec(
-        select(
-            Charge.kind,
-            func.max(Charge.end_at),
-            func.sum(Charge.amount_micros),
-            func.sum(Charge.billed_s),
+    return _all_states(session, instance_id).get(instance_id, {})
+
+
+def _all_states(
+    session: Session, instance_id: int | None = None
+) -> dict[int, dict[str, KindState]]:
+    query = select(
+        Charge.instance_id,
+        Charge.kind,
+        func.max(Charge.end_at),
+        func.sum(Charge.amount_micros),
+    )
+    if instance_id is not None:
+        query = query.where(Charge.instance_id == instance_id)
+    rows = session.exec(query.group_by(col(Charge.instance_id), col(Charge.kind))).all()
+    billed = dict(
+        ((owner, kind), int(total or 0))
+        for owner, kind, total in session.exec(
+            _billed_query(instance_id).group_by(col(Charge.instance_id), col(Charge.kind))
+        ).all()
+    )
+    states: dict[int, dict[str, KindState]] = {}
+    for owner, kind, last, amount in rows:
+        states.setdefault(owner, {})[kind] = KindState(
+            last_end_at=last, charged_micros=int(amount or 0), billed_s=billed.get((owner, kind), 0)
         )
-        .where(Charge.instance_id == instance_id)
-        .group_by(col(Charge.kind))
-    ).all()
-    return {
-        kind: KindState(last_end_at=last, charged_micros=int(amount or 0), billed_s=int(s or 0))
-        for kind, last, amount, s in rows
-    }
+    return states
+
+
+def _billed_query(instance_id: int | None) -> Any:
+    query = select(Charge.instance_id, Charge.kind, func.sum(Charge.billed_s))
+    if instance_id is not None:
+        query = query.where(Charge.instance_id == instance_id)
+    return query
