@@ -115,6 +115,27 @@ def make_agent(tmp_path: Path, env: Mapping[str, str] | None = None) -> Agent:
     return Agent(home, merged)
 
 
+def fake_gpu_zipapp(out: Path) -> Path:
+    """The agent zipapp with the fake pynvml vendored in place of nvidia-ml-py's, so an agent
+    run with ``python -I`` reports the GPUs the test configures (GPUBOT_FAKE_NVML)."""
+    import io
+    import zipapp
+    import zipfile
+
+    from agents.zipapp import collect_entries
+    from tests.fixtures.fake_nvml import FAKE_DIR
+
+    entries = collect_entries()
+    entries["pynvml.py"] = (FAKE_DIR / "pynvml.py").read_bytes()
+    payload = io.BytesIO()
+    with zipfile.ZipFile(payload, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(entries):
+            archive.writestr(name, entries[name])
+    payload.seek(0)
+    zipapp.create_archive(payload, out, interpreter="/usr/bin/env python3")
+    return out
+
+
 def python_job(code: str, *args: str) -> list[str]:
     """A job command running ``code`` in this test's Python."""
     return [sys.executable, "-c", code, *args]

@@ -4,13 +4,10 @@ NVML faked inside the agent build (no GPU here)."""
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import threading
 import time
-import zipapp
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +18,6 @@ from sqlmodel import select
 
 from agents.protocol import FINAL_JOB_STATES
 from agents.runner import JobStore
-from agents.zipapp import collect_entries
 from bot.commands.registry import Caller
 from bot.errors import Conflict, NotAuthorized, NotFound, SlackError, UsageError
 from bot.fleet.fleet import Fleet
@@ -32,9 +28,9 @@ from bot.services import audit
 from bot.services import jobs as svc
 from bot.store.db import Database
 from bot.store.models import InstanceAccess, Job, Person
-from tests.agents.runner_support import FAST_ENV, Agent
+from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
-from tests.fixtures.fake_nvml import FAKE_DIR, FakeNvml
+from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.sshd import SshServer
 
 pytestmark = pytest.mark.integration
@@ -69,16 +65,7 @@ TRICKY = [
 @pytest.fixture(scope="session")
 def fake_gpu_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The agent zipapp with the fake pynvml vendored in place of nvidia-ml-py's."""
-    entries = collect_entries()
-    entries["pynvml.py"] = (FAKE_DIR / "pynvml.py").read_bytes()
-    payload = io.BytesIO()
-    with zipfile.ZipFile(payload, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(entries):
-            archive.writestr(name, entries[name])
-    payload.seek(0)
-    out = tmp_path_factory.mktemp("agent") / "gpu-agent.pyz"
-    zipapp.create_archive(payload, out, interpreter="/usr/bin/env python3")
-    return out
+    return fake_gpu_zipapp(tmp_path_factory.mktemp("agent") / "gpu-agent.pyz")
 
 
 @dataclass

@@ -1,0 +1,227 @@
+"""`/gpu run`, `jobs`, `logs`, `cancel`, `who` through the real Bolt app (signed HTTP on
+loopback), the Slack stand-in and the real agent on the local instance."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents.protocol import FINAL_JOB_STATES
+from agents.runner import JobStore
+from bot.commands import load_all
+from bot.commands.parser import parse
+from bot.errors import UsageError
+from bot.local_slack import Message, ResponseUrlPost, check_blocks
+from bot.services import tick
+from bot.store.db import Database
+from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
+from tests.bot.services.support import Clock, add_instance
+from tests.fixtures.fake_nvml import FakeNvml
+from tests.fixtures.slack import CHANNEL, SlackBot, payload_json, start_slack_bot
+
+pytestmark = pytest.mark.integration
+
+PY = shutil.which("python3") or "python3"
+WRITE_ARGV = (
+    "import json, os, sys; "
+    "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
+)
+TRICKY = ["it's", 'say "hi"', "a  b", "$HOME", "a;b", "x | y", "`id`", "$(whoami)", "<&>", ""]
+
+
+@pytest.fixture(scope="session")
+def fake_gpu_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_gpu_zipapp(tmp_path_factory.mktemp("agent") / "gpu-agent.pyz")
+
+
+@pytest.fixture
+def agent_home(
+    tmp_path: Path, fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    fake_nvml.gpus(2)
+    home = tmp_path / "agent-home"
+    yield home
+    Agent(home, {}).cleanup()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def start(db: Database, tmp_path: Path, clock: Clock, fake_gpu_agent: Path):  # type: ignore[no-untyped-def]
+    return start_slack_bot(db, tmp_path, clock=clock, agent_zipapp=fake_gpu_agent)
+
+
+@pytest.fixture
+def box(sqlite_db: Database, agent_home: Path) -> int:
+    return add_instance(
+        sqlite_db,
+        name="box",
+        owner_id="U0ALICE",
+        host="local",
+        ssh_user="me",
+        agent_home=str(agent_home),
+        price_micros=7_200_000,
+        gpu_count=2,
+    )
+
+
+def ask(bot: SlackBot, text: str, **kwargs: str) -> ResponseUrlPost:
+    before = len(bot.slack.responses)
+    assert bot.command(text, **kwargs) == 200
+    return bot.replies(before + 1)[before]
+
+
+def channel_messages(bot: SlackBot) -> list[Message]:
+    return [e for e in bot.slack.events if isinstance(e, Message) and not e.via_response_url]
+
+
+def wait_agent(home: Path, timeout: float = 20.0) -> str:
+    store = JobStore(str(home))
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = store.all_ids()
+        if ids and all(store.read(i)["state"] in FINAL_JOB_STATES for i in ids):
+            return ids[-1]
+        assert time.monotonic() < deadline, "the agent's jobs did not finish"
+        time.sleep(0.05)
+
+
+def wait_log(home: Path, fragment: str, timeout: float = 20.0) -> None:
+    """Wait until the first job's log holds ``fragment``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        logs = sorted(home.glob("jobs/*/log"))
+        if logs and fragment in logs[0].read_text(errors="replace"):
+            return
+        assert time.monotonic() < deadline, f"no {fragment!r} in the job's log"
+        time.sleep(0.05)
+
+
+def test_run_reaches_the_instance_exactly_as_typed_and_replies_once_in_its_thread(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    box: int,
+    agent_home: Path,
+) -> None:
+    typed = " ".join(shlex.quote(part) for part in [PY, "-c", WRITE_ARGV, *TRICKY])
+    with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+        answer = ask(bot, f"run box --gpus 1 --retries 1 -- {typed}")
+        assert answer.payload["response_type"] == "ephemeral"
+        assert "Queued job 1 on box" in payload_json(answer)
+        (queued,) = channel_messages(bot)
+        assert queued.channel == CHANNEL
+        assert not check_blocks(list(queued.blocks))
+        agent_job_id = wait_agent(agent_home)
+        written = json.loads((agent_home / "jobs" / agent_job_id / "argv.json").read_text())
+        assert written == TRICKY
+
+        tick.tick(bot.rt)
+        replies = [m for m in channel_messages(bot) if m.thread_ts == queued.ts]
+        assert len(replies) == 1
+        reply = replies[0]
+        assert "Job 1 on box succeeded" in reply.text
+        assert not check_blocks(list(reply.blocks))
+        buttons = [e for b in reply.blocks if b["type"] == "actions" for e in b["elements"]]
+        assert [(b["action_id"], b["value"]) for b in buttons] == [
+            ("instance_release_ask", str(box))
+        ]
+        tick.tick(bot.rt)
+    clock.advance(hours=1)
+    with start(sqlite_db, tmp_path / "again", clock, fake_gpu_agent) as restarted:
+        tick.tick(restarted.rt)
+        assert [m for m in channel_messages(restarted) if m.thread_ts] == []
+
+
+def test_a_job_that_ends_while_the_bot_is_down_gets_one_reply_after_restart(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    box: int,
+    agent_home: Path,
+) -> None:
+    with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+        ask(bot, "run box -- sh -c 'sleep 0.5; echo finished'")
+        (queued,) = channel_messages(bot)
+    wait_agent(agent_home)
+    clock.advance(minutes=30)
+    with start(sqlite_db, tmp_path / "again", clock, fake_gpu_agent) as restarted:
+        tick.tick(restarted.rt)
+        tick.tick(restarted.rt)
+        replies = [m for m in channel_messages(restarted) if m.thread_ts == queued.ts]
+        assert len(replies) == 1
+        assert "finished" in json.dumps(replies[0].blocks)
+
+
+def test_jobs_logs_who_and_cancel(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    box: int,
+    agent_home: Path,
+) -> None:
+    with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+        ask(bot, "run box --gpus 0,1 -- sh -c 'echo started; sleep 60'")
+        wait_log(agent_home, "started")
+
+        listing = ask(bot, "jobs box")
+        assert not check_blocks(listing.payload["blocks"])
+        assert "running" in payload_json(listing)
+        logs = ask(bot, "logs 1 --tail 5")
+        assert "started" in payload_json(logs)
+        who = ask(bot, "who box")
+        assert "GPU 0" in payload_json(who)
+        assert "GPU 1" in payload_json(who)
+        refused = ask(bot, "cancel 1", user="U0BOB", user_name="bob")
+        assert "Only <@U0ALICE>" in payload_json(refused)
+        cancelled = ask(bot, "cancel 1")
+        assert "Cancelled job 1 on box" in payload_json(cancelled)
+        tick.tick(bot.rt)
+        threaded = [m for m in channel_messages(bot) if m.thread_ts]
+        assert len(threaded) == 1
+        assert "cancelled" in threaded[0].text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("run box", "Nothing to run after `--`"),
+        ("run box --", "Nothing to run after `--`"),
+        ("run box --retries x -- true", "invalid int value"),
+        ("run -- true", "The following arguments are required: NAME"),
+        ("logs", "The following arguments are required: JOB"),
+        ("cancel", "The following arguments are required: JOB"),
+        ("who", "The following arguments are required: NAME"),
+    ],
+)
+def test_usage_errors(text: str, message: str) -> None:
+    registry = load_all()
+    with pytest.raises(UsageError) as caught:
+        parse(text, registry)
+    assert message in caught.value.message
+    assert caught.value.usage.startswith("/gpu ")
+
+
+def test_run_keeps_everything_after_the_double_dash_as_the_command() -> None:
+    spec, args = parse(
+        "run box --gpus 0,1 --retries 2 --release-when-done -- python t.py --gpus 3 -- 'a b'",
+        load_all(),
+    )
+    assert spec.name == "run"
+    assert (args.name, args.gpus, args.retries, args.release_when_done) == ("box", "0,1", 2, True)
+    assert args.command == ["python", "t.py", "--gpus", "3", "--", "a b"]
+    _, listing = parse("jobs", load_all())
+    assert listing.name is None
