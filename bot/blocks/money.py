@@ -297,7 +297,8 @@ def _fit_line(fit: GpuFit) -> str:
 
 
 def _gb(size: int) -> str:
-    return f"{Decimal(size) / Decimal(10**9):.1f} GB"
+    """Bytes in GiB, the unit GPU memory is sold in ("80 GB" cards hold 80 GiB)."""
+    return f"{Decimal(size) / Decimal(2**30):.1f} GiB"
 
 
 def _money(option: Option, currency: str) -> str:
