@@ -152,10 +152,34 @@ class ProviderRegistry:
     def from_settings(cls, settings: Settings) -> ProviderRegistry:
         """Build every provider the settings allow. REST platforms need their API key; a platform
         without one is listed as missing, and ``get`` says which variable to set."""
+        from bot.providers.aws import AwsProvider
+        from bot.providers.lambda_cloud import LambdaProvider
         from bot.providers.manual import ManualProvider
+        from bot.providers.runpod import RunpodProvider
+        from bot.providers.vast import VastProvider
 
-        providers: list[Provider] = [ManualProvider()]
+        providers: list[Provider] = [ManualProvider(), AwsProvider.from_settings(settings)]
         missing: dict[str, str] = {}
+        factories: tuple[tuple[str, str | None, str, Callable[[Settings], Provider]], ...] = (
+            (
+                "lambda",
+                settings.lambda_api_key,
+                "GPUBOT_LAMBDA_API_KEY",
+                LambdaProvider.from_settings,
+            ),
+            (
+                "runpod",
+                settings.runpod_api_key,
+                "GPUBOT_RUNPOD_API_KEY",
+                RunpodProvider.from_settings,
+            ),
+            ("vast", settings.vast_api_key, "GPUBOT_VAST_API_KEY", VastProvider.from_settings),
+        )
+        for name, key, var, factory in factories:
+            if key:
+                providers.append(factory(settings))
+            else:
+                missing[name] = var
         return cls(providers, missing=missing)
 
     def get(self, name: str) -> Provider:

@@ -1,0 +1,269 @@
+"""AWS EC2 through boto3: list, get, terminate or stop, launch; GPU model and count from
+``describe_instance_types``. ``settings.aws_endpoint_url`` (GPUBOT_AWS_ENDPOINT_URL) points the
+client elsewhere; credentials come from boto3's usual chain.
+
+EC2 bills per second after a one-minute minimum per start, and EBS volumes keep billing while an
+instance is stopped. There is no price API here (the Pricing API is a separate service): prices
+are given at rent time or registration.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from bot.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderRateLimited,
+)
+from bot.providers.base import (
+    InstanceTypeInfo,
+    LaunchRequest,
+    ProviderCapabilities,
+    ProviderInstance,
+    ReleaseOutcome,
+    check_mode,
+)
+from bot.settings import Settings
+
+if TYPE_CHECKING:
+    from mypy_boto3_ec2 import EC2Client
+
+_STATES = {
+    "pending": "pending",
+    "running": "running",
+    "shutting-down": "terminating",
+    "terminated": "terminated",
+    "stopping": "stopping",
+    "stopped": "stopped",
+}
+_NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+_AUTH = ("AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch")
+_THROTTLED = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
+
+
+class AwsProvider:
+    """EC2 instances in one region."""
+
+    name = "aws"
+    capabilities = ProviderCapabilities(
+        can_stop=True,
+        storage_bills_when_stopped=True,
+        billing_increment="second",
+        min_charge_s=60,
+        can_launch=True,
+    )
+
+    def __init__(
+        self, *, region: str, endpoint_url: str | None = None, client: EC2Client | None = None
+    ) -> None:
+        self.region = region
+        self.endpoint_url = endpoint_url
+        self._client = client
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AwsProvider:
+        """Built from GPUBOT_AWS_REGION and GPUBOT_AWS_ENDPOINT_URL; the client is made on first
+        use, so a bot without AWS credentials starts fine."""
+        return cls(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+
+    @property
+    def client(self) -> EC2Client:
+        """The EC2 client (made once; boto3 clients are thread-safe)."""
+        with self._lock:
+            if self._client is None:
+                self._client = boto3.client(
+                    "ec2",
+                    region_name=self.region,
+                    endpoint_url=self.endpoint_url,
+                    config=Config(retries={"max_attempts": 2, "mode": "standard"}),
+                )
+            return self._client
+
+    def list_instances(self) -> list[ProviderInstance]:
+        """Every instance in the region (terminated ones while EC2 still lists them)."""
+        found: list[ProviderInstance] = []
+        with _translated("describe_instances"):
+            pages = self.client.get_paginator("describe_instances").paginate()
+            for page in pages:
+                for reservation in page.get("Reservations", []):
+                    found.extend(_instance(dict(i)) for i in reservation.get("Instances", []))
+        return found
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        """One instance; ProviderNotFound when EC2 does not know it."""
+        with _translated("describe_instances"):
+            answer = self.client.describe_instances(InstanceIds=[provider_id])
+        for reservation in answer.get("Reservations", []):
+            for item in reservation.get("Instances", []):
+                return _instance(dict(item))
+        raise ProviderNotFound(f"aws: no instance {provider_id}")
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        """Terminate, or stop (EBS storage keeps billing). Already terminated (or stopped, for
+        stop), or unknown to EC2, counts as done."""
+        check_mode(self, mode)
+        try:
+            current = self.get(provider_id)
+        except ProviderNotFound:
+            return _gone(provider_id, mode)
+        if current.is_gone or (mode == "stop" and current.state == "stopped"):
+            return ReleaseOutcome(provider_id, mode, confirmed=True, state=current.state)
+        items: list[Any]
+        try:
+            with _translated(f"{mode}_instances"):
+                if mode == "stop":
+                    stopping = self.client.stop_instances(InstanceIds=[provider_id])
+                    items = list(stopping.get("StoppingInstances", []))
+                else:
+                    terminating = self.client.terminate_instances(InstanceIds=[provider_id])
+                    items = list(terminating.get("TerminatingInstances", []))
+        except ProviderNotFound:
+            return _gone(provider_id, mode)
+        raw = next(
+            (
+                str(item.get("CurrentState", {}).get("Name"))
+                for item in items
+                if item.get("InstanceId") == provider_id
+            ),
+            "unknown",
+        )
+        state = _STATES.get(raw, "terminating" if mode == "terminate" else "stopping")
+        done = state == "terminated" or (mode == "stop" and state == "stopped")
+        detail = "EBS storage keeps billing while stopped" if mode == "stop" else raw
+        return ReleaseOutcome(provider_id, mode, confirmed=done, state=state, detail=detail)
+
+    def price(self, instance_type: str) -> int | None:
+        """Not available through EC2's API: None."""
+        return None
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        """Every type with GPUs, with model, count and memory."""
+        found: list[InstanceTypeInfo] = []
+        with _translated("describe_instance_types"):
+            pages = self.client.get_paginator("describe_instance_types").paginate()
+            for page in pages:
+                for item in page.get("InstanceTypes", []):
+                    info = _type_info(dict(item))
+                    if info.gpu_count:
+                        found.append(info)
+        return sorted(found, key=lambda t: t.name)
+
+    def instance_type(self, name: str) -> InstanceTypeInfo:
+        """One type's GPU model and count. ProviderError(retryable=False) for an unknown type."""
+        try:
+            with _translated("describe_instance_types"):
+                answer = self.client.describe_instance_types(InstanceTypes=[name])  # type: ignore[list-item]
+        except ProviderError as exc:
+            raise ProviderError(
+                f"aws: {name!r} is not an EC2 instance type ({exc.message})",
+                retryable=False,
+                hint="Use a type such as g5.xlarge, g6e.xlarge or p4d.24xlarge.",
+            ) from exc
+        items = answer.get("InstanceTypes", [])
+        if not items:
+            raise ProviderError(f"aws: {name!r} is not an EC2 instance type", retryable=False)
+        return _type_info(dict(items[0]))
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        """``run_instances`` with the image (AMI) and key pair given; returns them as launched
+        (usually pending: the caller waits for running and SSH)."""
+        if not request.image:
+            raise ProviderError(
+                "aws needs an AMI to launch from.",
+                retryable=False,
+                hint="Add --image ami-... (a Deep Learning AMI has the NVIDIA driver).",
+            )
+        args: dict[str, Any] = {
+            "ImageId": request.image,
+            "InstanceType": request.instance_type,
+            "MinCount": request.count,
+            "MaxCount": request.count,
+        }
+        if request.ssh_key_name:
+            args["KeyName"] = request.ssh_key_name
+        if request.name:
+            args["TagSpecifications"] = [
+                {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": request.name}]}
+            ]
+        if request.disk_gb:
+            args["BlockDeviceMappings"] = [
+                {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": int(request.disk_gb)}}
+            ]
+        with _translated("run_instances"):
+            answer = self.client.run_instances(**args)
+        return [_instance(dict(item)) for item in answer.get("Instances", [])]
+
+
+class _translated:
+    """Turns botocore errors into provider errors."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, ProviderError):
+            return
+        if isinstance(exc, ClientError):
+            raise _client_error(self.what, exc) from exc
+        if isinstance(exc, NoCredentialsError):
+            raise ProviderAuthError(f"aws: {self.what}: no AWS credentials") from exc
+        if isinstance(exc, BotoCoreError):
+            raise ProviderError(f"aws: {self.what} failed: {exc}", retryable=True) from exc
+
+
+def _client_error(what: str, exc: ClientError) -> ProviderError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    message = f"aws: {what}: {code}: {error.get('Message', '')}".rstrip(": ")
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if code in _NOT_FOUND:
+        return ProviderNotFound(message)
+    if code in _AUTH or status in (401, 403):
+        return ProviderAuthError(message)
+    if code in _THROTTLED or status == 429:
+        return ProviderRateLimited(message)
+    return ProviderError(message, retryable=status >= 500 or status == 0)
+
+
+def _instance(item: dict[str, Any]) -> ProviderInstance:
+    raw = str(item.get("State", {}).get("Name", "pending"))
+    name = next((t["Value"] for t in item.get("Tags", []) if t.get("Key") == "Name"), None)
+    return ProviderInstance(
+        provider_id=str(item["InstanceId"]),
+        state=_STATES.get(raw, "pending"),
+        raw_state=raw,
+        instance_type=item.get("InstanceType"),
+        name=name,
+        host=item.get("PublicIpAddress") or item.get("PrivateIpAddress"),
+        ssh_port=22,
+    )
+
+
+def _type_info(item: dict[str, Any]) -> InstanceTypeInfo:
+    gpus = item.get("GpuInfo", {}).get("Gpus", [])
+    model = None
+    count = None
+    mem = None
+    if gpus:
+        first = gpus[0]
+        model = " ".join(p for p in (first.get("Manufacturer"), first.get("Name")) if p)
+        count = sum(int(g.get("Count", 0)) for g in gpus)
+        mem = first.get("MemoryInfo", {}).get("SizeInMiB")
+    return InstanceTypeInfo(
+        name=str(item.get("InstanceType")), gpu_model=model, gpu_count=count, gpu_mem_mib=mem
+    )
+
+
+def _gone(provider_id: str, mode: str) -> ReleaseOutcome:
+    return ReleaseOutcome(provider_id, mode, confirmed=True, already_gone=True, state="terminated")
