@@ -183,11 +183,12 @@ def _release_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
 
 def parse_count(text: str) -> int:
     """A GPU count, 1 to 64. Raises UsageError."""
-    if not text.strip().isdigit() or not 1 <= int(text) <= service.MAX_GPU_COUNT:
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= service.MAX_GPU_COUNT:
         raise UsageError(
             f"{text[:20]!r} is not a GPU count.", hint=f"Use 1 to {service.MAX_GPU_COUNT}."
         )
-    return int(text)
+    return int(digits)
 
 
 def parse_storage_price(text: str) -> int:
@@ -202,7 +203,7 @@ def parse_storage_price(text: str) -> int:
 
 def instance_id(value: str) -> int:
     """A button's value as an instance id. Raises UsageError for anything else."""
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise UsageError("This button is broken; run the command again.")
     return int(value)
 

@@ -1,0 +1,256 @@
+"""The instance commands through the real parser: usage, odd values, replies and buttons."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+from sqlmodel import select
+
+import bot.commands.instances as commands
+from bot.commands.parser import parse
+from bot.commands.registry import REGISTRY, Caller, Reply
+from bot.errors import NotAuthorized, NotFound, UsageError
+from bot.runtime import Runtime
+from bot.store.db import Database
+from bot.store.models import AuditLog, Instance, Release
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+
+OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
+OTHER = Caller(user_id="UOTHER", channel_id="CTEAM")
+#: Input checks need no second database: these run on SQLite only.
+SQLITE_ONLY = pytest.mark.parametrize("db", ["sqlite"], indirect=True)
+REGISTER_LOCAL = "register local local --gpu a100 --count 2 --price 2.10/h --release-in 3h"
+
+
+@pytest.fixture
+def rt(local_rt: Runtime) -> Runtime:
+    return local_rt
+
+
+@pytest.fixture
+def clock(rt: Runtime) -> Clock:
+    return cast(Clock, rt.clock)
+
+
+def run(rt: Runtime, text: str, caller: Caller = OWNER) -> Reply:
+    spec, args = parse(text, REGISTRY)
+    return spec.handler(rt, caller, args)
+
+
+def click(rt: Runtime, action_id: str, value: str, caller: Caller = OWNER) -> Reply:
+    return REGISTRY.actions[action_id].handler(rt, caller, value)
+
+
+def rows(db: Database, model: type[Any]) -> list[Any]:
+    with db.session() as session:
+        return list(session.exec(select(model)).all())
+
+
+def test_the_commands_and_buttons_are_registered() -> None:
+    for name in ("register", "status", "list", "health", "extend", "release"):
+        assert REGISTRY.commands[name].handler is not None
+    assert REGISTRY.commands["ls"] is commands.LIST
+    for action in (
+        "instance_release_ask",
+        "instance_release_confirm",
+        "instance_release_cancel",
+        "instance_release_done",
+    ):
+        assert action in REGISTRY.actions
+
+
+@pytest.mark.parametrize(
+    "spec", [commands.REGISTER, commands.STATUS, commands.LIST, commands.HEALTH, commands.EXTEND]
+)
+def test_every_example_parses(spec: Any) -> None:
+    for example in spec.examples:
+        parsed, _ = parse(example.removeprefix("/gpu "), REGISTRY)
+        assert parsed is spec
+    assert spec.usage.startswith(f"/gpu {spec.name}")
+
+
+def test_usage_lines_follow_the_design() -> None:
+    assert commands.REGISTER.usage.startswith(
+        "/gpu register NAME USER@HOST[:PORT] --gpu MODEL [--count N] --price 2.10/h "
+        "[--release-in 3h | --release-at 18:00] "
+        "[--provider manual|aws|lambda|runpod|vast --provider-id ID] "
+        "[--billing second|minute|hour] [--min-charge 1m] [--disk 200 --storage 0.10/GB-month] "
+        "[--project P] [--python PATH]"
+    )
+    assert commands.EXTEND.usage == "/gpu extend NAME DURATION"
+    assert commands.RELEASE.usage == "/gpu release NAME"
+    assert commands.HEALTH.usage == "/gpu health NAME [--full]"
+    assert commands.STATUS.usage == "/gpu status [NAME]"
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "--price abc",
+        "--price -1/h",
+        "--price 2.10/week",
+        "--count 0",
+        "--count x",
+        "--count 1000",
+        "--release-in 0m",
+        "--release-in 2y",
+        "--release-in 1h --release-at 18:00",
+        "--release-at 25:00",
+        "--release-at 2020-01-01T00:00",
+        "--release-at soon",
+        "--billing week",
+        "--min-charge forever",
+        "--disk -5",
+        "--disk lots",
+        "--disk 100 --storage 0.1/TB",
+        "--storage 0.10/GB-month",
+        "--provider azure",
+        "--provider aws",
+        "--key /nonexistent/id_ed25519",
+        "--unknown-flag 1",
+        "surplus",
+    ],
+)
+def test_register_with_odd_values_says_what_is_wrong_and_changes_nothing(
+    rt: Runtime, db: Database, extra: str
+) -> None:
+    with pytest.raises(UsageError) as info:
+        run(rt, f"{REGISTER_LOCAL.replace(' --release-in 3h', '')} {extra}")
+    assert info.value.message
+    assert rows(db, Instance) == []
+    assert rows(db, AuditLog) == []
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    "text",
+    [
+        "register",
+        "register box",
+        "register box root@h --price 1/h",
+        "register box root@h --gpu a100",
+        "register Box root@h --gpu a100 --price 1/h",
+        "register box root@ --gpu a100 --price 1/h",
+        "register box root@[::1 --gpu a100 --price 1/h",
+        "status a b",
+        "health",
+        "extend box",
+        "extend box 2x",
+        "extend box -1h",
+        "release",
+    ],
+)
+def test_malformed_commands_raise_usage_errors(rt: Runtime, db: Database, text: str) -> None:
+    with pytest.raises(UsageError):
+        run(rt, text)
+    assert rows(db, Instance) == []
+
+
+def test_register_then_status_list_health_through_the_commands(rt: Runtime, db: Database) -> None:
+    reply = run(rt, REGISTER_LOCAL + " --project llm --min-charge 1m --billing minute")
+    assert not reply.ephemeral
+    assert reply.text == "Registered local (local)."
+    [inst] = rows(db, Instance)
+    assert (inst.price_micros, inst.billing_increment, inst.min_charge_s) == (
+        2_100_000,
+        "minute",
+        60,
+    )
+
+    overview = run(rt, "status", OTHER)
+    assert overview.ephemeral
+    assert "GPU fleet: 1 instance(s)" in overview.text
+    detail = run(rt, "status local")
+    assert detail.text.startswith("local: active, util 0%")
+    listed = run(rt, "ls")
+    assert "Instances: 1 instance(s)" in listed.text
+    report = run(rt, "health local")
+    assert report.text.startswith("Health check of local:")
+
+
+def test_register_with_release_at_and_storage(rt: Runtime, db: Database, clock: Clock) -> None:
+    run(
+        rt,
+        "register local local --gpu a100 --count 2 --price 0.035/min "
+        "--release-at 18:00 --disk 200GB --storage 0.10/GB-month",
+    )
+    [inst] = rows(db, Instance)
+    assert inst.deadline_at == clock.now.replace(hour=18, minute=0)
+    assert inst.price_micros == 2_100_000
+    assert (inst.disk_gb, inst.storage_micros_per_gb_month) == (200.0, 100_000)
+
+
+def test_extend_through_the_command(rt: Runtime, db: Database, clock: Clock) -> None:
+    add_instance(db, name="box1", deadline_at=clock.now + timedelta(hours=1))
+    reply = run(rt, "extend box1 1h30m")
+    assert not reply.ephemeral
+    assert "2h 30m left" in reply.text
+    with pytest.raises(NotAuthorized):
+        run(rt, "extend box1 1h", OTHER)
+    with pytest.raises(NotFound):
+        run(rt, "extend nope 1h")
+
+
+def test_release_asks_then_the_buttons_release(rt: Runtime, db: Database, clock: Clock) -> None:
+    inst_id = add_instance(db, name="box1", created_at=clock.now - timedelta(hours=1))
+    ask = run(rt, "release box1")
+    assert ask.ephemeral
+    values = [
+        (e["action_id"], e["value"])
+        for b in ask.blocks
+        if b["type"] == "actions"
+        for e in b["elements"]
+    ]
+    assert values == [
+        ("instance_release_confirm", str(inst_id)),
+        ("instance_release_cancel", str(inst_id)),
+    ]
+    assert rows(db, Release) == []
+
+    cancelled = click(rt, "instance_release_cancel", str(inst_id))
+    assert cancelled.replace_original
+    assert rows(db, Release) == []
+
+    with pytest.raises(NotAuthorized):
+        click(rt, "instance_release_confirm", str(inst_id), OTHER)
+    confirmed = click(rt, "instance_release_confirm", str(inst_id))
+    assert confirmed.replace_original
+    assert "Released on the platform" in confirmed.text
+    notifier = cast(RecordingNotifier, rt.notifier)
+    assert "instance_release_done" in notifier.to("UOWNER")[-1].action_ids()
+
+    done = click(rt, "instance_release_done", str(inst_id))
+    assert "is released" in done.text
+    assert rows(db, Instance)[0].state == "released"
+
+
+def test_the_release_button_in_the_detail_asks_first(rt: Runtime, db: Database) -> None:
+    inst_id = add_instance(db, name="box1")
+    reply = click(rt, "instance_release_ask", str(inst_id))
+    assert "Release *box1*" in reply.text
+    assert rows(db, Release) == []
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("value", ["", "abc", "1.5", "-1", "\uff11"])
+def test_broken_button_values_are_usage_errors(rt: Runtime, value: str) -> None:
+    for action in ("instance_release_confirm", "instance_release_cancel", "instance_release_done"):
+        with pytest.raises(UsageError, match="broken"):
+            click(rt, action, value)
+
+
+@pytest.mark.parametrize(
+    ("text", "micros"),
+    [("0.10/GB-month", 100_000), ("0.1", 100_000), ("$0.08/gb/month", 80_000)],
+)
+def test_parse_storage_price(text: str, micros: int) -> None:
+    assert commands.parse_storage_price(text) == micros
+
+
+def test_quoted_names_reach_the_service_unchanged(rt: Runtime) -> None:
+    with pytest.raises(UsageError, match="not a valid instance name"):
+        run(rt, f"register {shlex.quote('my box')} root@h --gpu a100 --price 1/h")
