@@ -256,3 +256,67 @@ def button(text: str, action_id: str, value: str, *, style: str | None = None) -
     if style:
         element["style"] = style
     return element
+
+
+def policy_summary(
+    *,
+    name: str,
+    deadline_at: datetime | None,
+    lifetime_cap_at: datetime | None,
+    at_deadline: str,
+    max_grace_s: int,
+    idle_release_after_s: int | None,
+    release_when_done: bool,
+    tz: ZoneInfo,
+) -> Message:
+    """An instance's deadline rules, after `/gpu policy` or `/gpu cap`."""
+    deadline = when(deadline_at, tz) if deadline_at else "none"
+    lines = [f"*{name}*: deadline {deadline}"]
+    if lifetime_cap_at is not None:
+        lines.append(f"maximum lifetime until {when(lifetime_cap_at, tz)} (only an admin lifts it)")
+    if at_deadline == "wait-for-jobs":
+        grace = format_duration(timedelta(seconds=max_grace_s))
+        lines.append(f"at the deadline: wait for running jobs, at most {grace}")
+    else:
+        lines.append("at the deadline: release")
+    if idle_release_after_s:
+        lines.append(
+            f"idle: released {format_duration(timedelta(seconds=idle_release_after_s))} "
+            "after the idle prompt"
+        )
+    else:
+        lines.append("idle: prompt only")
+    if release_when_done:
+        lines.append("released when its job queue is empty")
+    text = "\n".join(["• " + line if i else line for i, line in enumerate(lines)])
+    return text, (section(text),)
+
+
+def rent_started(provider: str, instance_type: str, names: tuple[str, ...]) -> Message:
+    """The immediate answer to `/gpu rent`."""
+    text = (
+        f":hourglass_flowing_sand: Renting {len(names)} x {instance_type} on {provider} as "
+        f"{', '.join(names)}. I will post here once SSH answers and the health check ran "
+        "(usually a few minutes)."
+    )
+    return text, (section(text),)
+
+
+def rent_finished(
+    provider: str, registered: list[str], failed: list[tuple[str, str]], owner_id: str
+) -> Message:
+    """What `/gpu rent` achieved, posted when it is done."""
+    lines = []
+    if registered:
+        lines.append(
+            f":white_check_mark: {mention(owner_id)} rented on {provider} and registered: "
+            + ", ".join(f"*{n}*" for n in registered)
+            + ". `/gpu status NAME` shows them."
+        )
+    for provider_id, why in failed:
+        lines.append(
+            f":x: {provider} instance {provider_id} could not be registered and was terminated "
+            f"again: {why}"
+        )
+    text = "\n".join(lines) or f"Nothing was rented on {provider}."
+    return text, (section(text),)

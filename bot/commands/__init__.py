@@ -11,6 +11,7 @@ from bot.commands.registry import REGISTRY, Registry
 
 def load_all() -> Registry:
     """Import every command module so that its specs are in REGISTRY; returns REGISTRY."""
+    import bot.commands.deadlines
     import bot.commands.help
     import bot.commands.instances
     import bot.commands.jobs

@@ -29,7 +29,8 @@ class ProviderCapabilities:
 
     ``billing_increment`` is second, minute or hour; ``min_charge_s`` the minimum charge per start.
     ``api_release`` is False where releasing needs a person (the manual provider);
-    ``can_list`` False where the platform has no API to list instances.
+    ``can_list`` False where the platform has no API to list instances;
+    ``reports_instance_price`` True where each listed instance carries its own price.
     """
 
     can_stop: bool
@@ -39,6 +40,7 @@ class ProviderCapabilities:
     can_launch: bool
     can_list: bool = True
     api_release: bool = True
+    reports_instance_price: bool = False
 
 
 @dataclass(frozen=True)

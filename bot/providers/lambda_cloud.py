@@ -42,6 +42,7 @@ class LambdaProvider:
         billing_increment="minute",
         min_charge_s=0,
         can_launch=True,
+        reports_instance_price=True,
     )
 
     def __init__(self, api: JsonApi) -> None:

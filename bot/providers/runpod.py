@@ -47,6 +47,7 @@ class RunpodProvider:
         billing_increment="second",
         min_charge_s=0,
         can_launch=True,
+        reports_instance_price=True,
     )
 
     def __init__(self, api: JsonApi) -> None:

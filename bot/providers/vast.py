@@ -50,6 +50,7 @@ class VastProvider:
         billing_increment="second",
         min_charge_s=0,
         can_launch=False,
+        reports_instance_price=True,
     )
 
     def __init__(self, api: JsonApi) -> None:

@@ -29,10 +29,19 @@ from zoneinfo import ZoneInfo
 from sqlmodel import Session, col, select
 
 from bot.blocks import deadlines as blocks
-from bot.errors import Conflict, GpubotError, ProviderError, ProviderNotFound
+from bot.commands.registry import Caller
+from bot.errors import (
+    Conflict,
+    GpubotError,
+    NotAuthorized,
+    NotFound,
+    ProviderError,
+    ProviderNotFound,
+    UsageError,
+)
 from bot.providers.base import ProviderInstance
 from bot.runtime import Runtime
-from bot.services import prompts, releases
+from bot.services import access, prompts, releases
 from bot.store.models import Instance, Job, Prompt, Release, UtilSample
 
 log = logging.getLogger(__name__)
@@ -514,3 +523,140 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
 
 for _kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE):
     prompts.RENDERERS[_kind] = render
+
+
+# --- policies and caps ----------------------------------------------------------------------------
+
+POLICIES = ("release", "wait-for-jobs")
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """What ``set_policy`` may change; None leaves a field as it is. ``idle_release_after_s``
+    0 turns idle release off."""
+
+    at_deadline: str | None = None
+    max_grace_s: int | None = None
+    idle_release_after_s: int | None = None
+    release_when_done: bool | None = None
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """An instance's deadline rules after a change."""
+
+    name: str
+    deadline_at: datetime | None
+    lifetime_cap_at: datetime | None
+    at_deadline: str
+    max_grace_s: int
+    idle_release_after_s: int | None
+    release_when_done: bool
+
+
+def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> PolicyView:
+    """Change an instance's deadline policy, maximum grace, idle release or release-when-done.
+    Owner or admin. Raises UsageError, NotFound, NotAuthorized, Conflict (not active)."""
+    if change.at_deadline is not None and change.at_deadline not in POLICIES:
+        raise UsageError(
+            f"{change.at_deadline!r} is not a deadline policy.",
+            hint="Use --at-deadline release or --at-deadline wait-for-jobs.",
+        )
+    if change == PolicyChange():
+        raise UsageError(
+            "Nothing to change.",
+            hint="Give --at-deadline, --max-grace, --idle-release or --release-when-done.",
+        )
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = _live_instance(session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="change the policy of")
+        if inst.state != "active":
+            raise Conflict(f"{inst.name} is being released; its policy can no longer change.")
+        before = _policy_of(inst)
+        if change.at_deadline is not None:
+            inst.deadline_policy = change.at_deadline
+        if change.max_grace_s is not None:
+            inst.max_grace_s = change.max_grace_s
+        if change.idle_release_after_s is not None:
+            inst.idle_release_after_s = change.idle_release_after_s or None
+        if change.release_when_done is not None:
+            inst.release_when_done = change.release_when_done
+        session.add(inst)
+        prompts.audit(
+            session,
+            at=now,
+            actor=caller.user_id,
+            action="policy",
+            instance_id=inst.id,
+            before=before,
+            after=_policy_of(inst),
+        )
+        session.flush()
+        return policy_view(inst)
+
+
+def set_lifetime_cap(
+    rt: Runtime, caller: Caller, name: str, lifetime: timedelta | None
+) -> PolicyView:
+    """An admin sets the most an instance may live (counted from its registration), or lifts
+    it (None). Owners cannot extend past it. Raises NotAuthorized for anyone but an admin."""
+    if not rt.settings.is_admin(caller.user_id):
+        raise NotAuthorized(
+            "Only an admin can set or lift a maximum lifetime.",
+            hint="Ask one of the admins listed in GPUBOT_ADMINS.",
+        )
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = _live_instance(session, name)
+        if inst.state != "active":
+            raise Conflict(f"{inst.name} is being released; its lifetime can no longer change.")
+        old = inst.lifetime_cap_at
+        inst.lifetime_cap_at = None if lifetime is None else inst.created_at + lifetime
+        session.add(inst)
+        prompts.audit(
+            session,
+            at=now,
+            actor=caller.user_id,
+            action="lifetime_cap",
+            instance_id=inst.id,
+            old_cap_at=old,
+            new_cap_at=inst.lifetime_cap_at,
+        )
+        session.flush()
+        return policy_view(inst)
+
+
+def policy_view(inst: Instance) -> PolicyView:
+    """An instance's deadline rules."""
+    return PolicyView(
+        name=inst.name,
+        deadline_at=inst.deadline_at,
+        lifetime_cap_at=inst.lifetime_cap_at,
+        at_deadline=inst.deadline_policy,
+        max_grace_s=inst.max_grace_s,
+        idle_release_after_s=inst.idle_release_after_s,
+        release_when_done=inst.release_when_done,
+    )
+
+
+def _policy_of(inst: Instance) -> dict[str, object]:
+    return {
+        "at_deadline": inst.deadline_policy,
+        "max_grace_s": inst.max_grace_s,
+        "idle_release_after_s": inst.idle_release_after_s,
+        "release_when_done": inst.release_when_done,
+    }
+
+
+def _live_instance(session: Session, name: str) -> Instance:
+    inst = session.exec(
+        select(Instance).where(Instance.name == name, Instance.state != "released")
+    ).first()
+    if inst is None:
+        raise NotFound(
+            f"There is no instance called {name!r}.",
+            hint="`/gpu list` shows the instances; names are lowercase.",
+        )
+    return inst
+

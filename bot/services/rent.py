@@ -1,0 +1,298 @@
+"""`/gpu rent`: rent through a provider's API, wait until the instance runs and its SSH port
+answers, then register it like `/gpu register` (host key pinned, agent installed, health checked,
+meter and deadline started).
+
+Everything that can be checked is checked before anything is rented (provider, type, names,
+price, budget). An instance that was launched but could not be registered is terminated again,
+so nothing is left billing unseen; every launch is in the audit log.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlmodel import select
+
+from bot.commands.registry import Caller
+from bot.errors import Conflict, GpubotError, ProviderError, UsageError
+from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
+from bot.runtime import Runtime
+from bot.services import budgets, instances, prompts
+from bot.services.instances import RegisterRequest
+from bot.services.views import RegisterResult
+from bot.store.models import Instance
+
+log = logging.getLogger(__name__)
+
+#: How long to wait for the platform to report an instance running with an address.
+WAIT_RUNNING_S = 900.0
+#: How long to wait for its SSH port to accept connections after that.
+WAIT_SSH_S = 300.0
+POLL_S = 5.0
+MAX_COUNT = 8
+
+
+@dataclass(frozen=True)
+class RentRequest:
+    """What `/gpu rent` asks for. ``name`` defaults to the provider and type; with ``count`` > 1
+    the instances are NAME-1, NAME-2 ... ``price_micros_per_hour`` overrides the published one."""
+
+    provider: str
+    instance_type: str
+    count: int = 1
+    name: str | None = None
+    price_micros_per_hour: int | None = None
+    release_in: timedelta | None = None
+    release_at: datetime | None = None
+    image: str | None = None
+    ssh_key_name: str | None = None
+    region: str | None = None
+    ssh_user: str = "root"
+    key_path: str | None = None
+    project: str | None = None
+    python_path: str | None = None
+    disk_gb: int | None = None
+
+
+@dataclass(frozen=True)
+class RentPlan:
+    """A checked request: the provider, the names, the price per instance-hour (None: read
+    from each launched instance) and the GPUs of the type where the platform says."""
+
+    request: RentRequest
+    provider: Provider
+    names: tuple[str, ...]
+    price_micros_per_hour: int | None
+    gpu_model: str | None
+    gpu_count: int | None
+
+
+@dataclass(frozen=True)
+class RentResult:
+    """Registered instances, and (provider id, what went wrong) for those that were not (they
+    were terminated again)."""
+
+    registered: tuple[RegisterResult, ...]
+    failed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The clock and pauses the waits use (tests pass their own)."""
+
+    sleep: Callable[[float], None] = time.sleep
+    monotonic: Callable[[], float] = time.monotonic
+    running_s: float = WAIT_RUNNING_S
+    ssh_s: float = WAIT_SSH_S
+    poll_s: float = POLL_S
+
+
+def plan_rent(rt: Runtime, caller: Caller, req: RentRequest) -> RentPlan:
+    """Check a request without renting anything. Raises UsageError, Conflict (a name in use),
+    BudgetExceeded, ConfigError/NotFound (provider), ProviderError (cannot rent, unknown type)."""
+    if not 1 <= req.count <= MAX_COUNT:
+        raise UsageError(f"Rent 1 to {MAX_COUNT} instances at a time.", hint="Use --count 1.")
+    provider = rt.providers.get(req.provider)
+    if not provider.capabilities.can_launch:
+        raise no_launch(provider.name)
+    names = _names(req)
+    _check_free(rt, names)
+    gpu_model, gpu_count, listed_price = _type_facts(provider, req.instance_type)
+    price = req.price_micros_per_hour if req.price_micros_per_hour is not None else listed_price
+    if price is None and not provider.capabilities.reports_instance_price:
+        raise UsageError(
+            f"{provider.name} publishes no price the bot can read for {req.instance_type}.",
+            hint="Add the price you pay, like --price 1.01/h.",
+        )
+    budgets.check_budget(rt, caller, caller.user_id, req.project)
+    return RentPlan(req, provider, names, price, gpu_model, gpu_count)
+
+
+def rent(
+    rt: Runtime, caller: Caller, plan: RentPlan, *, waiting: Waiting | None = None
+) -> RentResult:
+    """Launch, wait for each instance and register it. Raises ProviderError when the launch
+    itself fails (nothing was rented then)."""
+    waiting = waiting or Waiting()
+    req = plan.request
+    launched = plan.provider.launch(
+        LaunchRequest(
+            instance_type=req.instance_type,
+            count=req.count,
+            name=plan.names[0] if req.count == 1 else req.name,
+            ssh_key_name=req.ssh_key_name,
+            region=req.region,
+            image=req.image,
+            disk_gb=req.disk_gb,
+        )
+    )
+    _audit(
+        rt,
+        caller,
+        "rent_launched",
+        provider=plan.provider.name,
+        ids=[i.provider_id for i in launched],
+    )
+    registered: list[RegisterResult] = []
+    failed: list[tuple[str, str]] = []
+    for name, inst in zip(plan.names, launched, strict=False):
+        try:
+            registered.append(_adopt(rt, caller, plan, name, inst, waiting))
+        except GpubotError as exc:
+            log.warning("rented %s (%s) could not be registered: %s", name, inst.provider_id, exc)
+            failed.append((inst.provider_id, exc.user_text()))
+            _give_back(rt, caller, plan.provider, inst.provider_id, exc)
+    return RentResult(tuple(registered), tuple(failed))
+
+
+def wait_running(provider: Provider, provider_id: str, waiting: Waiting) -> ProviderInstance:
+    """Poll the platform until the instance runs with an address. Raises ProviderError when it
+    ends up stopped or terminated, or after ``waiting.running_s``."""
+    deadline = waiting.monotonic() + waiting.running_s
+    while True:
+        current = provider.get(provider_id)
+        if current.state == "running" and current.host:
+            return current
+        if current.state in ("stopped", "terminated", "terminating"):
+            raise ProviderError(
+                f"{provider.name}: {provider_id} became {current.raw_state} before it ran.",
+                retryable=False,
+            )
+        if waiting.monotonic() >= deadline:
+            raise ProviderError(
+                f"{provider.name}: {provider_id} was not running after "
+                f"{waiting.running_s:g} s (still {current.raw_state}).",
+                retryable=False,
+                hint="Try again later or another type; it was terminated so it does not bill.",
+            )
+        waiting.sleep(waiting.poll_s)
+
+
+def wait_ssh(host: str, port: int, waiting: Waiting) -> None:
+    """Wait until ``host:port`` accepts TCP connections. Raises ProviderError after
+    ``waiting.ssh_s``."""
+    deadline = waiting.monotonic() + waiting.ssh_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=min(waiting.poll_s, 10.0)):
+                return
+        except OSError as exc:
+            if waiting.monotonic() >= deadline:
+                raise ProviderError(
+                    f"SSH on {host}:{port} did not answer within {waiting.ssh_s:g} s ({exc}).",
+                    retryable=False,
+                    hint="Check the image starts sshd and the firewall lets the bot in.",
+                ) from exc
+        waiting.sleep(waiting.poll_s)
+
+
+def _adopt(
+    rt: Runtime,
+    caller: Caller,
+    plan: RentPlan,
+    name: str,
+    launched: ProviderInstance,
+    waiting: Waiting,
+) -> RegisterResult:
+    ready = wait_running(plan.provider, launched.provider_id, waiting)
+    assert ready.host is not None
+    wait_ssh(ready.host, ready.ssh_port, waiting)
+    req = plan.request
+    price = plan.price_micros_per_hour
+    if price is None:
+        price = ready.price_micros_per_hour
+    if price is None:
+        raise ProviderError(
+            f"{plan.provider.name} did not report the price of {launched.provider_id}.",
+            retryable=False,
+            hint="Rent again with --price.",
+        )
+    caps = plan.provider.capabilities
+    return instances.register(
+        rt,
+        caller,
+        RegisterRequest(
+            name=name,
+            address=f"{req.ssh_user}@{ready.host}:{ready.ssh_port}",
+            gpu_model=plan.gpu_model or ready.gpu_model,
+            gpu_count=plan.gpu_count or ready.gpu_count,
+            price_micros_per_hour=price,
+            release_in=req.release_in,
+            release_at=req.release_at,
+            provider=plan.provider.name,
+            provider_id=launched.provider_id,
+            billing=caps.billing_increment,
+            min_charge_s=caps.min_charge_s,
+            disk_gb=float(req.disk_gb) if req.disk_gb else None,
+            project=req.project,
+            python_path=req.python_path,
+            key_path=req.key_path,
+        ),
+    )
+
+
+def _give_back(
+    rt: Runtime, caller: Caller, provider: Provider, provider_id: str, why: GpubotError
+) -> None:
+    """Terminate an instance that could not be registered; say so loudly if even that fails."""
+    try:
+        outcome = provider.release(provider_id, "terminate")
+        detail = outcome.state
+    except GpubotError as exc:
+        detail = f"terminating failed too: {exc.user_text()}"
+        prompts.notify(
+            rt,
+            caller.user_id,
+            f":rotating_light: {provider.name} instance {provider_id} was rented but could not be "
+            f"registered ({why.message}), and terminating it failed: {exc.message}. "
+            "Terminate it on the platform now; it is billing.",
+            (),
+        )
+    _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
+
+
+def _names(req: RentRequest) -> tuple[str, ...]:
+    base = req.name or f"{req.provider}-{req.instance_type}".lower().replace(".", "-").replace(
+        "_", "-"
+    )
+    if req.count == 1:
+        return (instances.validate_name(base),)
+    return tuple(instances.validate_name(f"{base}-{i}") for i in range(1, req.count + 1))
+
+
+def _check_free(rt: Runtime, names: tuple[str, ...]) -> None:
+    with rt.db.session() as session:
+        taken = session.exec(
+            select(Instance.name).where(
+                Instance.state != "released",
+                Instance.name.in_(names),  # type: ignore[attr-defined]
+            )
+        ).all()
+    if taken:
+        raise Conflict(f"The name {taken[0]} is in use.", hint="Pick another with --name NAME.")
+
+
+def _type_facts(
+    provider: Provider, instance_type: str
+) -> tuple[str | None, int | None, int | None]:
+    """(GPU model, GPU count, price per hour) of a type, where the platform says."""
+    describe = getattr(provider, "instance_type", None)
+    if callable(describe):
+        info = describe(instance_type)
+        return info.gpu_model, info.gpu_count, provider.price(instance_type)
+    for info in provider.instance_types():
+        if info.name == instance_type:
+            return info.gpu_model, info.gpu_count, info.price_micros_per_hour
+    return None, None, provider.price(instance_type)
+
+
+def _audit(rt: Runtime, caller: Caller, action: str, **details: object) -> None:
+    with rt.db.session() as session:
+        prompts.audit(
+            session, at=rt.now(), actor=caller.user_id, action=action, instance_id=None, **details
+        )
