@@ -20,10 +20,10 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
-from bot.errors import FleetError
-from bot.fleet.base import HostKey, Target
+from bot.errors import FleetError, HostKeyChanged
+from bot.fleet.base import Target
 from bot.runtime import Runtime
-from bot.settings import Settings
+from bot.services.instances import handle_fleet_error, target_for
 from bot.store.models import Instance, Job, UtilSample
 
 log = logging.getLogger(__name__)
@@ -45,23 +45,6 @@ class PollResult:
     error: str | None = None
 
 
-def target_of(inst: Instance, settings: Settings) -> Target:
-    """How the fleet reaches an instance (its pinned host key included)."""
-    host_key = None
-    if inst.host_key_type and inst.host_key_b64 and inst.host_key_fingerprint:
-        host_key = HostKey(inst.host_key_type, inst.host_key_b64, inst.host_key_fingerprint)
-    key_path = inst.ssh_key_path or (str(settings.ssh_key) if settings.ssh_key else None)
-    return Target(
-        name=inst.name,
-        host=inst.host,
-        port=inst.port,
-        user=inst.ssh_user,
-        key_path=key_path,
-        host_key=host_key,
-        python_path=inst.python_path,
-    )
-
-
 def poll_instances(rt: Runtime, now: datetime) -> list[PollResult]:
     """Poll every active instance whose last poll is at least a poll interval old."""
     claimed = _claim_due(rt, now)
@@ -76,7 +59,24 @@ def poll_instances(rt: Runtime, now: datetime) -> list[PollResult]:
             if answer is None:
                 answer = FleetError("no answer", instance=target.name)
             results.append(_record(rt, session, instance_id, answer, previous, now))
+    _alert_host_key_changes(rt, claimed, answers)
     return results
+
+
+def _alert_host_key_changes(
+    rt: Runtime,
+    claimed: list[tuple[int, Target, datetime | None]],
+    answers: dict[str, StatusSnapshot | FleetError],
+) -> None:
+    """A changed host key alerts the owner (once per presented key), after the transaction."""
+    for instance_id, target, _ in claimed:
+        answer = answers.get(target.name)
+        if not isinstance(answer, HostKeyChanged):
+            continue
+        with rt.db.session() as session:
+            inst = session.get(Instance, instance_id)
+        if inst is not None:
+            handle_fleet_error(rt, inst, answer)
 
 
 def sample_from(
@@ -123,7 +123,7 @@ def _claim_due(rt: Runtime, now: datetime) -> list[tuple[int, Target, datetime |
                 .values(last_polled_at=now)
             ).rowcount
             if won == 1:
-                claimed.append((inst.id, target_of(inst, rt.settings), previous))
+                claimed.append((inst.id, target_for(rt, inst), previous))
     return claimed
 
 
