@@ -26,11 +26,18 @@ WRITE_ARGV = (
     "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
 )
 
-# Appends "<job id> <start> <end> <CUDA_VISIBLE_DEVICES>" to the file in argv[1].
+# Appends "<job id> <start> <end> <CUDA_VISIBLE_DEVICES>" to the file in argv[1] after
+# sleeping argv[2] seconds, or after the file argv[2] appears (a gate the test opens).
 RECORD_SPAN = """
 import os, sys, time
 start = time.time()
-time.sleep(float(sys.argv[2]))
+wait = sys.argv[2]
+if wait.replace(".", "").isdigit():
+    time.sleep(float(wait))
+else:
+    deadline = time.time() + 30
+    while not os.path.exists(wait) and time.time() < deadline:
+        time.sleep(0.02)
 job, gpus = os.environ["GPUBOT_JOB_ID"], os.environ["CUDA_VISIBLE_DEVICES"]
 with open(sys.argv[1], "a") as fh:
     fh.write(f"{job} {start} {time.time()} [{gpus}]\\n")
@@ -166,16 +173,24 @@ def test_failing_job_does_not_stop_the_queue(gpu_agent: Agent):
 
 def test_queue_runs_jobs_on_one_gpu_in_fifo_order(gpu_agent: Agent, tmp_path: Path):
     spans_file = tmp_path / "spans"
-    ids = [
+    gate = tmp_path / "gate"
+    holder = gpu_agent.submit(
+        *python_job(RECORD_SPAN, str(spans_file), str(gate)), options=["--gpus", "1,"]
+    )
+    gpu_agent.running(holder.id)
+    queued = [
         gpu_agent.submit(
-            *python_job(RECORD_SPAN, str(spans_file), "0.2"), options=["--gpus", "1,"]
+            *python_job(RECORD_SPAN, str(spans_file), "0.05"), options=["--gpus", "1,"]
         ).id
         for _ in range(4)
     ]
-    for job_id in ids:
+    time.sleep(0.3)
+    assert [gpu_agent.meta(i)["state"] for i in queued] == ["queued"] * 4
+    gate.touch()
+    for job_id in [holder.id, *queued]:
         assert gpu_agent.wait(job_id).state == "succeeded"
     spans = _spans(spans_file)
-    assert [s[0] for s in spans] == ids
+    assert [s[0] for s in spans] == [holder.id, *queued]
     assert all(s[3] == (1,) for s in spans)
     for earlier, later in itertools.pairwise(spans):
         assert earlier[2] <= later[1], "two jobs shared GPU 1"
@@ -183,15 +198,27 @@ def test_queue_runs_jobs_on_one_gpu_in_fifo_order(gpu_agent: Agent, tmp_path: Pa
 
 def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
     spans_file = tmp_path / "spans"
-    requests = ["2", "2", "0,1", "1", "3,", "4", "2,3"]
+    gate = tmp_path / "gate"
+    gated = [
+        gpu_agent.submit(
+            *python_job(RECORD_SPAN, str(spans_file), str(gate)), options=["--gpus", "2"]
+        ).id
+        for _ in range(2)
+    ]
+    holding = [set(gpu_agent.running(job_id)["gpus_assigned"]) for job_id in gated]
+    assert holding[0] | holding[1] == {0, 1, 2, 3}  # two 2-GPU jobs share the 4 GPUs at once
+    requests = ["0,1", "1", "3,", "4", "2,3", "2"]
     ids = [
-        gpu_agent.submit(*python_job(RECORD_SPAN, str(spans_file), "0.4"), options=["--gpus", r]).id
+        gpu_agent.submit(*python_job(RECORD_SPAN, str(spans_file), "0.2"), options=["--gpus", r]).id
         for r in requests
     ]
-    records = [gpu_agent.wait(job_id) for job_id in ids]
+    time.sleep(0.3)
+    assert [gpu_agent.meta(i)["state"] for i in ids] == ["queued"] * len(ids)
+    gate.touch()
+    records = [gpu_agent.wait(job_id) for job_id in [*gated, *ids]]
     assert all(r.state == "succeeded" for r in records)
     spans = {s[0]: s for s in _spans(spans_file)}
-    for record, request in zip(records, requests, strict=True):
+    for record, request in zip(records, ["2", "2", *requests], strict=True):
         assigned = spans[record.id][3]
         assert assigned == record.gpus_assigned
         expected = int(request) if request.isdigit() else len(request.strip(",").split(","))
@@ -200,9 +227,6 @@ def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
         for b in spans.values():
             if a[0] < b[0] and a[1] < b[2] and b[1] < a[2]:
                 assert not set(a[3]) & set(b[3]), f"{a} and {b} overlap on a GPU"
-    first, second = spans[ids[0]], spans[ids[1]]
-    assert first[1] < second[2], "two 2-GPU jobs on 4 GPUs should overlap"
-    assert second[1] < first[2], "two 2-GPU jobs on 4 GPUs should overlap"
 
 
 def test_gpu_requests_that_cannot_be_met_fail_at_once(agent: Agent, gpu_agent: Agent):
