@@ -121,7 +121,14 @@ class Supervisor:
     # --- waiting -------------------------------------------------------------------------
 
     def _wait_for_turn(self) -> Optional[Tuple[int, ...]]:
-        inventory: Optional[List[int]] = None
+        """Wait (FIFO) until this job may start; returns its GPUs, or None when it must not
+        run (cancelled while queued, declared lost, or no GPU visible for a GPU job)."""
+        inventory: List[int] = []
+        if int(self._read().get("want_count", 0)):
+            inventory, why = gpu_indices()  # outside the lock: NVML can be slow
+            if not inventory:
+                self.fail(f"no GPU is visible to the job's supervisor ({why})")
+                return None
         while True:
             with self.store.locked():
                 meta = self.store.read(self.job_id)
@@ -129,9 +136,7 @@ class Supervisor:
                     return None  # cancelled while queued, or declared lost
                 reap_lost(self.store)
                 active = self.store.active_metas()
-                if inventory is None and any(int(m.get("want_count", 0)) for m in active):
-                    inventory, _ = gpu_indices()
-                plan = plan_starts(_queue(active), inventory or [], _busy(active))
+                plan = plan_starts(_queue(active), inventory, _busy(active))
                 if self.job_id in plan:
                     gpus = plan[self.job_id]
                     meta.update(state="running", gpus_assigned=list(gpus), started_at=iso_now())

@@ -443,3 +443,35 @@ def test_runs_from_a_zipapp(agent: Agent, tmp_path: Path):
     assert agent.wait(record.id).state == "succeeded"
     written = json.loads((agent.home / "jobs" / record.id / "argv.json").read_text())
     assert written == ["from", "pyz"]
+
+
+def test_gpu_job_fails_when_its_supervisor_sees_no_gpu(agent: Agent):
+    from agents import runner
+
+    meta = {
+        "name": None,
+        "state": "queued",
+        "command": ["true"],
+        "user": "me",
+        "gpus_requested": "1",
+        "want_count": 1,
+        "want_indices": [],
+        "gpus_assigned": [],
+        "retries": 0,
+        "attempt": 0,
+        "created_at": runner.iso_now(),
+        "started_at": None,
+        "finished_at": None,
+        "exit_code": None,
+        "cwd": str(agent.home),
+        "env": {},
+    }
+    with agent.store.locked():
+        job_id = agent.store.create(meta)
+        pid, start = runner._launch_supervisor(agent.store, job_id)
+        meta.update(supervisor_pid=pid, supervisor_start=start)
+        agent.store.write(meta)
+    final = agent.wait(job_id)
+    assert final.state == "failed"
+    assert "no GPU is visible to the job's supervisor" in (final.note or "")
+    assert final.started_at is None
