@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from slack_sdk import WebClient
+from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot.app import build_app, build_runtime, make_client, start_clock
 from bot.errors import ConfigError, GpubotError
@@ -92,6 +93,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         "the app's signing secret (Basic Information > App Credentials)",
     )
     configure_logging(args.log_level)
+    _check_bot_token(settings)
     rt, client = _runtime(settings)
     app = build_app(settings, client, runtime=rt)
     server = SlackHttpServer(app, host=args.host, port=args.port)
@@ -109,13 +111,22 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
         "an app-level token (xapp-...) with connections:write",
     )
     configure_logging(args.log_level)
+    _check_bot_token(settings)
     rt, client = _runtime(settings)
     app = build_app(settings, client, runtime=rt)
     handler = SocketModeHandler(app, settings.slack_app_token)
     stopped = threading.Event()
 
     def start() -> None:
-        handler.connect()  # type: ignore[no-untyped-call]
+        try:
+            handler.connect()  # type: ignore[no-untyped-call]
+        except SlackApiError as exc:
+            code = exc.response.get("error", "unknown_error")
+            raise ConfigError(
+                f"Slack refused SLACK_APP_TOKEN: {code}.",
+                hint="Use an app-level token (xapp-...) with the connections:write scope, "
+                "from the app's Basic Information page.",
+            ) from exc
         log.info("connected to Slack in Socket Mode")
         stopped.wait()
 
@@ -162,6 +173,21 @@ def _run_until_signal(rt: Runtime, *, start: Callable[[], None], stop: Callable[
         rt.fleet.close()
         rt.db.dispose()
     return 0
+
+
+def _check_bot_token(settings: Settings) -> None:
+    """Ask Slack whether the bot token works. Raises ConfigError when Slack refuses it; a Slack
+    that cannot be reached only logs a warning (Bolt asks again on the first request)."""
+    try:
+        make_client(settings).auth_test()
+    except SlackApiError as exc:
+        code = exc.response.get("error", "unknown_error")
+        raise ConfigError(
+            f"Slack refused SLACK_BOT_TOKEN: {code}.",
+            hint="Use the Bot User OAuth Token (xoxb-...) from the app's Install App page.",
+        ) from exc
+    except (SlackClientError, OSError) as exc:
+        log.warning("could not reach Slack to check the bot token: %s", exc)
 
 
 def _require(value: str | None, name: str, what: str) -> None:

@@ -9,9 +9,12 @@ the bodies of a slash command and a button click.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import hashlib
 import itertools
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -121,9 +124,11 @@ class LocalSlack:
         users: Mapping[str, str] | None = None,
         team_id: str = "T0LOCAL",
         bot_user_id: str = "U0GPUBOT",
+        app_token: str = "xapp-local",  # noqa: S107 - the stand-in's own made-up token
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.token = token
+        self.app_token = app_token
         self.team_id = team_id
         self.bot_user_id = bot_user_id
         self.on_event = on_event
@@ -136,6 +141,8 @@ class LocalSlack:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._sockets: list[_WebSocket] = []
+        self._socket_messages: list[dict[str, Any]] = []
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -151,7 +158,11 @@ class LocalSlack:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the socket."""
+        """Stop serving, closing Socket Mode connections and the listening socket."""
+        with self._cond:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            sock.close()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -212,6 +223,61 @@ class LocalSlack:
             self._targets[url_id] = _ResponseTarget(channel, user, message_ts)
         return f"{self.base_url}respond/{url_id}"
 
+    # --- Socket Mode ----------------------------------------------------------------------------
+
+    @property
+    def socket_connections(self) -> int:
+        """Open Socket Mode connections."""
+        with self._cond:
+            return len(self._sockets)
+
+    @property
+    def socket_messages(self) -> list[dict[str, Any]]:
+        """What the app sent over Socket Mode (acks carry ``envelope_id``), in order."""
+        with self._cond:
+            return list(self._socket_messages)
+
+    def send_envelope(self, kind: str, payload: Mapping[str, Any]) -> str:
+        """Send an envelope (``slash_commands``, ``interactive`` ...) over the newest Socket
+        Mode connection; returns its ``envelope_id``. Raises RuntimeError when none is open."""
+        with self._cond:
+            if not self._sockets:
+                raise RuntimeError("no Socket Mode connection is open")
+            sock = self._sockets[-1]
+        envelope_id = f"E{next(self._ids):08d}"
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": kind,
+            "accepts_response_payload": kind != "events_api",
+            "payload": dict(payload),
+        }
+        sock.send_text(json.dumps(envelope))
+        return envelope_id
+
+    def _socket_opened(self, sock: _WebSocket) -> None:
+        with self._cond:
+            self._sockets.append(sock)
+            self._cond.notify_all()
+        hello = {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0GPUBOT"}}
+        sock.send_text(json.dumps(hello))
+
+    def _socket_closed(self, sock: _WebSocket) -> None:
+        with self._cond:
+            if sock in self._sockets:
+                self._sockets.remove(sock)
+            self._cond.notify_all()
+
+    def _socket_message(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            message = {"unreadable": text}
+        with self._cond:
+            self._socket_messages.append(
+                message if isinstance(message, dict) else {"value": message}
+            )
+            self._cond.notify_all()
+
     # --- what arrived -------------------------------------------------------------------------
 
     @property
@@ -270,6 +336,11 @@ class LocalSlack:
     def _answer(self, method: str, args: dict[str, Any], token: str | None) -> _Answer:
         if not token:
             return _error("not_authed"), []
+        if method == "apps.connections.open":
+            if token != self.app_token:
+                return _error("invalid_auth"), []
+            url = self.base_url.replace("http://", "ws://") + f"socket/{next(self._ids):08d}"
+            return {"ok": True, "url": url}, []
         if token != self.token:
             return _error("invalid_auth"), []
         handler = _METHODS.get(method)
@@ -644,6 +715,26 @@ def _handler_for(slack: LocalSlack) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
 
+        def do_GET(self) -> None:
+            upgrade = (self.headers.get("Upgrade") or "").lower()
+            key = self.headers.get("Sec-WebSocket-Key")
+            if not self.path.startswith("/socket/") or upgrade != "websocket" or not key:
+                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
+                return
+            digest = hashlib.sha1((key + _WS_GUID).encode(), usedforsecurity=False).digest()
+            self.send_response(HTTPStatus.SWITCHING_PROTOCOLS)
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", base64.b64encode(digest).decode())
+            self.end_headers()
+            self.close_connection = True
+            sock = _WebSocket(self.connection, self.rfile, self.wfile)
+            slack._socket_opened(sock)
+            try:
+                sock.serve(slack._socket_message)
+            finally:
+                slack._socket_closed(sock)
+
         def log_message(self, format: str, *args: Any) -> None:
             return
 
@@ -704,6 +795,79 @@ def _bearer(header: str | None) -> str | None:
     return None
 
 
+# --- Socket Mode's WebSocket (RFC 6455, the server side) ----------------------------------------
+
+_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+_TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
+
+
+class _WebSocket:
+    """One Socket Mode connection: unmasked frames out, masked frames in."""
+
+    def __init__(self, conn: socket.socket, rfile: Any, wfile: Any) -> None:
+        self._conn = conn
+        self._rfile = rfile
+        self._wfile = wfile
+        self._lock = threading.Lock()
+
+    def send_text(self, text: str) -> None:
+        """Send one text frame."""
+        self._send(_TEXT, text.encode())
+
+    def serve(self, on_text: Callable[[str], None]) -> None:
+        """Read frames until the peer closes: texts to ``on_text``, pings answered."""
+        while True:
+            frame = self._read()
+            if frame is None:
+                return
+            opcode, data = frame
+            if opcode == _CLOSE:
+                with contextlib.suppress(OSError):
+                    self._send(_CLOSE, data[:2])
+                return
+            if opcode == _PING:
+                self._send(_PONG, data)
+            elif opcode == _TEXT:
+                on_text(data.decode("utf-8", errors="replace"))
+
+    def close(self) -> None:
+        """Close the connection (the reading side then ends)."""
+        with contextlib.suppress(OSError):
+            self._send(_CLOSE, (1001).to_bytes(2, "big"))
+        with contextlib.suppress(OSError):
+            self._conn.shutdown(socket.SHUT_RDWR)
+
+    def _send(self, opcode: int, data: bytes) -> None:
+        size = len(data)
+        if size < 126:
+            header = bytes([0x80 | opcode, size])
+        elif size < 1 << 16:
+            header = bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big")
+        else:
+            header = bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big")
+        with self._lock:
+            self._wfile.write(header + data)
+            self._wfile.flush()
+
+    def _read(self) -> tuple[int, bytes] | None:
+        try:
+            head = self._rfile.read(2)
+            if len(head) < 2:
+                return None
+            size = head[1] & 0x7F
+            if size == 126:
+                size = int.from_bytes(self._rfile.read(2), "big")
+            elif size == 127:
+                size = int.from_bytes(self._rfile.read(8), "big")
+            mask = self._rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
+            data = self._rfile.read(size)
+        except (OSError, ValueError):
+            return None
+        if len(data) < size:
+            return None
+        return head[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
 # --- What Slack sends the bot -----------------------------------------------------------------
 
 
@@ -722,7 +886,7 @@ def signed_headers(
     }
 
 
-def slash_command_body(
+def slash_command_payload(
     *,
     text: str,
     user_id: str,
@@ -732,29 +896,32 @@ def slash_command_body(
     channel_name: str = "general",
     command: str = "/gpu",
     team_id: str = "T0LOCAL",
-) -> str:
-    """The form body of a slash command; ``text`` is escaped as Slack escapes it (&, <, >)."""
+) -> dict[str, str]:
+    """The fields of a slash command; ``text`` is escaped as Slack escapes it (&, <, >)."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return urllib.parse.urlencode(
-        {
-            "token": "unused-verification-token",
-            "team_id": team_id,
-            "team_domain": "local",
-            "channel_id": channel_id,
-            "channel_name": channel_name,
-            "user_id": user_id,
-            "user_name": user_name,
-            "command": command,
-            "text": escaped,
-            "api_app_id": "A0GPUBOT",
-            "is_enterprise_install": "false",
-            "response_url": response_url,
-            "trigger_id": f"{int(time.time())}.{abs(hash(text)) % 10**9}",
-        }
-    )
+    return {
+        "token": "unused-verification-token",
+        "team_id": team_id,
+        "team_domain": "local",
+        "channel_id": channel_id,
+        "channel_name": channel_name,
+        "user_id": user_id,
+        "user_name": user_name,
+        "command": command,
+        "text": escaped,
+        "api_app_id": "A0GPUBOT",
+        "is_enterprise_install": "false",
+        "response_url": response_url,
+        "trigger_id": f"{int(time.time())}.{abs(hash(text)) % 10**9}",
+    }
 
 
-def block_actions_body(
+def slash_command_body(**fields: str) -> str:
+    """The form body of a slash command (arguments as :func:`slash_command_payload`)."""
+    return urllib.parse.urlencode(slash_command_payload(**fields))
+
+
+def block_actions_payload(
     *,
     action_id: str,
     value: str,
@@ -768,8 +935,8 @@ def block_actions_body(
     message: Mapping[str, Any] | None = None,
     ephemeral: bool = False,
     team_id: str = "T0LOCAL",
-) -> str:
-    """The form body (``payload=`` JSON) of a button click."""
+) -> dict[str, Any]:
+    """The payload of a button click (sent as ``payload=`` JSON in a form body)."""
     now = f"{time.time():.6f}"
     container: dict[str, Any] = {
         "type": "message",
@@ -800,4 +967,9 @@ def block_actions_body(
     }
     if message is not None:
         payload["message"] = dict(message)
-    return urllib.parse.urlencode({"payload": json.dumps(payload)})
+    return payload
+
+
+def block_actions_body(**fields: Any) -> str:
+    """The form body of a button click (arguments as :func:`block_actions_payload`)."""
+    return urllib.parse.urlencode({"payload": json.dumps(block_actions_payload(**fields))})

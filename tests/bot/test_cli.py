@@ -1,0 +1,240 @@
+"""`gpubot`: modes, clear errors for missing settings, and the real processes in HTTP and Socket
+Mode against the local Slack stand-in."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from bot.cli import main
+from bot.local_slack import LocalSlack, signed_headers, slash_command_body, slash_command_payload
+from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for key in list(os.environ):
+        if key.startswith(("SLACK_", "GPUBOT_")):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("GPUBOT_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["serve"], {}, "`gpubot serve` needs --http."),
+        (["serve", "--http"], {}, "SLACK_BOT_TOKEN is not set."),
+        (["serve", "--http"], {"SLACK_BOT_TOKEN": "xoxb-1"}, "SLACK_SIGNING_SECRET is not set."),
+        (["socket"], {}, "SLACK_BOT_TOKEN is not set."),
+        (["socket"], {"SLACK_BOT_TOKEN": "xoxb-1"}, "SLACK_APP_TOKEN is not set."),
+        (["console"], {"GPUBOT_TIMEZONE": "Mars/Olympus"}, "is not a known time zone"),
+        (
+            ["migrate"],
+            {"GPUBOT_IDLE_WINDOW_S": "soon"},
+            "GPUBOT_IDLE_WINDOW_S='soon' is not a number",
+        ),
+    ],
+)
+def test_missing_or_bad_settings_exit_2_with_a_message(
+    clean_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpubot: ")
+    assert message in err
+    assert not (clean_env / "gpubot.sqlite3").exists()
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["launch"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'launch'" in capsys.readouterr().err
+
+
+# --- real processes -----------------------------------------------------------------------------
+
+
+@contextmanager
+def gpubot(tmp_path: Path, *args: str, env: dict[str, str]) -> Iterator[_Process]:
+    """Run `python -m bot.cli ARGS` with a clean environment plus ``env``; SIGTERM at the end."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    full.update({"GPUBOT_DATA_DIR": str(tmp_path / "data"), **env})
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bot.cli", *args],
+        cwd=ROOT,
+        env=full,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    process = _Process(child)
+    try:
+        yield process
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+
+
+class _Process:
+    """A child whose output is read line by line in the background."""
+
+    def __init__(self, child: subprocess.Popen[str]) -> None:
+        self.child = child
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def wait_for_line(self, pattern: str, timeout_s: float = 120.0) -> re.Match[str]:
+        """The first output line matching ``pattern`` (fails the test after the timeout)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout_s)
+            except queue.Empty:
+                pytest.fail(f"no line matching {pattern!r}; output so far:\n{''.join(self.seen)}")
+            self.seen.append(line)
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def terminate(self) -> int:
+        """SIGTERM; the exit status."""
+        self.child.send_signal(signal.SIGTERM)
+        return self.child.wait(timeout=60)
+
+    def _pump(self) -> None:
+        assert self.child.stdout is not None
+        for line in self.child.stdout:
+            self.lines.put(line)
+
+
+@pytest.mark.integration
+def test_http_mode_serves_signed_requests_and_stops_on_sigterm(
+    tmp_path: Path, local_slack: LocalSlack
+) -> None:
+    env = {
+        "SLACK_BOT_TOKEN": BOT_TOKEN,
+        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+        "GPUBOT_SLACK_API_URL": local_slack.api_url,
+    }
+    with gpubot(tmp_path, "serve", "--http", "--port", "0", env=env) as proc:
+        url = proc.wait_for_line(
+            r"serving Slack requests at (http://127\.0\.0\.1:\d+/slack/events)"
+        )[1]
+        health = url.replace("/slack/events", "/healthz")
+        with urllib.request.urlopen(health, timeout=10) as response:
+            assert response.read() == b"ok"
+        body = slash_command_body(
+            text="help",
+            user_id="U0ALICE",
+            user_name="alice",
+            channel_id="C0GENERAL",
+            response_url=local_slack.response_url("C0GENERAL", "U0ALICE"),
+        )
+        request = urllib.request.Request(
+            url, data=body.encode(), headers=signed_headers(body, SIGNING_SECRET)
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+        assert local_slack.wait_for(lambda s: len(s.responses) == 1, 30)
+        assert "/gpu status" in local_slack.responses[0].payload["text"]
+        bad = urllib.request.Request(
+            url, data=body.encode(), headers=signed_headers(body, "wrong-secret")
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bad, timeout=10)
+        assert refused.value.code == 401
+        assert proc.terminate() == 0
+    assert len(local_slack.responses) == 1
+
+
+@pytest.mark.integration
+def test_with_both_tokens_gpubot_speaks_socket_mode(tmp_path: Path) -> None:
+    with LocalSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
+        env = {
+            "SLACK_BOT_TOKEN": BOT_TOKEN,
+            "SLACK_APP_TOKEN": "xapp-test",
+            "GPUBOT_SLACK_API_URL": slack.api_url,
+        }
+        with gpubot(tmp_path, env=env) as proc:
+            proc.wait_for_line(r"connected to Slack in Socket Mode")
+            assert slack.wait_for(lambda s: s.socket_connections == 1, 30)
+            envelope = slack.send_envelope(
+                "slash_commands",
+                slash_command_payload(
+                    text="help",
+                    user_id="U0ALICE",
+                    user_name="alice",
+                    channel_id="C0GENERAL",
+                    response_url=slack.response_url("C0GENERAL", "U0ALICE"),
+                ),
+            )
+            assert slack.wait_for(
+                lambda s: any(m.get("envelope_id") == envelope for m in s.socket_messages), 30
+            )
+            assert slack.wait_for(lambda s: len(s.responses) == 1, 30)
+            assert "/gpu status" in slack.responses[0].payload["text"]
+            assert proc.terminate() == 0
+        tokens = {call.method: call.token for call in slack.calls}
+        assert tokens["auth.test"] == BOT_TOKEN
+        assert tokens["apps.connections.open"] == "xapp-test"
+
+
+@pytest.mark.integration
+def test_a_wrong_app_token_is_refused_by_slack(tmp_path: Path) -> None:
+    with LocalSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
+        env = {
+            "SLACK_BOT_TOKEN": BOT_TOKEN,
+            "SLACK_APP_TOKEN": "xapp-wrong",
+            "GPUBOT_SLACK_API_URL": slack.api_url,
+        }
+        with gpubot(tmp_path, "socket", env=env) as proc:
+            proc.wait_for_line(r"^gpubot: Slack refused SLACK_APP_TOKEN: invalid_auth\.")
+            assert proc.child.wait(timeout=60) == 2
+        assert slack.socket_connections == 0
+
+
+@pytest.mark.integration
+def test_a_wrong_bot_token_stops_http_mode_at_once(tmp_path: Path) -> None:
+    with LocalSlack(token=BOT_TOKEN) as slack:
+        env = {
+            "SLACK_BOT_TOKEN": "xoxb-wrong",
+            "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+            "GPUBOT_SLACK_API_URL": slack.api_url,
+        }
+        with gpubot(tmp_path, "serve", "--http", "--port", "0", env=env) as proc:
+            proc.wait_for_line(r"^gpubot: Slack refused SLACK_BOT_TOKEN: invalid_auth\.")
+            assert proc.child.wait(timeout=60) == 2
+        assert [call.method for call in slack.calls] == ["auth.test"]
+
+
+@pytest.mark.integration
+def test_migrate_creates_the_store(tmp_path: Path) -> None:
+    with gpubot(tmp_path, "migrate", env={}) as proc:
+        proc.wait_for_line(r"gpubot: the database is at revision \w+")
+        assert proc.child.wait(timeout=60) == 0
+    assert (tmp_path / "data" / "gpubot.sqlite3").is_file()
