@@ -639,22 +639,32 @@ def who(store: JobStore) -> WhoReport:
         raise JobError(f"{snapshot.nvml_error.message}. {snapshot.nvml_error.hint}")
     with store.locked():
         reap_lost(store)
-        sessions = {
-            m["job_pid"]: m["id"]
-            for m in store.active_metas()
-            if m.get("state") == "running" and m.get("job_pid")
-        }
+    owners = jobs_of_pids(store, [p.pid for p in snapshot.processes])
     gpus = []
     for gpu in snapshot.gpus:
-        procs = []
-        for proc in snapshot.processes:
-            if proc.gpu_index != gpu.index:
-                continue
-            stat = proc_stat(proc.pid)
-            job_id = sessions.get(stat.session) if stat is not None else None
-            procs.append(replace(proc, user=proc.user or process_user(proc.pid), job_id=job_id))
-        gpus.append(WhoGpu(index=gpu.index, name=gpu.name, processes=tuple(procs)))
+        procs = tuple(
+            replace(p, user=p.user or process_user(p.pid), job_id=owners.get(p.pid))
+            for p in snapshot.processes
+            if p.gpu_index == gpu.index
+        )
+        gpus.append(WhoGpu(index=gpu.index, name=gpu.name, processes=procs))
     return WhoReport(gpus=tuple(gpus))
+
+
+def jobs_of_pids(store: JobStore, pids: Iterable[int]) -> Dict[int, str]:
+    """The running agent job each of ``pids`` belongs to (its process is in the job's session),
+    for the pids that belong to one. Lets ``status`` fill ProcessSnapshot.job_id too."""
+    sessions = {
+        int(m["job_pid"]): str(m["id"])
+        for m in store.active_metas()
+        if m.get("state") == "running" and m.get("job_pid")
+    }
+    found: Dict[int, str] = {}
+    for pid in pids:
+        stat = proc_stat(pid)
+        if stat is not None and stat.session in sessions:
+            found[pid] = sessions[stat.session]
+    return found
 
 
 def reap_lost(store: JobStore) -> List[str]:
