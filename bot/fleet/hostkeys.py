@@ -8,9 +8,10 @@ import hashlib
 
 from bot.fleet.base import HostKey
 
-#: Host key algorithms a client may offer to get a key of a given type (RSA keys sign with SHA-2).
+#: Host key algorithms a client may offer to get a key of a given type: RSA keys sign with
+#: SHA-2 (the SHA-1 ``ssh-rsa`` signature is retired by OpenSSH and paramiko alike).
 _ALGORITHMS_FOR_TYPE = {
-    "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256", "ssh-rsa"),
+    "ssh-rsa": ("rsa-sha2-512", "rsa-sha2-256"),
 }
 
 

@@ -67,7 +67,6 @@ class SshTransport:
         self._lock = threading.Lock()
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
         self._conn: paramiko.Transport | None = None
-        self._closed = False
         #: How many connections this transport has made (a pooled one is reused).
         self.dial_count = 0
 
@@ -187,8 +186,6 @@ class SshTransport:
 
     def _connection(self, deadline: float) -> paramiko.Transport:
         with self._lock:
-            if self._closed:
-                raise Unreachable(f"{self.target.name}: the fleet is shut down")
             conn = self._conn
             if conn is not None and conn.is_active():
                 return conn
@@ -318,6 +315,9 @@ def dial(target: Target, *, timeout_s: float, key: paramiko.PKey) -> paramiko.Tr
         exc.instance = target.name
         exc.expected_fingerprint = pinned.fingerprint
         raise
+    except HostKeyNotPinned as exc:
+        exc.instance = target.name
+        raise
     try:
         presented = _server_key(conn)
         if presented.key_b64 != pinned.key_b64 or presented.key_type != pinned.key_type:
@@ -394,7 +394,14 @@ def _handshake(
     conn.handshake_timeout = timeout_s
     conn.auth_timeout = timeout_s
     if key_types is not None:
-        conn.get_security_options().key_types = tuple(key_types)
+        try:
+            conn.get_security_options().key_types = tuple(key_types)
+        except ValueError as exc:
+            conn.close()
+            raise HostKeyNotPinned(
+                f"the host key pinned for {where} is of a type this bot cannot check "
+                f"({', '.join(key_types)})"
+            ) from exc
     try:
         conn.start_client(timeout=timeout_s)
     except IncompatiblePeer as exc:

@@ -26,6 +26,7 @@ from bot.errors import (
 from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import AgentClient
 from bot.fleet.fleet import Fleet
+from bot.fleet.hostkeys import host_key_from_line
 from bot.fleet.ssh import SshTransport
 from bot.settings import Settings
 from tests.fixtures.sshd import SshServer, make_client_key, start_sshd
@@ -77,7 +78,7 @@ def _closed_port() -> int:
 def test_scan_host_key_matches_ssh_keygen_fingerprint(fleet: Fleet, sshd: SshServer) -> None:
     scanned = fleet.scan_host_key(sshd.host, sshd.port)
 
-    pub = sshd.directory / "ssh_host_ed25519_key.pub"
+    pub = sshd.directory / "ssh_host_key.pub"
     keygen = subprocess.run(["ssh-keygen", "-l", "-f", str(pub)], capture_output=True, text=True)
     assert keygen.returncode == 0, keygen.stderr
     assert scanned.fingerprint == keygen.stdout.split()[1]
@@ -519,3 +520,54 @@ def test_command_killed_by_a_signal_is_not_a_lost_connection(fleet: Fleet, sshd:
     assert result.stdout == "partial\n"
     assert transport.exec(["true"], timeout_s=20).exit_code == 0
     assert sshd.accepted_logins() == 1
+
+
+def test_pinned_key_of_a_type_the_server_no_longer_has_is_refused(
+    fleet: Fleet, sshd: SshServer, tmp_path: Path
+) -> None:
+    other = tmp_path / "old_rsa_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-N", "", "-f", str(other)], check=True)
+    pinned = host_key_from_line(other.with_suffix(".pub").read_text())
+    target = sshd.target("gpu-a", host_key=pinned)
+
+    with pytest.raises(HostKeyChanged) as caught:
+        fleet.agent(target).status()
+
+    assert caught.value.instance == "gpu-a"
+    assert caught.value.expected_fingerprint == pinned.fingerprint
+    assert caught.value.presented_fingerprint is None
+    assert sshd.accepted_logins() == 0
+
+
+def test_pinned_key_of_an_unknown_type_is_not_trusted(fleet: Fleet, sshd: SshServer) -> None:
+    odd = replace(sshd.host_key, key_type="ssh-unknown@example.com")
+
+    with pytest.raises(HostKeyNotPinned, match="cannot check") as caught:
+        fleet.agent(sshd.target("gpu-a", host_key=odd)).status()
+
+    assert caught.value.instance == "gpu-a"
+    assert sshd.accepted_logins() == 0
+
+
+@pytest.mark.parametrize(
+    ("keygen_type", "key_type"), [("rsa", "ssh-rsa"), ("ecdsa", "ecdsa-sha2-nistp256")]
+)
+def test_rsa_and_ecdsa_host_keys_are_pinned_and_verified(
+    fleet: Fleet, tmp_path_factory: pytest.TempPathFactory, keygen_type: str, key_type: str
+) -> None:
+    server = start_sshd(tmp_path_factory.mktemp("sshd-" + keygen_type), host_key_type=keygen_type)
+    try:
+        served = server.host_key
+        pinned = fleet.scan_host_key(server.host, server.port)
+        transport = fleet.transport(server.target("gpu-a", host_key=pinned))
+        result = transport.exec(["echo", "ok"], timeout_s=20)
+        server.restart_with_new_host_key()
+        fleet.forget("gpu-a")
+        with pytest.raises(HostKeyChanged):
+            fleet.transport(server.target("gpu-a", host_key=pinned)).exec(["true"], timeout_s=20)
+    finally:
+        server.stop()
+
+    assert pinned == served
+    assert pinned.key_type == key_type
+    assert result.stdout == "ok\n"
