@@ -17,6 +17,28 @@ if TYPE_CHECKING:
 SECTION_LIMIT = 3000
 HEADER_LIMIT = 150
 HELP_USAGE = "/gpu help [COMMAND]"
+#: The order of the overview (DESIGN.md's); commands not named here follow in registration order.
+HELP_ORDER = (
+    "help",
+    "register",
+    "status",
+    "list",
+    "health",
+    "extend",
+    "release",
+    "rent",
+    "policy",
+    "cap",
+    "run",
+    "jobs",
+    "logs",
+    "cancel",
+    "who",
+    "spend",
+    "budget",
+    "fit",
+    "estimate",
+)
 
 
 def help_spec(registry: Registry) -> CommandSpec:
@@ -91,7 +113,8 @@ def _listed(registry: Registry) -> list[CommandSpec]:
     specs = registry.primary_commands()
     if not any(spec.name == "help" for spec in specs):
         specs.insert(0, help_spec(registry))
-    return specs
+    rank = {name: i for i, name in enumerate(HELP_ORDER)}
+    return sorted(specs, key=lambda spec: rank.get(spec.name, len(rank)))
 
 
 def _slash(name: str) -> str:
