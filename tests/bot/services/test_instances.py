@@ -29,7 +29,7 @@ from bot.errors import (
     UsageError,
 )
 from bot.runtime import Runtime
-from bot.services import audit
+from bot.services import audit, polling
 from bot.services import instances as svc
 from bot.services.instances import RegisterRequest
 from bot.store.db import Database
@@ -223,6 +223,9 @@ def test_register_over_ssh_pins_the_host_key_and_re_registers_after_a_change(
     assert row.problem is None
 
     new_key = sshd.restart_with_new_host_key()
+    [polled] = polling.poll_instances(rt, rt.now())  # the scheduler's poll sees it first
+    assert not polled.ok
+    assert len(notifier.to("UOWNER")) == 1
     for _ in range(2):
         [row] = svc.fleet_overview(rt).rows
         assert row.problem is not None
