@@ -57,6 +57,7 @@ class RentRequest:
     project: str | None = None
     python_path: str | None = None
     disk_gb: int | None = None
+    agent_home: str | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,7 @@ def _adopt(
             project=req.project,
             python_path=req.python_path,
             key_path=req.key_path,
+            agent_home=req.agent_home,
         ),
     )
 

@@ -1,0 +1,203 @@
+"""`/gpu rent`: checks before renting, then launch, wait for SSH and register for real (the RunPod
+stand-in hands out a real sshd on loopback); instances that cannot be registered are given back.
+AWS runs against moto in server mode."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import cast
+
+import boto3
+import pytest
+from sqlmodel import select
+
+from bot.commands import load_all
+from bot.commands.parser import parse
+from bot.commands.registry import Caller
+from bot.errors import Conflict, NotFound, ProviderError, UsageError
+from bot.providers.aws import AwsProvider
+from bot.providers.runpod import RunpodProvider
+from bot.providers.vast import VastProvider
+from bot.runtime import Runtime
+from bot.services import rent
+from bot.store.models import AuditLog, Instance
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+from tests.fixtures.providers import RunpodStandIn
+from tests.fixtures.sshd import SshServer
+
+pytestmark = pytest.mark.integration
+
+OWNER = Caller("UOWNER", channel_id="CTEAM")
+
+
+class FakeTime:
+    """Monotonic time that moves only when the waits sleep."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept = 0
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += 1
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _waiting(**kwargs: float) -> rent.Waiting:
+    fake = FakeTime()
+    return rent.Waiting(sleep=fake.sleep, monotonic=fake.monotonic, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def rt(local_rt: Runtime) -> Runtime:
+    return local_rt
+
+
+def _with_runpod(rt: Runtime, standin: RunpodStandIn) -> RunpodProvider:
+    provider = RunpodProvider.from_settings(
+        rt.settings.with_(runpod_api_url=standin.url, runpod_api_key=standin.api_key)
+    )
+    rt.providers.add(provider)
+    return provider
+
+
+def _instances(rt: Runtime) -> list[Instance]:
+    with rt.db.session() as session:
+        return list(session.exec(select(Instance)).all())
+
+
+def test_rent_on_runpod_waits_for_ssh_and_registers(rt, sshd: SshServer, tmp_path: Path):
+    standin = RunpodStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
+    standin.start()
+    try:
+        _with_runpod(rt, standin)
+        request = rent.RentRequest(
+            provider="runpod",
+            instance_type="NVIDIA GeForce RTX 4090",
+            name="pod1",
+            release_in=timedelta(hours=3),
+            ssh_user=sshd.user,
+            key_path=str(sshd.client_key_path),
+            agent_home=str(tmp_path / "remote-home"),
+        )
+        plan = rent.plan_rent(rt, OWNER, request)
+        result = rent.rent(rt, OWNER, plan, waiting=_waiting())
+    finally:
+        standin.close()
+    assert result.failed == ()
+    [registered] = result.registered
+    assert registered.instance.name == "pod1"
+    [inst] = _instances(rt)
+    assert inst.provider == "runpod"
+    assert inst.provider_instance_id in standin.instances
+    assert inst.port == sshd.port
+    assert inst.host_key_fingerprint == sshd.host_key.fingerprint
+    assert inst.price_micros == 690_000  # the pod's costPerHr
+    assert inst.billing_increment == "second"
+    assert inst.deadline_at == cast(Clock, rt.clock).now + timedelta(hours=3)
+    assert [p["gpuTypeIds"] for _, path, p in standin.calls if path == "/pods" and p] == [
+        ["NVIDIA GeForce RTX 4090"]
+    ]
+
+
+def test_an_instance_that_never_answers_ssh_is_given_back(rt, runpod_cloud: RunpodStandIn):
+    runpod_cloud.ssh_port = _closed_port()
+    _with_runpod(rt, runpod_cloud)
+    plan = rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name="pod2"))
+    result = rent.rent(rt, OWNER, plan, waiting=_waiting(ssh_s=30, poll_s=5))
+    assert result.registered == ()
+    [(pod, why)] = result.failed
+    assert "did not answer" in why
+    assert runpod_cloud.calls_to("DELETE", f"/pods/{pod}")
+    assert pod not in runpod_cloud.instances
+    assert _instances(rt) == []
+    with rt.db.session() as session:
+        actions = session.exec(select(AuditLog.action)).all()
+    assert actions == ["rent_launched", "rent_given_back"]
+
+
+def test_checks_come_before_renting(rt, runpod_cloud: RunpodStandIn):
+    _with_runpod(rt, runpod_cloud)
+    with pytest.raises(ProviderError, match="cannot rent"):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("manual", "x"))
+    with pytest.raises(NotFound):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("azure", "x"))
+    rt.providers.add(VastProvider.from_settings(rt.settings.with_(vast_api_key="k")))
+    with pytest.raises(ProviderError, match="cannot rent"):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("vast", "x"))
+    with pytest.raises(UsageError):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "x", count=9))
+    with pytest.raises(UsageError):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "x", name="Bad Name!"))
+    add_instance(rt.db, name="taken")
+    with pytest.raises(Conflict, match="taken"):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "x", name="taken"))
+    assert runpod_cloud.calls_to("POST", "/pods") == []
+
+
+def test_rent_command_answers_at_once_and_posts_when_done(
+    rt, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+):
+    runpod_cloud.ssh_port = _closed_port()
+    _with_runpod(rt, runpod_cloud)
+    registry = load_all()
+    assert registry.commands["rent"].name == "rent"
+    spec, args = parse("rent runpod 'NVIDIA A40' --name pod3 --release-in 2h")
+    waiting = _waiting(ssh_s=10, poll_s=5)
+    monkeypatch.setattr(rent, "Waiting", lambda: waiting)
+    reply = spec.handler(rt, OWNER, args)
+    assert "Renting 1 x NVIDIA A40 on runpod as pod3" in reply.text
+    rt.executor.shutdown(wait=True)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    [done] = notifier.to("CTEAM")
+    assert "could not be registered and was terminated again" in done.text
+
+
+def test_aws_needs_a_price_and_gives_back_what_it_cannot_reach(rt, aws_endpoint):
+    aws = AwsProvider.from_settings(rt.settings.with_(aws_endpoint_url=aws_endpoint))
+    rt.providers.add(aws)
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+
+    with pytest.raises(UsageError, match="publishes no price") as caught:
+        rent.plan_rent(rt, OWNER, rent.RentRequest("aws", "g5.xlarge", image=image))
+    assert "--price" in caught.value.hint
+    with pytest.raises(ProviderError, match="not an EC2 instance type"):
+        rent.plan_rent(rt, OWNER, rent.RentRequest("aws", "g9.huge", price_micros_per_hour=1))
+    assert ec2.describe_instances()["Reservations"] == []
+
+    plan = rent.plan_rent(
+        rt,
+        OWNER,
+        rent.RentRequest(
+            "aws",
+            "p4d.24xlarge",
+            count=2,
+            name="big",
+            image=image,
+            price_micros_per_hour=32_770_000,
+        ),
+    )
+    assert plan.names == ("big-1", "big-2")
+    assert (plan.gpu_model, plan.gpu_count) == ("NVIDIA A100", 8)
+    # moto's addresses answer nobody: both are launched, time out waiting for SSH, given back.
+    result = rent.rent(rt, OWNER, plan, waiting=_waiting(ssh_s=1, poll_s=1))
+    assert len(result.failed) == 2
+    states = {
+        i["InstanceId"]: i["State"]["Name"]
+        for r in ec2.describe_instances()["Reservations"]
+        for i in r["Instances"]
+    }
+    assert sorted(states) == sorted(pid for pid, _ in result.failed)
+    assert set(states.values()) <= {"shutting-down", "terminated"}
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
