@@ -6,13 +6,12 @@ the server each build their own.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import ParamSpec, Protocol, TypeVar
+from typing import ParamSpec, TypeVar
 
 from slack_bolt import App
 from slack_sdk import WebClient
@@ -25,6 +24,7 @@ from bot.listeners import register_listeners
 from bot.notify import Notifier
 from bot.providers.base import ProviderRegistry
 from bot.runtime import Runtime
+from bot.scheduler import SchedulerHandle, start_scheduler
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
 
 
 class BotExecutor(ThreadPoolExecutor):
@@ -76,25 +75,9 @@ class BotExecutor(ThreadPoolExecutor):
             self._idle.notify_all()
 
 
-class Clock(Protocol):
-    """A running scheduler (bot.scheduler.start_scheduler's handle)."""
-
-    def shutdown(self) -> None:
-        """Stop ticking; waits for a tick in progress."""
-        ...
-
-
-def start_clock(rt: Runtime) -> Clock | None:
-    """Start the scheduler that ticks deadlines, polls and digests; None when the bot has none."""
-    try:
-        scheduler = importlib.import_module("bot.scheduler")
-    except ModuleNotFoundError as exc:
-        if exc.name != "bot.scheduler":
-            raise
-        log.warning("no scheduler in this build: deadlines are not enforced")
-        return None
-    handle: Clock = scheduler.start_scheduler(rt)
-    return handle
+def start_clock(rt: Runtime) -> SchedulerHandle:
+    """Start the scheduler that ticks deadlines, releases, polls and digests."""
+    return start_scheduler(rt)
 
 
 def make_client(settings: Settings) -> WebClient:

@@ -35,6 +35,7 @@ from bot.local_slack import (
     slash_command_body,
 )
 from bot.runtime import Runtime
+from bot.scheduler import SchedulerHandle
 from bot.services.instances import ensure_local_instance
 from bot.settings import Settings
 
@@ -138,7 +139,7 @@ class Console:
         self.settings = settings
         self.runtime: Runtime | None = None
         self.app: App | None = None
-        self._clock: Any = None
+        self._clock: SchedulerHandle | None = None
 
     def start(self, *, clock: bool = False) -> None:
         """Start the stand-in, build the runtime and the app, register `local`."""
