@@ -127,12 +127,12 @@ def host_key_changed(inst: InstanceView, *, expected: str, presented: str) -> Me
 def fleet_overview(overview: FleetOverview) -> Message:
     """`/gpu status`: one compact section per instance (rows share sections when there are many,
     and the rest is summarised when even that exceeds Slack's 50 blocks)."""
-    return _fleet(overview, title="GPU fleet", live=True)
+    return _fleet(overview, title="GPU fleet")
 
 
 def instance_list(overview: FleetOverview) -> Message:
     """`/gpu list`: the instances as stored, with the GPUs of their last poll."""
-    return _fleet(overview, title="Instances", live=False)
+    return _fleet(overview, title="Instances")
 
 
 def instance_detail(detail: InstanceDetail) -> Message:
@@ -220,7 +220,8 @@ def release_ask(ask: ReleaseAsk) -> Message:
     inst = ask.instance
     lines = [
         f"Release *{inst.name}* ({escape(inst.address)})? It has cost "
-        f"{format_money(ask.cost_micros, inst.currency)} so far and costs {_price(inst)}."
+        f"{format_money(ask.cost_micros, inst.currency)} so far"
+        + (f" and costs {_price(inst)}." if inst.price_micros_per_hour else ".")
     ]
     if ask.running_jobs:
         lines.append(
@@ -278,7 +279,7 @@ def release_cancelled(inst: InstanceView) -> Message:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _fleet(overview: FleetOverview, *, title: str, live: bool) -> Message:
+def _fleet(overview: FleetOverview, *, title: str) -> Message:
     rows = overview.rows
     if not rows:
         text = (
@@ -298,7 +299,7 @@ def _fleet(overview: FleetOverview, *, title: str, live: bool) -> Message:
         header(f"{title} ({len(rows)})"),
         context(f"{summary} · as of {when(overview.now, tz)}"),
     ]
-    texts = [_row_text(r, overview.now, live=live) for r in rows]
+    texts = [_row_text(r, overview.now) for r in rows]
     if len(rows) <= ROWS_AS_SECTIONS:
         blocks.extend(section(t) for t in texts)
     else:
@@ -322,12 +323,12 @@ def _listing(
     return blocks
 
 
-def _row_text(row: InstanceRow, now: datetime, *, live: bool) -> str:
+def _row_text(row: InstanceRow, now: datetime) -> str:
     inst = row.instance
     first = f"*{inst.name}* · {mention(inst.owner_id)} · {escape(_rented(inst))} · {_price(inst)}"
     if inst.state != "active":
         first += f" · _{_state(inst.state)}_"
-    lines = [first, _live_line(row, now) if live or row.gpus else _stored_line(row)]
+    lines = [first, _live_line(row, now)]
     spent = format_money(row.cost_micros, inst.currency)
     third = f":hourglass_flowing_sand: {time_left(inst.deadline_at, now)} · {spent} so far"
     if row.running_jobs:
@@ -348,24 +349,14 @@ def _live_line(row: InstanceRow, now: datetime) -> str:
         parts.append(
             f":warning: GPUs not readable: {escape(clip(row.nvml_problem, _PROBLEM_TEXT_MAX))}"
         )
+    stale = "" if row.live or row.polled_at is None else f" (as of {ago(row.polled_at, now)})"
+    dot = ":large_green_circle:" if row.live else ":white_circle:"
     if row.gpus:
-        stale = "" if row.live or row.polled_at is None else f" (as of {ago(row.polled_at, now)})"
-        parts.append(
-            f":large_green_circle: {_gpu_summary(row.gpus)}{stale}"
-            if row.live
-            else f":white_circle: {_gpu_summary(row.gpus)}{stale}"
-        )
+        parts.append(f"{dot} {_gpu_summary(row.gpus)}{stale}")
     elif row.problem is None and not row.nvml_problem:
-        parts.append(
-            ":white_circle: no GPU data yet" if not row.live else ":large_green_circle: no GPUs"
-        )
+        seen = row.live or row.polled_at is not None
+        parts.append(f"{dot} no GPUs{stale}" if seen else f"{dot} not polled yet")
     return "\n".join(parts)
-
-
-def _stored_line(row: InstanceRow) -> str:
-    if row.problem is not None:
-        return f":red_circle: {escape(clip(row.problem.message, _PROBLEM_TEXT_MAX))}"
-    return ":white_circle: not polled yet"
 
 
 def _gpu_summary(gpus: Sequence[GpuView]) -> str:

@@ -348,3 +348,20 @@ def test_release_cancelled() -> None:
     text, blocks = render.release_cancelled(inst())
     check_message((text, blocks))
     assert "nothing changed" in text
+
+
+def test_rows_without_gpus_say_whether_they_were_ever_seen() -> None:
+    seen = row(live=False, gpus=(), polled_at=NOW - timedelta(minutes=3))
+    never = row(inst("box2"), live=False, gpus=(), polled_at=None)
+    text = all_text(check_message(render.instance_list(overview([seen, never]))))
+    assert ":white_circle: no GPUs (as of 3m ago)" in text
+    assert ":white_circle: not polled yet" in text
+
+
+def test_release_ask_of_an_instance_without_a_price() -> None:
+    ask = ReleaseAsk(
+        instance=inst(price_micros_per_hour=0), manual=True, cost_micros=0, running_jobs=()
+    )
+    text, _ = render.release_ask(ask)
+    assert "It has cost $0.00 so far." in text
+    assert "no price" not in text
