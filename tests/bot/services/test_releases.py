@@ -243,3 +243,51 @@ def test_admin_confirms_without_a_request(rt, clock):
         inst = session.get(Instance, iid)
         assert inst is not None
         assert inst.state == "released"
+
+
+@pytest.mark.integration
+def test_through_the_runpod_api_a_429_waits_for_retry_after(db, clock, runpod_cloud):
+    from bot.providers.runpod import RunpodProvider
+    from bot.settings import Settings
+
+    provider = RunpodProvider.from_settings(
+        Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+    )
+    rt = make_runtime(db, clock, providers=[provider])
+    pod = runpod_cloud.add()
+    iid = add_instance(rt.db, provider="runpod", provider_instance_id=pod)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+
+    runpod_cloud.fail_next(429, method="DELETE", retry_after="120")
+    after = releases.process_release(rt, rel.id)
+    assert after.state == "pending"
+    assert after.next_attempt_at == clock.now + timedelta(seconds=120)
+    assert "HTTP 429" in (after.last_error or "")
+    assert pod in runpod_cloud.instances
+
+    clock.advance(seconds=119)
+    assert releases.process_due_releases(rt, clock.now) == []
+    clock.advance(seconds=1)
+    [done] = releases.process_due_releases(rt, clock.now)
+    assert done.state == "confirmed"
+    assert pod not in runpod_cloud.instances
+    assert get_instance(rt.db, iid).released_at == clock.now
+
+
+@pytest.mark.integration
+def test_through_the_lambda_api_an_instance_terminated_outside_is_confirmed(
+    db, clock, lambda_cloud
+):
+    from bot.providers.lambda_cloud import LambdaProvider
+    from bot.settings import Settings
+
+    provider = LambdaProvider.from_settings(
+        Settings(lambda_api_url=lambda_cloud.url, lambda_api_key=lambda_cloud.api_key)
+    )
+    rt = make_runtime(db, clock, providers=[provider])
+    iid_cloud = lambda_cloud.add()
+    iid = add_instance(rt.db, provider="lambda", provider_instance_id=iid_cloud)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    lambda_cloud.terminate_outside(iid_cloud)
+    assert releases.process_release(rt, rel.id).state == "confirmed"
+    assert lambda_cloud.calls_to("POST", "terminate") == []
