@@ -659,4 +659,3 @@ def _live_instance(session: Session, name: str) -> Instance:
             hint="`/gpu list` shows the instances; names are lowercase.",
         )
     return inst
-
