@@ -65,7 +65,9 @@ class SlackHttpServer:
 class _Server(ThreadingHTTPServer):
     # Slack may send bursts: a deep accept queue keeps connections from waiting on SYN retries.
     request_queue_size = 256
-    daemon_threads = True
+    # Requests in flight finish (their work reaches the executor) before the server closes.
+    daemon_threads = False
+    block_on_close = True
 
 
 class _Server6(_Server):
@@ -74,6 +76,8 @@ class _Server6(_Server):
 
 def _handler_for(app: App) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # seconds a client may take to send its request
+
         def do_GET(self) -> None:
             if self.path.partition("?")[0] == "/healthz":
                 self._send(HTTPStatus.OK, {"content-type": ["text/plain"]}, "ok")
