@@ -159,6 +159,8 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         raise
     mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
     fields = _instance_fields(req, target, status, version, now)
+    if existing is not None and req.release_in is None and req.release_at is None:
+        deadline_at = None  # re-registering keeps the deadline unless given one
     stored = _store_registration(rt, caller, name, existing, fields, deadline_at, now)
     view = instance_view(stored)
     result = RegisterResult(
@@ -768,6 +770,7 @@ def _re_register(
     deadline_at: datetime | None,
     now: datetime,
 ) -> Instance:
+    """Re-pin and refresh a registered instance; ``deadline_at`` None keeps its deadline."""
     inst = session.get(Instance, existing.id)
     if inst is None or inst.state not in POLLED_STATES:
         raise Conflict(f"{existing.name} changed while it was being registered again.")
@@ -776,7 +779,7 @@ def _re_register(
         if key in ("ssh_ready_at",):
             continue
         setattr(inst, key, value)
-    if deadline_at is not None and fields.get("host") != LOCAL_HOST:
+    if deadline_at is not None:
         inst.deadline_at = deadline_at
     session.add(inst)
     for prompt in session.exec(

@@ -181,6 +181,29 @@ def test_register_an_unreachable_host_stores_nothing(rt: Runtime, db: Database) 
     assert _rows(db, AuditLog) == []
 
 
+def test_registering_again_keeps_the_deadline_unless_given_one(
+    rt: Runtime, db: Database, clock: Clock
+) -> None:
+    svc.register(rt, OWNER, _local())
+    svc.extend(rt, OWNER, "local", timedelta(hours=1))
+    with pytest.raises(NotAuthorized):
+        svc.register(rt, OTHER, _local(release_in=None))
+    again = svc.register(rt, OWNER, _local(release_in=None, price_micros_per_hour=1_000_000))
+    assert again.re_registered
+    assert again.instance.deadline_at == clock.now + timedelta(hours=4)
+    assert again.instance.price_micros_per_hour == 1_000_000
+    moved = svc.register(rt, ADMIN, _local(release_in=timedelta(minutes=30)))
+    assert moved.instance.deadline_at == clock.now + timedelta(minutes=30)
+    assert moved.instance.owner_id == "UOWNER"
+    assert len(_rows(db, Instance)) == 1
+    assert [r.action for r in _rows(db, AuditLog)] == [
+        "register",
+        "extend",
+        "re_register",
+        "re_register",
+    ]
+
+
 def test_ensure_local_instance_is_idempotent(rt: Runtime, db: Database) -> None:
     first = svc.ensure_local_instance(rt, "UOWNER")
     second = svc.ensure_local_instance(rt, "USOMEONE")
