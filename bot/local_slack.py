@@ -361,6 +361,10 @@ class LocalSlack:
             return HTTPStatus.BAD_REQUEST, "no_text"
         replace = bool(payload.get("replace_original")) and target.message_ts is not None
         ephemeral = payload.get("response_type", "ephemeral") != "in_channel"
+        with self._cond:
+            original = self._state.messages.get((target.channel, target.message_ts or ""))
+        if replace and original is not None:
+            ephemeral = original.ephemeral  # a replaced message keeps its audience
         ts = target.message_ts if replace and target.message_ts else self._next_ts()
         message = Message(
             channel=target.channel,
