@@ -7,6 +7,8 @@ import argparse
 import logging
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -306,3 +308,22 @@ def test_bad_input_gets_an_ephemeral_message_and_changes_nothing(
         assert reply.payload["response_type"] == "ephemeral"
         assert _store_rows(slack_bot.rt.db) == before
     assert not reply.payload["text"].startswith(":x:"), reply.payload["text"]
+
+
+def test_http_server_paths_and_limits(slack_bot: SlackBot) -> None:
+    base = slack_bot.server.url.removesuffix("/slack/events")
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as response:
+        assert response.read() == b"ok"
+    for request in (
+        urllib.request.Request(base + "/other", data=b"x"),
+        urllib.request.Request(base + "/slack/other"),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=10)
+        assert err.value.code == 404
+    too_big = urllib.request.Request(slack_bot.server.url, data=b"x" * (1024 * 1024 + 1))
+    with pytest.raises(urllib.error.URLError) as refused:  # 413, or reset while still sending
+        urllib.request.urlopen(too_big, timeout=10)
+    code = getattr(refused.value, "code", None)
+    assert code == 413 or isinstance(refused.value.reason, ConnectionError)
+    assert slack_bot.slack.responses == []
