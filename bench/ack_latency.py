@@ -201,7 +201,7 @@ def gpubot_server(api_url: str, tmp: Path, work_s: float) -> Iterator[str]:
             summary="slow work",
             usage="/gpu slow N",
             examples=(),
-            configure=lambda p: p.add_argument("n"),
+            configure=_configure,
             handler=_slow_handler(work_s),
         )
     )
@@ -244,6 +244,10 @@ def baseline_server(api_url: str, tmp: Path, work_s: float) -> Iterator[str]:
         yield server.url
     finally:
         server.shutdown()
+
+
+def _configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("n")
 
 
 def _slow_handler(work_s: float) -> Callable[..., Reply]:

@@ -6,6 +6,7 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def test_check_blocks_finds_what_slack_refuses(blocks: list[Any], problem: str) 
 @pytest.mark.filterwarnings("ignore:The top-level `text` argument is missing")
 def test_web_api_errors_are_slacks(local_slack: LocalSlack) -> None:
     client = WebClient(token=BOT_TOKEN, base_url=local_slack.api_url)
-    cases = [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: client.chat_postMessage(channel="C0GENERAL"), "no_text"),
         (lambda: client.chat_postMessage(channel="C0NOPE", text="x"), "channel_not_found"),
         (lambda: client.api_call("chat.teleport"), "unknown_method"),
