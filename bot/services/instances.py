@@ -568,6 +568,12 @@ def parse_address(text: str) -> Address:
     return Address(user=user, host=host, port=port)
 
 
+def format_address(user: str, host: str, port: int = 22) -> str:
+    """``user@host:port`` as :func:`parse_address` reads it back (IPv6 hosts in brackets)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"{user}@{shown}:{port}"
+
+
 # --- helpers: register ------------------------------------------------------------------------
 
 

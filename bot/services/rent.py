@@ -219,7 +219,7 @@ def _adopt(
         caller,
         RegisterRequest(
             name=name,
-            address=f"{req.ssh_user}@{ready.host}:{ready.ssh_port}",
+            address=instances.format_address(req.ssh_user, ready.host, ready.ssh_port),
             gpu_model=plan.gpu_model or ready.gpu_model,
             gpu_count=plan.gpu_count or ready.gpu_count,
             price_micros_per_hour=price,

@@ -637,6 +637,13 @@ def test_parse_address_rejects(text: str) -> None:
     assert info.value.hint
 
 
+@pytest.mark.parametrize(
+    ("user", "host", "port"), [("root", "203.0.113.7", 22), ("u", "2001:db8::1", 2222)]
+)
+def test_format_address_reads_back(user: str, host: str, port: int) -> None:
+    assert svc.parse_address(svc.format_address(user, host, port)) == svc.Address(user, host, port)
+
+
 @pytest.mark.parametrize("name", ["a", "box-1", "0abc", "a" * 31])
 def test_valid_names(name: str) -> None:
     assert svc.validate_name(name) == name
