@@ -275,6 +275,8 @@ class Console:
             self.speaker = Speaker.named(rest)
             self._meet(self.speaker)
             self.printer.note(f"you are now {self.speaker.name} ({self.speaker.user_id})")
+        elif word == ":as":
+            self.printer.note("Say who: `:as alice`, or a Slack ID such as `:as U0123ABC`.")
         else:
             self.printer.note(f"Unknown console command `{line}`; type :help.")
 

@@ -152,8 +152,11 @@ def test_each_reply_arrives_before_the_next_line(tmp_path: Path) -> None:
 
 
 def test_console_commands_and_mistakes(tmp_path: Path) -> None:
-    out = _chat(tmp_path, [":help", ":nope", "/deploy now", "", "# a comment", ":quit", "whoami"])
+    out = _chat(
+        tmp_path, [":help", ":nope", ":as", "/deploy now", "", "# a comment", ":quit", "whoami"]
+    )
     assert "click N" in out
+    assert "Say who: `:as alice`" in out
     assert "Unknown console command `:nope`" in out
     assert "Only /gpu is a command here; `/deploy` is not." in out
     assert "you are" not in out
