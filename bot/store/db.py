@@ -51,7 +51,9 @@ class Database:
         """A session that commits when the block ends and rolls back when it raises.
 
         Objects stay readable after the commit (``expire_on_commit=False``). Keep the block
-        short and free of network calls. Raises StoreError when the database fails.
+        short and free of network calls, and open no second session inside it on the same
+        thread (on SQLite the second would wait for the first). Raises StoreError when the
+        database fails.
         """
         try:
             with Session(self.engine, expire_on_commit=False) as session:
