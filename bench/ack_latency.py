@@ -66,10 +66,14 @@ def main() -> int:
             f"{args.requests} concurrent signed /gpu commands, {args.work_s:.1f} s of work each "
             f"({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})"
         )
-        with server_process("gpubot", slack, args.work_s) as url:
+        with server_process("gpubot", slack, args.work_s) as (url, pid):
+            cpu_before = cpu_seconds(pid)
             ours = burst(slack, url, args.requests)
-        with server_process("baseline", slack, args.work_s) as url:
+            ours.cpu_s = cpu_seconds(pid) - cpu_before
+        with server_process("baseline", slack, args.work_s) as (url, pid):
+            cpu_before = cpu_seconds(pid)
             base = burst(slack, url, args.requests)
+            base.cpu_s = cpu_seconds(pid) - cpu_before
     report("(a) gpubot: ack, then the bot's executor", ours)
     report("(b) baseline: work in Bolt's 5 listener threads", base)
     ratio = base.p99_s / ours.p99_s if ours.p99_s > 0 else float("inf")
@@ -94,6 +98,7 @@ class Result:
         self.p50_s = statistics.median(ok) if ok else float("nan")
         self.p99_s = percentile(ok, 0.99) if ok else float("nan")
         self.max_s = ok[-1] if ok else float("nan")
+        self.cpu_s = float("nan")
 
 
 def burst(slack: LocalSlack, url: str, count: int) -> Result:
@@ -150,8 +155,9 @@ def _raw_request(slack: LocalSlack, parts: urllib.parse.SplitResult, i: int) -> 
 
 
 @contextmanager
-def server_process(kind: str, slack: LocalSlack, work_s: float) -> Iterator[str]:
-    """Start ``--serve KIND`` in a child process; yields its URL once one request went through."""
+def server_process(kind: str, slack: LocalSlack, work_s: float) -> Iterator[tuple[str, int]]:
+    """Start ``--serve KIND`` in a child process; yields its URL and process id once one
+    request went through."""
     child = subprocess.Popen(
         [
             sys.executable,
@@ -175,7 +181,7 @@ def server_process(kind: str, slack: LocalSlack, work_s: float) -> Iterator[str]
             raise RuntimeError(f"the {kind} server did not start")
         if burst(slack, url, 1).answered != 1:  # the first request makes the app call auth.test
             raise RuntimeError(f"the {kind} server did not answer")
-        yield url
+        yield url, child.pid
     finally:
         assert child.stdin is not None
         child.stdin.close()
@@ -258,6 +264,15 @@ def _slow_handler(work_s: float) -> Callable[..., Reply]:
     return handle
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used, from /proc; NaN where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """The q-quantile (nearest rank) of sorted values."""
     rank = max(1, min(len(sorted_values), round(q * len(sorted_values) + 0.5)))
@@ -270,7 +285,8 @@ def report(name: str, result: Result) -> None:
         f"  ack p50 {result.p50_s * 1000:7.1f} ms   p99 {result.p99_s * 1000:7.1f} ms   "
         f"max {result.max_s * 1000:7.1f} ms\n"
         f"  acked {result.acked}/{result.sent} (within 3 s: {result.in_time}),   "
-        f"replies at response URLs {result.answered}/{result.sent}"
+        f"replies at response URLs {result.answered}/{result.sent},   "
+        f"server CPU {result.cpu_s * 1000 / result.sent:.1f} ms per command"
     )
 
 
