@@ -385,6 +385,9 @@ def _handshake(
         raise Unreachable(f"{where} did not answer within {timeout_s:g} s") from exc
     except OSError as exc:
         raise Unreachable(f"cannot connect to {where}: {_describe(exc)}") from exc
+    # Commands are a few small packets each way: without this, Nagle's algorithm holds a packet
+    # back until the previous one is acknowledged (up to a delayed-ACK time per command).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         conn = paramiko.Transport(sock)
     except (paramiko.SSHException, OSError) as exc:

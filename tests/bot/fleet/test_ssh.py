@@ -27,7 +27,7 @@ from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import AgentClient
 from bot.fleet.fleet import Fleet
 from bot.fleet.hostkeys import host_key_from_line
-from bot.fleet.ssh import SshTransport
+from bot.fleet.ssh import SshTransport, dial, load_private_key
 from bot.settings import Settings
 from tests.fixtures.sshd import SshServer, make_client_key, start_sshd
 
@@ -359,6 +359,18 @@ def test_many_concurrent_commands_share_one_connection(fleet: Fleet, sshd: SshSe
 
     assert sorted(results, key=int) == [str(i) for i in range(20)]
     assert sshd.accepted_logins() == 1
+
+
+def test_connection_sends_small_packets_at_once(sshd: SshServer) -> None:
+    # A command is a few small packets each way; Nagle's algorithm would hold each one back
+    # until the previous was acknowledged (a delayed ACK, tens of ms, per command).
+    conn = dial(sshd.target("gpu-a"), timeout_s=5, key=load_private_key(sshd.client_key_path))
+    try:
+        sock = conn.sock
+        assert isinstance(sock, socket.socket)
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        conn.close()
 
 
 def test_forget_drops_the_pooled_connection(fleet: Fleet, sshd: SshServer) -> None:
