@@ -20,6 +20,7 @@ from bot.local_slack import LocalSlack
 from bot.store.db import Database
 from bot.store.models import Instance, Release
 from tests.bot.services.support import add_instance
+from tests.fixtures.providers import RunpodStandIn
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +88,10 @@ def _warnings(slack: LocalSlack) -> list[str]:
     ]
 
 
-def test_killed_between_warning_and_deadline_releases_once_and_warns_once(tmp_path, runpod, slack):
+def test_killed_between_warning_and_deadline_releases_once_and_warns_once(
+    tmp_path, runpod_cloud: RunpodStandIn, slack
+):
+    runpod = runpod_cloud
     db_url = f"sqlite:///{tmp_path / 'bot.sqlite3'}"
     db = Database(db_url)
     db.migrate()
