@@ -27,7 +27,7 @@ from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import AgentClient
 from bot.fleet.fleet import Fleet
 from bot.fleet.hostkeys import host_key_from_line
-from bot.fleet.ssh import SshTransport, dial, load_private_key
+from bot.fleet.ssh import IDLE_WAKE_S, SshTransport, dial, load_private_key
 from bot.settings import Settings
 from tests.fixtures.sshd import SshServer, make_client_key, start_sshd
 
@@ -361,14 +361,20 @@ def test_many_concurrent_commands_share_one_connection(fleet: Fleet, sshd: SshSe
     assert sshd.accepted_logins() == 1
 
 
-def test_connection_sends_small_packets_at_once(sshd: SshServer) -> None:
-    # A command is a few small packets each way; Nagle's algorithm would hold each one back
-    # until the previous was acknowledged (a delayed ACK, tens of ms, per command).
+def test_connection_sends_small_packets_at_once_and_idles_quietly(sshd: SshServer) -> None:
     conn = dial(sshd.target("gpu-a"), timeout_s=5, key=load_private_key(sshd.client_key_path))
     try:
         sock = conn.sock
         assert isinstance(sock, socket.socket)
+        # A command is a few small packets each way; Nagle's algorithm would hold each one back
+        # until the previous was acknowledged (a delayed ACK, tens of ms, per command).
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        # The reader thread of an idle pooled connection wakes once a second, not ten times.
+        assert sock.gettimeout() == IDLE_WAKE_S >= 1.0
+        chan = conn.open_session(timeout=5)
+        chan.exec_command("echo hi")
+        assert chan.makefile("rb").read() == b"hi\n"
+        assert chan.recv_exit_status() == 0
     finally:
         conn.close()
 
