@@ -7,7 +7,8 @@ document on stdout carrying ``"schema": 1``.
 Subcommands are dispatched through ``set_defaults(handler=...)``: a handler takes the parsed
 ``argparse.Namespace`` and returns the exit code. Modules that add subcommands expose
 ``register(subparsers) -> None`` and follow the same rule. Heavy modules (NVML, health checks,
-the job runner) are imported inside the handlers, so ``status`` loads only what it needs.
+the job runner) are imported inside the handlers, and the job subcommands are registered only
+when the command line asks for one of them (or for help), so ``status`` loads only what it needs.
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
-from agents import __version__, jobs_cli
+from agents import __version__
+
+# ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
+
+    Handler = Callable[[argparse.Namespace], int]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-Handler = Callable[[argparse.Namespace], int]
+#: Commands this module defines; any other command line also gets the job subcommands.
+CORE_COMMANDS = frozenset({"status", "health", "version"})
 
 
 class UsageError(Exception):
@@ -79,9 +87,13 @@ def terminal_width() -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the agent CLI with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(with_jobs=not (words and words[0] in CORE_COMMANDS))
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(words)
+        if extra:  # said by the command's own parser, whose usage fits
+            owner: argparse.ArgumentParser = getattr(args, "_command_parser", parser)
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
     except UsageError as exc:
         sys.stderr.write(exc.usage)
         sys.stderr.write(f"{exc}\n")
@@ -106,8 +118,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, job subcommands included."""
+def build_parser(with_jobs: bool = True) -> argparse.ArgumentParser:
+    """The argument parser; the job subcommands (agents.jobs_cli) unless ``with_jobs`` is False."""
     parser = AgentArgumentParser(
         prog="gpu-agent",
         description="GPU status, CUDA health checks and a job runner for a rented GPU instance.",
@@ -118,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_status(sub)
     _add_health(sub)
     _add_version(sub)
-    jobs_cli.register(sub)
+    if with_jobs:
+        from agents import jobs_cli
+
+        jobs_cli.register(sub)
     return parser
 
 
@@ -154,7 +169,7 @@ def positive_int(raw: str) -> int:
 def _add_status(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="one snapshot: host, driver, GPUs, processes")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=_cmd_status)
+    p.set_defaults(handler=_cmd_status, _command_parser=p)
 
 
 def _add_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -171,13 +186,13 @@ def _add_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="seconds allowed for each torch probe",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=_cmd_health)
+    p.set_defaults(handler=_cmd_health, _command_parser=p)
 
 
 def _add_version(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("version", help="agent and Python versions")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=_cmd_version)
+    p.set_defaults(handler=_cmd_version, _command_parser=p)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -10,7 +10,6 @@ also matmul, bandwidth and gemm.
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -37,6 +36,7 @@ from agents.checks.perf import check_bandwidth, check_gemm, check_matmul
 from agents.checks.security import check_exposed_ports, check_ssh_password_login
 from agents.probe import ProbeOutcome, run_probe
 from agents.protocol import HealthCheck, HealthReport, StatusSnapshot, worst_status
+from agents.render import wrap
 from agents.system import (
     DevNodeFacts,
     ListeningSocket,
@@ -172,13 +172,14 @@ def render_text(report: HealthReport) -> str:
     """The report as a terminal checklist: one line per check, its hint indented below, and
     a closing line with the overall status and the counts."""
     width = max((len(c.id) for c in report.checks), default=0)
+    indent = " " * (6 + width + 2)
     lines: List[str] = []
     for check in report.checks:
         label = _LABELS.get(check.status, check.status.upper())
-        lines.append(f"{label:<4}  {check.id:<{width}}  {check.summary}")
+        first = f"{label:<4}  {check.id:<{width}}  "
+        lines.extend(wrap(check.summary, indent, first=first))
         if check.hint:
-            indent = " " * (6 + width + 2)
-            lines.extend(indent + part for part in _wrap(check.hint, 100 - len(indent)))
+            lines.extend(wrap(check.hint, indent))
     counts = {s: sum(1 for c in report.checks if c.status == s) for s in _LABELS}
     tally = ", ".join(f"{counts[s]} {s}" for s in ("fail", "warn", "skip", "pass") if counts[s])
     lines.append("")
@@ -186,10 +187,3 @@ def render_text(report: HealthReport) -> str:
         f"health: {_LABELS.get(report.status, report.status.upper())} ({tally or 'no checks'})"
     )
     return "\n".join(lines)
-
-
-def _wrap(text: str, width: int) -> List[str]:
-    """Wrap at spaces, never inside a word."""
-    return textwrap.wrap(
-        text, width=max(width, 40), break_long_words=False, break_on_hyphens=False
-    ) or [""]

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 from agents import __version__
 from agents.protocol import HostInfo
+
+# ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 def collect_host(proc: str = "/proc", root: str = "/") -> HostInfo:

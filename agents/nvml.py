@@ -15,7 +15,6 @@ import os
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import fields
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 from agents.protocol import (
     CLOCK_EVENT_REASONS,
@@ -26,6 +25,11 @@ from agents.protocol import (
     ProcessSnapshot,
     StatusSnapshot,
 )
+
+# ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
 
 #: What to do for each ``nvml_error.code``.
 HINTS: Dict[str, str] = {
@@ -439,7 +443,8 @@ class _Collector:
 
 def _import_pynvml() -> Any:
     try:
-        import pynvml
+        with _find_library_deferred():
+            import pynvml
     except ImportError as exc:
         raise NvmlUnavailable(
             NvmlError(
@@ -452,6 +457,49 @@ def _import_pynvml() -> Any:
             )
         ) from exc
     return pynvml
+
+
+@contextmanager
+def _find_library_deferred() -> Iterator[None]:
+    """Import pynvml without loading ``ctypes.util``, in a single-threaded process.
+
+    pynvml imports ``find_library`` from ``ctypes.util`` but calls it only on Windows; loading
+    that module (shutil, subprocess, tempfile) costs about a third of pynvml's import, which
+    the agent pays on every ``status``. While the import runs, a stand-in module whose
+    ``find_library`` loads the real one on first call sits in ``sys.modules``; it is removed
+    afterwards. With other threads running (the bot), nothing is replaced: another thread
+    could import ``ctypes.util`` meanwhile and get the stand-in.
+    """
+    import sys
+    import threading
+
+    if "ctypes.util" in sys.modules or "pynvml" in sys.modules or threading.active_count() > 1:
+        yield
+        return
+    stand_in = type(sys)("ctypes.util")
+    stand_in.find_library = _find_library  # type: ignore[attr-defined]
+    _STAND_INS.append(stand_in)
+    sys.modules["ctypes.util"] = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("ctypes.util") is stand_in:
+            del sys.modules["ctypes.util"]
+        _STAND_INS.remove(stand_in)
+
+
+_STAND_INS: List[object] = []
+
+
+def _find_library(name: str) -> Optional[str]:
+    """``ctypes.util.find_library(name)``, the real one (loaded now if need be)."""
+    import sys
+
+    if sys.modules.get("ctypes.util") in _STAND_INS:
+        del sys.modules["ctypes.util"]
+    from ctypes.util import find_library
+
+    return find_library(name)
 
 
 _GPU_FIELDS = tuple(f.name for f in fields(GpuSnapshot))

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
+
+# ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
+
+    T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 
@@ -44,8 +50,6 @@ CHECK_STATUSES = ("pass", "skip", "warn", "fail")
 #: Job states; the last four are final.
 JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
 FINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
-
-T = TypeVar("T")
 
 
 class ProtocolError(ValueError):

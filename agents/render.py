@@ -5,16 +5,22 @@ Pure functions from protocol documents to strings; a value that is None prints a
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
-
 from agents.protocol import GpuSnapshot, HostInfo, ProcessSnapshot, StatusSnapshot
 
+# ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Sequence
+
 MISSING = "-"
+#: Width that long text (hints) is wrapped to.
+WIDTH = 100
 _KIB = 1024
 
 
 def render_status(status: StatusSnapshot) -> str:
-    """The whole status: host line, driver line or NVML error, GPU table, process table."""
+    """The whole status: host line, driver line or NVML error, GPU table with notes on what
+    needs attention, process table (left out when NVML could not list the GPUs)."""
     lines = [host_line(status.host)]
     if status.driver is not None:
         driver = status.driver
@@ -24,12 +30,15 @@ def render_status(status: StatusSnapshot) -> str:
         )
     if status.nvml_error is not None:
         err = status.nvml_error
-        lines += ["", f"NVML error: {err.code}", f"  {err.message}", f"  What to do: {err.hint}"]
+        lines += ["", f"NVML error: {err.code}"]
+        lines += wrap(err.message, indent="  ")
+        lines += wrap(f"What to do: {err.hint}", indent="  ")
     if status.gpus:
         lines += ["", gpu_table(status.gpus)]
+        lines += gpu_notes(status.gpus)
     elif status.nvml_error is None:
         lines += ["", "No NVIDIA GPUs found."]
-    if status.driver is not None:
+    if status.gpus or (status.driver is not None and status.nvml_error is None):
         lines += ["", process_table(status.processes)]
     return "\n".join(lines)
 
@@ -54,7 +63,8 @@ def host_line(host: HostInfo) -> str:
 
 
 def gpu_table(gpus: Sequence[GpuSnapshot]) -> str:
-    """One row per GPU: index, name, temperature, utilisation, memory, power, SM clock, events."""
+    """One row per GPU: index, name, temperature, utilisation, memory, power, SM clock,
+    uncorrected ECC errors (volatile), clock events."""
     header = [
         "GPU",
         "Name",
@@ -63,6 +73,7 @@ def gpu_table(gpus: Sequence[GpuSnapshot]) -> str:
         "Memory used / total",
         "Power / limit",
         "SM clock",
+        "ECC",
         "Clock events",
     ]
     rows = [header]
@@ -76,10 +87,32 @@ def gpu_table(gpus: Sequence[GpuSnapshot]) -> str:
                 f"{format_bytes(gpu.mem_used_bytes)} / {format_bytes(gpu.mem_total_bytes)}",
                 f"{_watts(gpu.power_draw_w)} / {_watts(gpu.power_limit_w)}",
                 _unit(gpu.sm_clock_mhz, " MHz"),
+                _unit(gpu.ecc_uncorrected_volatile, ""),
                 _reasons(gpu.clock_event_reasons),
             ]
         )
-    return table(rows, right={0, 2, 3, 4, 5, 6})
+    return table(rows, right={0, 2, 3, 4, 5, 6, 7})
+
+
+def gpu_notes(gpus: Sequence[GpuSnapshot]) -> List[str]:
+    """Lines about what the table does not show and needs attention: memory rows waiting to
+    be remapped or failed, retired pages pending, MIG mode, a lowered power limit."""
+    notes: List[str] = []
+    for gpu in gpus:
+        found: List[str] = []
+        if gpu.remapped_rows_failure:
+            found.append("memory row remapping failed (no spare rows left)")
+        if gpu.remapped_rows_pending:
+            found.append("memory rows wait to be remapped (reset the GPU)")
+        if gpu.retired_pages_pending:
+            found.append("memory pages wait to be retired (reset the GPU)")
+        if gpu.mig_mode:
+            found.append("MIG mode is on (CUDA sees MIG slices, not the whole GPU)")
+        limit, default = gpu.power_limit_w, gpu.power_default_limit_w
+        if limit is not None and default is not None and limit < default:
+            found.append(f"power limit lowered to {limit:.0f} W (default {default:.0f} W)")
+        notes.extend(f"GPU {gpu.index}: {text}" for text in found)
+    return ["", *notes] if notes else []
 
 
 def process_table(processes: Sequence[ProcessSnapshot]) -> str:
@@ -115,6 +148,31 @@ def table(rows: Sequence[Sequence[str]], right: Optional[set] = None) -> str:  #
         ]
         out.append("  ".join(cells).rstrip())
     return "\n".join(out)
+
+
+def wrap(text: str, indent: str = "", width: int = WIDTH, first: Optional[str] = None) -> List[str]:
+    """``text`` wrapped at spaces to ``width`` columns, every line starting with ``indent``
+    (the first line with ``first`` instead, when given).
+
+    A command quoted in backticks is kept on one line, so it can be copied whole.
+    """
+    import textwrap
+
+    parts = text.split("`")
+    # Odd-numbered parts are inside backticks: glue their words with a placeholder.
+    glued = "`".join(p.replace(" ", _GLUE) if i % 2 else p for i, p in enumerate(parts))
+    lines = textwrap.wrap(
+        glued,
+        width=max(width, len(indent) + 40),
+        initial_indent=indent if first is None else first,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return [line.replace(_GLUE, " ") for line in lines] or [(first or indent).rstrip()]
+
+
+_GLUE = "\x00"
 
 
 def format_bytes(value: Optional[int]) -> str:

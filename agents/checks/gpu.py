@@ -4,7 +4,7 @@ throttle, temperature, power_cap, pcie. Pure functions of a StatusSnapshot."""
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from agents import specs
 from agents.checks.common import (
@@ -130,16 +130,28 @@ def check_identity(
             "Fix NVML first (see the nvml check), then run the health check again.",
         )
     problems: List[str] = []
-    warnings: List[str] = []
+    warnings: List[Tuple[str, str]] = []  # (what, what to do)
     wanted = specs.candidates(expect_gpu) if expect_gpu else ()
     if expect_gpu and not wanted:
         warnings.append(
-            f"{expect_gpu!r} is not in the GPU catalogue, so only the count was compared"
+            (
+                f"{expect_gpu!r} is not in the GPU catalogue, so only the count was compared",
+                "Name the model as the catalogue does, e.g. h100, a100-80gb, 4090 or l40s.",
+            )
         )
     _compare_count(len(status.gpus), expect_count, problems, warnings)
     seen = {g.index: _describe_gpu(g) for g in status.gpus}
     if wanted:
         problems.extend(_model_problems(status.gpus, wanted, expect_gpu or ""))
+    mig = [g.index for g in status.gpus if g.mig_mode]
+    if mig and not problems:
+        warnings.append(
+            (
+                f"{gpu_list(mig)} in MIG mode: programs get MIG slices, not whole GPUs",
+                "If you rented whole GPUs, ask the provider to turn MIG off "
+                "(`sudo nvidia-smi -i N -mig 0`, then reset the GPU).",
+            )
+        )
     details = {
         "expected_gpu": expect_gpu,
         "expected_keys": [s.key for s in wanted],
@@ -160,9 +172,8 @@ def check_identity(
         return make(
             "identity",
             WARN,
-            "; ".join(warnings),
-            "Check the rental: use a model name like h100, a100-80gb, 4090 or l40s, and the "
-            "number of GPUs you are billed for.",
+            "; ".join(text for text, _ in warnings),
+            " ".join(hint for _, hint in warnings),
             details,
         )
     model = status.gpus[0].name if status.gpus else "GPU"
@@ -170,7 +181,10 @@ def check_identity(
 
 
 def _compare_count(
-    count: int, expect_count: Optional[int], problems: List[str], warnings: List[str]
+    count: int,
+    expect_count: Optional[int],
+    problems: List[str],
+    warnings: List[Tuple[str, str]],
 ) -> None:
     if expect_count is None:
         return
@@ -178,31 +192,51 @@ def _compare_count(
         problems.append(f"{count} GPU(s) visible, {expect_count} rented")
     elif count > expect_count:
         warnings.append(
-            f"{count} GPUs visible, {expect_count} rented: check you are not billed for more"
+            (
+                f"{count} GPUs visible, {expect_count} rented",
+                "Check the provider's bill: you may be paying for every GPU you can see.",
+            )
         )
 
 
 def _model_problems(
     gpus: Sequence[GpuSnapshot], wanted: Sequence[specs.GpuSpec], expect_gpu: str
 ) -> List[str]:
+    """What is wrong with each GPU, GPUs with the same finding named together
+    ("GPUs 0, 1 are NVIDIA V100 SXM2 16GB (16.0 GiB, 80 SMs), not h100")."""
     keys = {s.key for s in wanted}
-    problems: List[str] = []
+    found_by: Dict[Tuple[str, str], List[int]] = {}  # (verb, rest) -> GPU indexes
     for gpu in gpus:
-        found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
-        if found is None or found.key not in keys:
-            what = found.name if found is not None else gpu.name
-            problems.append(f"GPU {gpu.index} is {what} ({_short(gpu)}), not {expect_gpu}")
-            continue
-        if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < found.mem_min_bytes:
-            problems.append(
-                f"GPU {gpu.index} has {gib(gpu.mem_total_bytes)} of the {found.mem_gb} GB "
-                f"a {found.name} has"
+        for verb, rest in _gpu_problems(gpu, keys, expect_gpu):
+            found_by.setdefault((verb, rest), []).append(gpu.index)
+    plural = {"is": "are", "has": "have"}
+    return [
+        f"{gpu_list(indexes)} {verb if len(indexes) == 1 else plural[verb]} {rest}"
+        for (verb, rest), indexes in found_by.items()
+    ]
+
+
+def _gpu_problems(gpu: GpuSnapshot, keys: Set[str], expect_gpu: str) -> List[Tuple[str, str]]:
+    """(verb, rest of the sentence) for each way one GPU differs from the rented model."""
+    found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
+    if found is None and " mig " in f" {gpu.name.lower()} ":
+        return [("is", f"a MIG slice ({gpu.name}, {_short(gpu)}), not a whole {expect_gpu}")]
+    if found is None or found.key not in keys:
+        what = found.name if found is not None else gpu.name
+        return [("is", f"{what} ({_short(gpu)}), not {expect_gpu}")]
+    problems: List[Tuple[str, str]] = []
+    if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < found.mem_min_bytes:
+        problems.append(
+            ("has", f"{gib(gpu.mem_total_bytes)} of the {found.mem_gb} GB a {found.name} has")
+        )
+    if gpu.sm_count is not None and gpu.sm_count != found.sm_count:
+        problems.append(
+            (
+                "has",
+                f"{gpu.sm_count} SMs, a {found.name} has {found.sm_count} "
+                "(a MIG slice or a cut-down card)",
             )
-        if gpu.sm_count is not None and gpu.sm_count != found.sm_count:
-            problems.append(
-                f"GPU {gpu.index} has {gpu.sm_count} SMs, a {found.name} has {found.sm_count} "
-                "(a MIG slice or a cut-down card)"
-            )
+        )
     return problems
 
 
@@ -233,38 +267,41 @@ def check_leftover_memory(status: StatusSnapshot) -> HealthCheck:
             job_bytes[proc.gpu_index] = job_bytes.get(proc.gpu_index, 0) + (
                 proc.used_mem_bytes or 0
             )
+    on_gpus = {p.gpu_index for p in foreign}
+    # Memory above the threshold that no listed process explains.
     held = {
         g.index: g.mem_used_bytes
         for g in status.gpus
         if g.mem_used_bytes is not None
+        and g.index not in on_gpus
         and g.mem_used_bytes - job_bytes.get(g.index, 0) > LEFTOVER_BYTES
     }
     details = {
         "mem_used_bytes": per_gpu({g.index: g.mem_used_bytes for g in status.gpus}),
         "processes": [_process_details(p) for p in foreign],
+        "held_without_process": per_gpu(held),
         "threshold_bytes": LEFTOVER_BYTES,
     }
+    found: List[str] = []
+    hints: List[str] = []
     if foreign:
         listed = "; ".join(_describe_process(p) for p in foreign[:5])
         more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        return make(
-            "leftover_memory",
-            WARN,
-            f"{len(foreign)} process(es) already use the GPUs: {listed}{more}",
+        found.append(f"{len(foreign)} process(es) already use the GPUs: {listed}{more}")
+        hints.append(
             "If they are yours and finished, stop them (`kill PID`). If not, someone else is "
-            "using this machine: ask the provider.",
-            details,
+            "using this machine: ask the provider."
         )
     if held:
         where = ", ".join(f"GPU {i}: {gib(b)}" for i, b in sorted(held.items()))
-        return make(
-            "leftover_memory",
-            WARN,
-            f"memory in use with no process visible ({where})",
-            "A process in another container or PID namespace holds it (run `nvidia-smi` on the "
-            "host), or a crashed job left it behind: reset the GPU (`nvidia-smi -r`) when idle.",
-            details,
+        found.append(f"memory in use with no process visible ({where})")
+        hints.append(
+            "Memory held with no process listed belongs to a process in another container or "
+            "PID namespace (run `nvidia-smi` on the host) or was left by a crashed job: reset "
+            "the GPU when idle (`sudo nvidia-smi -r -i N`) or ask the provider."
         )
+    if found:
+        return make("leftover_memory", WARN, "; ".join(found), " ".join(hints), details)
     return make(
         "leftover_memory", PASS, "no memory held and no other process on the GPUs", "", details
     )

@@ -110,6 +110,80 @@ def test_status_text_with_no_gpus(fake_nvml, capsys):
     assert "No processes are using the GPUs." in out
 
 
+def test_status_text_shows_ecc_errors_and_notes_what_needs_attention(fake_nvml, capsys):
+    fake_nvml.gpus(
+        5,
+        per_gpu={
+            0: {"power_limit": 300000, "power_default_limit": 700000},
+            1: {"ecc_uncorrected_volatile": 3},
+            2: {"remapped_rows": [0, 0, 1, 0]},
+            3: {"remapped_rows": [0, 0, 0, 1], "mig_mode": 1},
+            4: {"ecc_uncorrected_volatile": "unsupported"},
+        },
+    )
+    assert cli.main(["status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("GPU  Name"))
+    assert header.split()[-3:] == ["ECC", "Clock", "events"]
+    rows = [line for line in lines if line[:3].strip().isdigit()]
+    at = header.index("ECC")  # a right-aligned column as wide as its header
+    assert [row[at : at + 3].strip() for row in rows] == ["0", "3", "0", "0", "-"]
+    assert "GPU 0: power limit lowered to 300 W (default 700 W)" in lines
+    assert "GPU 2: memory rows wait to be remapped (reset the GPU)" in lines
+    assert "GPU 3: memory row remapping failed (no spare rows left)" in lines
+    assert "GPU 3: MIG mode is on (CUDA sees MIG slices, not the whole GPU)" in lines
+    assert not [line for line in lines if line.startswith(("GPU 1:", "GPU 4:"))]
+
+
+def test_status_text_of_healthy_gpus_has_no_notes(fake_nvml, capsys):
+    fake_nvml.gpus(2)
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0:" not in out
+    assert "GPU 1:" not in out
+
+
+def test_status_text_without_a_gpu_list_shows_no_process_table(fake_nvml, capsys):
+    fake_nvml.gpus(2, count_error="Unknown")
+    assert cli.main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "NVML error: unknown" in out
+    assert "No processes" not in out
+    assert "No NVIDIA GPUs found." not in out
+
+
+def test_status_text_wraps_the_hint_without_splitting_commands(fake_nvml, capsys):
+    fake_nvml.init_error("Unknown")
+    assert cli.main(["status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    hint = lines[lines.index("NVML error: unknown") + 2 :]
+    assert hint[0].startswith("  What to do: NVML failed unexpectedly.")
+    assert all(line.startswith("  ") and len(line) <= 100 for line in hint)
+    text = " ".join(line.strip() for line in hint)
+    for command in ("`nvidia-smi`", "`sudo dmesg | grep -i -e nvrm -e xid`"):
+        assert any(command in line for line in hint), command
+        assert command in text
+
+
+@pytest.mark.parametrize(
+    ("text", "width", "expected"),
+    [
+        ("short", 100, ["short"]),
+        ("", 100, [""]),
+        ("a b `c d e` f", 40, ["a b `c d e` f"]),
+        ("word " * 12 + "`run this whole command please`", 50, None),
+    ],
+)
+def test_wrap(text, width, expected):
+    lines = render.wrap(text, "  ", width)
+    if expected is not None:
+        assert lines == ["  " + line if line else "" for line in expected]
+        return
+    assert len(lines) == 2
+    assert lines[1].endswith(" `run this whole command please`")
+    assert all(line.startswith("  ") and len(line) <= width for line in lines)
+
+
 # --- version -----------------------------------------------------------------------------------
 
 
@@ -153,6 +227,55 @@ def test_help_exits_zero(capsys):
     out = capsys.readouterr().out
     for command in ("status", "health", "version"):
         assert command in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["status", "--bogus"], "usage: gpu-agent status [-h] [--json]"),
+        (["version", "extra"], "usage: gpu-agent version [-h] [--json]"),
+        (["health", "--fast"], "usage: gpu-agent health [-h] [--full]"),
+        (["--bogus"], "usage: gpu-agent [-h] COMMAND ..."),
+    ],
+)
+def test_unrecognized_arguments_show_the_commands_own_usage(capsys, argv, usage):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage)
+    assert f"unrecognized arguments: {argv[-1]}" in err
+
+
+def test_job_commands_are_still_registered(capsys):
+    assert cli.main(["jobs", "--help"]) == 0
+    assert "--since" in capsys.readouterr().out
+    assert cli.main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    for command in ("status", "health", "version", "run", "jobs", "logs", "cancel", "who"):
+        assert repr(command) in err
+
+
+def test_status_loads_only_what_it_needs(fake_nvml):
+    """``status --json`` imports neither typing, the job commands nor the health checks
+    (beyond what the interpreter and the fake pynvml load themselves)."""
+    fake_nvml.gpus(1)
+    code = (
+        "import sys, pynvml; before = set(sys.modules); import json; "
+        "from agents.cli import main; main(['status', '--json']); "
+        "sys.stderr.write(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=fake_nvml.env,
+        cwd=ROOT,
+        timeout=60,
+        check=True,
+    )
+    loaded = set(json.loads(result.stderr))
+    assert protocol.loads(StatusSnapshot, result.stdout).gpus
+    assert {"agents.cli", "agents.nvml", "agents.protocol"} <= loaded
+    assert not loaded & {"typing", "agents.jobs_cli", "agents.runner", "agents.health"}
 
 
 def test_usage_error_in_a_subprocess():

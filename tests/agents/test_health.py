@@ -260,6 +260,26 @@ def test_render_text_is_a_checklist_with_indented_hints():
     assert lines[-1] == "health: FAIL (1 fail, 1 warn, 1 skip, 1 pass)"
 
 
+def test_render_text_wraps_long_summaries_and_keeps_commands_whole():
+    command = "`/opt/venv/bin/python -m pip install torch --index-url https://example.org/cu126`"
+    report = HealthReport(
+        status="fail",
+        checks=(
+            HealthCheck("identity", "fail", "GPU 0 is something else entirely, " * 5, "Ask."),
+            HealthCheck("torch_build", "fail", "CPU-only build", f"Replace it: {command}."),
+        ),
+    )
+    lines = health.render_text(report).splitlines()
+    indent = " " * 19
+    assert lines[0].startswith("FAIL  identity     GPU 0 is")
+    assert lines[1].startswith(indent)
+    assert lines[1][len(indent)] != " "
+    summary_lines = [line for line in lines if "something else" in line]
+    assert len(summary_lines) >= 2
+    assert all(len(line) <= 100 for line in summary_lines)
+    assert any(line == indent + command + "." for line in lines)
+
+
 def test_render_text_of_an_empty_report():
     assert health.render_text(HealthReport(status="pass", checks=())).endswith(
         "health: PASS (no checks)"

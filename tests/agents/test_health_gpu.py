@@ -153,6 +153,54 @@ def test_identity_unknown_model_warns_and_still_counts():
     assert gpu.check_identity(make_status(n=1), "b200", 2).status == "fail"
 
 
+def test_identity_names_gpus_with_the_same_finding_together():
+    status = make_status(n=8, name="Tesla V100-SXM2-16GB", mem_total_bytes=16160 * MIB, sm_count=80)
+    result = gpu.check_identity(status, "h100", 8)
+    assert result.status == "fail"
+    assert result.summary.count("V100") == 1
+    assert "GPUs 0, 1, 2, 3, 4, 5, 6, 7 are NVIDIA V100 SXM2 16GB" in result.summary
+    assert result.summary.endswith("not h100")
+
+
+def test_identity_calls_a_mig_device_a_slice():
+    status = make_status(
+        name="NVIDIA A100-SXM4-80GB MIG 3g.40gb", mem_total_bytes=40 * GIB, sm_count=42
+    )
+    result = gpu.check_identity(status, "a100-80gb", 1)
+    assert result.status == "fail"
+    assert "GPU 0 is a MIG slice (NVIDIA A100-SXM4-80GB MIG 3g.40gb" in result.summary
+    assert "not a whole a100-80gb" in result.summary
+
+
+@pytest.mark.parametrize(
+    ("mig_mode", "expected"), [(None, "pass"), (False, "pass"), (True, "warn")]
+)
+def test_identity_warns_about_a_whole_gpu_in_mig_mode(mig_mode, expected):
+    status = make_status(
+        n=2,
+        name="NVIDIA A100-SXM4-80GB",
+        mem_total_bytes=81920 * MIB,
+        sm_count=108,
+        mig_mode=mig_mode,
+    )
+    result = gpu.check_identity(status, "a100", 2)
+    assert result.status == expected
+    if expected == "warn":
+        assert "GPUs 0, 1 in MIG mode" in result.summary
+        assert "`sudo nvidia-smi -i N -mig 0`" in result.hint
+
+
+def test_identity_hints_fit_each_warning():
+    extra = gpu.check_identity(make_status(n=9), "h100", 8)
+    assert extra.status == "warn"
+    assert "bill" in extra.hint
+    assert "catalogue" not in extra.hint
+    unknown = gpu.check_identity(make_status(n=1), "b200", None)
+    assert unknown.status == "warn"
+    assert "h100, a100-80gb" in unknown.hint
+    assert "bill" not in unknown.hint
+
+
 def test_identity_fails_without_nvml():
     result = gpu.check_identity(NO_NVML, "h100", 1)
     assert result.status == "fail"
@@ -193,6 +241,19 @@ def test_leftover_memory_without_visible_processes_mentions_containers():
     result = gpu.check_leftover_memory(make_status(mem_used_bytes=20 * GIB))
     assert result.status == "warn"
     assert "GPU 0: 20.0 GiB" in result.summary
+    assert "container" in result.hint
+
+
+def test_leftover_memory_reports_both_foreign_processes_and_unexplained_memory():
+    gpus = [make_gpu(0, mem_used_bytes=30 * GIB), make_gpu(1, mem_used_bytes=10 * GIB), make_gpu(2)]
+    procs = [make_process(0, pid=777, used_mem_bytes=30 * GIB)]
+    result = gpu.check_leftover_memory(make_status(gpus, processes=procs))
+    assert result.status == "warn"
+    assert "pid 777" in result.summary
+    assert "no process visible (GPU 1: 10.0 GiB)" in result.summary
+    assert "GPU 0: 30" not in result.summary  # explained by pid 777
+    assert result.details["held_without_process"] == {"1": 10 * GIB}
+    assert "kill" in result.hint
     assert "container" in result.hint
 
 

@@ -65,6 +65,40 @@ def test_importing_the_module_loads_no_nvml():
     assert out.strip() == "False"
 
 
+_IMPORT_REAL_PYNVML = """
+import sys, threading
+import agents.nvml
+if sys.argv[1] == "threads":
+    stop = threading.Event()
+    threading.Thread(target=stop.wait).start()
+nv = agents.nvml._import_pynvml()
+assert "fake_nvml" not in nv.__file__
+print("ctypes.util" in sys.modules)
+print(nv.find_library("c") or "")
+print(type(sys.modules["ctypes.util"]).__name__, hasattr(sys.modules["ctypes.util"], "__file__"))
+if sys.argv[1] == "threads":
+    stop.set()
+"""
+
+
+@pytest.mark.parametrize(("threads", "loaded"), [("single", "False"), ("threads", "True")])
+def test_pynvml_import_defers_ctypes_util_only_in_a_single_thread(threads, loaded):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPUBOT_FAKE_NVML")}
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_REAL_PYNVML, threads],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        timeout=60,
+        check=True,
+    )
+    before, library, module = done.stdout.splitlines()
+    assert before == loaded
+    assert library.startswith("libc.so")  # find_library works, through the real ctypes.util
+    assert module == "module True"  # afterwards sys.modules holds the real ctypes.util
+
+
 # --- the collector over 1..8 fake GPUs ---------------------------------------------------------
 
 
