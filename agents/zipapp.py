@@ -6,8 +6,12 @@ package with its data files, nvidia-ml-py's ``pynvml.py`` vendored at the root, 
 
 The output is deterministic: entries sorted, fixed timestamps and permissions, so its SHA-256
 names the version. Unchecked hash-based ``.pyc`` files for the building Python sit next to the
-sources; zipimport uses them on that Python version and falls back to the sources elsewhere
-(Python 3.9 or newer). Data files must be read with ``pkgutil.get_data``, never via ``__file__``.
+sources; zipimport uses them on that Python version. zipimport cannot cache bytecode, so on any
+other Python (3.9 or newer) every run would compile the sources again (pynvml alone is 300 kB):
+there ``__main__.py`` extracts the archive once into
+``$GPU_AGENT_HOME/lib/<build id>-<cache tag>/`` (default ``~/.gpu-agent``) and imports from there,
+where Python keeps the bytecode; when that directory cannot be written it runs from the archive.
+Data files must be read with ``pkgutil.get_data``, never via ``__file__``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,69 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 INTERPRETER = "/usr/bin/env python3"
-MAIN = "import sys\n\nfrom agents.cli import main\n\nsys.exit(main())\n"
+#: The archive's ``__main__.py``; filled in by :func:`main_source`. Python 3.9, stdlib only.
+MAIN_TEMPLATE = '''\
+"""gpu-agent as one file: runs agents.cli (built by agents/zipapp.py)."""
+import sys
+
+#: The Python whose bytecode the archive carries (sys.implementation.cache_tag), "" for none.
+BUILT_FOR = {built_for!r}
+#: Identifies the archive's sources and names the extraction directory; "" never extracts.
+BUILD_ID = {build_id!r}
+#: Files extracted for other Pythons.
+FILES = {files!r}
+
+
+def extracted():
+    """A directory holding this archive's files for this Python, or None to run from the
+    archive (its bytecode fits, it is not a zip, or nothing can be written)."""
+    tag = sys.implementation.cache_tag
+    archive = getattr(globals().get("__loader__"), "archive", None)
+    if not (tag and BUILD_ID) or tag == BUILT_FOR or archive is None or sys.dont_write_bytecode:
+        return None
+    import os
+
+    home = os.environ.get("GPU_AGENT_HOME") or os.path.join("~", ".gpu-agent")
+    target = os.path.join(os.path.expanduser(home), "lib", BUILD_ID + "-" + tag)
+    if os.path.isdir(target):
+        return target
+    temp = "%s.%d.tmp" % (target, os.getpid())
+    try:
+        for name in FILES:
+            path = os.path.join(temp, *name.split("/"))
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(path, "wb") as out:
+                out.write(__loader__.get_data(name))
+        os.rename(temp, target)
+    except OSError:
+        remove(temp)
+    return target if os.path.isdir(target) else None
+
+
+def remove(top):
+    """Delete a directory tree of our own making, as far as possible."""
+    import os
+
+    for root, dirs, files in os.walk(top, topdown=False):
+        for name in files:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
+where = extracted()
+if where is not None:
+    sys.path.insert(0, where)
+
+from agents.cli import main  # noqa: E402
+
+sys.exit(main())
+'''
 NVML_DISTRIBUTION = "nvidia-ml-py"
 #: DOS timestamps cannot go before 1980.
 FIXED_DATE_TIME = (1980, 1, 1, 0, 0, 0)
@@ -53,6 +119,8 @@ def build(out_path: Path, bytecode: bool = True, package_dir: Optional[Path] = N
     """
     out_path = Path(out_path)
     entries = collect_entries(package_dir)
+    tag = (sys.implementation.cache_tag or "") if bytecode else ""
+    entries["__main__.py"] = main_source(entries, built_for=tag).encode()
     if bytecode:
         entries.update(_compile(entries))
     payload = _zip_bytes(entries)
@@ -65,7 +133,8 @@ def build(out_path: Path, bytecode: bool = True, package_dir: Optional[Path] = N
 
 
 def collect_entries(package_dir: Optional[Path] = None) -> Dict[str, bytes]:
-    """Archive name -> content: the agents package, pynvml.py and __main__.py."""
+    """Archive name -> content: the agents package, pynvml.py and a __main__.py that runs the
+    agent in place (:func:`build` writes one that may extract; see :func:`main_source`)."""
     package_dir = Path(package_dir or Path(__file__).resolve().parent)
     entries: Dict[str, bytes] = {}
     for path in sorted(package_dir.rglob("*")):
@@ -74,8 +143,24 @@ def collect_entries(package_dir: Optional[Path] = None) -> Dict[str, bytes]:
             continue
         entries[rel.as_posix()] = path.read_bytes()
     entries["pynvml.py"] = pynvml_source().read_bytes()
-    entries["__main__.py"] = MAIN.encode()
+    entries["__main__.py"] = main_source(entries, built_for="", extract=False).encode()
     return entries
+
+
+def main_source(entries: Dict[str, bytes], built_for: str, *, extract: bool = True) -> str:
+    """``__main__.py`` for an archive of ``entries`` (name -> content; ``.pyc`` files and any
+    ``__main__.py`` ignored) whose bytecode is for the cache tag ``built_for`` ("" for none).
+
+    With ``extract`` False the archive always runs in place (no build id is recorded, so
+    entries changed afterwards cannot be mistaken for the extracted files of another build).
+    """
+    files = sorted(n for n in entries if n != "__main__.py" and not n.endswith(".pyc"))
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode() + b"\0")
+        digest.update(hashlib.sha256(entries[name]).digest())
+    build_id = digest.hexdigest()[:16] if extract else ""
+    return MAIN_TEMPLATE.format(built_for=built_for, build_id=build_id, files=files)
 
 
 def pynvml_source() -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agents import protocol
+from agents import __version__, protocol
 from agents import zipapp as builder
 from agents.protocol import StatusSnapshot
 
@@ -48,12 +48,18 @@ def clean_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
-def run_pyz(pyz: Path, *args: str, flags: tuple[str, ...] = ("-I",), cwd: Path | None = None):
+def run_pyz(
+    pyz: Path,
+    *args: str,
+    flags: tuple[str, ...] = ("-I",),
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+):
     return subprocess.run(
         [sys.executable, *flags, str(pyz), *args],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env=env or clean_env(),
         cwd=cwd or pyz.parent,
         timeout=60,
         check=False,
@@ -106,7 +112,12 @@ def test_contents(pyz):
         names = [i.filename for i in infos]
         assert names == sorted(names)
         assert {i.date_time for i in infos} == {builder.FIXED_DATE_TIME}
-        assert archive.read("__main__.py") == builder.MAIN.encode()
+        main = archive.read("__main__.py").decode()
+        assert main == builder.main_source(
+            {n: archive.read(n) for n in names}, built_for=sys.implementation.cache_tag
+        )
+        assert f"BUILT_FOR = {sys.implementation.cache_tag!r}" in main
+        assert "FILES = ['agents/__init__.py', " in main
         real = Path(str(metadata.distribution("nvidia-ml-py").locate_file("pynvml.py")))
         assert archive.read("pynvml.py") == real.read_bytes()
         for name in ("agents/__init__.py", "agents/cli.py", "agents/nvml.py", "agents/protocol.py"):
@@ -152,12 +163,80 @@ def test_runs_from_sources_when_bytecode_is_absent(tmp_path):
     plain = builder.build(tmp_path / "plain.pyz", bytecode=False)
     with zipfile.ZipFile(plain) as archive:
         assert not [n for n in archive.namelist() if n.endswith(".pyc")]
-    result = run_pyz(plain, "version", "--json", flags=("-I", "-S"))
+    env = dict(clean_env(), GPU_AGENT_HOME=str(tmp_path / "not-a-dir"))
+    (tmp_path / "not-a-dir").write_text("a file: nothing can be extracted here")
+    result = run_pyz(plain, "version", "--json", flags=("-I", "-S"), env=env)
     assert result.returncode == 0, result.stderr
     assert (
         json.loads(result.stdout)["agent_version"]
         == protocol.loads(protocol.VersionInfo, result.stdout).agent_version
     )
+
+
+def extracted_dirs(home: Path) -> list[Path]:
+    lib = home / "lib"
+    return sorted(lib.iterdir()) if lib.exists() else []
+
+
+def test_a_python_without_fitting_bytecode_extracts_once_and_keeps_bytecode(tmp_path):
+    """No bytecode for this Python in the archive (as on an instance whose Python differs from
+    the bot's): the files are extracted once under GPU_AGENT_HOME/lib and Python caches the
+    bytecode there; later runs reuse them and print the same."""
+    plain = builder.build(tmp_path / "plain.pyz", bytecode=False)
+    home = tmp_path / "home"
+    env = dict(clean_env(), GPU_AGENT_HOME=str(home))
+    first = run_pyz(plain, "status", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    [where] = extracted_dirs(home)
+    assert where.name.endswith("-" + sys.implementation.cache_tag)
+    with zipfile.ZipFile(plain) as archive:
+        for name in ("agents/cli.py", "agents/gpu_specs.json", "agents/cuda_probe.py", "pynvml.py"):
+            assert (where / name).read_bytes() == archive.read(name)
+    cached = {p.name for p in (where / "agents" / "__pycache__").iterdir()}
+    tag = sys.implementation.cache_tag
+    assert {f"cli.{tag}.pyc", f"nvml.{tag}.pyc", f"protocol.{tag}.pyc"} <= cached
+    marker = where / "agents" / "marker"
+    marker.write_text("left alone")
+    second = run_pyz(plain, "status", "--json", env=env)
+    assert second.returncode == 0, second.stderr
+    assert extracted_dirs(home) == [where]
+    assert marker.read_text() == "left alone"
+    a, b = (protocol.loads(StatusSnapshot, r.stdout) for r in (first, second))
+    assert comparable(protocol.to_dict(a)) == comparable(protocol.to_dict(b))
+    in_place = run_pyz(plain, "status", "--json", flags=("-I", "-B"), env=env)
+    assert comparable(json.loads(in_place.stdout)) == comparable(json.loads(first.stdout))
+    assert not [p for p in (home / "lib").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_building_python_runs_from_the_archive(pyz, tmp_path):
+    home = tmp_path / "home"
+    result = run_pyz(pyz, "version", "--json", env=dict(clean_env(), GPU_AGENT_HOME=str(home)))
+    assert result.returncode == 0, result.stderr
+    assert not home.exists()
+
+
+def test_another_build_gets_its_own_directory(tmp_path):
+    source = tmp_path / "src" / "agents"
+    shutil.copytree(AGENTS, source, ignore=shutil.ignore_patterns("__pycache__"))
+    first = builder.build(tmp_path / "first.pyz", bytecode=False, package_dir=source)
+    (source / "__init__.py").write_text('"""changed"""\n__version__ = "9.9.9"\n')
+    second = builder.build(tmp_path / "second.pyz", bytecode=False, package_dir=source)
+    home = tmp_path / "home"
+    env = dict(clean_env(), GPU_AGENT_HOME=str(home))
+    versions = []
+    for pyz in (first, second, first):
+        result = run_pyz(pyz, "version", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        versions.append(json.loads(result.stdout)["agent_version"])
+    assert versions == [__version__, "9.9.9", __version__]
+    assert len(extracted_dirs(home)) == 2
+
+
+def test_collected_entries_never_extract():
+    """collect_entries() is for archives assembled by hand (tests swap files in): they run in
+    place, so a swapped file is never mistaken for another build's extracted one."""
+    main = builder.collect_entries()["__main__.py"].decode()
+    assert "BUILD_ID = ''" in main
 
 
 def test_usage_error_exit_code_from_the_zipapp(pyz):
