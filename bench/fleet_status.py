@@ -5,13 +5,15 @@ Run as root, the instances log in as a dedicated account (default ``gpubench``, 
 with a fresh home and ``/bin/sh``): an SSH command then pays what a fresh instance's login costs,
 not the start-up files of this machine's root shell. The 20 instances are registered in parallel
 through the real register path (scan, pin, agent upload once per agent home, status, quick
-health; the instances' Python has no torch, so no torch probe runs) into a SQLite store. Then,
-in interleaved rounds of the same run:
+health) into a SQLite store; the output says whether the instances' Python has torch (when it
+has not, the health check's torch probe ends at its ImportError). Then, in interleaved rounds of
+the same run:
 
   (a) bot.services.instances.fleet_overview: what `/gpu status` runs (store read, concurrent
       status over pooled, kept-alive connections, results recorded);
   (b) a loop of OpenSSH client calls, one after another, each running the same agent command
-      with the pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`);
+      with the pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`)
+      and OpenSSH's default algorithms, whose key exchange is most of (e)'s client CPU;
   (c) one instance's status through the same path (`/gpu status NAME`: instance_detail).
 
 Also printed: the bare Fleet.fan_out over all 20, an empty command over a pooled connection, an
@@ -70,7 +72,8 @@ AGENT_RUNS = 5
 
 @dataclass(frozen=True)
 class Sample:
-    """Medians over rounds: wall seconds; CPU seconds of the sshd tree (the instances' side:
+    """Per run of a case: the median wall seconds; the mean CPU seconds (the kernel counts in
+    clock ticks, so a mean is steadier than a median) of the sshd tree (the instances' side:
     sshd, shells, agents) and of the bot's side (this process and the ssh clients it ran)."""
 
     wall_s: float
@@ -225,24 +228,31 @@ def _interleaved(
     cases: dict[str, tuple[Callable[[], None], int]], server: SshServer, rounds: int
 ) -> dict[str, Sample]:
     """Each case ``repeat`` times per round, rounds interleaved so that drift in the machine's
-    load hits every case alike; medians per case."""
+    load hits every case alike."""
     seen: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, (fn, repeat) in cases.items():
             for _ in range(repeat):
                 seen[name].append(_measure(fn, server))
     return {
-        name: Sample(*(statistics.median(v[i] for v in values) for i in range(3)))
+        name: Sample(
+            wall_s=statistics.median(v[0] for v in values),
+            instance_cpu_s=statistics.fmean(v[1] for v in values),
+            bot_cpu_s=statistics.fmean(v[2] for v in values),
+        )
         for name, values in seen.items()
     }
 
 
 def _measure(fn: Callable[[], None], server: SshServer) -> tuple[float, float, float]:
-    inst0, bot0 = server.cpu_seconds(), _bot_cpu_s()
+    """Wall, instance CPU and bot CPU seconds of one run (reading /proc stays outside)."""
+    inst0 = server.cpu_seconds()
+    bot0 = _bot_cpu_s()
     started = time.perf_counter()
     fn()
     wall = time.perf_counter() - started
-    return wall, server.cpu_seconds() - inst0, _bot_cpu_s() - bot0
+    bot = _bot_cpu_s() - bot0
+    return wall, server.cpu_seconds() - inst0, bot
 
 
 def _bot_cpu_s() -> float:
@@ -296,9 +306,10 @@ def _report(
         f"machine: {cores} CPUs shared by the bot, sshd and all {instances_n} instances; "
         f"load average before {_load(load_before)}, after {_load(os.getloadavg())}"
     )
-    print(f"login: {login} (shell {shell}); instances' python: {python}")
+    print(f"login: {login} (shell {shell}); instances' python: {python} ({_torch_note(python)})")
     print()
-    print(f"{'median of each round':52s}{'wall ms':>9s}{'inst CPU ms':>13s}{'bot CPU ms':>12s}")
+    head = "per run (wall: median; CPU: mean)"
+    print(f"{head:52s}{'wall ms':>9s}{'inst CPU ms':>13s}{'bot CPU ms':>12s}")
     rows = [
         ("overview", f"(a) /gpu status (fleet_overview), {instances_n} instances"),
         ("fan_out", f"    bare Fleet.fan_out(status), {instances_n} instances"),
@@ -325,28 +336,38 @@ def _report(
         f"CPU floor for {instances_n} status calls here: {instances_n} x "
         f"{per_call_cpu_s * ms:.1f} ms / {cores} CPUs = {floor_s * ms:.1f} ms"
     )
-    print()
-    speed_up = loop.wall_s / overview.wall_s
-    print("raw ratios (stopwatch, this machine; the instances' CPU work queues on shared cores):")
-    print(f"  speed-up over the ssh loop (b)/(a): {speed_up:6.1f}x  (target >= 10x)")
-    cost = overview.wall_s / single.wall_s
-    print(f"  cost over one instance (a)/(c):     {cost:6.1f}x  (target <= 2x)")
+    concurrent_floor_s = overview.instance_cpu_s / cores
     print(
-        f"against the CPU floor (bound = max((c), floor) = {bound_s * ms:.1f} ms: the least time "
-        f"{instances_n} answers can take here, however good the bot):"
+        f"  the instances' CPU measured during (a) / {cores} CPUs = "
+        f"{concurrent_floor_s * ms:.1f} ms (agents running at once cost more each than one alone)"
     )
+    print()
+    print("raw ratios (stopwatch on this machine):")
+    speed_up, cost = loop.wall_s / overview.wall_s, overview.wall_s / single.wall_s
+    print(f"  speed-up over the ssh loop (b)/(a): {speed_up:6.1f}x  (target >= 10x)")
+    print(f"  cost over one instance (a)/(c):     {cost:6.1f}x  (target <= 2x)")
+    print(f"against the CPU floor (bound = max((c), floor) = {bound_s * ms:.1f} ms):")
     print(
-        f"  (a)/bound: {overview.wall_s / bound_s:6.1f}x  (how much longer the bot takes than this "
-        "machine allows; a real fleet has no floor, its bound is (c): target <= 2x)"
+        f"  (a)/bound: {overview.wall_s / bound_s:6.1f}x  (target <= 2x, the analogue of (a)/(c))"
     )
     print(
         f"  (b)/bound: {loop.wall_s / bound_s:6.1f}x  (the largest speed-up this machine can show; "
-        f"(b)/(a) reaches {bound_s / overview.wall_s * 100:.0f}% of it)"
+        f"(a) reaches {bound_s / overview.wall_s * 100:.0f}% of it)"
     )
     busy = (overview.instance_cpu_s + overview.bot_cpu_s) / (overview.wall_s * cores)
     print(
         f"  during (a) the instances and the bot kept {busy * 100:.0f}% of the {cores} CPUs busy "
-        "(the rest went to other processes on this machine, or was waiting)"
+        "(the rest: other processes here, or waiting)"
+    )
+    print()
+    print(
+        "What they mean: the raw ratios are what a stopwatch shows here, where every instance's\n"
+        f"agent starts its Python on the same {cores} CPUs; a real fleet runs each on its own\n"
+        "machine. The floor is the least time the instances' own work takes when it queues for\n"
+        f"{cores} CPUs, however good the bot: no fan-out can beat it here, and a real fleet does\n"
+        "not have it (its bound is one instance's time, (c)). (a)/bound is the time the bot takes\n"
+        "over the least this machine allows; (b)/bound caps the speed-up measurable here. The\n"
+        "loop (b) pays a fresh SSH login per call (see (e)); (a) reuses one connection each."
     )
 
 
@@ -399,6 +420,18 @@ def _ssh(server: SshServer, known_hosts: Path, argv: list[str]) -> str:
     if done.returncode != 0:
         raise SystemExit(f"ssh failed ({done.returncode}): {done.stderr[-500:]}")
     return done.stdout
+
+
+def _torch_note(python: str) -> str:
+    found = subprocess.run(
+        [python, "-I", "-c", "import importlib.util as u; print(u.find_spec('torch') is not None)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if found.stdout.strip() == "True":
+        return "has torch: the setup's health checks imported it"
+    return "no torch"
 
 
 def _load(load: tuple[float, float, float]) -> str:
