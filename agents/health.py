@@ -169,8 +169,8 @@ _LABELS: Dict[str, str] = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip
 
 
 def render_text(report: HealthReport) -> str:
-    """The report as a terminal checklist: one line per check, its hint indented below, and
-    a closing line with the overall status and the counts."""
+    """The report as a terminal checklist: one line per check (wrapped), its hint indented
+    below after "What to do:", and a closing line with the overall status and the counts."""
     width = max((len(c.id) for c in report.checks), default=0)
     indent = " " * (6 + width + 2)
     lines: List[str] = []
@@ -179,7 +179,7 @@ def render_text(report: HealthReport) -> str:
         first = f"{label:<4}  {check.id:<{width}}  "
         lines.extend(wrap(check.summary, indent, first=first))
         if check.hint:
-            lines.extend(wrap(check.hint, indent))
+            lines.extend(wrap(f"What to do: {check.hint}", indent))
     counts = {s: sum(1 for c in report.checks if c.status == s) for s in _LABELS}
     tally = ", ".join(f"{counts[s]} {s}" for s in ("fail", "warn", "skip", "pass") if counts[s])
     lines.append("")

@@ -251,7 +251,7 @@ def test_render_text_is_a_checklist_with_indented_hints():
     lines = text.splitlines()
     assert lines[0] == "PASS  nvml         NVML sees 8 GPU(s)"
     assert lines[1] == "FAIL  torch_build  torch 2.4.0+cpu is a CPU-only build"
-    assert lines[2] == " " * 19 + "Reinstall it."
+    assert lines[2] == " " * 19 + "What to do: Reinstall it."
     assert lines[3].startswith("SKIP  identity")
     assert lines[4].startswith("WARN  temperature  GPU running hot")
     hint_lines = [line for line in lines[5:] if line.startswith(" " * 19)]
