@@ -46,7 +46,7 @@ from bot.errors import (
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import access, audit, prompts, releases
+from bot.services import access, audit, budgets, prompts, releases
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -298,11 +298,17 @@ def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> Health
 
 def extend(rt: Runtime, caller: Caller, name: str, delta: timedelta) -> InstanceView:
     """Move the deadline ``delta`` later (from now when it passed or there is none). Owner or
-    admin; only an admin goes past the lifetime cap. Raises UsageError, NotFound,
-    NotAuthorized, Conflict (not active)."""
+    admin; only an admin goes past the lifetime cap or a used-up monthly budget. Raises
+    UsageError, NotFound, NotAuthorized, BudgetExceeded, Conflict (not active)."""
     if delta <= timedelta(0):
         raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
     now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="extend")
+        _require_active(inst, "extended")
+        owner_id, project = inst.owner_id, inst.project
+    budgets.check_budget(rt, caller, owner_id, project)
     with rt.db.session() as session:
         inst = get_live_instance(session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")

@@ -21,6 +21,7 @@ from agents.protocol import (
 )
 from bot.commands.registry import Caller
 from bot.errors import (
+    BudgetExceeded,
     Conflict,
     HostKeyChanged,
     NotAuthorized,
@@ -29,7 +30,7 @@ from bot.errors import (
     UsageError,
 )
 from bot.runtime import Runtime
-from bot.services import audit, polling
+from bot.services import audit, budgets, polling
 from bot.services import instances as svc
 from bot.services.instances import RegisterRequest
 from bot.store.db import Database
@@ -396,6 +397,28 @@ def test_only_an_admin_extends_past_the_lifetime_cap(
     assert view.deadline_at == cap + timedelta(hours=5)
     [last, _] = _audit(db, action="extend")
     assert audit.details(last)["past_cap"] is True
+
+
+def test_past_a_used_up_budget_only_an_admin_extends(
+    rt: Runtime, db: Database, clock: Clock
+) -> None:
+    deadline = clock.now + timedelta(hours=4)
+    add_instance(db, name="box1", project="llm", created_at=clock.now, deadline_at=deadline)
+    budgets.set_budget(rt, ADMIN, "project", "llm", 4_000_000)  # two hours at $2.10/h
+    assert svc.extend(rt, OWNER, "box1", timedelta(hours=1)).deadline_at == deadline + timedelta(
+        hours=1
+    )
+    clock.advance(hours=2)
+    with pytest.raises(BudgetExceeded, match="project llm is used up") as info:
+        svc.extend(rt, OWNER, "box1", timedelta(hours=1))
+    assert "admin" in info.value.hint
+    assert _rows(db, Instance)[0].deadline_at == deadline + timedelta(hours=1)
+    assert len(_audit(db, action="extend")) == 1
+    # Someone else still hears that they may not, not about the budget.
+    with pytest.raises(NotAuthorized, match="Only <@UOWNER>"):
+        svc.extend(rt, OTHER, "box1", timedelta(hours=1))
+    view = svc.extend(rt, ADMIN, "box1", timedelta(hours=1))
+    assert view.deadline_at == deadline + timedelta(hours=2)
 
 
 def test_extend_odd_cases(rt: Runtime, db: Database, clock: Clock) -> None:
