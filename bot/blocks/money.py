@@ -165,7 +165,9 @@ def fit_message(report: FitReport) -> Message:
     blocks.append(
         _context(
             "Estimates: activation checkpointing for training, a 16-bit KV cache, 1 GiB CUDA "
-            "context per GPU; more GPUs split the rest evenly. Prices: cheapest listed offer."
+            "context per GPU; more GPUs split the rest evenly. Prices: the cheapest offer in the "
+            "bot's price table, a list price on the date shown; an unverified one was not checked "
+            "against the platform's page and may be out of date."
         )
     )
     return text, tuple(blocks)

@@ -117,6 +117,15 @@ class PriceRow:
     micros: int
     source: str
     as_of: str
+    verified: bool = False
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        """Where the price comes from, for a reader: platform, offer, date, and whether the
+        figure was checked against the platform's own page."""
+        checked = "" if self.verified else ", unverified"
+        return f"{self.platform} {self.offer}, {self.as_of}{checked}"
 
     @property
     def per_gpu_micros(self) -> int:
@@ -363,7 +372,7 @@ def fit(
                 per_gpu_bytes=-(-(memory.total_bytes - memory.overhead_bytes) // count)
                 + memory.overhead_bytes,
                 price_micros_per_hour=price.per_gpu_micros * count if price else None,
-                price_source=f"{price.platform} {price.offer} ({price.as_of})" if price else None,
+                price_source=price.label if price else None,
             )
         )
     fits.sort(key=lambda f: (f.count, _price_key(f.price_micros_per_hour), f.mem_bytes, f.key))
@@ -452,7 +461,7 @@ def _priced(given: int | None, row: PriceRow | None, count: int) -> tuple[int | 
         return given, "as given"
     if row is None:
         return None, "not in the price table"
-    return row.per_gpu_micros * count, f"{row.platform} {row.offer}, {row.as_of}"
+    return row.per_gpu_micros * count, row.label
 
 
 def _ratio(numerator: int | None, per_hour: int | None) -> Decimal | None:
@@ -529,4 +538,6 @@ def _row(item: dict[str, Any], price_field: str) -> PriceRow:
         micros=parse_money(str(item[price_field])),
         source=str(item["source"]),
         as_of=str(item["as_of"]),
+        verified=item.get("verified") is True,
+        note=str(item.get("note", "")),
     )

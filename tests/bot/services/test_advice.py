@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
+from importlib import resources
 
 import pytest
 
@@ -169,3 +171,24 @@ def test_price_table_rows_carry_source_and_date() -> None:
         assert len(row.as_of) == 10
         assert row.micros > 0
     assert table.model("llama-3.1-70b") is not None
+
+
+def test_price_rows_say_whether_they_were_checked() -> None:
+    raw = json.loads(resources.files("bot").joinpath("data/prices.json").read_text("utf-8"))
+    for section in ("hourly", "monthly", "purchase"):
+        for item in raw[section]:
+            assert isinstance(item.get("verified"), bool), item
+            assert item.get("note"), item
+    table = advice.load_price_table()
+    unchecked = [row for row in table.hourly if not row.verified]
+    assert unchecked
+    assert all(row.label.endswith(", unverified") for row in unchecked)
+
+
+def test_unverified_prices_are_labelled_in_fit_and_estimate() -> None:
+    report = advice.fit("7b", "inference")
+    priced = [fit for fit in report.fits if fit.price_source]
+    assert priced
+    assert all("unverified" in str(fit.price_source) for fit in priced)
+    estimate = advice.estimate("4090", hours=Decimal(10))
+    assert estimate.hourly_source.endswith(", unverified")
