@@ -66,9 +66,9 @@ def help_spec(registry: Registry) -> CommandSpec:
 
 def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[dict[str, Any]]]:
     """Every command with its summary: fallback text and blocks (sections packed under 3000)."""
-    lines = [f"`{_slash(spec.name)}` {spec.summary}" for spec in specs]
+    lines = [f"`{_slash(spec.name)}` {sentence(spec.summary)}" for spec in specs]
     text = "gpubot commands:\n" + "\n".join(
-        f"{_slash(spec.name)}: {spec.summary}" for spec in specs
+        f"{_slash(spec.name)}: {sentence(spec.summary)}" for spec in specs
     )
     blocks: list[dict[str, Any]] = [_header("gpubot: the /gpu commands")]
     blocks.extend(_section(chunk) for chunk in _pack(lines, SECTION_LIMIT))
@@ -83,14 +83,15 @@ def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[dict[str, A
 
 def render_command(spec: CommandSpec) -> tuple[str, list[dict[str, Any]]]:
     """One command: summary, usage and examples, as fallback text and blocks."""
+    summary = sentence(spec.summary)
     usage = _slash_line(spec.usage)
     examples = [_slash_line(example) for example in spec.examples]
-    text = f"{_slash(spec.name)}: {spec.summary}\nUsage: {usage}"
+    text = f"{_slash(spec.name)}: {summary}\nUsage: {usage}"
     if examples:
         text += "\nExamples:\n" + "\n".join(examples)
     blocks: list[dict[str, Any]] = [
         _header(_slash(spec.name)),
-        _section(_clip(spec.summary, SECTION_LIMIT)),
+        _section(_clip(summary, SECTION_LIMIT)),
         _section(_code("Usage", [usage])),
     ]
     if examples:
@@ -103,6 +104,17 @@ def render_command(spec: CommandSpec) -> tuple[str, list[dict[str, Any]]]:
 def usage_text(usage: str) -> str:
     """A usage line as shown after a mistake: ``Usage: `/gpu ...` ``."""
     return f"Usage: `{_slash_line(usage)}`" if usage else ""
+
+
+def sentence(summary: str) -> str:
+    """A summary as the help shows it: trimmed, no final full stop, its first word capitalised
+    (after a leading tag like ``(admin)``), so every module's summaries read alike."""
+    text = " ".join(summary.split()).rstrip(".")
+    tag = ""
+    if text.startswith("(") and ") " in text:
+        tag, text = text.split(") ", 1)
+        tag += ") "
+    return tag + text[:1].upper() + text[1:]
 
 
 def _configure(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.commands import load_all
-from bot.commands.help import render_command, render_overview
+from bot.commands.help import render_command, render_overview, sentence
 from bot.commands.parser import parse, tokenize
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Registry, Reply
 from bot.commands.values import parse_duration
@@ -228,6 +228,22 @@ def test_help_renderers_stay_within_slack_limits(registry: Registry) -> None:
     _, blocks = render_overview(many)
     assert not check_blocks(blocks)
     assert sum(b["text"]["text"].count("`/gpu c") for b in blocks if b["type"] == "section") == 200
+
+
+def test_help_summaries_read_alike_whatever_module_wrote_them() -> None:
+    assert sentence("rent an instance, then register it") == "Rent an instance, then register it"
+    assert sentence("(admin) the longest an instance may live.") == (
+        "(admin) The longest an instance may live"
+    )
+    assert sentence("  Already  fine ") == "Already fine"
+    load_all()
+    text, _ = render_overview(REGISTRY.primary_commands())
+    summaries = [line.split(": ", 1)[1] for line in text.splitlines()[1:]]
+    assert len(summaries) == len(REGISTRY.primary_commands())
+    assert all(s.removeprefix("(admin) ")[:1].isupper() for s in summaries), summaries
+    one, blocks = render_command(REGISTRY.commands["rent"])
+    assert one.startswith("/gpu rent: Rent ")
+    assert blocks[1]["text"]["text"].startswith("Rent ")
 
 
 # --- property-based: nothing but UsageError escapes, on the full registry ---------------------
