@@ -81,8 +81,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _emit(protocol.dumps(record))
     else:
-        gpus = f" on GPUs {record.gpus_requested}" if record.gpus_requested else ""
-        _emit(f"queued job {record.id}{gpus}: {_shown_command(record.command)}")
+        _emit(
+            f"queued job {record.id}{_gpus_phrase(record.gpus_requested)}: "
+            f"{_shown_command(record.command)}"
+        )
     return 0
 
 
@@ -173,6 +175,18 @@ def render_who(report: protocol.WhoReport) -> str:
                 f"  pid {proc.pid}  {proc.user or '?'}  {mem}  {job}  {proc.command or ''}".rstrip()
             )
     return "\n".join(lines)
+
+
+def _gpus_phrase(requested: Optional[str]) -> str:
+    """ " on GPUs 0,1" or " on GPU 3" for named GPUs, " on any 2 GPUs" for a count, "" for
+    none (``requested`` as the job record stores it: ``2``, ``0,1`` or ``3,``)."""
+    if not requested:
+        return ""
+    if requested.isdigit():
+        count = int(requested)
+        return f" on any {count} GPU" if count == 1 else f" on any {count} GPUs"
+    named = requested.rstrip(",")
+    return f" on GPU {named}" if "," not in named else f" on GPUs {named}"
 
 
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

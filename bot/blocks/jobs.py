@@ -223,7 +223,7 @@ def _facts(job: JobView) -> list[str]:
         f"*Duration*\n{_duration_text(job)}",
         f"*GPUs*\n{_gpus_assigned(job)}",
         f"*GPU-hours*\n{_gpu_hours_text(job)}",
-        f"*Cost*\n{_cost_text(job)}",
+        f"*Cost*\n{_cost_text(job)}{_cost_basis(job)}",
     ]
     if job.retries:
         facts.append(f"*Attempts*\n{job.attempt} of {job.retries + 1}")
@@ -278,7 +278,25 @@ def _duration_text(job: JobView) -> str:
 
 
 def _gpu_hours_text(job: JobView) -> str:
-    return "-" if job.gpu_hours is None else f"{job.gpu_hours:.2f}"
+    if job.gpu_hours is None:
+        return "-"
+    if not job.gpus_assigned:
+        return "0 (no GPU held)"
+    return f"{job.gpu_hours:.2f}"
+
+
+def _cost_basis(job: JobView) -> str:
+    """What the cost covers, on a line of its own: the job's GPUs' share of the instance, or
+    the whole instance's time (a job that held no GPU still kept the instance rented)."""
+    if job.cost_micros is None:
+        return ""
+    held = len(job.gpus_assigned)
+    total = job.instance_gpu_count
+    if held == 0:
+        return "\n_the whole instance's time (the job held no GPU)_"
+    if total is None or held >= total:
+        return "\n_the whole instance's time_"
+    return f"\n_its share: {held} of {total} GPUs_"
 
 
 def _cost_text(job: JobView) -> str:

@@ -15,7 +15,9 @@ from agents.protocol import JobSummary
 class JobView:
     """A job on an instance. ``id`` is the bot's job number (None for a job started on the
     instance without the bot); ``requested_by`` the Slack user who ran it; ``user`` the
-    account it runs as on the instance."""
+    account it runs as on the instance. ``cost_micros`` is the job's share of the instance's
+    price while it ran: its GPUs' share of all ``instance_gpu_count`` GPUs, or the whole
+    instance's time when it held none (the instance is paid for either way)."""
 
     id: int | None
     agent_job_id: str
@@ -42,6 +44,7 @@ class JobView:
     summary: JobSummary | None = None
     note: str | None = None
     instance_active: bool = True
+    instance_gpu_count: int | None = None
 
     @property
     def ref(self) -> str:

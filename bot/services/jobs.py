@@ -352,6 +352,7 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
         summary=summary,
         note=record.note if record is not None else None,
         instance_active=inst.state == "active",
+        instance_gpu_count=inst.gpu_count or inst.delivered_gpu_count,
     )
 
 

@@ -174,3 +174,11 @@ def test_render_who():
         "  free",
     ]
     assert jobs_cli.render_who(WhoReport(gpus=())) == "no GPUs"
+
+
+def test_run_text_says_whether_gpus_are_a_count_or_named() -> None:
+    assert jobs_cli._gpus_phrase(None) == ""
+    assert jobs_cli._gpus_phrase("2") == " on any 2 GPUs"
+    assert jobs_cli._gpus_phrase("1") == " on any 1 GPU"
+    assert jobs_cli._gpus_phrase("3,") == " on GPU 3"
+    assert jobs_cli._gpus_phrase("0,1") == " on GPUs 0,1"

@@ -271,3 +271,38 @@ def test_cancel_message(state):
     text, body = blocks.cancel_message(job(state=state))
     assert check_blocks(body) == []
     assert ("Cancelled job 42" in text) == (state == "cancelled")
+
+
+def fact(body: tuple[dict[str, Any], ...], name: str) -> str:
+    for block in body:
+        for item in block.get("fields", ()):
+            label, _, value = item["text"].partition("\n")
+            if label == f"*{name}*":
+                return str(value)
+    raise AssertionError(f"no {name} field")
+
+
+def test_cost_says_it_is_the_gpus_share_of_the_instance():
+    _, body = blocks.completion_reply(job(instance_gpu_count=8))
+    assert fact(body, "Cost") == "$6.30\n_its share: 2 of 8 GPUs_"
+    assert fact(body, "GPU-hours") == "3.00"
+
+
+def test_cost_of_a_job_holding_every_gpu_is_the_whole_instance():
+    _, body = blocks.completion_reply(job(instance_gpu_count=2))
+    assert fact(body, "Cost") == "$6.30\n_the whole instance's time_"
+
+
+def test_a_job_without_gpus_is_charged_the_instance_and_says_so():
+    no_gpus = job(gpus_requested=None, gpus_assigned=(), gpu_hours=0.0, instance_gpu_count=4)
+    _, body = blocks.completion_reply(no_gpus)
+    assert check_blocks(body) == []
+    assert fact(body, "GPUs") == "none"
+    assert fact(body, "GPU-hours") == "0 (no GPU held)"
+    assert fact(body, "Cost") == "$6.30\n_the whole instance's time (the job held no GPU)_"
+
+
+def test_unknown_cost_has_no_basis():
+    _, body = blocks.completion_reply(job(cost_micros=None, gpu_hours=None))
+    assert fact(body, "Cost") == "-"
+    assert fact(body, "GPU-hours") == "-"
