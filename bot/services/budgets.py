@@ -94,11 +94,40 @@ def parse_subject(scope: str, text: str) -> str:
         return raw
     if raw.startswith("<@") and raw.endswith(">"):
         raw = raw[2:-1].split("|", 1)[0]
-    if raw and raw[0] in "UW" and raw[1:].isalnum() and raw.isupper() and len(raw) <= 64:
+    if _looks_like_user_id(raw):
         return raw
     raise UsageError(
         f"{text!r} is not a Slack user",
         hint="Mention the person, like `/gpu budget set user @alice 500`.",
+    )
+
+
+def resolve_subject(db: Database, scope: str, text: str) -> str:
+    """Like :func:`parse_subject`, and a user also as ``@name``: the one person the bot knows
+    (owners, requesters, budget holders) whose display name is ``name``, case ignored.
+
+    Raises UsageError when nobody, or more than one person, has that name."""
+    raw = text.strip()
+    if scope != "user" or not raw.startswith("@") or raw.startswith("<@"):
+        return parse_subject(scope, text)
+    name = raw[1:]
+    if _looks_like_user_id(name):
+        return name
+    if not name or len(name) > 200:
+        return parse_subject(scope, text)
+    with db.session() as session:
+        ids = list(
+            session.exec(
+                select(Person.slack_id).where(func.lower(Person.display_name) == name.lower())
+            )
+        )
+    if len(ids) == 1:
+        return ids[0]
+    problem = "nobody" if not ids else f"{len(ids)} people"
+    raise UsageError(
+        f"I know {problem} called @{name}.",
+        hint="Mention them with Slack's @ autocomplete, or give their Slack member ID "
+        "(like U0123ABC, under ⋮ in their profile).",
     )
 
 
@@ -370,3 +399,14 @@ def _money(rt: Runtime, micros: int) -> str:
     from bot.commands.values import format_money
 
     return format_money(micros, rt.settings.currency)
+
+
+def _looks_like_user_id(text: str) -> bool:
+    return (
+        len(text) >= 2
+        and text[0] in "UW"
+        and text[1:].isalnum()
+        and text.isupper()
+        and text.isascii()
+        and len(text) <= 64
+    )

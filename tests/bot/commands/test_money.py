@@ -13,7 +13,7 @@ from sqlmodel import select
 
 from bot.local_slack import ResponseUrlPost, SharedFile, check_blocks
 from bot.store.db import Database
-from bot.store.models import Budget
+from bot.store.models import Budget, Person
 from tests.bot.services.support import Clock, add_instance
 from tests.fixtures.slack import SlackBot, payload_json, start_slack_bot
 
@@ -143,3 +143,24 @@ def test_fit_and_estimate_errors(bot: SlackBot) -> None:
     assert "--seq 'many' is not a positive whole number" in texts[1]
     assert "not a GPU model I know" in texts[2]
     assert "--hours" in texts[3]
+
+
+def test_budget_user_as_mention_id_or_name(bot: SlackBot, sqlite_db: Database) -> None:
+    with sqlite_db.session() as session:
+        bob = session.get(Person, "U0BOB")
+        assert bob is not None
+        bob.display_name = "bob"
+        session.add(bob)
+    for who, amount in (("<@U0BOB>", "100"), ("U0BOB", "200"), ("@bob", "300")):
+        reply = ask(bot, f"budget set user {who} {amount}")
+        assert "Budget set" in reply.payload["text"], who
+        with sqlite_db.session() as session:
+            rows = [(b.subject, b.limit_micros) for b in session.exec(select(Budget))]
+        assert rows == [("U0BOB", int(amount) * USD)], who
+    unknown = ask(bot, "budget set user @nobody 50").payload["text"]
+    assert "nobody called @nobody" in unknown
+    with sqlite_db.session() as session:
+        assert [b.limit_micros for b in session.exec(select(Budget))] == [300 * USD]
+    assert "removed" in ask(bot, "budget rm user @bob").payload["text"]
+    with sqlite_db.session() as session:
+        assert list(session.exec(select(Budget))) == []

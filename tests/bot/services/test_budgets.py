@@ -11,7 +11,7 @@ from bot.commands.registry import Caller
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
 from bot.services import budgets
 from bot.store.db import Database
-from bot.store.models import AuditLog, BudgetAlert
+from bot.store.models import AuditLog, BudgetAlert, Person
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 
 ADMIN = Caller("UADMIN", "COPS")
@@ -148,3 +148,20 @@ def test_budget_must_be_positive(db: Database, clock: Clock) -> None:
     with pytest.raises(UsageError, match="more than 0"):
         budgets.set_budget(rt, ADMIN, "user", "UALICE", 0)
     assert budgets.list_budgets(rt, clock.now + timedelta(hours=1)) == []
+
+
+def test_resolve_subject_takes_every_way_a_user_arrives(db: Database) -> None:
+    with db.session() as session:
+        session.add(Person(slack_id="U0ALICE", display_name="Alice"))
+        session.add(Person(slack_id="U0SAM1", display_name="sam"))
+        session.add(Person(slack_id="U0SAM2", display_name="Sam"))
+    for text in ("<@U0ALICE|alice>", "<@U0ALICE>", "U0ALICE", "@U0ALICE", "@alice", " @ALICE "):
+        assert budgets.resolve_subject(db, "user", text) == "U0ALICE", text
+    with pytest.raises(UsageError, match="nobody called @bob") as raised:
+        budgets.resolve_subject(db, "user", "@bob")
+    assert "member ID" in raised.value.hint
+    with pytest.raises(UsageError, match="2 people called @sam"):
+        budgets.resolve_subject(db, "user", "@sam")
+    with pytest.raises(UsageError, match="Slack user"):
+        budgets.resolve_subject(db, "user", "@")
+    assert budgets.resolve_subject(db, "project", "@llm") == "@llm"
