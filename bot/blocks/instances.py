@@ -365,7 +365,8 @@ def _gpu_summary(gpus: Sequence[GpuView]) -> str:
     total = sum(g.mem_total_bytes or 0 for g in gpus)
     util = f"util {sum(utils) / len(utils):.0f}%" if utils else "util ?"
     if len(gpus) > 1 and utils:
-        util += " (" + " ".join("?" if g.util_pct is None else str(g.util_pct) for g in gpus) + ")"
+        each = ", ".join("?" if g.util_pct is None else f"{g.util_pct}%" for g in gpus)
+        util += f" (per GPU {each})"
     return f"{util} · mem {gib(used)}/{gib(total)} GiB"
 
 

@@ -93,7 +93,7 @@ def test_overview_shows_owner_gpus_utilisation_memory_job_deadline_and_cost() ->
     assert "*box1*" in text
     assert "<@UOWNER>" in text
     assert "8x h100" in text
-    assert "util 50%" in text
+    assert "util 50% (per GPU " + ", ".join(["50%"] * 8) + ")" in text
     assert "mem 80/640 GiB" in text
     assert "`python train.py --epochs 3` by <@UOTHER>" in text
     assert "3h 15m left" in text
