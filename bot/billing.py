@@ -19,7 +19,9 @@ Rules:
   instance keeps billing storage. A GB-month is 730 hours (8760 h / 12), the month AWS uses for
   monthly figures (EBS usage is reported in GB-hours and divided by 730 h; the AWS Pricing
   Calculator's month); so a month's storage costs the same whichever month it is.
-- **Egress** is priced per GB (10^9 bytes) transferred, where a platform charges for it.
+- **Egress** is priced per GB (10^9 bytes) transferred, where a platform charges for it
+  (:func:`egress_cost`). Nothing measures an instance's traffic, so the ledger records no egress
+  charges and the spend report and digest say that egress is not metered.
 
 Provider defaults, used for a field the instance left at the table's default value:
 AWS EC2 bills per second with a 60-second minimum per start; Lambda per minute from passing health

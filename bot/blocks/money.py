@@ -40,6 +40,12 @@ _MONTHS = (
     "December",
 )
 
+#: Nothing measures network traffic, so reports say what they leave out.
+EGRESS_NOTE = (
+    "Data transfer (egress) is not metered: where a platform charges for it, it is on the "
+    "platform's invoice only."
+)
+
 
 def month_name(month: str) -> str:
     """``2026-03`` as ``March 2026``."""
@@ -68,7 +74,9 @@ def spend_message(report: SpendReport) -> Message:
     ]
     if not report.complete:
         blocks.append(_context("Charges reach the last full hour; the current hour is not in yet."))
-    blocks.append(_context("The chart and a CSV with every instance follow as files."))
+    blocks.append(
+        _context("The chart and a CSV with every instance follow as files. " + EGRESS_NOTE)
+    )
     return text, tuple(blocks)
 
 
@@ -111,7 +119,7 @@ def digest_message(data: DigestData) -> Message:
             for job in data.jobs
         ]
         blocks.append(_section("*Most expensive jobs*\n" + "\n".join(job_lines)))
-    blocks.append(_context("The chart of spend per day is in the thread."))
+    blocks.append(_context("The chart of spend per day is in the thread. " + EGRESS_NOTE))
     return text, tuple(blocks)
 
 

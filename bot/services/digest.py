@@ -205,7 +205,7 @@ def plan_savings(report: spend.SpendReport, table: advice.PriceTable) -> tuple[P
                     gpu_label=item.gpu_label,
                     compute_micros=item.compute_micros,
                     plan_micros=plan,
-                    plan_source=f"{row.platform} {row.offer} ({row.as_of})",
+                    plan_source=row.label,
                 )
             )
     return tuple(sorted(found, key=lambda saving: -saving.saving_micros))

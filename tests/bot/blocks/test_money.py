@@ -77,6 +77,7 @@ def test_spend_message_shows_totals_idle_and_top_instances() -> None:
     assert "*By project*" in shown
     assert "llm: $2.00" in shown
     assert "current hour is not in yet" in shown
+    assert "egress) is not metered" in shown
 
 
 def test_spend_message_with_hundreds_of_groups_stays_within_limits() -> None:
@@ -105,6 +106,7 @@ def test_digest_message() -> None:
     assert "$430.00 less" in shown
     assert "j-1" in shown
     assert "&lt;x&gt;" in shown
+    assert "egress) is not metered" in shown
     assert "2h" in shown
 
 
