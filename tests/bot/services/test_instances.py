@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -19,8 +20,10 @@ from agents.protocol import (
     NvmlError,
     StatusSnapshot,
 )
+from bot.blocks import instances as blocks
 from bot.commands.registry import Caller
 from bot.errors import (
+    AuthenticationFailed,
     BudgetExceeded,
     Conflict,
     HostKeyChanged,
@@ -29,6 +32,7 @@ from bot.errors import (
     Unreachable,
     UsageError,
 )
+from bot.listeners import error_reply
 from bot.runtime import Runtime
 from bot.services import audit, budgets, polling
 from bot.services import instances as svc
@@ -38,7 +42,7 @@ from bot.store.models import AuditLog, Instance, Job, Prompt, Release
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.instances import A100_80
-from tests.fixtures.sshd import SshServer
+from tests.fixtures.sshd import SshServer, make_client_key
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM", user_name="owner")
 OTHER = Caller(user_id="UOTHER", channel_id="CTEAM")
@@ -275,6 +279,63 @@ def test_register_over_ssh_pins_the_host_key_and_re_registers_after_a_change(
     assert row.live
     actions = [r.action for r in _rows(db, AuditLog)]
     assert actions == ["register", "re_register"]
+
+
+def test_a_second_instance_over_ssh_beside_local_and_its_failures_read_well(
+    rt: Runtime, db: Database, sshd: SshServer, notifier: RecordingNotifier, tmp_path: Path
+) -> None:
+    svc.ensure_local_instance(rt, OWNER.user_id)
+    address = f"{sshd.user}@{sshd.host}:{sshd.port}"
+    request = _local(
+        name="box2",
+        address=address,
+        key_path=str(sshd.client_key_path),
+        agent_home=str(tmp_path / "remote-home"),
+        gpu_count=1,
+    )
+    # A key the instance does not trust: refused, said so with what to do, nothing stored.
+    wrong = make_client_key(tmp_path)
+    with pytest.raises(AuthenticationFailed) as refused:
+        svc.register(rt, OWNER, replace(request, key_path=str(wrong)))
+    text = error_reply(refused.value).text
+    assert "box2" in text
+    assert "authorized_keys" in text
+    # Nothing listens there: Unreachable, with a hint.
+    with pytest.raises(Unreachable) as unreachable:
+        svc.register(rt, OWNER, replace(request, address=f"root@127.0.0.1:{_closed_port()}"))
+    assert "SSH port" in error_reply(unreachable.value).text
+    assert [i.name for i in _rows(db, Instance)] == ["local"]
+
+    result = svc.register(rt, OWNER, request)
+    assert result.host_key_fingerprint == sshd.host_key.fingerprint
+    _, shown = blocks.register_result(result)
+    assert sshd.host_key.fingerprint in json.dumps(shown)  # the pinned key, shown in Slack
+    rows = {row.instance.name: row for row in svc.fleet_overview(rt).rows}
+    assert sorted(rows) == ["box2", "local"]
+    assert rows["box2"].live
+    assert rows["local"].live
+    notifier.posts.clear()
+
+    # A changed host key: refused, the owner alerted with both fingerprints, the message says
+    # what to do; `local` keeps working.
+    new_key = sshd.restart_with_new_host_key()
+    with pytest.raises(HostKeyChanged) as changed:
+        svc.health(rt, OTHER, "box2")
+    text = error_reply(changed.value).text
+    assert "re-register" in text
+    [alert] = notifier.to("UOWNER")
+    assert new_key.fingerprint in alert.text
+    assert sshd.host_key.fingerprint in alert.text
+    assert svc.health(rt, OTHER, "local").checks
+
+    # sshd gone: box2 shows Unreachable in the overview, `local` is unaffected.
+    sshd.kill()
+    rows = {row.instance.name: row for row in svc.fleet_overview(rt).rows}
+    assert rows["box2"].problem is not None
+    assert rows["box2"].problem.kind == "Unreachable"
+    assert "1 not reachable" in blocks.fleet_overview(svc.fleet_overview(rt))[0]
+    assert rows["local"].live
+    assert rows["local"].problem is None
 
 
 # --- reading ----------------------------------------------------------------------------------
