@@ -106,6 +106,21 @@ def test_env_example_lists_every_setting() -> None:
     assert listed - names == set(), "deploy/.env.example names settings that do not exist"
 
 
+def test_readme_names_every_setting_and_no_other() -> None:
+    names = set(
+        re.findall(r'"((?:GPUBOT|SLACK)_[A-Z0-9_]+)"', (ROOT / "bot/settings.py").read_text())
+    )
+    readme = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`((?:GPUBOT|SLACK)_[A-Z0-9_]+)`", readme))
+    # `GPUBOT_*_API_KEY` stands for the three provider keys.
+    named |= {f"GPUBOT_{p}_API_KEY" for p in ("LAMBDA", "RUNPOD", "VAST")}
+    assert names - named == set(), "document these in README.md"
+    assert named - names == set(), "README.md names settings that do not exist"
+    commands = readme.split("\n## ", 1)[0]
+    assert "make run" in commands
+    assert "make test" in commands
+
+
 def test_compose_runs_the_bot_on_postgresql() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
