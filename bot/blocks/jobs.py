@@ -30,7 +30,7 @@ from bot.blocks.common import (
     section,
 )
 from bot.commands.values import format_duration, format_money
-from bot.services.job_views import JobListView, JobView, LogView, WhoView
+from bot.services.job_views import AccessChange, JobListView, JobView, LogView, WhoView
 
 #: The button that asks to release the instance (registered by the instance commands).
 RELEASE_ASK = "instance_release_ask"
@@ -166,6 +166,29 @@ def cancel_message(job: JobView) -> Message:
     if job.state == "cancelled":
         text = f"Cancelled job {job.ref} on {job.instance_name}."
     return text, (section(f"{STATE_EMOJI.get(job.state, '')} {escape(text)}".strip()),)
+
+
+def access_message(change: AccessChange) -> Message:
+    """The answer to ``/gpu allow`` and ``/gpu deny``: what changed and who has access now."""
+    who = mention(change.person_id)
+    where = escape(change.instance_name)
+    if change.granted:
+        head = (
+            f":white_check_mark: {who} may now run and cancel jobs on *{where}*."
+            if change.changed
+            else f"{who} could already run and cancel jobs on *{where}*; nothing changed."
+        )
+    else:
+        head = (
+            f":no_entry: {who} may no longer run or cancel jobs on *{where}* "
+            "(jobs they started keep running)."
+            if change.changed
+            else f"{who} had no access to *{where}*; nothing changed."
+        )
+    others = ", ".join(mention(p) for p in change.allowed) or "nobody else"
+    tail = f"Owner: {mention(change.owner_id)} · allowed: {others} · admins always may."
+    text = f"{head}\n{tail}"
+    return fallback(text), (section(head), context(tail))
 
 
 def submitted_reply(job: JobView, posted: bool) -> Message:

@@ -1,5 +1,5 @@
-"""`/gpu run`, `/gpu jobs`, `/gpu logs`, `/gpu cancel`, `/gpu who`: parse, call the job
-service, render. Registered into REGISTRY when imported."""
+"""`/gpu run`, `/gpu jobs`, `/gpu logs`, `/gpu cancel`, `/gpu who`, `/gpu allow`, `/gpu deny`:
+parse, call the job service, render. Registered into REGISTRY when imported."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from bot.blocks import jobs as blocks
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
+from bot.services import job_access
 from bot.services import jobs as service
 
 if TYPE_CHECKING:
@@ -18,6 +19,8 @@ JOBS_USAGE = "/gpu jobs [NAME]"
 LOGS_USAGE = "/gpu logs JOB [--tail N]"
 CANCEL_USAGE = "/gpu cancel JOB"
 WHO_USAGE = "/gpu who NAME"
+ALLOW_USAGE = "/gpu allow NAME @user"
+DENY_USAGE = "/gpu deny NAME @user"
 
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +45,11 @@ def _configure_cancel(parser: argparse.ArgumentParser) -> None:
 
 def _configure_who(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the instance")
+
+
+def _configure_access(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the instance")
+    parser.add_argument("person", metavar="@user", help="a mention or a Slack ID")
 
 
 def handle_run(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -80,6 +88,18 @@ def handle_cancel(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Repl
 def handle_who(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     """Who holds each GPU of the instance."""
     text, body = blocks.who_message(service.who(rt, args.name))
+    return Reply(text=text, blocks=body)
+
+
+def handle_allow(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """Let someone run and cancel jobs on the caller's instance."""
+    text, body = blocks.access_message(job_access.allow(rt, caller, args.name, args.person))
+    return Reply(text=text, blocks=body)
+
+
+def handle_deny(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    """Take that back."""
+    text, body = blocks.access_message(job_access.deny(rt, caller, args.name, args.person))
     return Reply(text=text, blocks=body)
 
 
@@ -139,5 +159,25 @@ WHO = REGISTRY.command(
         examples=("/gpu who box1",),
         configure=_configure_who,
         handler=handle_who,
+    )
+)
+ALLOW = REGISTRY.command(
+    CommandSpec(
+        name="allow",
+        summary="Let someone run and cancel jobs on your instance (owner or admin)",
+        usage=ALLOW_USAGE,
+        examples=("/gpu allow box1 @alice",),
+        configure=_configure_access,
+        handler=handle_allow,
+    )
+)
+DENY = REGISTRY.command(
+    CommandSpec(
+        name="deny",
+        summary="Take back someone's access to run and cancel jobs on your instance",
+        usage=DENY_USAGE,
+        examples=("/gpu deny box1 @alice",),
+        configure=_configure_access,
+        handler=handle_deny,
     )
 )

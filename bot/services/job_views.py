@@ -126,3 +126,16 @@ class PollReport:
     updated: int = 0
     replied: int = 0
     unreachable: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AccessChange:
+    """The result of allow/deny: ``changed`` is False when the list already said so;
+    ``allowed`` is everyone on the list afterwards (Slack IDs, oldest grant first)."""
+
+    instance_name: str
+    owner_id: str
+    person_id: str
+    granted: bool
+    changed: bool
+    allowed: tuple[str, ...]

@@ -14,6 +14,7 @@ from bot.blocks import jobs as blocks
 from bot.blocks.common import MAX_BLOCKS, SECTION_TEXT_MAX
 from bot.local_slack import check_blocks
 from bot.services.job_views import (
+    AccessChange,
     JobListView,
     JobView,
     LogView,
@@ -282,18 +283,18 @@ def fact(body: tuple[dict[str, Any], ...], name: str) -> str:
     raise AssertionError(f"no {name} field")
 
 
-def test_cost_says_it_is_the_gpus_share_of_the_instance():
+def test_cost_says_it_is_the_gpus_share_of_the_instance() -> None:
     _, body = blocks.completion_reply(job(instance_gpu_count=8))
     assert fact(body, "Cost") == "$6.30\n_its share: 2 of 8 GPUs_"
     assert fact(body, "GPU-hours") == "3.00"
 
 
-def test_cost_of_a_job_holding_every_gpu_is_the_whole_instance():
+def test_cost_of_a_job_holding_every_gpu_is_the_whole_instance() -> None:
     _, body = blocks.completion_reply(job(instance_gpu_count=2))
     assert fact(body, "Cost") == "$6.30\n_the whole instance's time_"
 
 
-def test_a_job_without_gpus_is_charged_the_instance_and_says_so():
+def test_a_job_without_gpus_is_charged_the_instance_and_says_so() -> None:
     no_gpus = job(gpus_requested=None, gpus_assigned=(), gpu_hours=0.0, instance_gpu_count=4)
     _, body = blocks.completion_reply(no_gpus)
     assert check_blocks(body) == []
@@ -302,7 +303,27 @@ def test_a_job_without_gpus_is_charged_the_instance_and_says_so():
     assert fact(body, "Cost") == "$6.30\n_the whole instance's time (the job held no GPU)_"
 
 
-def test_unknown_cost_has_no_basis():
+def test_unknown_cost_has_no_basis() -> None:
     _, body = blocks.completion_reply(job(cost_micros=None, gpu_hours=None))
     assert fact(body, "Cost") == "-"
     assert fact(body, "GPU-hours") == "-"
+
+
+@pytest.mark.parametrize(
+    ("granted", "changed", "allowed", "fragments"),
+    [
+        (True, True, ("U0BOB",), ("<@U0BOB> may now run", "allowed: <@U0BOB>")),
+        (True, False, ("U0BOB", "U0CAROL"), ("could already", "nothing changed", "<@U0CAROL>")),
+        (False, True, (), ("may no longer run", "keep running", "allowed: nobody else")),
+        (False, False, (), ("had no access", "nothing changed")),
+    ],
+)
+def test_access_message(
+    granted: bool, changed: bool, allowed: tuple[str, ...], fragments: tuple[str, ...]
+) -> None:
+    change = AccessChange("box_1", "U0ALICE", "U0BOB", granted, changed, allowed)
+    text, body = blocks.access_message(change)
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    for fragment in (*fragments, "Owner: <@U0ALICE>"):
+        assert fragment in shown

@@ -195,6 +195,31 @@ def test_jobs_logs_who_and_cancel(
         assert "cancelled" in threaded[0].text
 
 
+def test_owner_allows_someone_who_may_then_run(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    box: int,
+    agent_home: Path,
+) -> None:
+    with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+        refused = ask(bot, "run box -- true", user="U0BOB", user_name="bob")
+        assert "Ask <@U0ALICE> to give you access" in payload_json(refused)
+        assert not (agent_home / "jobs").exists() or not any((agent_home / "jobs").iterdir())
+        not_owner = ask(bot, "allow box <@U0BOB|bob>", user="U0BOB", user_name="bob")
+        assert "Only <@U0ALICE>" in payload_json(not_owner)
+        allowed = ask(bot, "allow box <@U0BOB|bob>")
+        assert not check_blocks(allowed.payload["blocks"])
+        assert "<@U0BOB> may now run and cancel jobs on *box*" in payload_json(allowed)
+        ran = ask(bot, "run box -- true", user="U0BOB", user_name="bob")
+        assert "Queued job 1 on box" in payload_json(ran)
+        denied = ask(bot, "deny box @bob")
+        assert "may no longer run" in payload_json(denied)
+        again = ask(bot, "run box -- true", user="U0BOB", user_name="bob")
+        assert "give you access" in payload_json(again)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -205,6 +230,8 @@ def test_jobs_logs_who_and_cancel(
         ("logs", "The following arguments are required: JOB"),
         ("cancel", "The following arguments are required: JOB"),
         ("who", "The following arguments are required: NAME"),
+        ("allow box", "The following arguments are required: @user"),
+        ("deny", "The following arguments are required: NAME, @user"),
     ],
 )
 def test_usage_errors(text: str, message: str) -> None:
