@@ -8,6 +8,7 @@ timestamp or software version in the PNG metadata).
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from datetime import date
 
@@ -22,6 +23,7 @@ MICROS = 1_000_000
 WIDTH_IN = 8.0
 DPI = 100
 MAX_BARS = 15
+HEADROOM = 1.1
 _BAR = "#3b6ea8"
 _IDLE = "#d08c3a"
 _FONT = "DejaVu Sans"
@@ -71,7 +73,17 @@ def daily_chart(
     labels = [day.strftime("%d") for day, _, _ in days]
     axes.set_xticks(positions, labels, fontsize=7, fontfamily=_FONT)
     axes.yaxis.set_major_formatter(_money_axis(currency))
-    axes.legend(loc="upper left", fontsize=8, frameon=False)
+    highest = max((a + i for a, i in zip(active, idle, strict=True)), default=0.0)
+    axes.set_ylim(0, highest * HEADROOM if highest > 0 else 1.0)
+    # Above the plot, right-aligned, so no column hides under it.
+    axes.legend(
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+        ncols=2,
+        fontsize=8,
+        frameon=False,
+        borderaxespad=0.2,
+    )
     _finish(figure, axes, title)
     return _png(figure)
 
@@ -87,7 +99,9 @@ def _top(items: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
 
 def _money_axis(currency: str) -> FuncFormatter:
     def label(value: float, _position: int) -> str:
-        return format_money(round(value * MICROS), currency)
+        text = format_money(round(value * MICROS), currency)
+        # Axis ticks are round numbers: "$500", not "$500.00".
+        return re.sub(r"\.0+(?= |$)", "", text)
 
     return FuncFormatter(label)
 

@@ -1,0 +1,61 @@
+"""Charts: real PNGs from matplotlib, deterministic, bounded, with readable money axes."""
+
+from __future__ import annotations
+
+import io
+from datetime import date, timedelta
+
+import numpy as np
+from matplotlib import image
+
+from bot import charts
+
+USD = 1_000_000
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def pixels(png: bytes) -> np.ndarray:
+    assert png.startswith(PNG_MAGIC)
+    return np.asarray(image.imread(io.BytesIO(png), format="png"))
+
+
+def test_bar_chart_is_a_png_whose_height_follows_the_bars() -> None:
+    small = pixels(charts.bar_chart("Spend", [("alice", 2016 * USD), ("bob", 533_740_000)]))
+    large = pixels(charts.bar_chart("Spend", [(f"u{i}", (i + 1) * USD) for i in range(15)]))
+    assert small.shape[1] == large.shape[1] == int(charts.WIDTH_IN * charts.DPI)
+    assert small.shape[0] < large.shape[0]
+    # Something is drawn: the bar colour (#3b6ea8) appears.
+    bar = np.array([0x3B, 0x6E, 0xA8]) / 255
+    assert (np.abs(small[:, :, :3] - bar).max(axis=2) < 0.02).any()
+
+
+def test_same_data_gives_the_same_bytes() -> None:
+    items = [("alice", 5 * USD), ("bob", 3 * USD)]
+    assert charts.bar_chart("Spend", items) == charts.bar_chart("Spend", list(reversed(items)))
+
+
+def test_more_than_fifteen_groups_end_in_others() -> None:
+    items = [(f"user{i:02}", (100 - i) * USD) for i in range(40)]
+    top = charts._top(items)
+    assert len(top) == charts.MAX_BARS
+    assert top[0] == ("user00", 100 * USD)
+    assert top[-1] == ("26 others", sum((100 - i) * USD for i in range(14, 40)))
+    assert sum(micros for _, micros in top) == sum(micros for _, micros in items)
+
+
+def test_daily_chart_draws_a_month_and_an_empty_day() -> None:
+    start = date(2026, 3, 1)
+    days = [(start + timedelta(days=i), (i % 7) * 10 * USD, i * USD) for i in range(31)]
+    png = charts.daily_chart("Per day", days)
+    assert pixels(png).shape[1] == int(charts.WIDTH_IN * charts.DPI)
+    empty = charts.daily_chart("Per day", [(start, 0, 0)])
+    assert empty.startswith(PNG_MAGIC)
+
+
+def test_money_axis_drops_zero_cents() -> None:
+    usd = charts._money_axis("USD")
+    assert usd(500.0, 0) == "$500"
+    assert usd(1500.0, 0) == "$1,500"
+    assert usd(2.5, 0) == "$2.50"
+    chf = charts._money_axis("CHF")
+    assert chf(500.0, 0) == "500 CHF"
