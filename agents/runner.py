@@ -652,15 +652,28 @@ def who(store: JobStore) -> WhoReport:
 
 
 def jobs_of_pids(store: JobStore, pids: Iterable[int]) -> Dict[int, str]:
-    """The running agent job each of ``pids`` belongs to (its process is in the job's session),
-    for the pids that belong to one. Lets ``status`` fill ProcessSnapshot.job_id too."""
+    """The running agent job each of ``pids`` belongs to (the process is in the job's session),
+    for the pids that belong to one; takes no lock and never starts or reaps anything.
+
+    Cheap enough for every ``status``: nothing is read when ``pids`` is empty; otherwise one
+    directory listing plus one small JSON file per unfinished job, and one ``/proc/PID/stat``
+    per pid only when some job is running. ``status`` fills ProcessSnapshot.job_id with::
+
+        owners = runner.jobs_of_pids(runner.JobStore.from_env(), [p.pid for p in procs])
+        procs = [replace(p, job_id=owners.get(p.pid)) for p in procs]
+    """
+    wanted = list(pids)
+    if not wanted:
+        return {}
     sessions = {
         int(m["job_pid"]): str(m["id"])
         for m in store.active_metas()
         if m.get("state") == "running" and m.get("job_pid")
     }
+    if not sessions:
+        return {}
     found: Dict[int, str] = {}
-    for pid in pids:
+    for pid in wanted:
         stat = proc_stat(pid)
         if stat is not None and stat.session in sessions:
             found[pid] = sessions[stat.session]

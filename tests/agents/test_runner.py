@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol
+from agents import protocol, runner
 from agents.protocol import JobRecord, WhoReport
+from agents.runner import JobStore
 from tests.agents.runner_support import REPO, Agent, gone, make_agent, python_job
 
 pytestmark = pytest.mark.integration
@@ -475,3 +476,25 @@ def test_gpu_job_fails_when_its_supervisor_sees_no_gpu(agent: Agent):
     assert final.state == "failed"
     assert "no GPU is visible to the job's supervisor" in (final.note or "")
     assert final.started_at is None
+
+
+def test_jobs_of_pids_finds_grandchildren_and_reads_nothing_it_need_not(
+    agent: Agent, tmp_path: Path
+) -> None:
+    missing = JobStore(str(tmp_path / "never-created"))
+    assert runner.jobs_of_pids(missing, []) == {}
+    assert runner.jobs_of_pids(missing, [os.getpid()]) == {}
+    assert not (tmp_path / "never-created").exists()
+
+    pid_file = tmp_path / "grandchild"
+    record = agent.submit("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait")
+    job_pid = agent.running(record.id)["job_pid"]
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "the job never wrote its child's pid"
+        time.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    owners = runner.jobs_of_pids(agent.store, [job_pid, grandchild, os.getpid()])
+    assert owners == {job_pid: record.id, grandchild: record.id}
+    assert agent.cli("cancel", record.id).returncode == 0
+    assert runner.jobs_of_pids(agent.store, [job_pid, grandchild]) == {}
