@@ -252,8 +252,8 @@ def release_result(view: ReleaseView) -> Message:
     elif view.state == "awaiting_owner" or (view.manual and view.state != "escalated"):
         text = (
             f":hourglass: Release *{inst.name}* on its platform now, then press "
-            f"*Released on the platform* in the message the bot sent {mention(inst.owner_id)}; "
-            "the meter runs until then."
+            "*Released on the platform* in the direct message the bot sent to "
+            f"{mention(inst.owner_id)}; the meter runs until then."
         )
     elif view.state == "escalated":
         error = f" Last error: {escape(view.last_error)}" if view.last_error else ""

@@ -34,6 +34,8 @@ HELP_ORDER = (
     "logs",
     "cancel",
     "who",
+    "allow",
+    "deny",
     "spend",
     "budget",
     "fit",
