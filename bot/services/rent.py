@@ -4,17 +4,22 @@ meter and deadline started).
 
 Everything that can be checked is checked before anything is rented (provider, type, names,
 price, budget). An instance that was launched but could not be registered is terminated again,
-so nothing is left billing unseen; every launch is in the audit log.
+so nothing is left billing unseen; every launch is in the audit log. When the bot stops between
+launching and registering, ``recover_orphans`` (run by the tick) finds the launch in the audit log,
+terminates what was never registered and tells the person who rented it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlmodel import select
 
@@ -25,7 +30,7 @@ from bot.runtime import Runtime
 from bot.services import budgets, instances, prompts
 from bot.services.instances import RegisterRequest
 from bot.services.views import RegisterResult
-from bot.store.models import Instance
+from bot.store.models import AuditLog, Instance
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,14 @@ WAIT_RUNNING_S = 900.0
 WAIT_SSH_S = 300.0
 POLL_S = 5.0
 MAX_COUNT = 8
+#: Time to register one instance once SSH answers (host key, agent upload, health check).
+REGISTER_S = 300.0
+#: How far back ``recover_orphans`` looks for launches.
+ORPHAN_LOOKBACK = timedelta(days=7)
+
+#: (provider, provider id) of launches this process is still adopting.
+_adopting: set[tuple[str, str]] = set()
+_adopting_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -132,23 +145,47 @@ def rent(
             disk_gb=req.disk_gb,
         )
     )
-    _audit(
-        rt,
-        caller,
-        "rent_launched",
-        provider=plan.provider.name,
-        ids=[i.provider_id for i in launched],
-    )
-    registered: list[RegisterResult] = []
-    failed: list[tuple[str, str]] = []
-    for name, inst in zip(plan.names, launched, strict=False):
-        try:
-            registered.append(_adopt(rt, caller, plan, name, inst, waiting))
-        except GpubotError as exc:
-            log.warning("rented %s (%s) could not be registered: %s", name, inst.provider_id, exc)
-            failed.append((inst.provider_id, exc.user_text()))
-            _give_back(rt, caller, plan.provider, inst.provider_id, exc)
-    return RentResult(tuple(registered), tuple(failed))
+    keys = {(plan.provider.name, i.provider_id) for i in launched}
+    with _adopting_lock:
+        _adopting.update(keys)
+    try:
+        _audit(
+            rt,
+            caller,
+            "rent_launched",
+            provider=plan.provider.name,
+            ids=[i.provider_id for i in launched],
+            names=list(plan.names[: len(launched)]),
+            instance_type=req.instance_type,
+        )
+        registered: list[RegisterResult] = []
+        failed: list[tuple[str, str]] = []
+        for name, inst in zip(plan.names, launched, strict=False):
+            try:
+                registered.append(_adopt(rt, caller, plan, name, inst, waiting))
+            except GpubotError as exc:
+                log.warning(
+                    "rented %s (%s) could not be registered: %s", name, inst.provider_id, exc
+                )
+                failed.append((inst.provider_id, exc.user_text()))
+                _give_back(rt, caller, plan.provider, inst.provider_id, exc)
+        return RentResult(tuple(registered), tuple(failed))
+    finally:
+        with _adopting_lock:
+            _adopting.difference_update(keys)
+
+
+def recover_orphans(rt: Runtime, now: datetime) -> list[str]:
+    """Terminate instances `/gpu rent` launched but never registered nor gave back (the bot
+    stopped in between), and tell whoever rented them. A launch counts as orphaned once this
+    process is not adopting it and the longest a rental can take has passed. Returns the provider
+    ids terminated now; a failed termination is retried on the next call, and its renter is told
+    once what to do."""
+    recovered: list[str] = []
+    for launch in _orphans(rt, now):
+        if _recover(rt, now, launch):
+            recovered.append(launch.provider_id)
+    return recovered
 
 
 def wait_running(provider: Provider, provider_id: str, waiting: Waiting) -> ProviderInstance:
@@ -256,6 +293,132 @@ def _give_back(
             (),
         )
     _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    provider: str
+    provider_id: str
+    name: str | None
+    renter: str
+    launched_at: datetime
+
+
+def _orphans(rt: Runtime, now: datetime) -> list[_Launch]:
+    with rt.db.session() as session:
+        rows = session.exec(
+            select(AuditLog).where(
+                AuditLog.action.in_(  # type: ignore[attr-defined]
+                    ("rent_launched", "rent_given_back", "rent_recovered")
+                ),
+                AuditLog.at >= now - ORPHAN_LOOKBACK,
+            )
+        ).all()
+        settled = {
+            (str(d.get("provider")), str(d.get("id")))
+            for d in (_details(r) for r in rows if r.action != "rent_launched")
+        }
+        registered = {
+            (p, i)
+            for p, i in session.exec(
+                select(Instance.provider, Instance.provider_instance_id).where(
+                    Instance.provider_instance_id.is_not(None)  # type: ignore[union-attr]
+                )
+            ).all()
+        }
+    with _adopting_lock:
+        busy = set(_adopting)
+    orphans: list[_Launch] = []
+    for row in rows:
+        if row.action != "rent_launched":
+            continue
+        details = _details(row)
+        ids = [str(i) for i in details.get("ids") or ()]
+        names = [str(n) for n in details.get("names") or ()]
+        longest = timedelta(seconds=len(ids) * (WAIT_RUNNING_S + WAIT_SSH_S + REGISTER_S))
+        if row.at + longest > now:
+            continue
+        provider = str(details.get("provider"))
+        for pos, provider_id in enumerate(ids):
+            key = (provider, provider_id)
+            if key in settled or key in registered or key in busy:
+                continue
+            name = names[pos] if pos < len(names) else None
+            orphans.append(_Launch(provider, provider_id, name, row.actor, row.at))
+    return orphans
+
+
+def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
+    """Terminate one orphan (no network call inside a transaction). True when terminated."""
+    what = f"{launch.provider} instance {launch.provider_id}" + (
+        f" ({launch.name})" if launch.name else ""
+    )
+    try:
+        outcome = rt.providers.get(launch.provider).release(launch.provider_id, "terminate")
+    except GpubotError as exc:
+        log.warning("terminating orphaned rental %s failed: %s", what, exc)
+        _tell_once(rt, now, launch, what, exc)
+        return False
+    with rt.db.session() as session:
+        prompts.audit(
+            session,
+            at=now,
+            actor="gpubot",
+            action="rent_recovered",
+            instance_id=None,
+            provider=launch.provider,
+            id=launch.provider_id,
+            detail="already gone" if outcome.already_gone else outcome.state,
+        )
+    launched = launch.launched_at.strftime("%Y-%m-%d %H:%M UTC")
+    prompts.notify(
+        rt,
+        launch.renter,
+        f":warning: {what}, rented with /gpu rent at {launched}, was never registered because "
+        "the bot stopped while setting it up. It has been terminated so it does not bill. "
+        "Rent again with /gpu rent if you still need it.",
+        (),
+    )
+    return True
+
+
+def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: GpubotError) -> None:
+    with rt.db.session() as session:
+        told = session.exec(
+            select(AuditLog.id).where(
+                AuditLog.action == "rent_recover_failed",
+                AuditLog.at >= launch.launched_at,
+                AuditLog.details_json.contains(json.dumps(launch.provider_id)),  # type: ignore[attr-defined]
+            )
+        ).first()
+        if told is not None:
+            return
+        prompts.audit(
+            session,
+            at=now,
+            actor="gpubot",
+            action="rent_recover_failed",
+            instance_id=None,
+            provider=launch.provider,
+            id=launch.provider_id,
+            error=exc.message,
+        )
+    prompts.notify(
+        rt,
+        launch.renter,
+        f":rotating_light: {what} was rented with /gpu rent but never registered (the bot "
+        f"stopped while setting it up), and terminating it failed: {exc.message}. Terminate it "
+        "on the platform now; it is billing. The bot keeps trying.",
+        (),
+    )
+
+
+def _details(row: AuditLog) -> dict[str, Any]:
+    try:
+        details = json.loads(row.details_json)
+    except ValueError:
+        return {}
+    return details if isinstance(details, dict) else {}
 
 
 def _names(req: RentRequest) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 
 ``tick(rt, now)`` polls agents, runs the hooks other parts register (jobs, the ledger, budgets,
 the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
-reconciles with the providers' own lists, closes prompts that no longer apply and posts the
+reconciles with the providers' own lists (and terminates rentals the bot launched but never
+registered because it stopped in between), closes prompts that no longer apply and posts the
 prompts that are due. Every step reads and writes rows, so running it late, twice, or from two
 processes neither drops nor doubles anything. A step that fails is logged and the others still
 run.
@@ -20,7 +21,7 @@ from functools import lru_cache, partial
 from typing import TypeVar
 
 from bot.runtime import Runtime
-from bot.services import deadlines, polling, prompts, releases
+from bot.services import deadlines, polling, prompts, releases, rent
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class TickReport:
     released_requested: list[int] = field(default_factory=list)
     releases_processed: int = 0
     reconciled: list[int] = field(default_factory=list)
+    orphans_terminated: list[str] = field(default_factory=list)
     prompts_closed: int = 0
     prompts_posted: int = 0
     errors: list[str] = field(default_factory=list)
@@ -73,6 +75,9 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     report.releases_processed = len(processed or ())
     if _reconcile_due(rt, now):
         report.reconciled = _run(report, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
+        report.orphans_terminated = (
+            _run(report, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
+        )
     report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
     report.prompts_posted = _run(report, "prompts", lambda: prompts.deliver_pending(rt, now)) or 0
     return report

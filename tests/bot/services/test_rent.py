@@ -15,12 +15,12 @@ from sqlmodel import select
 from bot.commands import load_all
 from bot.commands.parser import parse
 from bot.commands.registry import Caller
-from bot.errors import Conflict, NotFound, ProviderError, UsageError
+from bot.errors import BudgetExceeded, Conflict, NotFound, ProviderError, UsageError
 from bot.providers.aws import AwsProvider
 from bot.providers.runpod import RunpodProvider
 from bot.providers.vast import VastProvider
 from bot.runtime import Runtime
-from bot.services import rent
+from bot.services import budgets, rent, tick
 from bot.store.models import AuditLog, Instance
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance
 from tests.fixtures.providers import RunpodStandIn
@@ -193,6 +193,116 @@ def test_aws_needs_a_price_and_gives_back_what_it_cannot_reach(rt, aws_endpoint)
     }
     assert sorted(states) == sorted(pid for pid, _ in result.failed)
     assert set(states.values()) <= {"shutting-down", "terminated"}
+
+
+def test_past_a_budget_cap_renting_needs_an_admin(rt: Runtime, runpod_cloud: RunpodStandIn) -> None:
+    _with_runpod(rt, runpod_cloud)
+    admin = Caller("UADMIN", channel_id="COPS")
+    rt.settings = rt.settings.with_(admins=frozenset({"UADMIN"}))
+    clock = cast(Clock, rt.clock)
+    add_instance(rt.db, owner_id="UOWNER", price_micros=10_000_000, created_at=clock.now)
+    budgets.set_budget(rt, admin, "user", "UOWNER", 5_000_000)
+    clock.advance(hours=1)
+    request = rent.RentRequest("runpod", "NVIDIA A40", name="pod9")
+    with pytest.raises(BudgetExceeded, match="used up") as raised:
+        rent.plan_rent(rt, OWNER, request)
+    assert "admin" in raised.value.hint
+    assert runpod_cloud.calls_to("POST", "/pods") == []
+    plan = rent.plan_rent(rt, admin, request)  # an admin may rent past the cap
+    assert plan.names == ("pod9",)
+
+
+class Crash(BaseException):
+    """The bot process dying in the middle of a rental."""
+
+
+def _crashed_rental(
+    rt: Runtime, standin: RunpodStandIn, monkeypatch: pytest.MonkeyPatch, name: str
+) -> str:
+    """Launch, then die before registering: the pod runs and only the audit log knows it."""
+
+    def die(*args: object, **kwargs: object) -> object:
+        raise Crash
+
+    monkeypatch.setattr(rent, "_adopt", die)
+    plan = rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name=name))
+    with pytest.raises(Crash):
+        rent.rent(rt, OWNER, plan, waiting=_waiting())
+    monkeypatch.undo()
+    [pod] = [p for p, item in standin.instances.items() if item["name"] == name]
+    return pod
+
+
+def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    registered = runpod_cloud.add()
+    add_instance(rt.db, name="kept", provider="runpod", provider_instance_id=registered)
+    pod = _crashed_rental(rt, runpod_cloud, monkeypatch, "pod5")
+
+    # While a rental could still be in progress, nothing is touched.
+    clock.advance(minutes=20)
+    assert rent.recover_orphans(rt, clock.now) == []
+    assert pod in runpod_cloud.instances
+
+    # Past the longest a rental can take, the next tick's reconcile step terminates it once.
+    clock.advance(minutes=20)
+    clock.set(clock.now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+    report = tick.tick(rt, clock.now)
+    assert report.orphans_terminated == [pod]
+    assert pod not in runpod_cloud.instances
+    assert registered in runpod_cloud.instances  # a registered rental is not an orphan
+    [told] = notifier.to("UOWNER")
+    assert f"runpod instance {pod} (pod5)" in told.text
+    assert "never registered" in told.text
+    assert "terminated" in told.text
+    assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
+    assert len(runpod_cloud.calls_to("DELETE", f"/pods/{pod}")) == 1
+    assert len(notifier.to("UOWNER")) == 1
+
+
+def test_an_orphan_the_platform_will_not_terminate_is_retried_and_reported_once(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    pod = _crashed_rental(rt, runpod_cloud, monkeypatch, "pod6")
+    clock.advance(hours=1)
+    runpod_cloud.fail_next(500, times=20, method="DELETE")
+    assert rent.recover_orphans(rt, clock.now) == []
+    assert rent.recover_orphans(rt, clock.now + timedelta(minutes=5)) == []
+    [alarm] = notifier.to("UOWNER")
+    assert "terminating it failed" in alarm.text
+    assert "Terminate it on the platform" in alarm.text
+    runpod_cloud.failures.clear()
+    assert rent.recover_orphans(rt, clock.now + timedelta(minutes=10)) == [pod]
+    assert pod not in runpod_cloud.instances
+    assert len(notifier.to("UOWNER")) == 2
+
+
+def test_a_rental_still_being_set_up_is_not_an_orphan(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    seen: list[list[str]] = []
+
+    def slow_adopt(*args: object, **kwargs: object) -> object:
+        # Hours pass while this process still sets the instance up: never terminated under it.
+        seen.append(rent.recover_orphans(rt, clock.now + timedelta(hours=3)))
+        raise ProviderError("no SSH", retryable=False)
+
+    monkeypatch.setattr(rent, "_adopt", slow_adopt)
+    plan = rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name="pod7"))
+    result = rent.rent(rt, OWNER, plan, waiting=_waiting())
+    assert seen == [[]]
+    [(pod, _)] = result.failed
+    assert pod not in runpod_cloud.instances  # given back by the rental itself
+    assert rent.recover_orphans(rt, clock.now + timedelta(hours=3)) == []
 
 
 def _closed_port() -> int:
