@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot.commands import load_all
-from bot.commands.help import render_command, render_overview, sentence
+from bot.commands.help import HELP_ORDER, _listed, render_command, render_overview, sentence
 from bot.commands.parser import parse, tokenize
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Registry, Reply
 from bot.commands.values import parse_duration
@@ -244,6 +244,16 @@ def test_help_summaries_read_alike_whatever_module_wrote_them() -> None:
     one, blocks = render_command(REGISTRY.commands["rent"])
     assert one.startswith("/gpu rent: Rent ")
     assert blocks[1]["text"]["text"].startswith("Rent ")
+
+
+def test_help_lists_every_command_once_in_the_design_order() -> None:
+    load_all()
+    text, _ = render_overview(_listed(REGISTRY))
+    listed = [line.split(":", 1)[0].removeprefix("/gpu ") for line in text.splitlines()[1:]]
+    assert sorted(listed) == sorted(spec.name for spec in REGISTRY.primary_commands())
+    known = [name for name in HELP_ORDER if name in listed]
+    assert listed[: len(known)] == known
+    assert listed[:7] == ["help", "register", "status", "list", "health", "extend", "release"]
 
 
 # --- property-based: nothing but UsageError escapes, on the full registry ---------------------
