@@ -84,7 +84,7 @@ def completion_reply(job: JobView) -> Message:
     head = f"{emoji} *{escape(title)}*"
     if job.requested_by:
         head += f" {mention(job.requested_by)}"
-    if job.note:
+    if job.note and job.note.strip().lower() != job.state:  # "cancelled" says nothing new
         head += f"\n{escape(job.note)}"
     blocks: list[Block] = [section(head), fields(_facts(job))]
     blocks.append(section(code_block(command_line(job.command))))

@@ -207,6 +207,12 @@ def logs(rt: Runtime, job_ref: str, tail: int | None = None) -> LogView:
     target = target_for(rt, inst)
     try:
         text = rt.fleet.agent(target).logs(agent_job_id, tail=lines)
+    except AgentBroken as exc:
+        missing = _not_on_instance(exc, inst, agent_job_id)
+        if missing is None:
+            handle_fleet_error(rt, inst, exc)
+            raise
+        raise missing from exc
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         raise
@@ -229,7 +235,10 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
     except AgentBroken as exc:
         if "already finished" in exc.message:
             raise Conflict(f"Job {job_ref} has already finished.") from exc
-        raise
+        missing = _not_on_instance(exc, inst, agent_job_id)
+        if missing is None:
+            raise
+        raise missing from exc
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         raise
@@ -643,6 +652,17 @@ def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
             f"There is no job {ref!r}.",
             hint="Name a job by its number (`/gpu jobs` lists them) or as INSTANCE:AGENT_ID.",
         )
+
+
+def _not_on_instance(exc: AgentBroken, inst: Instance, agent_job_id: str) -> NotFound | None:
+    """The agent's "no job" as NotFound that names the Slack command listing the jobs; None
+    for any other failure."""
+    if "error: no job " not in exc.message:
+        return None
+    return NotFound(
+        f"{inst.name} has no job {agent_job_id!r} (or more than one starts with it).",
+        hint=f"`/gpu jobs {inst.name}` lists its jobs.",
+    )
 
 
 def _instance_of(session: Session, job: Job) -> Instance:

@@ -327,3 +327,10 @@ def test_access_message(
     shown = all_text((text, body))
     for fragment in (*fragments, "Owner: <@U0ALICE>"):
         assert fragment in shown
+
+
+def test_a_note_that_repeats_the_state_is_not_shown_twice() -> None:
+    _, body = blocks.completion_reply(job(state="cancelled", note="cancelled", exit_code=143))
+    assert section_texts(body)[0].count("cancelled") == 1
+    _, body = blocks.completion_reply(job(state="cancelled", note="cancelled while queued"))
+    assert "cancelled while queued" in section_texts(body)[0]

@@ -493,3 +493,18 @@ def _instance(world: World, session: Any = None) -> Any:
         inst = own.get(Instance, world.instance_id)
         assert inst is not None
         return inst
+
+
+def test_logs_and_cancel_of_a_job_the_instance_does_not_have_say_how_to_list_them(
+    world: World,
+) -> None:
+    for call in (
+        lambda: svc.logs(world.rt, "box:20260101-000000-dead"),
+        lambda: svc.cancel(world.rt, OWNER, "box:20260101-000000-dead"),
+    ):
+        with pytest.raises(NotFound) as caught:
+            call()
+        assert "box has no job '20260101-000000-dead'" in caught.value.message
+        assert caught.value.hint == "`/gpu jobs box` lists its jobs."
+    with world.db.session() as session:
+        assert session.exec(select(Job)).all() == []
