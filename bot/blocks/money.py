@@ -127,7 +127,7 @@ def budget_list_message(statuses: Sequence[BudgetStatus], month: str, currency: 
     """`/gpu budget list`: every budget with this month's spend against it."""
     title = f"Budgets, {month_name(month)}"
     if not statuses:
-        text = "No budgets are set. An admin sets one with `/gpu budget set user @U 500`."
+        text = "No budgets are set. An admin sets one with `/gpu budget set user @alice 500`."
         return text, (_section(text),)
     lines = [_budget_line(status, currency) for status in statuses]
     text = f"{title}: {len(statuses)} budget{'s' if len(statuses) != 1 else ''}"

@@ -123,8 +123,15 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
                 "`/gpu budget set project llm 2000`.",
             )
         scope = budgets.parse_scope(words[0])
-        subject = budgets.resolve_subject(rt.db, scope, words[1])
-        status = budgets.set_budget(rt, caller, scope, subject, parse_money(words[2]))
+        subject = budgets.resolve_subject(rt.db, scope, words[1], caller)
+        status = budgets.set_budget(
+            rt,
+            caller,
+            scope,
+            subject,
+            parse_money(words[2]),
+            display_name=budgets.mention_name(words[1]),
+        )
         text, body = blocks.budget_list_message([status], month, currency)
         return Reply(text=f"Budget set. {text}", blocks=body, ephemeral=False)
     if action in _REMOVE_WORDS:
@@ -135,7 +142,7 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
                 hint="Like `/gpu budget rm user @alice` or `/gpu budget rm project llm`.",
             )
         scope = budgets.parse_scope(words[0])
-        subject = budgets.resolve_subject(rt.db, scope, words[1])
+        subject = budgets.resolve_subject(rt.db, scope, words[1], caller)
         budgets.remove_budget(rt, caller, scope, subject)
         who = f"<@{subject}>" if scope == "user" else f"project {subject}"
         return Reply(text=f"The budget of {who} is removed.", ephemeral=False)

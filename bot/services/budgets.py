@@ -102,9 +102,10 @@ def parse_subject(scope: str, text: str) -> str:
     )
 
 
-def resolve_subject(db: Database, scope: str, text: str) -> str:
+def resolve_subject(db: Database, scope: str, text: str, caller: Caller | None = None) -> str:
     """Like :func:`parse_subject`, and a user also as ``@name``: the one person the bot knows
-    (owners, requesters, budget holders) whose display name is ``name``, case ignored.
+    (owners, requesters, budget holders, the caller) whose display name is ``name``, case
+    ignored.
 
     Raises UsageError when nobody, or more than one person, has that name."""
     raw = text.strip()
@@ -116,13 +117,15 @@ def resolve_subject(db: Database, scope: str, text: str) -> str:
     if not name or len(name) > 200:
         return parse_subject(scope, text)
     with db.session() as session:
-        ids = list(
+        ids = set(
             session.exec(
                 select(Person.slack_id).where(func.lower(Person.display_name) == name.lower())
             )
         )
+    if caller is not None and (caller.user_name or "").lower() == name.lower():
+        ids.add(caller.user_id)
     if len(ids) == 1:
-        return ids[0]
+        return ids.pop()
     problem = "nobody" if not ids else f"{len(ids)} people"
     raise UsageError(
         f"I know {problem} called @{name}.",
@@ -131,19 +134,35 @@ def resolve_subject(db: Database, scope: str, text: str) -> str:
     )
 
 
+def mention_name(text: str) -> str | None:
+    """The name in a Slack mention ``<@U123|name>``, if it carries one."""
+    raw = text.strip()
+    if not (raw.startswith("<@") and raw.endswith(">") and "|" in raw):
+        return None
+    name = raw[2:-1].split("|", 1)[1].strip()
+    return name[:200] or None
+
+
 def set_budget(
-    rt: Runtime, caller: Caller, scope: str, subject: str, limit_micros: int
+    rt: Runtime,
+    caller: Caller,
+    scope: str,
+    subject: str,
+    limit_micros: int,
+    *,
+    display_name: str | None = None,
 ) -> BudgetStatus:
-    """Create or change a budget (admins only). Raises NotAuthorized, UsageError."""
+    """Create or change a budget (admins only); ``display_name`` is remembered for a user
+    the bot knew by ID only. Raises NotAuthorized, UsageError."""
     _require_admin(rt, caller, "set budgets")
     if not 0 < limit_micros <= MAX_LIMIT_MICROS:
         raise UsageError("a budget must be more than 0", hint="Give an amount like 500.")
     now = rt.now()
     try:
-        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now)
+        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now, display_name)
     except sa_exc.IntegrityError:
         # Another admin created it at the same moment: change theirs.
-        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now)
+        budget = _upsert(rt.db, caller, scope, subject, limit_micros, now, display_name)
     spent = month_to_date(rt.db, now, rt.settings.tz())
     return _status(budget, spent)
 
@@ -288,11 +307,22 @@ def budget_tick(rt: Runtime, now: datetime) -> None:
 
 
 def _upsert(
-    db: Database, caller: Caller, scope: str, subject: str, limit_micros: int, now: datetime
+    db: Database,
+    caller: Caller,
+    scope: str,
+    subject: str,
+    limit_micros: int,
+    now: datetime,
+    display_name: str | None,
 ) -> Budget:
     with db.session() as session:
-        if scope == "user" and session.get(Person, subject) is None:
-            session.add(Person(slack_id=subject, created_at=now))
+        if scope == "user":
+            person = session.get(Person, subject)
+            if person is None:
+                session.add(Person(slack_id=subject, display_name=display_name, created_at=now))
+            elif person.display_name is None and display_name:
+                person.display_name = display_name
+                session.add(person)
         budget = session.exec(
             select(Budget).where(Budget.scope == scope, Budget.subject == subject)
         ).first()

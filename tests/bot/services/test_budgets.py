@@ -165,3 +165,23 @@ def test_resolve_subject_takes_every_way_a_user_arrives(db: Database) -> None:
     with pytest.raises(UsageError, match="Slack user"):
         budgets.resolve_subject(db, "user", "@")
     assert budgets.resolve_subject(db, "project", "@llm") == "@llm"
+
+
+def test_resolve_subject_knows_the_caller_and_names_learned_from_mentions(
+    db: Database, clock: Clock
+) -> None:
+    me = Caller(user_id="UADMIN", user_name="root-admin")
+    assert budgets.resolve_subject(db, "user", "@Root-Admin", me) == "UADMIN"
+    with pytest.raises(UsageError, match="nobody called @dana"):
+        budgets.resolve_subject(db, "user", "@dana", me)
+    assert budgets.mention_name("<@U0DANA|dana>") == "dana"
+    assert budgets.mention_name("<@U0DANA>") is None
+    rt = make_runtime(db, clock)
+    budgets.set_budget(rt, ADMIN, "user", "U0DANA", 100_000_000, display_name="dana")
+    assert budgets.resolve_subject(db, "user", "@dana") == "U0DANA"
+    # A name already known is not overwritten by a later mention.
+    budgets.set_budget(rt, ADMIN, "user", "U0DANA", 200_000_000, display_name="someone")
+    with db.session() as session:
+        person = session.get(Person, "U0DANA")
+        assert person is not None
+        assert person.display_name == "dana"
