@@ -18,6 +18,8 @@ from bot.commands.registry import ActionSpec, Caller, CommandSpec, Registry, Rep
 from bot.console import Console, Speaker
 from bot.runtime import Runtime
 from bot.settings import Settings
+from tests.fixtures.fake_nvml import build_config, fake_nvml_env
+from tests.fixtures.instances import A100_80
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -171,11 +173,14 @@ def test_speaker_ids_look_like_slack_ids() -> None:
 # --- the real thing, as `make run` starts it ----------------------------------------------------
 
 
-def _run_cli(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _run_cli(
+    tmp_path: Path, script: str, *args: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("SLACK_", "GPUBOT_"))
     }
     env["GPUBOT_DATA_DIR"] = str(tmp_path / "data")
+    env.update(extra_env or {})
     return subprocess.run(
         [sys.executable, "-m", "bot.cli", *args],
         input=script,
@@ -213,6 +218,42 @@ def test_piped_help_and_status(tmp_path: Path) -> None:
     assert "*local*" in status
     assert "Unknown command" not in status
     assert "❌" not in status
+
+
+@pytest.mark.integration
+def test_register_status_and_manual_release_of_local_with_its_gpus(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    config = build_config(2, A100_80, per_gpu={0: {"util_gpu": 96}})
+    env = fake_nvml_env(config, tmp_path) | {"GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp)}
+    script = [
+        "/gpu register local local --gpu h100 --count 4 --price 2.10/h --release-in 3h",
+        "/gpu status",
+        "/gpu release local",
+        "click 1",
+        "click 3",
+        "/gpu status",
+    ]
+    result = _run_cli(tmp_path, "\n".join(script) + "\n", "console", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    turns = result.stdout.split("console-user> ")[1:]
+    assert len(turns) == len(script)
+    register, status, ask, confirm, released, after = turns
+    # The mismatch goes to the owner and to the channel, and into the reply.
+    assert "[DM to console-user]" in register
+    assert "[#console]" in register
+    assert register.count("GPU mismatch on local") == 3
+    assert "fewer cards: 2 delivered, 4 rented" in register
+    assert "util 48% (per GPU 96%, 0%)" in status
+    assert "mem 0/160 GiB" in status
+    assert "[1 Yes, release local]" in ask
+    assert "[3 Released on the platform]" in confirm
+    assert "the meter runs until then" in confirm
+    assert "is released. The meter stopped." in released
+    assert "No instances yet" in after
+    store = _store(tmp_path)
+    [release] = store["release"]
+    assert "confirmed" in release
 
 
 @pytest.mark.integration
