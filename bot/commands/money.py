@@ -183,6 +183,7 @@ def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         hourly_micros=args.price,
         monthly_micros=args.monthly,
         buy_micros=args.buy,
+        currency=rt.settings.currency,
     )
     text, body = blocks.estimate_message(report, rt.settings.currency)
     return Reply(text=text, blocks=body)

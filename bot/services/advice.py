@@ -141,6 +141,7 @@ class PriceTable:
     monthly: tuple[PriceRow, ...]
     purchase: tuple[PriceRow, ...]
     models: tuple[ModelShape, ...]
+    currency: str = "USD"
 
     def cheapest_hourly(self, gpu: str) -> PriceRow | None:
         """The lowest per-GPU hourly offer for a catalogue key, or None."""
@@ -388,13 +389,17 @@ def estimate(
     monthly_micros: int | None = None,
     buy_micros: int | None = None,
     table: PriceTable | None = None,
+    currency: str | None = None,
 ) -> EstimateReport:
     """`/gpu estimate`: renting by the hour vs a monthly plan vs buying, for ``count`` GPUs over
     ``hours``. Prices given win over the table: ``hourly_micros`` and ``monthly_micros`` are for
     the whole instance, ``buy_micros`` the whole machine. A plan is paid by the started month
-    (730 h). Raises UsageError for an unknown GPU, a bad count or hours, or no price at all.
+    (730 h). Given prices are in ``currency``; the table's are used only when it is the
+    table's currency (or None). Raises UsageError for an unknown GPU, a bad count or hours, or
+    no price at all.
     """
     table = table or load_price_table()
+    foreign = currency is not None and currency != table.currency
     spec = specs.lookup(gpu)
     if spec is None:
         raise UsageError(
@@ -405,12 +410,20 @@ def estimate(
         raise UsageError(f"--count {count} is out of range", hint="Give 1 to 1024 GPUs.")
     if not Decimal(0) < hours <= Decimal(10 * 8760):
         raise UsageError(f"--hours {hours} is out of range", hint="Give hours like 50 or 1.5.")
-    hourly, hourly_source = _priced(hourly_micros, table.cheapest_hourly(spec.key), count)
-    monthly, monthly_source = _priced(monthly_micros, table.cheapest_monthly(spec.key), count)
-    buy, buy_source = _priced(buy_micros, table.purchase_price(spec.key), count)
+    missing = f"the price table is in {table.currency}" if foreign else "not in the price table"
+    hourly, hourly_source = _priced(
+        hourly_micros, None if foreign else table.cheapest_hourly(spec.key), count, missing
+    )
+    monthly, monthly_source = _priced(
+        monthly_micros, None if foreign else table.cheapest_monthly(spec.key), count, missing
+    )
+    buy, buy_source = _priced(
+        buy_micros, None if foreign else table.purchase_price(spec.key), count, missing
+    )
     if hourly is None and monthly is None and buy is None:
         raise UsageError(
-            f"no prices known for {spec.name}",
+            f"no prices known for {spec.name}"
+            + (f" in {currency} (the price table is in {table.currency})" if foreign else ""),
             hint="Give them: --price 2.10 (per hour), --monthly 1200, --buy 30000.",
         )
     months = math.ceil(hours / HOURS_PER_MONTH)
@@ -456,11 +469,13 @@ def parse_hours(text: str) -> Decimal:
     return value
 
 
-def _priced(given: int | None, row: PriceRow | None, count: int) -> tuple[int | None, str]:
+def _priced(
+    given: int | None, row: PriceRow | None, count: int, missing: str
+) -> tuple[int | None, str]:
     if given is not None:
         return given, "as given"
     if row is None:
-        return None, "not in the price table"
+        return None, missing
     return row.per_gpu_micros * count, row.label
 
 
@@ -509,6 +524,7 @@ def _load_price_table() -> PriceTable:
     data = json.loads(raw)
     try:
         return PriceTable(
+            currency=str(data.get("currency", "USD")),
             hourly=tuple(_row(item, "per_hour") for item in data["hourly"]),
             monthly=tuple(_row(item, "per_month") for item in data["monthly"]),
             purchase=tuple(_row(item, "price") for item in data["purchase"]),

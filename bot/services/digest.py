@@ -189,8 +189,11 @@ def build_digest(
 
 def plan_savings(report: spend.SpendReport, table: advice.PriceTable) -> tuple[PlanSaving, ...]:
     """Instances whose month of compute cost more than the cheapest monthly plan for the same
-    GPUs in the price table, biggest saving first."""
+    GPUs in the price table, biggest saving first; none when the report's currency is not the
+    table's."""
     found: list[PlanSaving] = []
+    if report.currency != table.currency:
+        return ()
     for item in report.instances:
         spec = specs.lookup(item.gpu_model) if item.gpu_model else None
         row = table.cheapest_monthly(spec.key) if spec else None

@@ -192,3 +192,15 @@ def test_unverified_prices_are_labelled_in_fit_and_estimate() -> None:
     assert all("unverified" in str(fit.price_source) for fit in priced)
     estimate = advice.estimate("4090", hours=Decimal(10))
     assert estimate.hourly_source.endswith(", unverified")
+
+
+def test_estimate_in_another_currency_needs_given_prices() -> None:
+    with pytest.raises(UsageError, match="in EUR \\(the price table is in USD\\)"):
+        advice.estimate("4090", hours=Decimal(10), currency="EUR")
+    report = advice.estimate(
+        "4090", hours=Decimal(10), hourly_micros=600_000, buy_micros=1_700_000_000, currency="EUR"
+    )
+    assert report.hourly_source == "as given"
+    assert report.monthly_micros is None
+    assert report.monthly_source == "the price table is in USD"
+    assert advice.estimate("4090", hours=Decimal(10), currency="USD").hourly_micros == 690_000

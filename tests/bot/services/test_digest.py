@@ -243,3 +243,15 @@ def test_chart_goes_through_the_three_step_upload(
     ]
     # Each chart sits in the thread of its own month's message.
     assert [f.thread_ts for f in files] == [m.ts for m in digests]
+
+
+def test_plans_priced_in_another_currency_are_not_compared(db: Database) -> None:
+    seed(db)
+    clock = Clock(datetime(2026, 4, 1, 7, 0))
+    notifier = UploadingNotifier()
+    rt = make_runtime(db, clock, notifier=notifier, timezone="Europe/Berlin", currency="EUR")
+    digest.post_due_digests(rt, clock.now)
+    march = notifier.posts[-1]
+    body = json.dumps(march.blocks)
+    assert "€2,100.00" in march.text
+    assert "A monthly plan would have been cheaper" not in body
