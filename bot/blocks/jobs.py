@@ -275,13 +275,19 @@ def _list_line(job: JobView, *, with_instance: bool) -> str:
         if job.cost_micros is not None:
             extra += f" · {format_money(job.cost_micros, job.currency)}"
     elif job.gpus_assigned or job.gpus_requested:
-        extra = f" · GPUs {_gpus_assigned(job) if job.gpus_assigned else job.gpus_requested}"
+        extra = f" · GPUs {_gpus_assigned(job) if job.gpus_assigned else _gpus_requested(job)}"
     cmd = code(clip(command_line(job.command), 120))
     return f"{emoji} `{escape(job.ref)}`{where} {job.state}{who}{extra} · {cmd}"
 
 
 def _gpus_requested(job: JobView) -> str:
-    return job.gpus_requested or "none"
+    """``any 2`` for a count, ``0, 1`` or ``3`` for named GPUs, ``all``, or ``none``."""
+    wanted = (job.gpus_requested or "").strip()
+    if not wanted or wanted == "0":
+        return "none"
+    if wanted.isdigit():
+        return f"any {int(wanted)}"
+    return ", ".join(part for part in wanted.split(",") if part) or wanted
 
 
 def _gpus_assigned(job: JobView) -> str:

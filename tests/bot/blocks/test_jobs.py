@@ -334,3 +334,14 @@ def test_a_note_that_repeats_the_state_is_not_shown_twice() -> None:
     assert section_texts(body)[0].count("cancelled") == 1
     _, body = blocks.completion_reply(job(state="cancelled", note="cancelled while queued"))
     assert "cancelled while queued" in section_texts(body)[0]
+
+
+@pytest.mark.parametrize(
+    ("requested", "shown"),
+    [("2", "GPUs: any 2"), ("3,", "GPUs: 3"), ("0,1", "GPUs: 0, 1"), (None, "GPUs: none")],
+)
+def test_queued_message_tells_a_count_from_named_gpus(requested: str | None, shown: str) -> None:
+    _, body = blocks.queued_message(job(state="queued", gpus_requested=requested))
+    assert check_blocks(body) == []
+    (notes,) = [b for b in body if b["type"] == "context"]
+    assert notes["elements"][0]["text"] == shown
