@@ -230,11 +230,13 @@ REGISTRY.command(
 REGISTRY.command(
     CommandSpec(
         name="budget",
-        summary="Monthly budgets per user or project, with alerts and caps",
+        summary="Monthly budgets per user or project, set by admins: alerts at 50/80/100%; "
+        "past the cap, rentals and extensions need an admin",
         usage=BUDGET_USAGE,
         examples=(
             "/gpu budget list",
             "/gpu budget set user @alice 500",
+            "/gpu budget set user U0123ABC 500",
             "/gpu budget set project llm 2000",
             "/gpu budget rm user @alice",
         ),
