@@ -49,6 +49,13 @@ def when(at: datetime, tz: ZoneInfo) -> str:
     return local.strftime("%a %H:%M %Z")
 
 
+def per_hour(inst: InstanceView) -> str:
+    """What the instance costs per hour, like ``$2.10/h``; says so when no price is recorded."""
+    if inst.price_micros_per_hour <= 0:
+        return "money (no price recorded)"
+    return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
+
+
 def deadline_warning(
     inst: InstanceView,
     *,
@@ -67,13 +74,18 @@ def deadline_warning(
     release_at = late_release_at or deadline_at
     left = format_duration(max(release_at - now, timedelta(0)))
     action = "released" if policy == "release" else "released once its jobs finish"
-    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    cost = per_hour(inst)
     lines = [
         f":alarm_clock: *{inst.name}* will be {action} in *{left}* "
-        f"(at {when(release_at, tz)}). It costs {cost}/h.",
+        f"(at {when(release_at, tz)}). It costs {cost}.",
     ]
-    if late_release_at is not None:
+    if late_release_at is not None and deadline_at <= now:
         lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")
+    elif late_release_at is not None:
+        lines.append(
+            f"Its deadline ({when(deadline_at, tz)}) left too little notice, "
+            "so the release waits until then."
+        )
     if capped:
         lines.append("This is the maximum lifetime an admin set; only an admin can extend it.")
     text = " ".join(lines)
@@ -122,10 +134,10 @@ def idle_prompt(
     tz: ZoneInfo,
 ) -> Message:
     """Idle for a while: what it costs per hour, Keep / Release buttons."""
-    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    cost = per_hour(inst)
     text = (
         f":zzz: *{inst.name}* has been idle for {format_duration(idle_for)} "
-        f"(no GPU use, no jobs), costing {cost}/h. Still needed?"
+        f"(no GPU use, no jobs), costing {cost}. Still needed?"
     )
     if release_at is not None:
         text += f" If it stays idle it will be released at {when(release_at, tz)}."
@@ -153,10 +165,10 @@ def jobs_done_prompt(
 
 def manual_release_request(inst: InstanceView, *, instance_id: int, reason: str) -> Message:
     """Ask the owner to release a manual instance on its platform and confirm here."""
-    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    cost = per_hour(inst)
     text = (
         f":warning: Please release *{inst.name}* on its platform now ({reason_text(reason)}); "
-        f"it costs {cost}/h until you do. Press the button once it is released; "
+        f"it costs {cost} until you do. Press the button once it is released; "
         "the meter stops then."
     )
     done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
@@ -168,10 +180,10 @@ def manual_release_reminder(
 ) -> Message:
     """A reminder that a manual instance still waits to be released."""
     waited = format_duration(now - asked_at)
-    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    cost = per_hour(inst)
     text = (
         f":warning: Reminder: *{inst.name}* was due to be released {waited} ago and still "
-        f"costs {cost}/h. Release it on its platform, then press the button."
+        f"costs {cost}. Release it on its platform, then press the button."
     )
     done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
     return text, (section(text), actions(f"release-remind-{instance_id}", [done]))
@@ -181,18 +193,18 @@ def release_escalation(
     inst: InstanceView, *, attempts: int, last_error: str | None, manual: bool
 ) -> Message:
     """To the owner and the channel: a release keeps failing or nobody confirmed it."""
-    cost = format_money(inst.price_micros_per_hour, inst.currency)
+    cost = per_hour(inst)
     if manual:
         text = (
             f":rotating_light: *{inst.name}* ({mention(inst.owner_id)}) should have been released "
-            f"but nobody confirmed it; it may still cost {cost}/h. "
+            f"but nobody confirmed it; it may still cost {cost}. "
             "Please release it on its platform and press the button in the owner's message."
         )
     else:
         error = f" Last error: {last_error}" if last_error else ""
         text = (
             f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
-            f"{inst.provider} failed {attempts} times; it may still cost {cost}/h. "
+            f"{inst.provider} failed {attempts} times; it may still cost {cost}. "
             f"The bot keeps trying; release it on the platform if you can.{error}"
         )
     return text, (section(text),)
