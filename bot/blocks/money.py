@@ -40,6 +40,9 @@ _MONTHS = (
     "December",
 )
 
+#: The most GPUs one rented machine has (HGX/DGX boards); more means a multi-node job.
+GPUS_PER_MACHINE = 8
+
 #: Nothing measures network traffic, so reports say what they leave out.
 EGRESS_NOTE = (
     "Data transfer (egress) is not metered: where a platform charges for it, it is on the "
@@ -303,7 +306,9 @@ def _fit_line(fit: GpuFit) -> str:
         if fit.price_micros_per_hour is not None
         else ""
     )
-    return f"• {count}*{fit.name}* ({_gb(fit.mem_bytes)} each){price}"
+    machines = -(-fit.count // GPUS_PER_MACHINE)
+    spread = f", {machines} machines of up to {GPUS_PER_MACHINE}" if machines > 1 else ""
+    return f"• {count}*{fit.name}* ({_gb(fit.mem_bytes)} each{spread}){price}"
 
 
 def _gb(size: int) -> str:

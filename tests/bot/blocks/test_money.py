@@ -148,3 +148,9 @@ def test_estimate_message(hours: Decimal) -> None:
 def test_month_names() -> None:
     assert money.month_name("2026-01") == "January 2026"
     assert money.month_name("2025-12") == "December 2025"
+
+
+def test_fit_lines_say_when_the_gpus_span_machines() -> None:
+    shown = validate(money.fit_message(advice.fit("70b", "full")))
+    assert "80.0 GiB each, 2 machines of up to 8)" in shown
+    assert "141.0 GiB each)" in shown
