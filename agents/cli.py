@@ -24,6 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
+    from agents.protocol import StatusSnapshot
+
     Handler = Callable[[argparse.Namespace], int]
 
 EXIT_OK = 0
@@ -196,9 +198,9 @@ def _add_version(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from agents import nvml, protocol
+    from agents import protocol
 
-    snapshot = nvml.collect_status()
+    snapshot = _collect_status()
     if args.json:
         emit(protocol.dumps(snapshot))
     else:
@@ -209,9 +211,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    from agents import health, nvml, protocol
+    from agents import health, protocol
 
-    snapshot = nvml.collect_status()
+    snapshot = _collect_status()
     kwargs: Dict[str, Any] = {
         "full": args.full,
         "python": args.python,
@@ -223,6 +225,27 @@ def _cmd_health(args: argparse.Namespace) -> int:
     report = health.run_health(snapshot, **kwargs)
     emit(protocol.dumps(report) if args.json else health.render_text(report))
     return EXIT_FAILED if report.status == "fail" else EXIT_OK
+
+
+def _collect_status() -> StatusSnapshot:
+    """The NVML snapshot, each GPU process tagged with the agent job it belongs to.
+
+    The job runner is imported only when some process holds a GPU, so an idle status stays cheap.
+    """
+    from dataclasses import replace
+
+    from agents import nvml
+
+    snapshot = nvml.collect_status()
+    if not snapshot.processes:
+        return snapshot
+    from agents import runner
+
+    owners = runner.jobs_of_pids(runner.JobStore.from_env(), [p.pid for p in snapshot.processes])
+    if not owners:
+        return snapshot
+    tagged = tuple(replace(p, job_id=owners.get(p.pid)) for p in snapshot.processes)
+    return replace(snapshot, processes=tagged)
 
 
 def _cmd_version(args: argparse.Namespace) -> int:

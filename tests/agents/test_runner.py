@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agents import protocol, runner
-from agents.protocol import JobRecord, WhoReport
+from agents.protocol import HealthReport, JobRecord, StatusSnapshot, WhoReport
 from agents.runner import JobStore
 from tests.agents.runner_support import REPO, Agent, gone, make_agent, python_job
 
@@ -411,6 +411,30 @@ def test_who_maps_gpu_processes_to_jobs(gpu_agent: Agent, fake_nvml):
     text = gpu_agent.cli("who").stdout
     assert f"job {record.id}" in text
     assert "not an agent job" in text
+    assert gpu_agent.cli("cancel", record.id).returncode == 0
+
+
+def test_status_and_health_tag_gpu_processes_with_their_job(gpu_agent: Agent, fake_nvml):
+    record = gpu_agent.submit("sleep", "30", options=["--gpus", "1,"])
+    job_pid = gpu_agent.running(record.id)["job_pid"]
+    outsider = os.getpid()
+    fake_nvml.gpus(
+        2,
+        per_gpu={
+            0: {"processes": [{"pid": outsider, "used_memory": 1024**3}]},
+            1: {"processes": [{"pid": job_pid, "used_memory": 2 * 1024**3}]},
+        },
+    )
+    done = gpu_agent.cli("status", "--json")
+    assert done.returncode == 0, done.stderr
+    status = protocol.loads(StatusSnapshot, done.stdout)
+    assert sorted((p.pid, p.job_id) for p in status.processes) == sorted(
+        [(outsider, None), (job_pid, record.id)]
+    )
+    health = protocol.loads(HealthReport, gpu_agent.cli("health", "--json").stdout)
+    leftover = next(c for c in health.checks if c.id == "leftover_memory")
+    assert str(outsider) in leftover.summary + leftover.hint + json.dumps(leftover.details)
+    assert str(job_pid) not in json.dumps(leftover.details)
     assert gpu_agent.cli("cancel", record.id).returncode == 0
 
 
