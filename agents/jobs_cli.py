@@ -182,6 +182,8 @@ def _gpus_phrase(requested: Optional[str]) -> str:
     none (``requested`` as the job record stores it: ``2``, ``0,1`` or ``3,``)."""
     if not requested:
         return ""
+    if requested == "all":
+        return " on all GPUs"
     if requested.isdigit():
         count = int(requested)
         return f" on any {count} GPU" if count == 1 else f" on any {count} GPUs"

@@ -108,9 +108,11 @@ class GpuRequest:
 
     @property
     def text(self) -> Optional[str]:
-        """The request as ``--gpus`` takes it; None for no GPUs."""
+        """The request as ``--gpus`` takes it (``all`` for every GPU); None for no GPUs."""
         if self.indices:
             return ",".join(str(i) for i in self.indices) + ("," if len(self.indices) == 1 else "")
+        if self.count < 0:
+            return "all"
         return str(self.count) if self.count else None
 
 

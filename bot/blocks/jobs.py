@@ -287,6 +287,8 @@ def _gpus_requested(job: JobView) -> str:
         return "none"
     if wanted.isdigit():
         return f"any {int(wanted)}"
+    if wanted == "all":
+        return "all"
     return ", ".join(part for part in wanted.split(",") if part) or wanted
 
 

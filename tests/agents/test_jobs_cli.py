@@ -182,3 +182,11 @@ def test_run_text_says_whether_gpus_are_a_count_or_named() -> None:
     assert jobs_cli._gpus_phrase("1") == " on any 1 GPU"
     assert jobs_cli._gpus_phrase("3,") == " on GPU 3"
     assert jobs_cli._gpus_phrase("0,1") == " on GPUs 0,1"
+    assert jobs_cli._gpus_phrase("all") == " on all GPUs"
+
+
+def test_all_gpus_reads_back_as_all() -> None:
+    from agents.runner import parse_gpus
+
+    assert parse_gpus("all").text == "all"
+    assert parse_gpus(parse_gpus("all").text) == parse_gpus("all")
