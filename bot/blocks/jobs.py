@@ -84,6 +84,8 @@ def completion_reply(job: JobView) -> Message:
     head = f"{emoji} *{escape(title)}*"
     if job.requested_by:
         head += f" {mention(job.requested_by)}"
+    if job.cancelled_by:
+        head += f"\nCancelled by {mention(job.cancelled_by)}."
     if job.note and job.note.strip().lower() != job.state:  # "cancelled" says nothing new
         head += f"\n{escape(job.note)}"
     blocks: list[Block] = [section(head), fields(_facts(job))]

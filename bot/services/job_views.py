@@ -45,6 +45,7 @@ class JobView:
     note: str | None = None
     instance_active: bool = True
     instance_gpu_count: int | None = None
+    cancelled_by: str | None = None  # the Slack user whose `/gpu cancel` stopped it
 
     @property
     def ref(self) -> str:

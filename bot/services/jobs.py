@@ -540,6 +540,8 @@ def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
         if inst is None:
             return False
         view = job_view(job, inst, _stored_record(job))
+        if view.state == "cancelled":
+            view = replace(view, cancelled_by=_canceller(session, job))
         thread = job.message_ts
         channel = job.channel_id if thread else job.requested_by
     text, body = blocks.completion_reply(view)
@@ -557,6 +559,15 @@ def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
     with rt.db.session() as session:
         session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
     return True
+
+
+def _canceller(session: Session, job: Job) -> str | None:
+    """Who cancelled the job through the bot (the audit log's newest ``job_cancel``), if
+    anyone did."""
+    for row in audit.entries(session, instance_id=job.instance_id, action="job_cancel"):
+        if audit.details(row).get("agent_job") == job.agent_job_id:
+            return row.actor
+    return None
 
 
 def _claim(rt: Runtime, job_id: int, now: datetime) -> bool:

@@ -345,3 +345,12 @@ def test_queued_message_tells_a_count_from_named_gpus(requested: str | None, sho
     assert check_blocks(body) == []
     (notes,) = [b for b in body if b["type"] == "context"]
     assert notes["elements"][0]["text"] == shown
+
+
+def test_a_cancelled_job_says_who_cancelled_it() -> None:
+    _, body = blocks.completion_reply(
+        job(state="cancelled", cancelled_by="U0BOB", note="cancelled")
+    )
+    head = section_texts(body)[0]
+    assert "Cancelled by <@U0BOB>." in head
+    assert check_blocks(body) == []

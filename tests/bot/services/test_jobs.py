@@ -351,6 +351,8 @@ def test_only_owner_allowed_people_and_admins_run_and_cancel(world: World):
     replies = world.replies()
     assert len(replies) == 2
     assert all("cancelled" in r.text for r in replies)
+    by_whom = sorted(r.blocks[0]["text"]["text"].split("Cancelled by ")[1] for r in replies)
+    assert by_whom == ["<@UFRIEND>.", "<@UOWNER>."]
 
 
 def test_bad_requests_change_nothing(world: World):
