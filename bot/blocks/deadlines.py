@@ -73,11 +73,11 @@ def deadline_warning(
     the release then happens at that time instead."""
     release_at = late_release_at or deadline_at
     left = format_duration(max(release_at - now, timedelta(0)))
-    action = "released" if policy == "release" else "released once its jobs finish"
+    after_jobs = "" if policy == "release" else ", or once its jobs finish if they still run then"
     cost = per_hour(inst)
     lines = [
-        f":alarm_clock: *{inst.name}* will be {action} in *{left}* "
-        f"(at {when(release_at, tz)}). It costs {cost}.",
+        f":alarm_clock: *{inst.name}* will be released in *{left}* "
+        f"(at {when(release_at, tz)}){after_jobs}. It costs {cost}.",
     ]
     if late_release_at is not None and deadline_at <= now:
         lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")

@@ -596,6 +596,13 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
         return policy_view(inst)
 
 
+def _ask_an_admin(rt: Runtime) -> str:
+    admins = sorted(rt.settings.admins)
+    if not admins:
+        return "No admin is configured: the bot's operator lists them in GPUBOT_ADMINS."
+    return "Ask an admin: " + ", ".join(blocks.mention(a) for a in admins) + "."
+
+
 def set_lifetime_cap(
     rt: Runtime, caller: Caller, name: str, lifetime: timedelta | None
 ) -> PolicyView:
@@ -604,7 +611,7 @@ def set_lifetime_cap(
     if not rt.settings.is_admin(caller.user_id):
         raise NotAuthorized(
             "Only an admin can set or lift a maximum lifetime.",
-            hint="Ask one of the admins listed in GPUBOT_ADMINS.",
+            hint=_ask_an_admin(rt),
         )
     now = rt.now()
     with rt.db.session() as session:

@@ -56,3 +56,18 @@ def test_no_price_is_said_plainly_not_as_zero() -> None:
     escalation, _ = blocks.release_escalation(UNPRICED, attempts=3, last_error=None, manual=True)
     assert "$0.00" not in escalation
     assert blocks.per_hour(PRICED) == "$2.10/h"
+
+
+def test_wait_for_jobs_names_the_time_and_the_condition() -> None:
+    text, _ = blocks.deadline_warning(
+        PRICED,
+        deadline_at=NOW + timedelta(minutes=10),
+        now=NOW,
+        tz=UTC_ZONE,
+        prompt_id=3,
+        policy="wait-for-jobs",
+    )
+    assert (
+        "*box* will be released in *10m* (at Tue 12:10 UTC), or once its jobs finish if they "
+        "still run then. It costs $2.10/h." in text
+    )

@@ -143,8 +143,9 @@ def test_release_now_asks_to_confirm_then_releases(rt, clock, iid, platform):
 
 
 def test_owners_extend_within_the_cap_only_admins_past_it(rt, clock, iid):
-    with pytest.raises(NotAuthorized):
+    with pytest.raises(NotAuthorized) as refused:
         _command(rt, OWNER, "cap box 3h")
+    assert refused.value.hint == "Ask an admin: <@UADMIN>."
     reply = _command(rt, ADMIN, "cap box 3h")
     assert "maximum lifetime" in reply.text
     cap = get_instance(rt.db, iid).lifetime_cap_at
