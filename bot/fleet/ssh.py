@@ -385,7 +385,10 @@ def _handshake(
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except socket.gaierror as exc:
-        raise Unreachable(f"cannot resolve {host!r}: {exc.strerror}") from exc
+        raise Unreachable(
+            f"cannot resolve {host!r}: {exc.strerror}",
+            hint="Check the host name (or use the instance's IP address) and the bot's DNS.",
+        ) from exc
     except TimeoutError as exc:
         raise Unreachable(f"{where} did not answer within {timeout_s:g} s") from exc
     except OSError as exc:

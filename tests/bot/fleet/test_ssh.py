@@ -240,6 +240,15 @@ def test_closed_port_is_unreachable_at_once(fleet: Fleet, sshd: SshServer) -> No
     assert time.monotonic() - started < 1.0
 
 
+def test_unknown_host_name_says_to_check_the_name(fleet: Fleet, sshd: SshServer) -> None:
+    target = replace(sshd.target("gpu-a"), host="no-such-host.invalid")
+
+    with pytest.raises(Unreachable, match="cannot resolve") as caught:
+        fleet.agent(target).status()
+
+    assert "host name" in caught.value.hint
+
+
 def test_silent_host_times_out_as_unreachable(
     fleet_settings: Settings, agent_zipapp: Path, sshd: SshServer, silent_port: int
 ) -> None:

@@ -189,7 +189,7 @@ def make_runtime(
 ) -> Runtime:
     """A runtime over ``db`` with the manual provider plus ``providers``."""
     registry = ProviderRegistry([ManualProvider(), *providers])
-    base = {"admins": frozenset({"UADMIN"}), "channel": "COPS"}
+    base: dict[str, Any] = {"admins": frozenset({"UADMIN"}), "channel": "COPS"}
     base.update(settings)
     return Runtime(
         settings=Settings(**base),
