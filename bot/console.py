@@ -489,6 +489,10 @@ _EMOJI = {
     ":moneybag:": "\U0001f4b0",
     ":chart_with_upwards_trend:": "\U0001f4c8",
     ":zzz:": "\U0001f4a4",
+    ":no_entry_sign:": "\U0001f6ab",
+    ":runner:": "\U0001f3c3",
+    ":grey_question:": "\u2754",
+    ":bulb:": "\U0001f4a1",
 }
 
 

@@ -292,3 +292,23 @@ def test_bad_input_in_the_console_changes_nothing(tmp_path: Path) -> None:
         assert "⚠️" in reply, reply
         assert "❌" not in reply, reply
     assert _store(tmp_path) == before
+
+
+def test_every_emoji_the_bot_writes_prints_as_a_symbol() -> None:
+    import ast
+    import re
+
+    from bot import console
+
+    code = re.compile(r"(?<![\w:/]):[a-z][a-z0-9_+-]*:(?![`\w])")
+    used: set[str] = set()
+    root = Path(console.__file__).parent
+    for path in root.rglob("*.py"):
+        if "store" in path.relative_to(root).parts:
+            continue  # SQLite's ":memory:" is no emoji
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                used.update(code.findall(node.value))
+    assert used, "expected the bot's messages to use some emoji codes"
+    missing = sorted(used - set(console._EMOJI))
+    assert missing == []
