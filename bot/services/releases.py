@@ -476,11 +476,22 @@ def _record_failure(
 
 
 def _add_escalations(
-    rt: Runtime, session: Session, instance_id: int, release_id: int, now: datetime
+    rt: Runtime,
+    session: Session,
+    instance_id: int,
+    release_id: int,
+    now: datetime,
+    *,
+    owner_too: bool = True,
 ) -> None:
+    """Escalate to the channel, and to the owner unless ``owner_too`` is False (the owner got a
+    reminder in the same tick) and there is a channel to tell."""
     inst = session.get(Instance, instance_id)
     assert inst is not None
-    targets = [("owner", inst.owner_id), ("channel", escalation_channel(rt, inst))]
+    channel = escalation_channel(rt, inst)
+    targets = [("channel", channel)]
+    if owner_too or not channel:
+        targets.insert(0, ("owner", inst.owner_id))
     for suffix, recipient in targets:
         if recipient:
             prompts.ensure_prompt(
@@ -531,7 +542,9 @@ def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
                 due_at=now,
             )
             if not escalated and reminders + 1 >= MANUAL_ESCALATE_AFTER_REMINDERS:
-                _add_escalations(rt, session, claim.instance_id, claim.release_id, now)
+                _add_escalations(
+                    rt, session, claim.instance_id, claim.release_id, now, owner_too=False
+                )
                 escalated = True
         interval = MANUAL_REMIND_S * (4 if escalated else 1)
         values: dict[str, object] = {

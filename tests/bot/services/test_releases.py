@@ -197,6 +197,8 @@ def test_manual_release_asks_reminds_escalates_and_confirms(rt, clock):
         releases.process_due_releases(rt, clock.now)
     assert len(rt.notifier.containing("Reminder")) == 2
     assert len(rt.notifier.to("COPS")) == 1
+    # The owner already has the reminder: the escalation goes to the channel only.
+    assert [p.channel for p in rt.notifier.containing("nobody confirmed")] == ["COPS"]
     assert get_instance(rt.db, iid).released_at is None
 
     with pytest.raises(NotAuthorized):
