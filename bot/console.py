@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,7 +25,8 @@ from slack_bolt import App, BoltRequest
 
 from bot.app import BotExecutor, build_app, build_runtime, start_clock
 from bot.commands.registry import Registry
-from bot.errors import GpubotError
+from bot.commands.values import format_duration, parse_duration
+from bot.errors import GpubotError, UsageError
 from bot.local_slack import (
     Event,
     LocalSlack,
@@ -37,7 +39,9 @@ from bot.local_slack import (
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle
 from bot.services.instances import ensure_local_instance
+from bot.services.tick import tick
 from bot.settings import Settings
+from bot.store.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ Console commands:
   /gpu COMMAND ...   a slash command (the `/gpu` may be left out: `status` works too)
   click N            press button N (buttons are numbered across the session)
   :as USER           speak as another user (a name like alice, or a Slack ID like U123)
+  :tick [DURATION]   move the console's clock forward (e.g. `:tick 25m`), then run one tick of
+                     the scheduler now: polls, deadline warnings, releases, jobs, digests
   :help              this text;  `/gpu help` lists the bot's commands
   :quit              leave (so does the end of piped input, or Ctrl-D)"""
 
@@ -140,6 +146,8 @@ class Console:
         self.runtime: Runtime | None = None
         self.app: App | None = None
         self._clock: SchedulerHandle | None = None
+        self._ahead = timedelta(0)
+        self._real_clock: Callable[[], datetime] = utcnow
 
     def start(self, *, clock: bool = False) -> None:
         """Start the stand-in, build the runtime and the app, register `local`."""
@@ -157,6 +165,8 @@ class Console:
         )
         self.printer.files_dir = self.settings.data_dir / "console-files"
         self.runtime = build_runtime(self.settings)
+        self._real_clock = self.runtime.clock
+        self.runtime.clock = self._now
         self.app = build_app(self.settings, runtime=self.runtime, registry=self.registry)
         self._meet(self.speaker)
         try:
@@ -277,8 +287,30 @@ class Console:
             self.printer.note(f"you are now {self.speaker.name} ({self.speaker.user_id})")
         elif word == ":as":
             self.printer.note("Say who: `:as alice`, or a Slack ID such as `:as U0123ABC`.")
+        elif word == ":tick":
+            self._tick(rest.strip())
         else:
             self.printer.note(f"Unknown console command `{line}`; type :help.")
+
+    def _tick(self, ahead: str) -> None:
+        """Move the clock forward by ``ahead`` (a duration, or nothing) and run one tick."""
+        if self.runtime is None:
+            raise RuntimeError("the console is not started")
+        try:
+            step = parse_duration(ahead) if ahead else timedelta(0)
+        except UsageError as exc:
+            self.printer.note(f"{exc.user_text()}\nUse `:tick`, or `:tick 25m` to move ahead.")
+            return
+        self._ahead += step
+        report = tick(self.runtime, self.runtime.now())
+        failed = f"; failed steps: {', '.join(report.errors)}" if report.errors else ""
+        self.printer.note(
+            f"ticked at {report.now:%Y-%m-%d %H:%M} UTC "
+            f"(the console's clock is {format_duration(self._ahead)} ahead){failed}"
+        )
+
+    def _now(self) -> datetime:
+        return self._real_clock() + self._ahead
 
     def _meet(self, speaker: Speaker) -> None:
         self.slack.add_user(speaker.user_id, speaker.name)

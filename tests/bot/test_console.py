@@ -312,3 +312,18 @@ def test_every_emoji_the_bot_writes_prints_as_a_symbol() -> None:
     assert used, "expected the bot's messages to use some emoji codes"
     missing = sorted(used - set(console._EMOJI))
     assert missing == []
+
+
+@pytest.mark.integration
+def test_tick_moves_the_clock_and_warns_before_the_deadline(tmp_path: Path) -> None:
+    script = "/gpu extend local 40m\n:tick\n:tick 15m\n:tick 5x\n"
+    result = _run_cli(tmp_path, script, "console")
+    assert result.returncode == 0, result.stderr
+    first, rest = result.stdout.split("console-user> :tick 15m", 1)
+    assert "will be released in" not in first
+    assert "the console's clock is 0s ahead" in first
+    warned, bad = rest.split("console-user> :tick 5x", 1)
+    assert "*local* will be released in" in warned
+    assert "Extend 1h]" in warned and "Release now]" in warned
+    assert "the console's clock is 15m ahead" in warned
+    assert "'5x' is not a duration" in bad
