@@ -38,6 +38,11 @@ class JsonApi:
         self.headers = dict(headers)
         self.timeout_s = timeout_s
 
+    @classmethod
+    def bearer(cls, provider: str, base_url: str, api_key: str | None) -> JsonApi:
+        """An API that sends ``Authorization: Bearer KEY``; no key gets the platform's 401."""
+        return cls(provider, base_url, headers={"Authorization": f"Bearer {api_key or ''}"})
+
     def get(self, path: str, *, query: Mapping[str, str] | None = None) -> Any:
         """GET ``path`` and return the parsed JSON (None for an empty body)."""
         return self.request("GET", path, query=query)

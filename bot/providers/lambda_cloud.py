@@ -51,8 +51,7 @@ class LambdaProvider:
     @classmethod
     def from_settings(cls, settings: Settings) -> LambdaProvider:
         """Built from GPUBOT_LAMBDA_API_URL and GPUBOT_LAMBDA_API_KEY."""
-        headers = {"Authorization": f"Bearer {settings.lambda_api_key or ''}"}
-        return cls(JsonApi("lambda", settings.lambda_api_url, headers=headers))
+        return cls(JsonApi.bearer("lambda", settings.lambda_api_url, settings.lambda_api_key))
 
     def list_instances(self) -> list[ProviderInstance]:
         """Every instance the account holds."""

@@ -56,8 +56,7 @@ class RunpodProvider:
     @classmethod
     def from_settings(cls, settings: Settings) -> RunpodProvider:
         """Built from GPUBOT_RUNPOD_API_URL and GPUBOT_RUNPOD_API_KEY."""
-        headers = {"Authorization": f"Bearer {settings.runpod_api_key or ''}"}
-        return cls(JsonApi("runpod", settings.runpod_api_url, headers=headers))
+        return cls(JsonApi.bearer("runpod", settings.runpod_api_url, settings.runpod_api_key))
 
     def list_instances(self) -> list[ProviderInstance]:
         """Every pod of the account."""

@@ -59,8 +59,7 @@ class VastProvider:
     @classmethod
     def from_settings(cls, settings: Settings) -> VastProvider:
         """Built from GPUBOT_VAST_API_URL and GPUBOT_VAST_API_KEY."""
-        headers = {"Authorization": f"Bearer {settings.vast_api_key or ''}"}
-        return cls(JsonApi("vast", settings.vast_api_url, headers=headers))
+        return cls(JsonApi.bearer("vast", settings.vast_api_url, settings.vast_api_key))
 
     def list_instances(self) -> list[ProviderInstance]:
         """Every instance of the account."""
