@@ -9,12 +9,13 @@ import os
 import sys
 
 from agents import __version__
-from agents.protocol import HostInfo
 
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional
+    from typing import Any, Dict, Optional
+
+    from agents.protocol import HostInfo
 
 
 def collect_host(proc: str = "/proc", root: str = "/") -> HostInfo:
@@ -22,19 +23,26 @@ def collect_host(proc: str = "/proc", root: str = "/") -> HostInfo:
 
     ``proc`` and ``root`` point at the /proc and / to read (tests pass temporary directories).
     """
+    from agents.protocol import HostInfo
+
+    return HostInfo(**host_document(proc, root))
+
+
+def host_document(proc: str = "/proc", root: str = "/") -> Dict[str, Any]:
+    """:func:`collect_host` as the plain ``host`` document of a status (no dataclasses loaded)."""
     uname = os.uname()
-    return HostInfo(
-        hostname=uname.nodename,
-        os=os_name(os.path.join(root, "etc/os-release"), default=uname.sysname),
-        kernel=uname.release,
-        python_version=python_version(),
-        agent_version=__version__,
-        cpu_count=cpu_count(),
-        mem_total_bytes=mem_total_bytes(os.path.join(proc, "meminfo")),
-        uptime_s=uptime_s(os.path.join(proc, "uptime")),
-        in_container=in_container(proc, root),
-        is_wsl=is_wsl(os.path.join(proc, "version")),
-    )
+    return {
+        "hostname": uname.nodename,
+        "os": os_name(os.path.join(root, "etc/os-release"), default=uname.sysname),
+        "kernel": uname.release,
+        "python_version": python_version(),
+        "agent_version": __version__,
+        "cpu_count": cpu_count(),
+        "mem_total_bytes": mem_total_bytes(os.path.join(proc, "meminfo")),
+        "uptime_s": uptime_s(os.path.join(proc, "uptime")),
+        "in_container": in_container(proc, root),
+        "is_wsl": is_wsl(os.path.join(proc, "version")),
+    }
 
 
 def os_name(os_release: str = "/etc/os-release", default: str = "Linux") -> str:

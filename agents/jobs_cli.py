@@ -13,6 +13,7 @@ import sys
 from typing import Any, Callable, List, Optional, Tuple
 
 from agents import protocol
+from agents.arguments import whole_number
 
 _MIB = 1024 * 1024
 
@@ -32,7 +33,11 @@ def register(subparsers: Any) -> None:
     run.add_argument("--gpus", metavar="0,1|N", help="GPUs the job needs")
     run.add_argument("--name", help="a name for the job")
     run.add_argument(
-        "--retries", type=_retries, default=0, metavar="N", help="re-run up to N times on failure"
+        "--retries",
+        type=whole_number(0, 100),
+        default=0,
+        metavar="N",
+        help="re-run up to N times on failure",
     )
     run.add_argument(
         "--env", action="append", default=[], metavar="K=V", help="set a variable (repeatable)"
@@ -49,7 +54,7 @@ def register(subparsers: Any) -> None:
 
     logs = subparsers.add_parser("logs", help="print a job's log")
     logs.add_argument("job", metavar="JOB", help="job id (or a unique prefix, or its name)")
-    logs.add_argument("--tail", type=_lines, metavar="N", help="only the last N lines")
+    logs.add_argument("--tail", type=whole_number(0), metavar="N", help="only the last N lines")
     logs.set_defaults(handler=_guard(cmd_logs))
 
     cancel = subparsers.add_parser("cancel", help="cancel a queued or running job")
@@ -228,23 +233,3 @@ def _shown_command(command: Any, limit: Optional[int] = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text
-
-
-def _retries(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from exc
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"{raw!r} must be between 0 and 100")
-    return value
-
-
-def _lines(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{raw!r} must be 0 or more")
-    return value

@@ -1,10 +1,16 @@
 """GPU status through NVML: the only module that imports ``pynvml`` (nvidia-ml-py).
 
-``pynvml`` is imported inside functions, so importing this module loads nothing; NVML itself is
-loaded by ``nvmlInit`` inside :func:`nvml_session`. Every per-GPU query is wrapped: a field the
-GPU or driver does not support is ``None``, never an error. When NVML cannot start at all,
-:func:`collect_status` still returns a snapshot, with ``driver`` None and ``nvml_error`` set to
-a code from ``protocol.NVML_ERROR_CODES`` and a hint a newcomer can act on.
+Importing this module loads nothing heavy. :func:`collect_status_document` builds the status
+as plain JSON-ready data (``gpu-agent status --json`` prints it as it is, without loading
+``dataclasses`` or ``json``); :func:`collect_status` parses that same document into
+``protocol.StatusSnapshot``, exactly as the bot parses what the agent prints.
+
+``pynvml`` is imported only when the driver's NVML library loads: on a machine or container
+without the driver, :class:`NvmlSession` reports ``library_not_found`` (with the loader's own
+reason) without loading the 300 kB of bindings. Every per-GPU query is wrapped: a field the GPU
+or driver does not support is ``None``, never an error. When NVML cannot start at all, the
+status still comes back, with ``driver`` None and ``nvml_error`` set to a code from
+``protocol.NVML_ERROR_CODES`` and a hint a newcomer can act on.
 
 Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature in °C.
 """
@@ -12,24 +18,19 @@ Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature
 from __future__ import annotations
 
 import os
+import sys
 import time
-from contextlib import contextmanager, suppress
-from dataclasses import fields
 
-from agents.protocol import (
-    CLOCK_EVENT_REASONS,
-    DriverInfo,
-    GpuSnapshot,
-    HostInfo,
-    NvmlError,
-    ProcessSnapshot,
-    StatusSnapshot,
-)
+from agents.schema import CLOCK_EVENT_REASONS, GPU_FIELDS, SCHEMA_VERSION
 
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Type
+
+    from agents.protocol import GpuSnapshot, NvmlError, StatusSnapshot
+
+    Document = Dict[str, Any]
 
 #: What to do for each ``nvml_error.code``.
 HINTS: Dict[str, str] = {
@@ -83,17 +84,27 @@ _RESET_HINT = (
     "The GPU needs a reset: stop every process using it and run `sudo nvidia-smi -r`, or reboot."
 )
 
+#: The driver's NVML library, by the name pynvml loads it on Linux.
+DRIVER_LIBRARY = "libnvidia-ml.so.1"
+
 _NVML_FUNCTION_NOT_FOUND = 13
 _NVML_GPU_IS_LOST = 15
 _CMDLINE_MAX_CHARS = 500
 
 
 class NvmlUnavailable(Exception):
-    """NVML could not be used; ``error`` says why and what to do."""
+    """NVML could not be used; ``document`` (and, typed, ``error``) says why and what to do."""
 
-    def __init__(self, error: NvmlError) -> None:
-        super().__init__(error.message)
-        self.error = error
+    def __init__(self, document: Document) -> None:
+        super().__init__(document["message"])
+        self.document = document
+
+    @property
+    def error(self) -> NvmlError:
+        """The reason as ``protocol.NvmlError``."""
+        from agents.protocol import NvmlError, from_dict
+
+        return from_dict(NvmlError, self.document)
 
 
 def collect_status(clock: Optional[Callable[[], float]] = None) -> StatusSnapshot:
@@ -101,51 +112,137 @@ def collect_status(clock: Optional[Callable[[], float]] = None) -> StatusSnapsho
 
     ``clock`` gives the time as Unix epoch seconds (default ``time.time``).
     """
-    from agents.host import collect_host
+    from agents.protocol import StatusSnapshot, from_dict
 
-    host = collect_host()
+    return from_dict(StatusSnapshot, collect_status_document(clock))
+
+
+def collect_status_document(clock: Optional[Callable[[], float]] = None) -> Document:
+    """:func:`collect_status` as the JSON-ready document the agent prints (``schema`` 1).
+
+    Lists stand for the snapshot's tuples; ``protocol.from_dict(StatusSnapshot, ...)`` turns it
+    into the snapshot. Never raises for NVML problems.
+    """
+    from agents.host import host_document
+
+    host = host_document()
     collected_at = iso_utc((clock or time.time)())
     try:
-        with nvml_session() as nv:
+        with NvmlSession() as nv:
             return _Collector(nv).status(host, collected_at)
     except NvmlUnavailable as exc:
-        return StatusSnapshot(
-            host=host,
-            driver=None,
-            nvml_error=exc.error,
-            gpus=(),
-            processes=(),
-            collected_at=collected_at,
-        )
+        return status_document(host, None, exc.document, [], [], collected_at)
 
 
-@contextmanager
-def nvml_session() -> Iterator[Any]:
-    """Initialise NVML once, yield the ``pynvml`` module, shut NVML down afterwards.
+def status_document(
+    host: Document,
+    driver: Optional[Document],
+    nvml_error: Optional[Document],
+    gpus: List[Document],
+    processes: List[Document],
+    collected_at: str,
+) -> Document:
+    """The top level of a status document."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "host": host,
+        "driver": driver,
+        "nvml_error": nvml_error,
+        "gpus": gpus,
+        "processes": processes,
+        "collected_at": collected_at,
+    }
 
-    Raises NvmlUnavailable (with a code and a hint) when pynvml is missing or nvmlInit fails.
+
+class NvmlSession:
+    """``with NvmlSession() as nv``: NVML initialised once, the ``pynvml`` module as ``nv``,
+    shut down on leaving.
+
+    Entering raises NvmlUnavailable (with a code and a hint) when the driver's library does not
+    load, pynvml is missing or nvmlInit fails.
     """
-    nv = _import_pynvml()
-    try:
-        nv.nvmlInit()
-    except Exception as exc:  # any failure to start NVML is reported, never raised further
-        raise NvmlUnavailable(classify_error(exc, "nvmlInit")) from exc
-    try:
-        yield nv
-    finally:
-        with suppress(nv.NVMLError):
+
+    def __init__(self) -> None:
+        self._nv: Any = None
+
+    def __enter__(self) -> Any:
+        if "pynvml" not in sys.modules:  # bindings already loaded (or stubbed) are used as is
+            check_driver_library()
+        nv = _import_pynvml()
+        try:
+            nv.nvmlInit()
+        except Exception as exc:  # any failure to start NVML is reported, never raised further
+            raise NvmlUnavailable(error_document(exc, "nvmlInit")) from exc
+        self._nv = nv
+        return nv
+
+    def __exit__(self, *exc_info: Any) -> None:
+        nv, self._nv = self._nv, None
+        if nv is None:
+            return
+        # Not contextlib.suppress: importing contextlib would slow down every status.
+        try:  # noqa: SIM105
             nv.nvmlShutdown()
+        except nv.NVMLError:
+            pass
+
+
+def nvml_session() -> NvmlSession:
+    """An :class:`NvmlSession` (``with nvml_session() as nv: ...``)."""
+    return NvmlSession()
+
+
+def check_driver_library() -> None:
+    """Raise NvmlUnavailable (``library_not_found``) when the driver's NVML library does not
+    load here; on other systems than Linux, leave it to pynvml's own search.
+
+    nvmlInit loads the same library by the same name, so the answer is the same, but this one
+    comes without importing pynvml and carries the loader's own reason.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        _dlopen(DRIVER_LIBRARY)
+    except OSError as exc:
+        raise NvmlUnavailable(
+            _error(
+                "library_not_found",
+                f"the NVIDIA driver's NVML library does not load: {exc}",
+                HINTS["library_not_found"],
+            )
+        ) from exc
+
+
+def _dlopen(name: str) -> None:
+    """Load a shared library as ``ctypes.CDLL(name)`` does; OSError when it does not load.
+
+    Calls ``_ctypes.dlopen``, which CDLL calls itself, when it exists: importing ``ctypes``
+    builds its types first, which costs more than the rest of a status without a driver.
+    """
+    try:
+        from _ctypes import RTLD_LOCAL, dlopen
+    except ImportError:
+        import ctypes
+
+        ctypes.CDLL(name)
+        return
+    dlopen(name, RTLD_LOCAL)
 
 
 def classify_error(exc: BaseException, where: str = "NVML") -> NvmlError:
     """An NvmlError (code, message, hint) for an exception raised by pynvml."""
+    from agents.protocol import NvmlError, from_dict
+
+    return from_dict(NvmlError, error_document(exc, where))
+
+
+def error_document(exc: BaseException, where: str = "NVML") -> Document:
+    """:func:`classify_error` as a plain ``nvml_error`` document."""
     name = type(exc).__name__
     code = _CODES_BY_CLASS.get(name, "unknown")
-    hint = HINTS[code]
-    if name == "NVMLError_ResetRequired":
-        hint = _RESET_HINT
+    hint = _RESET_HINT if name == "NVMLError_ResetRequired" else HINTS[code]
     detail = str(exc) or name
-    return NvmlError(code=code, message=f"{where} failed: {detail} ({name})", hint=hint)
+    return _error(code, f"{where} failed: {detail} ({name})", hint)
 
 
 def sample_gpus() -> List[GpuSnapshot]:
@@ -167,12 +264,12 @@ class GpuSampler:
     """
 
     def __init__(self) -> None:
-        self._session: Optional[Any] = None
+        self._session: Optional[NvmlSession] = None
         self._collector: Optional[_Collector] = None
         self._ids: Dict[int, Tuple[str, str, str]] = {}
 
     def __enter__(self) -> GpuSampler:
-        session = nvml_session()
+        session = NvmlSession()
         self._collector = _Collector(session.__enter__())
         self._session = session
         return self
@@ -185,6 +282,8 @@ class GpuSampler:
 
     def sample(self) -> List[GpuSnapshot]:
         """One GpuSnapshot per visible GPU with index, ids, utilisation and memory filled."""
+        from agents.protocol import GpuSnapshot, from_dict
+
         if self._collector is None:
             raise RuntimeError("GpuSampler.sample() called outside `with GpuSampler()`")
         col = self._collector
@@ -194,11 +293,11 @@ class GpuSampler:
             if ids is None:
                 ids = col.identity(handle)
                 self._ids[index] = ids
-            values: Dict[str, Any] = {"index": index}
+            values: Document = {"index": index}
             values.update(zip(("uuid", "name", "pci_bus_id"), ids))
             values.update(col.utilization(handle))
             values.update(col.memory(handle))
-            out.append(_gpu_snapshot(values))
+            out.append(from_dict(GpuSnapshot, _gpu_document(values)))
         return out
 
 
@@ -223,6 +322,11 @@ def cuda_version_string(value: int) -> str:
     return f"{value // 1000}.{(value % 1000) // 10}"
 
 
+def iso_utc(epoch_s: float) -> str:
+    """Unix epoch seconds as ISO 8601 UTC to the second: "2026-03-01T12:30:00+00:00"."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(epoch_s))
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -236,35 +340,29 @@ class _Collector:
         self._errors: Tuple[Type[BaseException], ...] = (nv.NVMLError, *self._mismatch)
         self._lost_now = False
         self.lost_indexes: List[int] = []
-        self.enum_error: Optional[NvmlError] = None
+        self.enum_error: Optional[Document] = None
 
-    def status(self, host: HostInfo, collected_at: str) -> StatusSnapshot:
+    def status(self, host: Document, collected_at: str) -> Document:
         driver = self.driver()
-        gpus: List[GpuSnapshot] = []
-        processes: List[ProcessSnapshot] = []
+        gpus: List[Document] = []
+        processes: List[Document] = []
         for index, handle in self.handles():
             self._lost_now = False
             gpus.append(self.gpu(index, handle))
             processes.extend(self.processes(index, handle))
             if self._lost_now:
                 self.lost_indexes.append(index)
-        return StatusSnapshot(
-            host=host,
-            driver=driver,
-            nvml_error=self.enum_error or self._lost_error(),
-            gpus=tuple(gpus),
-            processes=tuple(processes),
-            collected_at=collected_at,
-        )
+        error = self.enum_error or self._lost_error()
+        return status_document(host, driver, error, gpus, processes, collected_at)
 
-    def driver(self) -> DriverInfo:
+    def driver(self) -> Document:
         version = self.query("nvmlSystemGetDriverVersion")
         cuda = self.query("nvmlSystemGetCudaDriverVersion")
-        return DriverInfo(
-            version=_text(version) if version is not None else "unknown",
-            cuda_version=cuda_version_string(int(cuda)) if cuda else None,
-            nvml_version=_opt_text(self.query("nvmlSystemGetNVMLVersion")),
-        )
+        return {
+            "version": _text(version) if version is not None else "unknown",
+            "cuda_version": cuda_version_string(int(cuda)) if cuda else None,
+            "nvml_version": _opt_text(self.query("nvmlSystemGetNVMLVersion")),
+        }
 
     def handles(self) -> Iterator[Tuple[int, Any]]:
         """(index, handle) per GPU; a GPU whose handle fails is skipped and recorded."""
@@ -272,19 +370,19 @@ class _Collector:
         try:
             count = int(nv.nvmlDeviceGetCount())
         except nv.NVMLError as exc:
-            self.enum_error = classify_error(exc, "nvmlDeviceGetCount")
+            self.enum_error = error_document(exc, "nvmlDeviceGetCount")
             return
         for index in range(count):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
             except nv.NVMLError as exc:
                 if self.enum_error is None:
-                    self.enum_error = classify_error(exc, f"GPU {index}")
+                    self.enum_error = error_document(exc, f"GPU {index}")
                 continue
             yield index, handle
 
-    def gpu(self, index: int, handle: Any) -> GpuSnapshot:
-        values: Dict[str, Any] = {"index": index}
+    def gpu(self, index: int, handle: Any) -> Document:
+        values: Document = {"index": index}
         values.update(zip(("uuid", "name", "pci_bus_id"), self.identity(handle)))
         values.update(self.utilization(handle))
         values.update(self.memory(handle))
@@ -293,7 +391,7 @@ class _Collector:
         values.update(self.ecc(handle))
         values.update(self.pcie(handle))
         values.update(self.modes(handle))
-        return _gpu_snapshot(values)
+        return _gpu_document(values)
 
     def identity(self, handle: Any) -> Tuple[str, str, str]:
         """(uuid, name, PCI bus id); "unknown" for any the driver does not give."""
@@ -346,7 +444,7 @@ class _Collector:
         return {
             "sm_clock_mhz": _int(self.query("nvmlDeviceGetClockInfo", handle, sm)),
             "sm_clock_max_mhz": _int(self.query("nvmlDeviceGetMaxClockInfo", handle, sm)),
-            "clock_event_reasons": None if mask is None else decode_clock_reasons(int(mask)),
+            "clock_event_reasons": None if mask is None else list(decode_clock_reasons(int(mask))),
         }
 
     def ecc(self, handle: Any) -> Dict[str, Any]:
@@ -389,7 +487,7 @@ class _Collector:
             "sm_count": sm_count or None,
         }
 
-    def processes(self, index: int, handle: Any) -> List[ProcessSnapshot]:
+    def processes(self, index: int, handle: Any) -> List[Document]:
         """Compute and graphics processes on one GPU, each pid once (its largest memory)."""
         seen: Dict[int, Optional[int]] = {}
         for kind in ("Compute", "Graphics"):
@@ -430,62 +528,61 @@ class _Collector:
         if getattr(exc, "value", None) == _NVML_GPU_IS_LOST:
             self._lost_now = True
 
-    def _lost_error(self) -> Optional[NvmlError]:
+    def _lost_error(self) -> Optional[Document]:
         if not self.lost_indexes:
             return None
         which = ", ".join(str(i) for i in self.lost_indexes)
-        return NvmlError(
-            code="gpu_lost",
-            message=f"GPU {which} stopped answering NVML (GPU is lost)",
-            hint=HINTS["gpu_lost"],
+        return _error(
+            "gpu_lost", f"GPU {which} stopped answering NVML (GPU is lost)", HINTS["gpu_lost"]
         )
 
 
 def _import_pynvml() -> Any:
     try:
-        with _find_library_deferred():
+        stand_in = _defer_find_library()
+        try:
             import pynvml
+        finally:
+            _restore_find_library(stand_in)
     except ImportError as exc:
         raise NvmlUnavailable(
-            NvmlError(
-                code="library_not_found",
-                message=f"the Python NVML bindings (pynvml) are missing: {exc}",
-                hint=(
-                    "Run the agent as the single-file gpu-agent.pyz, which carries them, or "
-                    "`pip install nvidia-ml-py`."
-                ),
+            _error(
+                "library_not_found",
+                f"the Python NVML bindings (pynvml) are missing: {exc}",
+                "Run the agent as the single-file gpu-agent.pyz, which carries them, or "
+                "`pip install nvidia-ml-py`.",
             )
         ) from exc
     return pynvml
 
 
-@contextmanager
-def _find_library_deferred() -> Iterator[None]:
-    """Import pynvml without loading ``ctypes.util``, in a single-threaded process.
+def _defer_find_library() -> Optional[object]:
+    """Let pynvml be imported without loading ``ctypes.util``, in a single-threaded process.
 
     pynvml imports ``find_library`` from ``ctypes.util`` but calls it only on Windows; loading
     that module (shutil, subprocess, tempfile) costs about a third of pynvml's import, which
-    the agent pays on every ``status``. While the import runs, a stand-in module whose
-    ``find_library`` loads the real one on first call sits in ``sys.modules``; it is removed
-    afterwards. With other threads running (the bot), nothing is replaced: another thread
-    could import ``ctypes.util`` meanwhile and get the stand-in.
+    the agent pays on every ``status``. Until :func:`_restore_find_library`, a stand-in module
+    whose ``find_library`` loads the real one on first call sits in ``sys.modules``; it is
+    returned (None when nothing was replaced). With other threads running (the bot), nothing
+    is replaced: another thread could import ``ctypes.util`` meanwhile and get the stand-in.
     """
-    import sys
     import threading
 
     if "ctypes.util" in sys.modules or "pynvml" in sys.modules or threading.active_count() > 1:
-        yield
-        return
+        return None
     stand_in = type(sys)("ctypes.util")
     stand_in.find_library = _find_library  # type: ignore[attr-defined]
     _STAND_INS.append(stand_in)
     sys.modules["ctypes.util"] = stand_in
-    try:
-        yield
-    finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
-        _STAND_INS.remove(stand_in)
+    return stand_in
+
+
+def _restore_find_library(stand_in: Optional[object]) -> None:
+    if stand_in is None:
+        return
+    if sys.modules.get("ctypes.util") is stand_in:
+        del sys.modules["ctypes.util"]
+    _STAND_INS.remove(stand_in)
 
 
 _STAND_INS: List[object] = []
@@ -493,8 +590,6 @@ _STAND_INS: List[object] = []
 
 def _find_library(name: str) -> Optional[str]:
     """``ctypes.util.find_library(name)``, the real one (loaded now if need be)."""
-    import sys
-
     if sys.modules.get("ctypes.util") in _STAND_INS:
         del sys.modules["ctypes.util"]
     from ctypes.util import find_library
@@ -502,19 +597,24 @@ def _find_library(name: str) -> Optional[str]:
     return find_library(name)
 
 
-_GPU_FIELDS = tuple(f.name for f in fields(GpuSnapshot))
+def _error(code: str, message: str, hint: str) -> Document:
+    return {"code": code, "message": message, "hint": hint}
 
 
-def _gpu_snapshot(values: Dict[str, Any]) -> GpuSnapshot:
-    full: Dict[str, Any] = {name: values.get(name) for name in _GPU_FIELDS}
-    return GpuSnapshot(**full)
+def _gpu_document(values: Document) -> Document:
+    return {name: values.get(name) for name in GPU_FIELDS}
 
 
-def _process(gpu_index: int, pid: int, used: Optional[int]) -> ProcessSnapshot:
+def _process(gpu_index: int, pid: int, used: Optional[int]) -> Document:
     user, command = _proc_owner_and_command(pid)
-    return ProcessSnapshot(
-        gpu_index=gpu_index, pid=pid, user=user, command=command, used_mem_bytes=used
-    )
+    return {
+        "gpu_index": gpu_index,
+        "pid": pid,
+        "user": user,
+        "command": command,
+        "used_mem_bytes": used,
+        "job_id": None,
+    }
 
 
 def _proc_owner_and_command(pid: int) -> Tuple[Optional[str], Optional[str]]:
@@ -560,8 +660,3 @@ def _int(value: Any) -> Optional[int]:
 
 def _watts(milliwatts: Any) -> Optional[float]:
     return None if milliwatts is None else round(int(milliwatts) / 1000.0, 3)
-
-
-def iso_utc(epoch_s: float) -> str:
-    """Unix epoch seconds as ISO 8601 UTC to the second: "2026-03-01T12:30:00+00:00"."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(epoch_s))

@@ -11,45 +11,22 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from agents import wire
+
+# The names of the schema live in agents.schema (cheap to import); re-exported here.
+from agents.schema import CHECK_STATUSES as CHECK_STATUSES
+from agents.schema import CLOCK_EVENT_REASONS as CLOCK_EVENT_REASONS
+from agents.schema import FINAL_JOB_STATES as FINAL_JOB_STATES
+from agents.schema import JOB_STATES as JOB_STATES
+from agents.schema import NVML_ERROR_CODES as NVML_ERROR_CODES
+from agents.schema import SCHEMA_VERSION as SCHEMA_VERSION
+
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
     T = TypeVar("T")
-
-SCHEMA_VERSION = 1
-
-#: ``nvml_error.code`` values.
-NVML_ERROR_CODES = (
-    "library_not_found",
-    "driver_not_loaded",
-    "no_permission",
-    "blocked_by_os",
-    "driver_library_mismatch",
-    "gpu_lost",
-    "unknown",
-)
-
-#: ``GpuSnapshot.clock_event_reasons`` names, by NVML clock-event (throttle) reason bit.
-CLOCK_EVENT_REASONS = (
-    (0x1, "gpu_idle"),
-    (0x2, "applications_clocks_setting"),
-    (0x4, "sw_power_cap"),
-    (0x8, "hw_slowdown"),
-    (0x10, "sync_boost"),
-    (0x20, "sw_thermal_slowdown"),
-    (0x40, "hw_thermal_slowdown"),
-    (0x80, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
-)
-
-#: Health check outcomes, best first; a report's status is the worst of its checks.
-CHECK_STATUSES = ("pass", "skip", "warn", "fail")
-
-#: Job states; the last four are final.
-JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled", "lost")
-FINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled", "lost"})
 
 
 class ProtocolError(ValueError):
@@ -280,8 +257,8 @@ def to_dict(doc: Any) -> Dict[str, Any]:
 
 
 def dumps(doc: Any) -> str:
-    """A document as one line of JSON."""
-    return json.dumps(to_dict(doc), separators=(",", ":"), sort_keys=True)
+    """A document as one line of JSON (compact, keys sorted; see :mod:`agents.wire`)."""
+    return wire.dumps(to_dict(doc))
 
 
 def loads(cls: Type[T], text: str) -> T:

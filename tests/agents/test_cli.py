@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -254,28 +255,76 @@ def test_job_commands_are_still_registered(capsys):
         assert repr(command) in err
 
 
-def test_status_loads_only_what_it_needs(fake_nvml):
-    """``status --json`` imports neither typing, the job commands nor the health checks
-    (beyond what the interpreter and the fake pynvml load themselves)."""
-    fake_nvml.gpus(1)
-    code = (
-        "import sys, pynvml; before = set(sys.modules); import json; "
-        "from agents.cli import main; main(['status', '--json']); "
-        "sys.stderr.write(json.dumps(sorted(set(sys.modules) - before)))"
-    )
+#: What ``status`` must not load: each costs more than the rest of a status without a driver.
+HEAVY_MODULES = {
+    "argparse",
+    "dataclasses",
+    "enum",
+    "inspect",
+    "json",
+    "re",
+    "typing",
+    "agents.protocol",
+    "agents.jobs_cli",
+    "agents.runner",
+    "agents.health",
+}
+
+_LOADED_BY_STATUS = """
+import sys
+before = set(sys.modules)
+from agents.cli import main
+main(sys.argv[1:])
+sys.stderr.write(repr(sorted(set(sys.modules) - before)))
+"""
+
+
+def modules_loaded_by(*args: str, env: dict[str, str]) -> tuple[str, set[str]]:
+    """Stdout of ``main(args)`` in a fresh ``python -c`` and the modules it loaded."""
     result = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _LOADED_BY_STATUS, *args],
         capture_output=True,
         text=True,
-        env=fake_nvml.env,
+        env=env,
         cwd=ROOT,
         timeout=60,
         check=True,
     )
-    loaded = set(json.loads(result.stderr))
-    assert protocol.loads(StatusSnapshot, result.stdout).gpus
-    assert {"agents.cli", "agents.nvml", "agents.protocol"} <= loaded
-    assert not loaded & {"typing", "agents.jobs_cli", "agents.runner", "agents.health"}
+    return result.stdout, set(ast.literal_eval(result.stderr))
+
+
+@pytest.mark.parametrize("words", [("status", "--json"), ("status",)])
+def test_status_without_a_driver_loads_only_what_it_needs(words):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GPUBOT_FAKE_NVML")}
+    out, loaded = modules_loaded_by(*words, env=env)
+    if "--json" in words:
+        assert protocol.loads(StatusSnapshot, out).nvml_error.code == "library_not_found"
+        assert not loaded & HEAVY_MODULES
+        assert {"agents.cli", "agents.nvml", "agents.host", "agents.wire"} <= loaded
+    else:  # the table is rendered from the typed snapshot
+        assert "library_not_found" in out
+        assert "agents.protocol" in loaded
+    assert "pynvml" not in loaded  # no driver library: the bindings are not even imported
+
+
+def test_status_with_gpus_loads_only_what_it_needs(fake_nvml):
+    fake_nvml.gpus(2)
+    out, loaded = modules_loaded_by("status", "--json", env=fake_nvml.env)
+    assert len(protocol.loads(StatusSnapshot, out).gpus) == 2
+    assert "pynvml" in loaded
+    assert not loaded & (HEAVY_MODULES - {"json", "re", "enum"})  # the fake reads JSON
+
+
+def test_status_fast_path_prints_what_the_parser_path_prints(fake_nvml, capsys):
+    """``status --json`` skips argparse; an abbreviation goes through it: same document."""
+    fake_nvml.gpus(3, processes=[{"pid": os.getpid(), "used_memory": GIB}])
+    fixed = {"collected_at": "x", "host": None}
+    assert cli.main(["status", "--json"]) == 0
+    fast = json.loads(capsys.readouterr().out) | fixed
+    assert cli.main(["status", "--js"]) == 0
+    parsed = json.loads(capsys.readouterr().out) | fixed
+    assert fast == parsed
+    assert len(fast["gpus"]) == 3
 
 
 def test_usage_error_in_a_subprocess():

@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agents import nvml, protocol
-from agents.protocol import NVML_ERROR_CODES, StatusSnapshot
+from agents import nvml, protocol, wire
+from agents.protocol import NVML_ERROR_CODES, NvmlError, StatusSnapshot
+from agents.schema import HOST_FIELDS
 
 GIB = 1024**3
 MIB = 1024**2
@@ -39,22 +40,36 @@ def _unused_pid() -> int:
 def test_real_nvml_without_a_driver_reports_library_not_found(monkeypatch):
     monkeypatch.delitem(sys.modules, "pynvml", raising=False)
     status = nvml.collect_status()
-    import pynvml
-
-    assert "fake_nvml" not in pynvml.__file__, "the real nvidia-ml-py must be under test"
     if _driver_library_loads():
         # A machine with a driver: NVML either works or says why, never raises.
         assert status.nvml_error is None or status.nvml_error.code in NVML_ERROR_CODES
         return
+    assert "pynvml" not in sys.modules  # the library does not load: no bindings imported
     assert status.driver is None
     assert status.gpus == ()
     assert status.processes == ()
     err = status.nvml_error
     assert err is not None
     assert err.code == "library_not_found"
-    assert "NVMLError_LibraryNotFound" in err.message
+    assert "libnvidia-ml.so.1: cannot open shared object file" in err.message  # dlopen's reason
     assert "--gpus all" in err.hint
     assert "install the NVIDIA driver" in err.hint
+
+
+def test_real_bindings_already_loaded_report_library_not_found_from_nvml_init(monkeypatch):
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    import pynvml
+
+    assert "fake_nvml" not in pynvml.__file__, "the real nvidia-ml-py must be under test"
+    status = nvml.collect_status()
+    if _driver_library_loads():
+        assert status.nvml_error is None or status.nvml_error.code in NVML_ERROR_CODES
+        return
+    err = status.nvml_error
+    assert err is not None
+    assert err.code == "library_not_found"
+    assert "NVMLError_LibraryNotFound" in err.message
+    assert err.hint == nvml.HINTS["library_not_found"]
 
 
 def test_importing_the_module_loads_no_nvml():
@@ -517,3 +532,34 @@ def test_snapshot_round_trips_through_json(fake_nvml):
     doc = protocol.to_dict(status)
     assert doc["schema"] == 1
     assert set(doc) >= {"host", "driver", "nvml_error", "gpus", "processes"}
+
+
+_DOCUMENT_CASES = {
+    "gpus and processes": lambda fake: fake.gpus(
+        3, processes=[{"pid": os.getpid(), "used_memory": GIB}], per_gpu={1: {"temperature": 91}}
+    ),
+    "no driver": lambda fake: fake.no_library(),
+    "init error": lambda fake: fake.init_error("DriverNotLoaded"),
+    "count error": lambda fake: fake.gpus(2, count_error="Unknown"),
+    "every field unsupported": lambda fake: fake.gpus(
+        1, missing_functions=["nvmlDeviceGetAttributes", "nvmlDeviceGetPciInfo"]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_DOCUMENT_CASES))
+def test_the_status_document_is_exactly_the_snapshot(fake_nvml, case):
+    """What ``status --json`` prints (the plain document) is byte for byte what the bot's
+    StatusSnapshot writes after parsing it: no key missing, none extra, same values."""
+    _DOCUMENT_CASES[case](fake_nvml)
+    document = nvml.collect_status_document(clock=lambda: 1_772_368_200.0)
+    snapshot = protocol.from_dict(StatusSnapshot, document)
+    assert wire.dumps(document) == protocol.dumps(snapshot)
+    assert document["schema"] == 1
+    assert set(document["host"]) == set(HOST_FIELDS)
+
+
+def test_nvml_unavailable_carries_the_document_and_the_typed_error():
+    error = nvml.NvmlUnavailable({"code": "gpu_lost", "message": "gone", "hint": "reboot"})
+    assert str(error) == "gone"
+    assert error.error == NvmlError(code="gpu_lost", message="gone", hint="reboot")

@@ -194,7 +194,7 @@ def test_a_python_without_fitting_bytecode_extracts_once_and_keeps_bytecode(tmp_
             assert (where / name).read_bytes() == archive.read(name)
     cached = {p.name for p in (where / "agents" / "__pycache__").iterdir()}
     tag = sys.implementation.cache_tag
-    assert {f"cli.{tag}.pyc", f"nvml.{tag}.pyc", f"protocol.{tag}.pyc"} <= cached
+    assert {f"cli.{tag}.pyc", f"nvml.{tag}.pyc", f"wire.{tag}.pyc"} <= cached
     marker = where / "agents" / "marker"
     marker.write_text("left alone")
     second = run_pyz(plain, "status", "--json", env=env)
