@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from bot.blocks import jobs as blocks
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
+from bot.commands.values import whole_number
 from bot.services import job_access
 from bot.services import jobs as service
 
@@ -26,7 +27,13 @@ DENY_USAGE = "/gpu deny NAME @user"
 def _configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the instance")
     parser.add_argument("--gpus", metavar="0,1|N", help="exact GPUs, or how many")
-    parser.add_argument("--retries", metavar="N", type=int, default=0, help="re-runs on failure")
+    parser.add_argument(
+        "--retries",
+        metavar="N",
+        type=whole_number("--retries"),
+        default=0,
+        help="re-runs on failure",
+    )
     parser.add_argument("--release-when-done", action="store_true", help="release when done")
 
 
@@ -36,7 +43,9 @@ def _configure_jobs(parser: argparse.ArgumentParser) -> None:
 
 def _configure_logs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB", help="the job's number or id")
-    parser.add_argument("--tail", metavar="N", type=int, help="how many lines")
+    parser.add_argument(
+        "--tail", metavar="N", type=whole_number("--tail", 1), help="how many lines"
+    )
 
 
 def _configure_cancel(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlmodel import col, select
@@ -16,7 +15,7 @@ from sqlmodel import col, select
 from bot import charts
 from bot.blocks import money as blocks
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
-from bot.commands.values import parse_money, parse_price
+from bot.commands.values import parse_money, parse_price, whole_number
 from bot.errors import GpubotError, UsageError
 from bot.services import advice, budgets, ledger, spend
 from bot.store.models import Person
@@ -37,7 +36,6 @@ ESTIMATE_USAGE = (
     "[--buy PRICE]"
 )
 _REMOVE_WORDS = frozenset({"rm", "remove", "delete", "del"})
-_IntParser = Callable[[str], int]
 
 
 # --- spend ------------------------------------------------------------------------------------
@@ -155,8 +153,8 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 def _configure_fit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("size", metavar="SIZE")
     parser.add_argument("mode", metavar="MODE", type=str.lower)
-    parser.add_argument("--seq", type=_positive_int("--seq"), metavar="N")
-    parser.add_argument("--batch", type=_positive_int("--batch"), metavar="N")
+    parser.add_argument("--seq", type=whole_number("--seq", 1), metavar="N")
+    parser.add_argument("--batch", type=whole_number("--batch", 1), metavar="N")
     parser.add_argument("--bits", type=_bits, metavar="16|8|4")
 
 
@@ -168,7 +166,7 @@ def _fit(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def _configure_estimate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", required=True, metavar="MODEL")
-    parser.add_argument("--count", type=_positive_int("--count"), default=1, metavar="N")
+    parser.add_argument("--count", type=whole_number("--count", 1), default=1, metavar="N")
     parser.add_argument("--hours", required=True, type=advice.parse_hours, metavar="N")
     parser.add_argument("--price", type=parse_price, metavar="2.10/h")
     parser.add_argument("--monthly", type=parse_money, metavar="PRICE")
@@ -190,15 +188,6 @@ def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 
 # --- values -----------------------------------------------------------------------------------
-
-
-def _positive_int(option: str) -> _IntParser:
-    def parse(text: str) -> int:
-        if not text.strip().isdigit() or int(text) < 1:
-            raise UsageError(f"{option} {text[:20]!r} is not a positive whole number.")
-        return int(text)
-
-    return parse
 
 
 def _bits(text: str) -> int:

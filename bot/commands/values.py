@@ -1,4 +1,4 @@
-"""Reading the values people type: durations, times, prices, money, sizes. Pure functions.
+"""Reading the values people type: durations, times, prices, money, sizes, counts. Pure functions.
 
 Every parser raises bot.errors.UsageError with a message that shows the accepted forms.
 """
@@ -6,6 +6,7 @@ Every parser raises bot.errors.UsageError with a message that shows the accepted
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from zoneinfo import ZoneInfo
@@ -29,6 +30,24 @@ _PRICE_UNITS = {
     "sec": 1,
     "second": 1,
 }
+
+
+def whole_number(option: str, low: int = 0) -> Callable[[str], int]:
+    """A parser for ``option``'s value: a whole number of ``low`` or more (digits only)."""
+
+    def parse(text: str) -> int:
+        stripped = text.strip()
+        if not (stripped.isascii() and stripped.isdigit()):
+            raise UsageError(
+                f"{option} {text[:20]!r} is not a whole number.",
+                hint=f"Give {option} a number such as {max(low, 1)}.",
+            )
+        value = int(stripped)
+        if value < low:
+            raise UsageError(f"{option} must be {low} or more, not {value}.")
+        return value
+
+    return parse
 
 
 def parse_duration(text: str) -> timedelta:

@@ -225,7 +225,8 @@ def test_owner_allows_someone_who_may_then_run(
     [
         ("run box", "Nothing to run after `--`"),
         ("run box --", "Nothing to run after `--`"),
-        ("run box --retries x -- true", "invalid int value"),
+        ("run box --retries x -- true", "--retries 'x' is not a whole number"),
+        ("logs 3 --tail 0", "--tail must be 1 or more, not 0"),
         ("run -- true", "The following arguments are required: NAME"),
         ("logs", "The following arguments are required: JOB"),
         ("cancel", "The following arguments are required: JOB"),
