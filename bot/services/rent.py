@@ -4,15 +4,22 @@ meter and deadline started).
 
 Everything that can be checked is checked before anything is rented (provider, type, names,
 price, budget). An instance that was launched but could not be registered is terminated again,
-so nothing is left billing unseen; every launch is in the audit log. When the bot stops between
-launching and registering, ``recover_orphans`` (run by the tick) finds the launch in the audit log,
-terminates what was never registered and tells the person who rented it.
+so nothing is left billing unseen; every launch is in the audit log. ``recover_orphans`` (run by
+the tick) covers the bot stopping part-way:
+
+- between launching and registering: the launch's answer is in the audit log, so it terminates
+  the instances that were never registered and tells the person who rented them;
+- during the launch call itself (or when the call ended without an answer, as on a timeout): the
+  intent was written before the call, with a launch id that is part of the name the instances
+  get on the platform. Once the call cannot still be running, it looks the name up in the
+  platform's list, terminates what it finds and tells the renter what happened either way.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -44,9 +51,13 @@ MAX_COUNT = 8
 REGISTER_S = 300.0
 #: How far back ``recover_orphans`` looks for launches.
 ORPHAN_LOOKBACK = timedelta(days=7)
+#: After this, a launch call without a recorded answer has ended (HTTP timeouts are far shorter).
+LAUNCH_CALL = timedelta(minutes=10)
 
 #: (provider, provider id) of launches this process is still adopting.
 _adopting: set[tuple[str, str]] = set()
+#: Launch ids whose launch call is still running in this process.
+_launching: set[str] = set()
 _adopting_lock = threading.Lock()
 
 
@@ -131,29 +142,31 @@ def rent(
     rt: Runtime, caller: Caller, plan: RentPlan, *, waiting: Waiting | None = None
 ) -> RentResult:
     """Launch, wait for each instance and register it. Raises ProviderError when the launch
-    itself fails (nothing was rented then)."""
+    itself fails: nothing was rented when the platform refused; after other errors (a timeout)
+    ``recover_orphans`` later looks for what the platform may have started anyway."""
     waiting = waiting or Waiting()
     req = plan.request
-    launched = plan.provider.launch(
-        LaunchRequest(
-            instance_type=req.instance_type,
-            count=req.count,
-            name=plan.names[0] if req.count == 1 else req.name,
-            ssh_key_name=req.ssh_key_name,
-            region=req.region,
-            image=req.image,
-            disk_gb=req.disk_gb,
-        )
+    launch_id = secrets.token_hex(4)
+    platform_name = f"{_base_name(req) if req.count > 1 else plan.names[0]}-{launch_id}"
+    _audit(
+        rt,
+        caller,
+        "rent_launching",
+        provider=plan.provider.name,
+        launch_id=launch_id,
+        platform_name=platform_name,
+        names=list(plan.names),
+        instance_type=req.instance_type,
     )
+    launched = _launch(rt, caller, plan, launch_id, platform_name)
     keys = {(plan.provider.name, i.provider_id) for i in launched}
-    with _adopting_lock:
-        _adopting.update(keys)
     try:
         _audit(
             rt,
             caller,
             "rent_launched",
             provider=plan.provider.name,
+            launch_id=launch_id,
             ids=[i.provider_id for i in launched],
             names=list(plan.names[: len(launched)]),
             instance_type=req.instance_type,
@@ -185,6 +198,8 @@ def recover_orphans(rt: Runtime, now: datetime) -> list[str]:
     for launch in _orphans(rt, now):
         if _recover(rt, now, launch):
             recovered.append(launch.provider_id)
+    for cut_short in _unanswered_launches(rt, now):
+        recovered.extend(_recover_unanswered(rt, now, cut_short))
     return recovered
 
 
@@ -275,6 +290,46 @@ def _adopt(
     )
 
 
+def _launch(
+    rt: Runtime, caller: Caller, plan: RentPlan, launch_id: str, platform_name: str
+) -> list[ProviderInstance]:
+    """The provider's launch call, marked as running in this process while it runs. A refusal
+    (a non-retryable error) is recorded as the launch's answer; after any other error the
+    platform may still have started instances, which ``recover_orphans`` looks for later."""
+    req = plan.request
+    with _adopting_lock:
+        _launching.add(launch_id)
+    try:
+        launched = plan.provider.launch(
+            LaunchRequest(
+                instance_type=req.instance_type,
+                count=req.count,
+                name=platform_name,
+                ssh_key_name=req.ssh_key_name,
+                region=req.region,
+                image=req.image,
+                disk_gb=req.disk_gb,
+            )
+        )
+        with _adopting_lock:
+            _adopting.update((plan.provider.name, i.provider_id) for i in launched)
+        return launched
+    except ProviderError as exc:
+        if not exc.retryable:
+            _audit(
+                rt,
+                caller,
+                "rent_launch_refused",
+                provider=plan.provider.name,
+                launch_id=launch_id,
+                error=exc.message,
+            )
+        raise
+    finally:
+        with _adopting_lock:
+            _launching.discard(launch_id)
+
+
 def _give_back(
     rt: Runtime, caller: Caller, provider: Provider, provider_id: str, why: GpubotError
 ) -> None:
@@ -302,6 +357,8 @@ class _Launch:
     name: str | None
     renter: str
     launched_at: datetime
+    #: Why it was never registered, for the renter.
+    reason: str = "the bot stopped while setting it up"
 
 
 def _orphans(rt: Runtime, now: datetime) -> list[_Launch]:
@@ -359,23 +416,20 @@ def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         log.warning("terminating orphaned rental %s failed: %s", what, exc)
         _tell_once(rt, now, launch, what, exc)
         return False
-    with rt.db.session() as session:
-        prompts.audit(
-            session,
-            at=now,
-            actor="gpubot",
-            action="rent_recovered",
-            instance_id=None,
-            provider=launch.provider,
-            id=launch.provider_id,
-            detail="already gone" if outcome.already_gone else outcome.state,
-        )
+    _audit_bot(
+        rt,
+        now,
+        "rent_recovered",
+        provider=launch.provider,
+        id=launch.provider_id,
+        detail="already gone" if outcome.already_gone else outcome.state,
+    )
     launched = launch.launched_at.strftime("%Y-%m-%d %H:%M UTC")
     prompts.notify(
         rt,
         launch.renter,
         f":warning: {what}, rented with /gpu rent at {launched}, was never registered because "
-        "the bot stopped while setting it up. It has been terminated so it does not bill. "
+        f"{launch.reason}. It has been terminated so it does not bill. "
         "Rent again with /gpu rent if you still need it.",
         (),
     )
@@ -406,11 +460,107 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: Gpub
     prompts.notify(
         rt,
         launch.renter,
-        f":rotating_light: {what} was rented with /gpu rent but never registered (the bot "
-        f"stopped while setting it up), and terminating it failed: {exc.message}. Terminate it "
+        f":rotating_light: {what} was rented with /gpu rent but never registered "
+        f"({launch.reason}), and terminating it failed: {exc.message}. Terminate it "
         "on the platform now; it is billing. The bot keeps trying.",
         (),
     )
+
+
+@dataclass(frozen=True)
+class _Unanswered:
+    """A launch call whose answer was never recorded."""
+
+    provider: str
+    launch_id: str
+    platform_name: str
+    instance_type: str
+    renter: str
+    started_at: datetime
+
+
+#: Audit actions that answer a ``rent_launching`` row (by its launch id).
+_LAUNCH_ANSWERS = ("rent_launched", "rent_launch_refused", "rent_launch_checked")
+
+
+def _unanswered_launches(rt: Runtime, now: datetime) -> list[_Unanswered]:
+    with rt.db.session() as session:
+        rows = session.exec(
+            select(AuditLog).where(
+                AuditLog.action.in_(("rent_launching", *_LAUNCH_ANSWERS)),  # type: ignore[attr-defined]
+                AuditLog.at >= now - ORPHAN_LOOKBACK,
+            )
+        ).all()
+    answered = {_details(r).get("launch_id") for r in rows if r.action != "rent_launching"}
+    with _adopting_lock:
+        running = set(_launching)
+    found: list[_Unanswered] = []
+    for row in rows:
+        details = _details(row)
+        launch_id = str(details.get("launch_id") or "")
+        if row.action != "rent_launching" or not launch_id or launch_id in answered:
+            continue
+        if launch_id in running or row.at + LAUNCH_CALL > now:
+            continue
+        found.append(
+            _Unanswered(
+                provider=str(details.get("provider")),
+                launch_id=launch_id,
+                platform_name=str(details.get("platform_name") or ""),
+                instance_type=str(details.get("instance_type")),
+                renter=row.actor,
+                started_at=row.at,
+            )
+        )
+    return found
+
+
+def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list[str]:
+    """Find what an unanswered launch started (by its name on the platform), terminate it and
+    tell the renter. Returns the provider ids terminated; on any failure nothing is recorded as
+    settled, so the next call tries again (the renter is told of a failed termination once)."""
+    try:
+        provider = rt.providers.get(launch.provider)
+        listed = provider.list_instances() if launch.platform_name else []
+    except GpubotError as exc:
+        log.warning("looking for the rental cut short %s failed: %s", launch.launch_id, exc)
+        return []
+    started = [
+        i for i in listed if (i.name or "").startswith(launch.platform_name) and not i.is_gone
+    ]
+    terminated: list[str] = []
+    for inst in started:
+        orphan = _Launch(
+            launch.provider,
+            inst.provider_id,
+            inst.name,
+            launch.renter,
+            launch.started_at,
+            reason="the platform's answer to the launch never reached the bot",
+        )
+        if not _recover(rt, now, orphan):
+            return terminated
+        terminated.append(inst.provider_id)
+    _audit_bot(
+        rt,
+        now,
+        "rent_launch_checked",
+        provider=launch.provider,
+        launch_id=launch.launch_id,
+        terminated=terminated,
+    )
+    if not started:
+        when = launch.started_at.strftime("%Y-%m-%d %H:%M UTC")
+        prompts.notify(
+            rt,
+            launch.renter,
+            f":information_source: Your /gpu rent of {launch.instance_type} on {launch.provider} "
+            f"at {when} got no answer from the platform. The bot checked: nothing was started "
+            f"under its name {launch.platform_name}, so nothing bills. Rent again if you still "
+            "need it.",
+            (),
+        )
+    return terminated
 
 
 def _details(row: AuditLog) -> dict[str, Any]:
@@ -421,10 +571,14 @@ def _details(row: AuditLog) -> dict[str, Any]:
     return details if isinstance(details, dict) else {}
 
 
-def _names(req: RentRequest) -> tuple[str, ...]:
-    base = req.name or f"{req.provider}-{req.instance_type}".lower().replace(".", "-").replace(
+def _base_name(req: RentRequest) -> str:
+    return req.name or f"{req.provider}-{req.instance_type}".lower().replace(".", "-").replace(
         "_", "-"
     )
+
+
+def _names(req: RentRequest) -> tuple[str, ...]:
+    base = _base_name(req)
     if req.count == 1:
         return (instances.validate_name(base),)
     return tuple(instances.validate_name(f"{base}-{i}") for i in range(1, req.count + 1))
@@ -454,6 +608,12 @@ def _type_facts(
         if info.name == instance_type:
             return info.gpu_model, info.gpu_count, info.price_micros_per_hour
     return None, None, provider.price(instance_type)
+
+
+def _audit_bot(rt: Runtime, now: datetime, action: str, **details: object) -> None:
+    """An audit row written by the bot itself (no instance)."""
+    with rt.db.session() as session:
+        prompts.audit(session, at=now, actor="gpubot", action=action, instance_id=None, **details)
 
 
 def _audit(rt: Runtime, caller: Caller, action: str, **details: object) -> None:

@@ -4,6 +4,7 @@ AWS runs against moto in server mode."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
@@ -17,6 +18,7 @@ from bot.commands.parser import parse
 from bot.commands.registry import Caller
 from bot.errors import BudgetExceeded, Conflict, NotFound, ProviderError, UsageError
 from bot.providers.aws import AwsProvider
+from bot.providers.base import LaunchRequest, ProviderInstance
 from bot.providers.runpod import RunpodProvider
 from bot.providers.vast import VastProvider
 from bot.runtime import Runtime
@@ -116,7 +118,7 @@ def test_an_instance_that_never_answers_ssh_is_given_back(rt, runpod_cloud: Runp
     assert _instances(rt) == []
     with rt.db.session() as session:
         actions = session.exec(select(AuditLog.action)).all()
-    assert actions == ["rent_launched", "rent_given_back"]
+    assert actions == ["rent_launching", "rent_launched", "rent_given_back"]
 
 
 def test_checks_come_before_renting(rt, runpod_cloud: RunpodStandIn):
@@ -229,7 +231,7 @@ def _crashed_rental(
     with pytest.raises(Crash):
         rent.rent(rt, OWNER, plan, waiting=_waiting())
     monkeypatch.undo()
-    [pod] = [p for p, item in standin.instances.items() if item["name"] == name]
+    [pod] = [p for p, item in standin.instances.items() if item["name"].startswith(f"{name}-")]
     return pod
 
 
@@ -303,6 +305,128 @@ def test_a_rental_still_being_set_up_is_not_an_orphan(
     [(pod, _)] = result.failed
     assert pod not in runpod_cloud.instances  # given back by the rental itself
     assert rent.recover_orphans(rt, clock.now + timedelta(hours=3)) == []
+
+
+# --- a launch call that never answered ----------------------------------------------------------
+
+
+def _launch_then(
+    provider: RunpodProvider, monkeypatch: pytest.MonkeyPatch, error: BaseException, *, start: bool
+) -> None:
+    """Make the next launch start its pods on the platform (or not) and then raise ``error``,
+    as when the bot dies or the connection drops before the platform's answer arrives."""
+    real = provider.launch
+
+    def cut_short(request: LaunchRequest) -> list[ProviderInstance]:
+        if start:
+            real(request)
+        raise error
+
+    monkeypatch.setattr(provider, "launch", cut_short)
+
+
+def _pods_named(standin: RunpodStandIn, name: str) -> list[str]:
+    return [p for p, item in standin.instances.items() if item["name"].startswith(f"{name}-")]
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (Crash(), "the platform's answer to the launch never reached the bot"),
+        (ProviderError("runpod: timed out", retryable=True), "answer to the launch never reached"),
+    ],
+)
+def test_pods_started_by_a_launch_call_that_never_answered_are_found_and_terminated(
+    rt: Runtime,
+    runpod_cloud: RunpodStandIn,
+    monkeypatch: pytest.MonkeyPatch,
+    error: BaseException,
+    reason: str,
+) -> None:
+    provider = _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    other = runpod_cloud.add()  # someone else's pod on the same account: never touched
+    _launch_then(provider, monkeypatch, error, start=True)
+    plan = rent.plan_rent(
+        rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name="burst", count=2)
+    )
+    with pytest.raises(type(error)):
+        rent.rent(rt, OWNER, plan, waiting=_waiting())
+    pods = _pods_named(runpod_cloud, "burst")
+    assert len(pods) == 2
+
+    clock.advance(minutes=5)  # the call could still be running: nothing is touched
+    assert rent.recover_orphans(rt, clock.now) == []
+    assert len(_pods_named(runpod_cloud, "burst")) == 2
+
+    clock.advance(minutes=6)
+    assert sorted(rent.recover_orphans(rt, clock.now)) == sorted(pods)
+    assert _pods_named(runpod_cloud, "burst") == []
+    assert other in runpod_cloud.instances
+    told = notifier.to("UOWNER")
+    assert len(told) == 2
+    assert all(reason in t.text and "terminated so it does not bill" in t.text for t in told)
+    assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
+    assert len(notifier.to("UOWNER")) == 2
+    with rt.db.session() as session:
+        actions = session.exec(select(AuditLog.action)).all()
+    assert actions.count("rent_recovered") == 2
+    assert actions.count("rent_launch_checked") == 1
+
+
+def test_a_launch_that_started_nothing_is_settled_and_the_renter_told(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    provider = _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    _launch_then(provider, monkeypatch, Crash(), start=False)
+    plan = rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name="solo"))
+    with pytest.raises(Crash):
+        rent.rent(rt, OWNER, plan, waiting=_waiting())
+    clock.advance(minutes=11)
+    runpod_cloud.fail_next(500, times=5, method="GET")  # the platform's list fails: try later
+    assert rent.recover_orphans(rt, clock.now) == []
+    assert notifier.to("UOWNER") == []
+    runpod_cloud.failures.clear()
+    assert rent.recover_orphans(rt, clock.now + timedelta(minutes=1)) == []
+    [told] = notifier.to("UOWNER")
+    assert "got no answer from the platform" in told.text
+    assert "nothing was started under its name solo-" in told.text
+    assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
+    assert len(notifier.to("UOWNER")) == 1
+
+
+def test_a_refused_launch_is_settled_at_once(rt: Runtime, runpod_cloud: RunpodStandIn) -> None:
+    _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    notifier = cast(RecordingNotifier, rt.notifier)
+    runpod_cloud.fail_next(400, method="POST")
+    plan = rent.plan_rent(rt, OWNER, rent.RentRequest("runpod", "NVIDIA A40", name="nope"))
+    with pytest.raises(ProviderError) as refused:
+        rent.rent(rt, OWNER, plan, waiting=_waiting())
+    assert not refused.value.retryable
+    assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
+    assert notifier.to("UOWNER") == []
+    assert runpod_cloud.calls_to("GET", "/pods") == []  # nothing to look for
+    with rt.db.session() as session:
+        actions = session.exec(select(AuditLog.action)).all()
+    assert actions == ["rent_launching", "rent_launch_refused"]
+
+
+def test_the_platform_name_carries_the_launch_id(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_runpod(rt, runpod_cloud)
+    pod = _crashed_rental(rt, runpod_cloud, monkeypatch, "tagged")
+    with rt.db.session() as session:
+        rows = session.exec(select(AuditLog).order_by(AuditLog.id)).all()  # type: ignore[arg-type]
+    intent, answer = (json.loads(r.details_json) for r in rows)
+    assert intent["launch_id"] == answer["launch_id"]
+    assert intent["platform_name"] == f"tagged-{intent['launch_id']}"
+    assert runpod_cloud.instances[pod]["name"] == intent["platform_name"]
+    assert answer["ids"] == [pod]
 
 
 def _closed_port() -> int:
