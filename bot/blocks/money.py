@@ -239,11 +239,17 @@ def _totals_line(report: SpendReport) -> str:
 def _idle_line(report: SpendReport) -> str:
     if not report.compute_micros:
         return "No compute was charged."
+    unmeasured = report.unmeasured_micros
+    if unmeasured >= report.compute_micros:
+        return "Idle cost unknown: no poll measured GPU use in these hours."
     share = Decimal(report.idle_micros * 100) / Decimal(report.compute_micros)
-    return (
+    line = (
         f"Idle GPUs cost *{format_money(report.idle_micros, report.currency)}* "
         f"({share.quantize(Decimal('1'))}% of compute)."
     )
+    if unmeasured:
+        line += f" GPU use was not measured for {format_money(unmeasured, report.currency)}."
+    return line
 
 
 def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int) -> str:

@@ -3,7 +3,8 @@
 A month is a calendar month in the configured time zone; it holds the charges that start in it
 (the ledger splits its buckets at month starts). A compute bucket is **idle** when the instance
 was polled during it and every poll succeeded with GPU utilisation under the idle threshold; a
-failed poll counts as active, and a bucket without polls is not counted as idle.
+failed poll counts as active. A bucket without polls is neither: its compute is reported as
+**unmeasured**, so that a month nobody polled does not read as "idle cost $0".
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class InstanceSpend:
     storage_micros: int
     idle_micros: int
     compute_s: int
+    #: Compute charged for hours without a single poll: whether the GPUs were idle is unknown.
+    unmeasured_micros: int = 0
 
     @property
     def total_micros(self) -> int:
@@ -103,6 +106,11 @@ class SpendReport:
         """Compute charged for idle hours."""
         return sum(item.idle_micros for item in self.instances)
 
+    @property
+    def unmeasured_micros(self) -> int:
+        """Compute charged for hours no poll measured (neither idle nor known to be busy)."""
+        return sum(item.unmeasured_micros for item in self.instances)
+
     def top(self, limit: int = 5) -> tuple[InstanceSpend, ...]:
         """The most expensive instances."""
         return self.instances[:limit]
@@ -158,13 +166,13 @@ def spend_report(
     start, end = ledger.month_bounds(month, tz)
     with db.session() as session:
         rows = _charges(session, start, end)
-        idle_ids = _idle_charge_ids(session, start, end, idle_threshold_pct)
+        idle_ids, polled_ids = _polled_charge_ids(session, start, end, idle_threshold_pct)
         instance_ids = {row.instance_id for row in rows}
         instances = {
             item.id: item
             for item in session.exec(select(Instance).where(col(Instance.id).in_(instance_ids)))
         }
-    spends = _per_instance(rows, idle_ids, instances)
+    spends = _per_instance(rows, idle_ids, polled_ids, instances)
     return SpendReport(
         month=month,
         start_at=start,
@@ -221,6 +229,7 @@ def spend_csv(report: SpendReport) -> bytes:
             f"compute_{report.currency}",
             f"storage_{report.currency}",
             f"idle_{report.currency}",
+            f"unmeasured_{report.currency}",
             f"total_{report.currency}",
         ]
     )
@@ -238,6 +247,7 @@ def spend_csv(report: SpendReport) -> bytes:
                 _units(item.compute_micros),
                 _units(item.storage_micros),
                 _units(item.idle_micros),
+                _units(item.unmeasured_micros),
                 _units(item.total_micros),
             ]
         )
@@ -264,10 +274,11 @@ def _charges(session: Session, start: datetime, end: datetime) -> list[_ChargeRo
     ]
 
 
-def _idle_charge_ids(
+def _polled_charge_ids(
     session: Session, start: datetime, end: datetime, threshold_pct: float
-) -> set[int]:
-    """Compute charges whose every poll succeeded below the threshold (and had at least one)."""
+) -> tuple[set[int], set[int]]:
+    """(idle, polled): compute charges whose every poll succeeded below the threshold (with at
+    least one poll), and compute charges with at least one poll."""
     idle_poll = case(
         (
             and_(
@@ -292,13 +303,17 @@ def _idle_charge_ids(
         .where(Charge.kind == ledger.COMPUTE, Charge.start_at >= start, Charge.start_at < end)
         .group_by(col(Charge.id))
     ).all()
-    return {int(id_) for id_, polls, idle in rows if id_ is not None and polls and idle == polls}
+    polled = {int(id_): (polls, idle) for id_, polls, idle in rows if id_ is not None and polls}
+    return {id_ for id_, (polls, idle) in polled.items() if idle == polls}, set(polled)
 
 
 def _per_instance(
-    rows: list[_ChargeRow], idle_ids: set[int], instances: dict[int | None, Instance]
+    rows: list[_ChargeRow],
+    idle_ids: set[int],
+    polled_ids: set[int],
+    instances: dict[int | None, Instance],
 ) -> tuple[InstanceSpend, ...]:
-    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for row in rows:
         entry = sums[row.instance_id]
         if row.kind == ledger.COMPUTE:
@@ -306,10 +321,12 @@ def _per_instance(
             entry[3] += row.billed_s
             if row.id in idle_ids:
                 entry[2] += row.amount_micros
+            if row.id not in polled_ids:
+                entry[4] += row.amount_micros
         else:
             entry[1] += row.amount_micros
     spends = []
-    for instance_id, (compute, other, idle, seconds) in sums.items():
+    for instance_id, (compute, other, idle, seconds, unmeasured) in sums.items():
         instance = instances.get(instance_id)
         if instance is None:
             continue
@@ -326,6 +343,7 @@ def _per_instance(
                 storage_micros=other,
                 idle_micros=idle,
                 compute_s=seconds,
+                unmeasured_micros=unmeasured,
             )
         )
     spends.sort(key=lambda item: (-item.total_micros, item.name, item.instance_id))

@@ -80,6 +80,17 @@ def test_spend_message_shows_totals_idle_and_top_instances() -> None:
     assert "egress) is not metered" in shown
 
 
+def test_spend_message_says_what_no_poll_measured() -> None:
+    partly = [spend_item(0, idle_micros=USD // 4, unmeasured_micros=USD // 2), spend_item(1)]
+    shown = validate(money.spend_message(report(partly)))
+    assert "Idle GPUs cost *$0.25*" in shown
+    assert "GPU use was not measured for $0.50." in shown
+    never = [spend_item(0, unmeasured_micros=USD), spend_item(1, unmeasured_micros=2 * USD)]
+    shown = validate(money.spend_message(report(never)))
+    assert "Idle cost unknown: no poll measured GPU use in these hours." in shown
+    assert "Idle GPUs cost" not in shown
+
+
 def test_spend_message_with_hundreds_of_groups_stays_within_limits() -> None:
     items = [spend_item(i, name="x" * 60 + str(i)) for i in range(400)]
     shown = validate(money.spend_message(report(items, by="instance")))

@@ -106,6 +106,7 @@ def test_totals_idle_and_groups(db: Database, fleet: dict[str, int]) -> None:
     # Four idle hours on the H100 box; bob's hour with a failed poll and his unpolled hours count
     # as active, his second hour (all polls at 0%) is idle.
     assert result.idle_micros == 4 * 8 * USD + 500_000
+    assert result.unmeasured_micros == 3 * 500_000  # bob's last three hours had no poll
     assert [line.key for line in result.groups] == ["UALICE", "UBOB"]
     assert result.groups[0].total_micros == 80 * USD
     assert result.top(1)[0].name == "h100"
@@ -143,6 +144,7 @@ def test_csv_has_one_row_per_instance(db: Database, fleet: dict[str, int]) -> No
     assert [row["instance"] for row in rows] == ["h100", "rtx"]
     assert rows[0]["total_USD"] == "80.000000"
     assert rows[0]["idle_USD"] == "32.000000"
+    assert (rows[0]["unmeasured_USD"], rows[1]["unmeasured_USD"]) == ("0.000000", "1.500000")
     assert rows[0]["compute_hours"] == "10.00"
     assert rows[1]["owner"] == "UBOB"
 
