@@ -44,7 +44,8 @@ def dumps(doc: Any) -> str:
 
 
 def quote(text: str) -> str:
-    """A JSON string literal for ``text``, non-ASCII characters escaped as ``\\uXXXX``."""
+    """A JSON string literal for ``text``; characters outside printable ASCII become ``\\u``
+    escapes (surrogate pairs above U+FFFF)."""
     if _c_quote is not None:
         return _c_quote(text)
     return quote_python(text)

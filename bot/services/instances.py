@@ -190,7 +190,7 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
                 return instance_view(found)
         try:
             with rt.db.session() as session:
-                _ensure_person(session, owner_id, None)
+                ensure_person(session, owner_id, None)
                 inst = Instance(
                     name=LOCAL_NAME,
                     owner_id=owner_id,
@@ -735,7 +735,7 @@ def _store_registration(
 ) -> Instance:
     try:
         with rt.db.session() as session:
-            _ensure_person(session, caller.user_id, caller.user_name)
+            ensure_person(session, caller.user_id, caller.user_name)
             if existing is not None:
                 inst = _re_register(session, caller, existing, fields, deadline_at, now)
             else:
@@ -822,8 +822,13 @@ def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> N
         prompts.notify(rt, recipient, text, body)
 
 
-def _ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
-    if session.get(Person, slack_id) is not None:
+def ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
+    """Add the person if unknown (a concurrent insert is fine); learn a display name Slack sent
+    for someone known without one."""
+    known = session.get(Person, slack_id)
+    if known is not None:
+        if display_name and not known.display_name:
+            known.display_name = display_name
         return
     try:
         with session.begin_nested():

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 
-from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, func, select
 
 from bot.commands.registry import Caller
 from bot.errors import UsageError
 from bot.runtime import Runtime
 from bot.services import access, audit
-from bot.services.instances import get_live_instance
+from bot.services.instances import ensure_person, get_live_instance
 from bot.services.job_views import AccessChange
 from bot.store.models import Instance, InstanceAccess, Person
 
@@ -66,7 +65,7 @@ def allow(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Acces
             )
         changed = _row(session, inst, person_id) is None
         if changed:
-            _ensure_person(session, person_id, display)
+            ensure_person(session, person_id, display)
             session.add(
                 InstanceAccess(
                     instance_id=_id(inst),
@@ -134,21 +133,6 @@ def _row(session: Session, inst: Instance, person_id: str) -> InstanceAccess | N
             InstanceAccess.instance_id == _id(inst), InstanceAccess.person_id == person_id
         )
     ).first()
-
-
-def _ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
-    """Add the person (an allowed person must be known); learn a display name Slack sent."""
-    known = session.get(Person, slack_id)
-    if known is not None:
-        if display_name and not known.display_name:
-            known.display_name = display_name
-        return
-    try:
-        with session.begin_nested():
-            session.add(Person(slack_id=slack_id, display_name=display_name))
-    except sa_exc.IntegrityError:
-        if session.get(Person, slack_id) is None:
-            raise
 
 
 def _id(inst: Instance) -> int:
