@@ -20,9 +20,11 @@ from bot.commands import load_all
 from bot.commands.registry import Registry
 from bot.errors import ConfigError
 from bot.fleet.fleet import Fleet
+from bot.fleet.local import LocalTransport
 from bot.listeners import register_listeners
 from bot.notify import Notifier
 from bot.providers.base import ProviderRegistry
+from bot.replay import ReplayGuard
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle, start_scheduler
 from bot.settings import Settings
@@ -93,21 +95,28 @@ def build_runtime(
     fleet: Fleet | None = None,
     providers: ProviderRegistry | None = None,
     db: Database | None = None,
+    console: bool = False,
 ) -> Runtime:
     """The bot's parts: the store (migrated to the newest schema), fleet, providers, a Slack
-    notifier, a naive-UTC clock and the executor. Raises ConfigError, StoreError."""
+    notifier, a naive-UTC clock and the executor. ``console`` serves the local console, the
+    only runtime whose fleet reaches the bot's own machine. Raises ConfigError, StoreError."""
     database = db if db is not None else Database(settings.effective_database_url)
     if db is None:
         database.migrate()
     return Runtime(
         settings=settings,
         db=database,
-        fleet=fleet if fleet is not None else Fleet(settings),
+        fleet=fleet if fleet is not None else _fleet(settings, console=console),
         providers=providers if providers is not None else ProviderRegistry.from_settings(settings),
         notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
         clock=clock if clock is not None else utcnow,
         executor=BotExecutor(settings.executor_workers, thread_name_prefix="gpubot"),
+        console=console,
     )
+
+
+def _fleet(settings: Settings, *, console: bool) -> Fleet:
+    return Fleet(settings, local_transport=LocalTransport() if console else None)
 
 
 def build_app(
@@ -116,10 +125,13 @@ def build_app(
     *,
     runtime: Runtime | None = None,
     registry: Registry | None = None,
+    replay_guard: ReplayGuard | None = None,
 ) -> App:
     """The Bolt app with the `/gpu` command and button listeners. ``client`` defaults to a
     WebClient at ``settings.slack_api_url``; ``runtime`` to :func:`build_runtime` with a
-    notifier on that client. Raises ConfigError when SLACK_BOT_TOKEN is missing."""
+    notifier on that client; ``replay_guard`` (which answers a signed request sent again
+    without running it) to a new :class:`~bot.replay.ReplayGuard`. Raises ConfigError when
+    SLACK_BOT_TOKEN is missing."""
     if not settings.slack_bot_token:
         raise ConfigError(
             "SLACK_BOT_TOKEN is not set.",
@@ -142,5 +154,7 @@ def build_app(
         process_before_response=True,
         logger=logging.getLogger("bot.bolt"),
     )
+    # After Bolt's own middleware: only requests whose signature checked out are remembered.
+    app.use(replay_guard if replay_guard is not None else ReplayGuard())
     register_listeners(app, rt, commands)
     return app

@@ -19,6 +19,10 @@ Rules:
   instance keeps billing storage. A GB-month is 730 hours (8760 h / 12), the month AWS uses for
   monthly figures (EBS usage is reported in GB-hours and divided by 730 h; the AWS Pricing
   Calculator's month); so a month's storage costs the same whichever month it is.
+- **A change of rules mid-session** (a re-registration with a new price, say) applies from that
+  moment only: the seconds billed so far and what they cost under the old rules are carried
+  (``compute_carried_s``/``_micros``, ``storage_carried_s``/``_micros``, see :func:`carry`), and
+  the rest of the session, including its final rounding, is billed under the new rules.
 - **Egress** is priced per GB (10^9 bytes) transferred, where a platform charges for it
   (:func:`egress_cost`). Nothing measures an instance's traffic, so the ledger records no egress
   charges and the spend report and digest say that egress is not metered.
@@ -150,12 +154,43 @@ class BilledInstance(Protocol):
     storage_micros_per_gb_month: int
     egress_micros_per_gb: int
     currency: str
+    compute_carried_s: int
+    compute_carried_micros: int
+    storage_carried_s: int
+    storage_carried_micros: int
     created_at: datetime
     ssh_ready_at: datetime | None
     stopped_at: datetime | None
     storage_deleted_at: datetime | None
     released_at: datetime | None
     release_mode: str | None
+
+
+#: The names of BilledInstance's fields.
+BILLED_FIELDS = (
+    "provider",
+    "price_micros",
+    "price_per",
+    "billing_increment",
+    "min_charge_s",
+    "billing_from",
+    "gpu_count",
+    "delivered_gpu_count",
+    "disk_gb",
+    "storage_micros_per_gb_month",
+    "egress_micros_per_gb",
+    "currency",
+    "compute_carried_s",
+    "compute_carried_micros",
+    "storage_carried_s",
+    "storage_carried_micros",
+    "created_at",
+    "ssh_ready_at",
+    "stopped_at",
+    "storage_deleted_at",
+    "released_at",
+    "release_mode",
+)
 
 
 @dataclass(frozen=True)
@@ -232,12 +267,53 @@ def compute_cost(rules: BillingRules, start: datetime, end: datetime) -> int:
 
 def storage_cost(rules: BillingRules, start: datetime, end: datetime) -> int:
     """Micros for the disk kept from ``start`` to ``end`` (per second; a month is 730 h)."""
-    seconds = elapsed_seconds(start, end)
-    if seconds == 0 or rules.disk_mb == 0:
+    return storage_cost_s(rules, elapsed_seconds(start, end))
+
+
+def storage_cost_s(rules: BillingRules, seconds: int) -> int:
+    """Micros for the disk kept ``seconds`` long (a month is 730 h)."""
+    if seconds <= 0 or rules.disk_mb == 0:
         return 0
     return _ceil_div(
         rules.disk_mb * rules.storage_micros_per_gb_month * seconds, MB_PER_GB * STORAGE_MONTH_S
     )
+
+
+def compute_totals(instance: BilledInstance, seconds: int, *, final: bool) -> tuple[int, int]:
+    """(billed seconds, micros) the compute session owes after ``seconds`` of it: what was
+    carried from earlier rules plus the rest under the current rules. ``final`` applies the
+    increment and the minimum charge (the session ends there)."""
+    rules = rules_for(instance)
+    billed = billed_seconds(rules, seconds) if final else max(0, seconds)
+    carried_s = min(instance.compute_carried_s, billed)
+    return billed, instance.compute_carried_micros + metered_cost(rules, billed - carried_s)
+
+
+def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
+    """(seconds, micros) the disk owes after ``seconds`` of storage, carried part included."""
+    rules = rules_for(instance)
+    carried_s = min(instance.storage_carried_s, max(0, seconds))
+    return seconds, instance.storage_carried_micros + storage_cost_s(rules, seconds - carried_s)
+
+
+def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
+    """The carried fields to store before the instance's billing rules change at ``at``: what
+    its sessions owe up to ``at`` under the rules in force (no increment rounding: the session
+    goes on). Apply them together with the new rules."""
+    values = {
+        "compute_carried_s": instance.compute_carried_s,
+        "compute_carried_micros": instance.compute_carried_micros,
+    }
+    start = billing_start(instance)
+    if start is not None:
+        seconds = elapsed_seconds(start, _earlier(compute_end(instance), at))
+        if seconds > 0:
+            _, micros = compute_totals(instance, seconds, final=False)
+            values.update(compute_carried_s=seconds, compute_carried_micros=micros)
+    storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
+    _, storage_micros = storage_totals(instance, storage_s)
+    values.update(storage_carried_s=storage_s, storage_carried_micros=storage_micros)
+    return values
 
 
 def egress_cost(rules: BillingRules, egress_bytes: int) -> int:
@@ -275,13 +351,14 @@ def cost_breakdown(instance: BilledInstance, at: datetime) -> CostBreakdown:
     A session cut short is billed as if it ended at ``at`` (increment and minimum applied), which
     is what releasing it at ``at`` would cost.
     """
-    rules = rules_for(instance)
     compute = 0
     start = billing_start(instance)
     if start is not None:
-        end = _earlier(compute_end(instance), at)
-        compute = compute_cost(rules, start, end)
-    storage = storage_cost(rules, instance.created_at, _earlier(storage_end(instance), at))
+        seconds = elapsed_seconds(start, _earlier(compute_end(instance), at))
+        if seconds > 0:
+            compute = compute_totals(instance, seconds, final=True)[1]
+    storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
+    storage = storage_totals(instance, storage_s)[1]
     return CostBreakdown(compute_micros=compute, storage_micros=storage)
 
 

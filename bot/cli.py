@@ -3,16 +3,21 @@
 With no arguments: Socket Mode when SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, otherwise the
 console. Configuration comes from the environment (see bot/settings.py); a setting that cannot
 be used exits with status 2 and says which.
+
+Everything gpubot creates is private to its user: it sets the umask to 077 first, and the data
+directory (the SQLite store, logs, the console's files) is made with mode 0700.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 
 from slack_sdk import WebClient
@@ -30,13 +35,17 @@ from bot.store.db import Database
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2
+#: Files and directories gpubot creates: readable and writable by its user only.
+PRIVATE_UMASK = 0o077
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``gpubot``; returns the exit status (0 ok, 1 failed, 2 bad usage or settings)."""
+    os.umask(PRIVATE_UMASK)
     args = cli_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
+        make_private_dir(settings.data_dir)
         mode = args.mode or ("socket" if settings.socket_mode else "console")
         return _MODES[mode](settings, args)
     except ConfigError as exc:
@@ -47,6 +56,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` and its missing parents with mode 0700 (an existing directory is left as
+    it is). Raises ConfigError when it cannot be created."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot create the data directory {path}: {exc.strerror or exc}.",
+            hint="Set GPUBOT_DATA_DIR to a directory this user may create and write.",
+        ) from exc
 
 
 def cli_parser() -> argparse.ArgumentParser:

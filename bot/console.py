@@ -164,7 +164,7 @@ class Console:
             channel=channel,
         )
         self.printer.files_dir = self.settings.data_dir / "console-files"
-        self.runtime = build_runtime(self.settings)
+        self.runtime = build_runtime(self.settings, console=True)
         self._real_clock = self.runtime.clock
         self.runtime.clock = self._now
         self.app = build_app(self.settings, runtime=self.runtime, registry=self.registry)

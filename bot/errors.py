@@ -125,6 +125,10 @@ class CommandTimeout(Unreachable):
     """A command on the instance did not finish in time."""
 
 
+class LocalRefused(FleetError):
+    """The bot's own machine (``local``) was addressed outside the local console."""
+
+
 # --- Providers ------------------------------------------------------------------------------
 
 

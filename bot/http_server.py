@@ -1,6 +1,7 @@
 """HTTP mode: Slack's signed requests served to the Bolt app by a threading HTTP server.
 
-``POST /slack/events`` goes to ``app.dispatch`` (which checks the signature and the timestamp);
+``POST /slack/events`` goes to ``app.dispatch`` (which checks the signature and the timestamp,
+and through bot.replay answers a signature it already accepted without running anything);
 ``GET /healthz`` answers ``ok`` for load balancers and container health checks.
 """
 

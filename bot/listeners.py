@@ -1,7 +1,9 @@
 """The Bolt listeners: ack at once, then parse, run the handler and answer on the bot's executor.
 
 Listeners are thin: no SQL, no SSH. Errors the bot expects reach the user as an ephemeral
-message; anything else is logged with an error id that the user is shown.
+message; anything else is logged with an error id that the user is shown. A button's value is
+the id of a row; one that is not (not a number, out of range, malformed) is answered at once
+and reaches no handler.
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ from bot.errors import GpubotError, UsageError
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
+from bot.store.models import MAX_ROW_ID
 
 log = logging.getLogger(__name__)
 
 #: The one slash command; deploy/manifest.yaml declares it.
 SLASH_COMMAND = "/gpu"
+#: The largest id a button may carry (a larger one overflows an id column on PostgreSQL).
+MAX_BUTTON_ID = MAX_ROW_ID
+#: The answer to a button whose value is not an id.
+BAD_BUTTON_TEXT = (
+    ":warning: That button is out of date or malformed; run the command again for a new one."
+)
+_BUTTON_ID = re.compile(r"[1-9][0-9]{0,9}")
 
 
 def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
@@ -97,12 +107,26 @@ def execute_action(
     spec = registry.actions.get(action_id)
     if spec is None:
         return Reply(text="This button no longer does anything; run the command again.")
+    if button_id(value) is None:
+        log.warning(
+            "button %s by %s had a value that is no id: %r", action_id, caller.user_id, value[:40]
+        )
+        return Reply(text=BAD_BUTTON_TEXT)
     try:
         return spec.handler(rt, caller, value)
     except GpubotError as exc:
         return error_reply(exc)
     except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
         return crash_reply(f"button {action_id}={value[:100]!r}", caller)
+
+
+def button_id(value: str) -> int | None:
+    """A button's value as an id: digits without a leading zero, 1 to :data:`MAX_BUTTON_ID`;
+    None for anything else."""
+    if _BUTTON_ID.fullmatch(value) is None:
+        return None
+    number = int(value)
+    return number if number <= MAX_BUTTON_ID else None
 
 
 def error_reply(exc: GpubotError) -> Reply:

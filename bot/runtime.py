@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 @dataclass
 class Runtime:
     """Settings, store, fleet, providers, outgoing messages, the clock (naive UTC) and the
-    executor that runs slow work after a listener has acked."""
+    executor that runs slow work after a listener has acked. ``console`` is True only where
+    the runtime serves the local console: only then does the instance ``local`` exist."""
 
     settings: Settings
     db: Database
@@ -33,6 +34,7 @@ class Runtime:
     notifier: Notifier
     clock: Callable[[], datetime]
     executor: Executor
+    console: bool = False
 
     def now(self) -> datetime:
         """The current time, naive UTC, from the injected clock."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -29,6 +30,7 @@ class Settings:
     timezone: str = "UTC"
     currency: str = "USD"
     ssh_key: Path | None = None
+    ssh_key_dir: Path | None = None
     ssh_connect_timeout_s: float = 10.0
     ssh_command_timeout_s: float = 120.0
     agent_zipapp: Path = Path("dist/gpu-agent.pyz")
@@ -75,6 +77,8 @@ class Settings:
             values["data_dir"] = Path(env["GPUBOT_DATA_DIR"]).expanduser()
         if env.get("GPUBOT_SSH_KEY"):
             values["ssh_key"] = Path(env["GPUBOT_SSH_KEY"]).expanduser()
+        if env.get("GPUBOT_SSH_KEY_DIR"):
+            values["ssh_key_dir"] = Path(env["GPUBOT_SSH_KEY_DIR"]).expanduser()
         if env.get("GPUBOT_AGENT_ZIPAPP"):
             values["agent_zipapp"] = Path(env["GPUBOT_AGENT_ZIPAPP"]).expanduser()
         if env.get("GPUBOT_ADMINS"):
@@ -128,6 +132,45 @@ class Settings:
     def is_admin(self, user_id: str) -> bool:
         """Whether a Slack user ID is listed in GPUBOT_ADMINS."""
         return user_id in self.admins
+
+    def __repr__(self) -> str:
+        """Every field, with tokens, secrets and keys shown only as set or not, and the
+        passwords in URLs (``database_url``, the API URLs) masked; ``str()`` is the same."""
+        shown = []
+        for item in fields(self):
+            if not item.repr:
+                continue
+            value = getattr(self, item.name)
+            if is_secret_field(item.name) and value:
+                text = repr(MASK)
+            elif item.name.endswith("_url") and isinstance(value, str):
+                text = repr(mask_url_password(value))
+            else:
+                text = repr(value)
+            shown.append(f"{item.name}={text}")
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+
+#: What a secret shows as in the repr of Settings.
+MASK = "***"
+_SECRET_SUFFIXES = ("_token", "_secret", "_api_key", "_password")
+
+
+def is_secret_field(name: str) -> bool:
+    """Whether a Settings field holds a secret, by its name (``*_token``, ``*_secret``,
+    ``*_api_key``, ``*_password``)."""
+    return name.endswith(_SECRET_SUFFIXES)
+
+
+def mask_url_password(url: str) -> str:
+    """``url`` with the password of its user part (up to the last ``@``, as SQLAlchemy reads
+    it) and of any ``password=`` query parameter replaced by ``***``."""
+    masked = _URL_PASSWORD.sub(rf"\g<head>{MASK}@", url, count=1)
+    return _QUERY_PASSWORD.sub(rf"\g<head>{MASK}", masked)
+
+
+_URL_PASSWORD = re.compile(r"^(?P<head>[^:/?#]+://[^:/?#@]*:).*@(?=[^@]*$)", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd)=)[^&#]*", re.IGNORECASE)
 
 
 def _put(values: dict[str, Any], name: str, value: str | None) -> None:

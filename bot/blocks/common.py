@@ -177,8 +177,18 @@ def fit(blocks: Sequence[Block], note: str = "{n} more not shown.") -> tuple[Blo
 
 
 def fallback(text: str) -> str:
-    """A message's top-level text, clipped to what Slack keeps."""
-    return clip(text, FALLBACK_TEXT_MAX)
+    """A message's top-level text, clipped to what Slack keeps (never inside an entity).
+
+    Slack reads this text as mrkdwn just like a section's (mentions, ``<!channel>``, links),
+    so the renderers put people's and machines' words into it through :func:`escape` too."""
+    clipped = clip(text, FALLBACK_TEXT_MAX)
+    if clipped == text:
+        return text
+    body = clipped[: -len(ELLIPSIS)]
+    amp = body.rfind("&", -len("&amp;") + 1)
+    if amp >= 0 and ";" not in body[amp:]:
+        body = body[:amp]
+    return body + ELLIPSIS
 
 
 def when(at: datetime, tz: ZoneInfo) -> str:

@@ -1,7 +1,8 @@
 """Block Kit for deadlines, idle prompts and releases: pure functions, values in, message out.
 
 Times arrive as naive UTC and are shown in the configured zone; money arrives in micro-units.
-Every message carries a plain ``text`` fallback.
+Every message carries a ``text`` fallback, which Slack reads as mrkdwn like the section it
+repeats: errors and anything else from people or platforms go into it escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from bot.blocks.common import escape
 from bot.commands.values import format_duration, format_money
 
 Block = dict[str, Any]
@@ -201,7 +203,7 @@ def release_escalation(
             "Please release it on its platform and press the button in the owner's message."
         )
     else:
-        error = f" Last error: {last_error}" if last_error else ""
+        error = f" Last error: {escape(last_error)}" if last_error else ""
         text = (
             f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
             f"{inst.provider} failed {attempts} times; it may still cost {cost}. "
@@ -307,9 +309,9 @@ def policy_summary(
 def rent_started(provider: str, instance_type: str, names: tuple[str, ...]) -> Message:
     """The immediate answer to `/gpu rent`."""
     text = (
-        f":hourglass_flowing_sand: Renting {len(names)} x {instance_type} on {provider} as "
-        f"{', '.join(names)}. I will post here once SSH answers and the health check ran "
-        "(usually a few minutes)."
+        f":hourglass_flowing_sand: Renting {len(names)} x {escape(instance_type)} on {provider} "
+        f"as {escape(', '.join(names))}. I will post here once SSH answers and the health check "
+        "ran (usually a few minutes)."
     )
     return text, (section(text),)
 
@@ -322,13 +324,13 @@ def rent_finished(
     if registered:
         lines.append(
             f":white_check_mark: {mention(owner_id)} rented on {provider} and registered: "
-            + ", ".join(f"*{n}*" for n in registered)
+            + ", ".join(f"*{escape(n)}*" for n in registered)
             + ". `/gpu status NAME` shows them."
         )
     for provider_id, why in failed:
         lines.append(
-            f":x: {provider} instance {provider_id} could not be registered and was terminated "
-            f"again: {why}"
+            f":x: {provider} instance {escape(provider_id)} could not be registered and was "
+            f"terminated again: {escape(why)}"
         )
     text = "\n".join(lines) or f"Nothing was rented on {provider}."
     return text, (section(text),)

@@ -2,6 +2,8 @@
 release. Pure functions: a view in, ``(text, blocks)`` out, within Slack's limits.
 
 Times arrive as naive UTC and are shown in the view's time zone; money arrives in micro-units.
+Words from people and machines (addresses, errors, process names) are escaped for mrkdwn, in
+the fallback text as in the blocks.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def register_result(result: RegisterResult) -> Message:
     inst = result.instance
     tz = ZoneInfo(result.timezone)
     verb = "Re-registered" if result.re_registered else "Registered"
-    text = f"{verb} {inst.name} ({inst.address})."
+    text = f"{verb} {inst.name} ({escape(inst.address)})."
     items = [
         f"*Address*\n{escape(inst.address)}",
         f"*GPUs*\n{escape(_delivered(result.gpus) or 'none visible')}",
@@ -181,7 +183,7 @@ def instance_detail(detail: InstanceDetail) -> Message:
             )
         )
     left = time_left(inst.deadline_at, detail.now)
-    text = f"{inst.name}: {_state(inst.state)}, {_plain_live(row)}, {left}."
+    text = f"{inst.name}: {_state(inst.state)}, {escape(_plain_live(row))}, {left}."
     return fallback(text), fit(blocks)
 
 
@@ -198,7 +200,7 @@ def health_report(view: HealthView) -> Message:
         )
     counts = Counter(c.status for c in view.checks)
     summary = ", ".join(f"{counts[s]} {s}" for s in ("fail", "warn", "pass", "skip") if counts[s])
-    return fallback(f"{title} ({summary or 'no checks'})."), fit(blocks)
+    return fallback(f"{escape(title)} ({summary or 'no checks'})."), fit(blocks)
 
 
 # --- changes ----------------------------------------------------------------------------------

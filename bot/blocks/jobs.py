@@ -1,8 +1,8 @@
 """Block Kit for jobs: the "queued" message, the completion reply, the job list, logs, who and
 cancel. Pure functions: views in, ``(text, blocks)`` out, within Slack's limits.
 
-Command lines and logs are shown as code, escaped for mrkdwn; a log is cut from its start so
-its last lines always fit.
+Command lines and logs are shown as code, escaped for mrkdwn (in the fallback text too); a
+log is cut from its start so its last lines always fit.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def queued_message(job: JobView) -> Message:
             f"Agent job `{escape(job.agent_job_id)}`. I'll reply in this thread when it ends.",
         ),
     ]
-    text = f"{title}: {command_line(job.command)}"
+    text = f"{escape(title)}: {escape(command_line(job.command))}"
     return fallback(text), fit(blocks)
 
 
@@ -100,7 +100,7 @@ def completion_reply(job: JobView) -> Message:
         blocks.append(section(code_block(summary.log_tail, keep="end")))
     if job.instance_active:
         blocks.append(actions([button("Release instance", RELEASE_ASK, str(job.instance_id))]))
-    text = f"{title} ({_exit_text(job)}, {_duration_text(job)}, {_cost_text(job)})"
+    text = f"{escape(title)} ({_exit_text(job)}, {_duration_text(job)}, {_cost_text(job)})"
     return fallback(text), fit(blocks)
 
 
@@ -108,8 +108,8 @@ def job_list(view: JobListView) -> Message:
     """``/gpu jobs [NAME]``: one line per job, newest last."""
     where = view.instance_name or "the fleet"
     if not view.jobs:
-        text = f"No jobs on {where}."
-        blocks: list[Block] = [section(escape(text))]
+        text = escape(f"No jobs on {where}.")
+        blocks: list[Block] = [section(text)]
         if view.problem:
             blocks.append(context(escape(view.problem)))
         return text, tuple(blocks)
@@ -118,8 +118,9 @@ def job_list(view: JobListView) -> Message:
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
     if view.problem:
         blocks.append(context(escape(view.problem)))
-    text = f"Jobs on {where}:\n" + "\n".join(
-        f"{job.ref} {job.state} {command_line(job.command)}" for job in view.jobs
+    text = escape(
+        f"Jobs on {where}:\n"
+        + "\n".join(f"{job.ref} {job.state} {command_line(job.command)}" for job in view.jobs)
     )
     return fallback(text), fit(blocks, "{n} more sections not shown.")
 
@@ -131,18 +132,20 @@ def log_message(view: LogView) -> Message:
     blocks: list[Block] = [section(f"{STATE_EMOJI.get(job.state, '')} *{escape(title)}*".strip())]
     if not view.text.strip():
         blocks.append(context("The log is empty so far."))
-        return fallback(title + ": empty"), tuple(blocks)
+        return fallback(escape(title + ": empty")), tuple(blocks)
     chunks = split_code(view.text, LOG_SECTIONS_MAX)
     blocks.extend(section(chunk) for chunk in chunks)
-    blocks.append(context(f"Last {view.tail} lines at most. `/gpu logs {job.ref} --tail N`"))
-    return fallback(f"{title}\n{view.text}"), fit(blocks)
+    blocks.append(
+        context(f"Last {view.tail} lines at most. {code(f'/gpu logs {job.ref} --tail N')}")
+    )
+    return fallback(escape(f"{title}\n{view.text}")), fit(blocks)
 
 
 def who_message(view: WhoView) -> Message:
     """``/gpu who NAME``: every GPU and who holds it."""
     title = f"Who uses the GPUs of {view.instance_name}"
     if not view.gpus:
-        return f"{title}: no GPUs.", (section(f"*{escape(title)}*: no GPUs."),)
+        return f"{escape(title)}: no GPUs.", (section(f"*{escape(title)}*: no GPUs."),)
     lines = []
     for gpu in view.gpus:
         lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}")
@@ -156,7 +159,7 @@ def who_message(view: WhoView) -> Message:
             lines.append(f"    pid {proc.pid} · {who}{job}{mem}{cmd}")
     blocks: list[Block] = [header(title)]
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
-    text = f"{title}: " + "; ".join(
+    text = f"{escape(title)}: " + "; ".join(
         f"GPU {g.index}: {len(g.processes)} process(es)" for g in view.gpus
     )
     return fallback(text), fit(blocks)
@@ -164,10 +167,10 @@ def who_message(view: WhoView) -> Message:
 
 def cancel_message(job: JobView) -> Message:
     """The answer to ``/gpu cancel``."""
-    text = f"Job {job.ref} on {job.instance_name}: {job.state}."
+    text = escape(f"Job {job.ref} on {job.instance_name}: {job.state}.")
     if job.state == "cancelled":
-        text = f"Cancelled job {job.ref} on {job.instance_name}."
-    return text, (section(f"{STATE_EMOJI.get(job.state, '')} {escape(text)}".strip()),)
+        text = escape(f"Cancelled job {job.ref} on {job.instance_name}.")
+    return text, (section(f"{STATE_EMOJI.get(job.state, '')} {text}".strip()),)
 
 
 def access_message(change: AccessChange) -> Message:
@@ -198,8 +201,10 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
     posted to the channel, else a short note."""
     if not posted:
         return queued_message(job)
-    text = f"Queued job {job.ref} on {job.instance_name}; I'll reply in its thread when it ends."
-    return text, (section(escape(text)),)
+    text = escape(
+        f"Queued job {job.ref} on {job.instance_name}; I'll reply in its thread when it ends."
+    )
+    return text, (section(text),)
 
 
 # --- pieces -----------------------------------------------------------------------------------

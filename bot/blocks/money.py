@@ -1,5 +1,7 @@
 """Block Kit for money: spend reports, the monthly digest, budgets, `/gpu fit` and
 `/gpu estimate`. Pure functions, values in, (fallback text, blocks) out; amounts in micro-units.
+Names people chose (projects, instances, GPU models) are escaped for mrkdwn, in the fallback text
+as in the blocks.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from bot.blocks.common import code, escape
 from bot.commands.values import format_duration, format_money
 
 if TYPE_CHECKING:
@@ -105,7 +108,7 @@ def digest_message(data: DigestData) -> Message:
             blocks.append(_section(f"*By {_BY_TITLE[by]}*\n{grouped}"))
     if data.savings:
         saving_lines = [
-            f"• *{s.instance_name}* ({s.gpu_label}, <@{s.owner_id}>): "
+            f"• *{escape(s.instance_name)}* ({escape(s.gpu_label)}, <@{s.owner_id}>): "
             f"{format_money(s.compute_micros, currency)} by the hour vs "
             f"{format_money(s.plan_micros, currency)} a month on {s.plan_source} — "
             f"*{format_money(s.saving_micros, currency)} less*"
@@ -116,9 +119,9 @@ def digest_message(data: DigestData) -> Message:
         )
     if data.jobs:
         job_lines = [
-            f"• `{job.job_id}` on *{job.instance_name}* by <@{job.requested_by}>: "
+            f"• {code(job.job_id)} on *{escape(job.instance_name)}* by <@{job.requested_by}>: "
             f"{format_money(job.cost_micros, currency)} over "
-            f"{format_duration(_seconds(job.duration_s))} — `{_escape(job.command)}`"
+            f"{format_duration(_seconds(job.duration_s))} — {code(job.command)}"
             for job in data.jobs
         ]
         blocks.append(_section("*Most expensive jobs*\n" + "\n".join(job_lines)))
@@ -160,7 +163,7 @@ def fit_message(report: FitReport) -> Message:
     name = shape.name if shape.known else f"{shape.name} (shaped like {shape.shape_from})"
     title = f"{name} {report.mode}, {report.bits}-bit"
     total = _gb(report.memory.total_bytes)
-    text = f"{title}: about {total} of GPU memory"
+    text = f"{escape(title)}: about {total} of GPU memory"
     parts = "\n".join(
         f"{label:<16}{_gb(size):>12}" for label, size in report.memory.parts() if size
     )
@@ -193,7 +196,7 @@ def estimate_message(report: EstimateReport, currency: str) -> Message:
         cost = "no price known" if option.cost_micros is None else _money(option, currency)
         lines.append(f"• *{option.name}*: {cost} — {option.detail}")
     best = report.cheapest
-    text = f"{title}: cheapest is {best.name}" if best else title
+    text = f"{escape(title)}: cheapest is {best.name}" if best else escape(title)
     prices = [
         f"hourly {_maybe(report.hourly_micros, currency)}/h ({report.hourly_source})",
         f"monthly {_maybe(report.monthly_micros, currency)} ({report.monthly_source})",
@@ -268,7 +271,7 @@ def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int)
 def _instance_lines(report: SpendReport) -> str:
     currency = report.currency
     return "\n".join(
-        f"• *{item.name}* ({item.gpu_label}, <@{item.owner_id}>): "
+        f"• *{escape(item.name)}* ({escape(item.gpu_label)}, <@{item.owner_id}>): "
         f"{format_money(item.total_micros, currency)}"
         + (f", idle {format_money(item.idle_micros, currency)}" if item.idle_micros else "")
         for item in report.top(TOP_INSTANCES)
@@ -276,7 +279,7 @@ def _instance_lines(report: SpendReport) -> str:
 
 
 def _label(key: str, by: str) -> str:
-    return f"<@{key}>" if by == "user" else key
+    return f"<@{key}>" if by == "user" else escape(key)
 
 
 def _change(current: int, previous: int) -> str:
@@ -302,7 +305,7 @@ def _budget_line(status: BudgetStatus, currency: str) -> str:
 
 
 def _subject(scope: str, subject: str) -> str:
-    return f"<@{subject}>" if scope == "user" else f"project *{subject}*"
+    return f"<@{subject}>" if scope == "user" else f"project *{escape(subject)}*"
 
 
 def _fit_line(fit: GpuFit) -> str:
@@ -337,10 +340,6 @@ def _number(value: Decimal) -> str:
 
 def _seconds(seconds: int) -> timedelta:
     return timedelta(seconds=seconds)
-
-
-def _escape(text: str) -> str:
-    return text.replace("`", "'").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _clip(text: str, limit: int) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import col, select
 
 from bot.blocks import deadlines as blocks
+from bot.blocks.common import escape
 from bot.commands.registry import REGISTRY, ActionSpec, Caller, CommandSpec, Reply
 from bot.commands.values import format_duration, parse_duration, parse_price, parse_when
 from bot.errors import Conflict, GpubotError, NotFound, UsageError
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 RENT_USAGE = (
     "/gpu rent PROVIDER TYPE [--count N] [--name NAME] [--release-in 3h | --release-at 18:00] "
-    "[--price 1.01/h] [--image AMI] [--ssh-key NAME] [--region R] [--user root] [--key PATH] "
+    "[--price 1.01/h] [--image AMI] [--ssh-key NAME] [--region R] [--user root] [--key NAME] "
     "[--project P] [--python PATH] [--disk GB]"
 )
 POLICY_USAGE = (
@@ -250,7 +251,7 @@ def _configure_rent(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssh-key", metavar="NAME")
     parser.add_argument("--region", metavar="REGION")
     parser.add_argument("--user", default="root", metavar="USER")
-    parser.add_argument("--key", metavar="PATH")
+    parser.add_argument("--key", metavar="NAME")
     parser.add_argument("--project", metavar="P")
     parser.add_argument("--python", metavar="PATH")
     parser.add_argument("--disk", type=_count_gb, metavar="GB")
@@ -272,7 +273,7 @@ def _rent(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         ssh_key_name=args.ssh_key,
         region=args.region,
         ssh_user=args.user,
-        key_path=args.key,
+        key_name=args.key,
         project=args.project,
         python_path=args.python,
         disk_gb=args.disk,
@@ -289,7 +290,7 @@ def _rent_in_background(rt: Runtime, caller: Caller, plan: rent_service.RentPlan
         result = rent_service.rent(rt, caller, plan)
     except GpubotError as exc:
         prompts.notify(
-            rt, where, f":x: Renting on {plan.provider.name} failed: {exc.user_text()}", ()
+            rt, where, f":x: Renting on {plan.provider.name} failed: {escape(exc.user_text())}", ()
         )
         return
     except Exception:  # a background task has nobody else to tell

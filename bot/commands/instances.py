@@ -32,7 +32,7 @@ REGISTER_USAGE = (
     "[--release-in 3h | --release-at 18:00] "
     "[--provider manual|aws|lambda|runpod|vast --provider-id ID] "
     "[--billing second|minute|hour] [--min-charge 1m] [--disk 200 --storage 0.10/GB-month] "
-    "[--project P] [--python PATH] [--key PATH]"
+    "[--project P] [--python PATH] [--key NAME]"
 )
 STATUS_USAGE = "/gpu status [NAME]"
 LIST_USAGE = "/gpu list"
@@ -63,7 +63,7 @@ def _configure_register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", type=parse_storage_price, metavar="0.10/GB-month")
     parser.add_argument("--project", metavar="P")
     parser.add_argument("--python", metavar="PATH")
-    parser.add_argument("--key", metavar="PATH")
+    parser.add_argument("--key", metavar="NAME")
 
 
 def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -90,7 +90,7 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         storage_micros_per_gb_month=args.storage or 0,
         project=args.project,
         python_path=args.python,
-        key_path=args.key,
+        key_name=args.key,
     )
     result = service.register(rt, caller, request)
     text, body = blocks.register_result(result)

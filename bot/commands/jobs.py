@@ -84,7 +84,7 @@ def handle_jobs(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def handle_logs(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     """The last lines of a job's log."""
-    text, body = blocks.log_message(service.logs(rt, args.job, args.tail))
+    text, body = blocks.log_message(service.logs(rt, caller, args.job, args.tail))
     return Reply(text=text, blocks=body)
 
 

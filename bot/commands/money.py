@@ -14,6 +14,7 @@ from sqlmodel import col, select
 
 from bot import charts
 from bot.blocks import money as blocks
+from bot.blocks.common import escape
 from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
 from bot.commands.values import parse_money, parse_price, whole_number
 from bot.errors import GpubotError, UsageError
@@ -142,7 +143,7 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         scope = budgets.parse_scope(words[0])
         subject = budgets.resolve_subject(rt.db, scope, words[1], caller)
         budgets.remove_budget(rt, caller, scope, subject)
-        who = f"<@{subject}>" if scope == "user" else f"project {subject}"
+        who = f"<@{subject}>" if scope == "user" else f"project {escape(subject)}"
         return Reply(text=f"The budget of {who} is removed.", ephemeral=False)
     raise UsageError(f"`budget {action}` is not known.", usage=BUDGET_USAGE)
 

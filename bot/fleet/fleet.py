@@ -18,7 +18,7 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import TypeVar
 
-from bot.errors import AgentBroken, CommandTimeout, FleetError
+from bot.errors import AgentBroken, CommandTimeout, FleetError, LocalRefused
 from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import HostKey, Target, Transport
 from bot.fleet.local import LocalTransport
@@ -51,7 +51,8 @@ class Fleet:
     ) -> None:
         self.settings = settings
         self.zipapp_path = Path(zipapp_path) if zipapp_path is not None else settings.agent_zipapp
-        self._local = local_transport or LocalTransport()
+        #: The bot's own machine, only where the runtime serves a local console.
+        self._local = local_transport
         self._lock = threading.Lock()
         self._pool: dict[str, tuple[_PoolKey, SshTransport]] = {}
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fleet")
@@ -70,6 +71,12 @@ class Fleet:
         """The pooled transport for ``target`` (a new connection when its address or pinned key
         changed since the last call)."""
         if target.is_local:
+            if self._local is None:
+                raise LocalRefused(
+                    "local is the machine the bot runs on; it is reached only from the console",
+                    instance=target.name,
+                    hint="Register a remote instance over SSH instead.",
+                )
             return self._local
         key = _pool_key(target)
         stale: SshTransport | None = None

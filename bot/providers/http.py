@@ -3,6 +3,9 @@
 HTTP answers become the provider errors: 401/403 ProviderAuthError, 404 ProviderNotFound, 429
 ProviderRateLimited (with the Retry-After header in seconds), 5xx and network trouble
 ProviderError(retryable=True), any other 4xx ProviderError(retryable=False).
+
+Redirects are followed only within the API's own scheme, host and port: the API key must never
+reach another host, so a redirect elsewhere is not followed and raises ProviderError.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from http.client import HTTPMessage
+from typing import IO, Any
 
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
 
@@ -37,6 +41,7 @@ class JsonApi:
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers)
         self.timeout_s = timeout_s
+        self._opener = urllib.request.build_opener(_SameOriginRedirects(provider))
 
     @classmethod
     def bearer(cls, provider: str, base_url: str, api_key: str | None) -> JsonApi:
@@ -84,7 +89,7 @@ class JsonApi:
         request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310
         what = f"{self.provider}: {method} {path}"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            with self._opener.open(request, timeout=self.timeout_s) as response:
                 raw = response.read()
         except urllib.error.HTTPError as exc:
             raise _http_error(what, exc) from exc
@@ -99,6 +104,52 @@ class JsonApi:
             return json.loads(raw)
         except ValueError as exc:
             raise ProviderError(f"{what} answered with something that is not JSON") from exc
+
+
+class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port, so the API key in the
+    request's headers never goes to another host; any other redirect raises ProviderError."""
+
+    def __init__(self, provider: str) -> None:
+        self.provider = provider
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if origin(newurl) != origin(req.full_url):
+            fp.close()
+            target = urllib.parse.urlsplit(newurl)
+            raise ProviderError(
+                f"{self.provider}: the API redirected {req.get_method()} "
+                f"{urllib.parse.urlsplit(req.full_url).path} to another host "
+                f"({target.scheme}://{target.netloc}); the bot does not send its API key there",
+                retryable=False,
+                hint=f"Check GPUBOT_{self.provider.upper()}_API_URL: it must be the platform's "
+                "API address itself, which answers without redirecting.",
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """A URL's scheme, host (lower case) and port (the scheme's default when not given)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _http_error(what: str, exc: urllib.error.HTTPError) -> ProviderError:

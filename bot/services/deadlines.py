@@ -34,7 +34,6 @@ from bot.errors import (
     Conflict,
     GpubotError,
     NotAuthorized,
-    NotFound,
     ProviderError,
     ProviderNotFound,
     UsageError,
@@ -42,6 +41,7 @@ from bot.errors import (
 from bot.providers.base import ProviderInstance
 from bot.runtime import Runtime
 from bot.services import access, prompts, releases
+from bot.services.instances import get_live_instance
 from bot.store.models import Instance, Job, Prompt, Release, UtilSample
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
         instances = session.exec(
             select(Instance).where(
                 Instance.state == "active",
+                access.visible_clause(rt),
                 col(Instance.deadline_at).is_not(None) | col(Instance.lifetime_cap_at).is_not(None),
             )
         ).all()
@@ -243,6 +244,7 @@ def check_idle(rt: Runtime, now: datetime) -> list[int]:
         instances = session.exec(
             select(Instance).where(
                 Instance.state == "active",
+                access.visible_clause(rt),
                 col(Instance.idle_since).is_not(None),
                 col(Instance.idle_since) <= now - window,
             )
@@ -279,7 +281,9 @@ def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
     Returns the instance ids whose release was requested."""
     due: list[int] = []
     with rt.db.session() as session:
-        instances = session.exec(select(Instance).where(Instance.state == "active")).all()
+        instances = session.exec(
+            select(Instance).where(Instance.state == "active", access.visible_clause(rt))
+        ).all()
         for inst in instances:
             assert inst.id is not None
             latest = session.exec(
@@ -569,7 +573,7 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
         )
     now = rt.now()
     with rt.db.session() as session:
-        inst = _live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="change the policy of")
         if inst.state != "active":
             raise Conflict(f"{inst.name} is being released; its policy can no longer change.")
@@ -615,7 +619,7 @@ def set_lifetime_cap(
         )
     now = rt.now()
     with rt.db.session() as session:
-        inst = _live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         if inst.state != "active":
             raise Conflict(f"{inst.name} is being released; its lifetime can no longer change.")
         old = inst.lifetime_cap_at
@@ -654,15 +658,3 @@ def _policy_of(inst: Instance) -> dict[str, object]:
         "idle_release_after_s": inst.idle_release_after_s,
         "release_when_done": inst.release_when_done,
     }
-
-
-def _live_instance(session: Session, name: str) -> Instance:
-    inst = session.exec(
-        select(Instance).where(Instance.name == name, Instance.state != "released")
-    ).first()
-    if inst is None:
-        raise NotFound(
-            f"There is no instance called {name!r}.",
-            hint="`/gpu list` shows the instances; names are lowercase.",
-        )
-    return inst

@@ -16,10 +16,12 @@ import ipaddress
 import json
 import logging
 import re
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import update
@@ -43,10 +45,11 @@ from bot.errors import (
     ProviderNotFound,
     UsageError,
 )
+from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import access, audit, budgets, prompts, releases
+from bot.services import access, audit, budgets, ledger, prompts, releases
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -78,7 +81,9 @@ ADDRESS_HINT = (
 POLLED_STATES = ("active",)
 MAX_GPU_COUNT = 64
 KIND_HOST_KEY_CHANGED = "host_key_changed"
-LOCAL_NAME = "local"
+LOCAL_NAME = access.LOCAL_NAME
+#: Agent homes of registrations, relative to the login directory on the instance.
+AGENT_HOMES = ".gpu-agent/registrations"
 _GIB = 1024**3
 
 
@@ -111,8 +116,21 @@ class RegisterRequest:
     storage_micros_per_gb_month: int = 0
     project: str | None = None
     python_path: str | None = None
-    key_path: str | None = None
+    key_name: str | None = None
     agent_home: str | None = None
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """A registration ready to store: ``holder`` is the live registration of the same machine
+    it changes (None for a new one); ``deadline_at`` None keeps the holder's deadline."""
+
+    name: str
+    identity: access.MachineIdentity
+    holder: Instance | None
+    fields: dict[str, object]
+    deadline_at: datetime | None
+    now: datetime
 
 
 # --- register ---------------------------------------------------------------------------------
@@ -121,30 +139,43 @@ class RegisterRequest:
 def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResult:
     """Adopt an instance: pin its host key, install and run the agent, quick health check,
     compare the delivered GPUs with the rented ones, then store it with its deadline and
-    billing. Registering a name again from the same address (owner or admin) re-pins its key.
+    billing.
 
-    Nothing is stored when anything fails. Raises UsageError (bad input), Conflict (name in
-    use), NotAuthorized, ConfigError/NotFound/ProviderError (provider), FleetError subclasses."""
+    A machine has one live registration (bot.services.access): registering a machine someone
+    holds is refused, naming the holder, unless the caller owns it or is an admin; then it is a
+    re-registration (same name) or a rename (another name), which re-pins its key and is
+    checked like ``extend`` when it moves the deadline later. New billing rules apply from now.
+
+    Nothing is stored when anything fails. Raises UsageError (bad input), Conflict (name or
+    machine in use), NotAuthorized, BudgetExceeded, ConfigError/NotFound/ProviderError
+    (provider), FleetError subclasses."""
     name = validate_name(req.name)
     address = parse_address(req.address)
-    _check_local(name, address)
+    access.refuse_local(rt, name, address.host)
     _validate(rt, req)
+    key_path = keys.key_path(rt.settings, req.key_name) if req.key_name else None
     now = rt.now()
-    deadline_at = _deadline(rt, req, now)
-    existing = _registered_as(rt, caller, name, address)
+    identity = _identity(address, req, None)
+    holder = _holder(rt, caller, name, identity)
+    deadline_at = _deadline(rt, req, now, holder)
+    if holder is not None and deadline_at is not None:
+        _check_later_deadline(rt, caller, holder, deadline_at, req.project or holder.project)
     _check_provider_id(rt, req)
     host_key = (
         None if address.host == LOCAL_HOST else rt.fleet.scan_host_key(address.host, address.port)
     )
+    if host_key is not None:
+        identity = _identity(address, req, host_key.fingerprint)
+        holder = _holder(rt, caller, name, identity)
     target = Target(
         name=name,
         host=address.host,
         port=address.port,
         user=address.user,
-        key_path=req.key_path,
+        key_path=str(key_path) if key_path else None,
         host_key=host_key,
         python_path=req.python_path,
-        agent_home=_agent_home(rt, req, address),
+        agent_home=_agent_home(rt, req, address, holder),
     )
     rt.fleet.forget(name)
     try:
@@ -159,9 +190,11 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         raise
     mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
     fields = _instance_fields(req, target, status, version, now)
-    if existing is not None and req.release_in is None and req.release_at is None:
-        deadline_at = None  # re-registering keeps the deadline unless given one
-    stored = _store_registration(rt, caller, name, existing, fields, deadline_at, now)
+    stored = _store_registration(
+        rt, caller, _Registration(name, identity, holder, fields, deadline_at, now)
+    )
+    if holder is not None and holder.name != name:
+        rt.fleet.forget(holder.name)
     view = instance_view(stored)
     result = RegisterResult(
         instance=view,
@@ -170,7 +203,7 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         health=health_view(view, report, full=False),
         gpus=gpu_views(status),
         mismatch=mismatch,
-        re_registered=existing is not None,
+        re_registered=holder is not None,
         now=now,
         timezone=rt.settings.timezone,
     )
@@ -181,7 +214,9 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
 
 def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
     """The instance ``local`` (the machine the bot runs on), stored when missing; no deadline,
-    no price, nothing pinned. Idempotent, also when two callers race."""
+    no price, nothing pinned. Idempotent, also when two callers race. Only the console has it
+    (raises NotAuthorized elsewhere)."""
+    access.refuse_local(rt, LOCAL_NAME, LOCAL_HOST)
     now = rt.now()
     for _ in range(2):
         with rt.db.session() as session:
@@ -223,7 +258,9 @@ def fleet_overview(rt: Runtime) -> FleetOverview:
     with rt.db.session() as session:
         instances = list(
             session.exec(
-                select(Instance).where(Instance.state != "released").order_by(col(Instance.name))
+                select(Instance)
+                .where(Instance.state != "released", access.visible_clause(rt))
+                .order_by(col(Instance.name))
             ).all()
         )
         jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
@@ -238,7 +275,9 @@ def list_instances(rt: Runtime) -> FleetOverview:
     with rt.db.session() as session:
         instances = list(
             session.exec(
-                select(Instance).where(Instance.state != "released").order_by(col(Instance.name))
+                select(Instance)
+                .where(Instance.state != "released", access.visible_clause(rt))
+                .order_by(col(Instance.name))
             ).all()
         )
         jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
@@ -251,7 +290,7 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
     its last registration. Raises NotFound."""
     now = rt.now()
     with rt.db.session() as session:
-        inst = _by_name_any(session, name)
+        inst = _by_name_any(rt, session, name)
         jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
     outcome = _poll(rt, [inst], now).get(inst.name) if inst.state in POLLED_STATES else None
     row = _row(inst, outcome, jobs, now)
@@ -274,10 +313,15 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
 
 
 def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> HealthView:
-    """The health checklist of an active instance (``full`` adds the CUDA checks in the
-    instance's Python). Everyone may ask. Raises NotFound, Conflict, FleetError subclasses."""
+    """The health checklist of an active instance. Everyone may ask for the quick one; ``full``
+    (the CUDA checks and benchmarks, which load the GPUs) only the owner, the people allowed
+    on it and admins. Raises NotFound, NotAuthorized, Conflict, FleetError subclasses."""
     with rt.db.session() as session:
-        inst = get_live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
+        if full:
+            access.require_operate(
+                rt, caller, inst, session, action=f"run the full health check on {inst.name}"
+            )
     _require_active(inst, "checked")
     try:
         report = rt.fleet.agent(target_for(rt, inst)).health(
@@ -304,31 +348,41 @@ def extend(rt: Runtime, caller: Caller, name: str, delta: timedelta) -> Instance
         raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
     now = rt.now()
     with rt.db.session() as session:
-        inst = get_live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")
         _require_active(inst, "extended")
         owner_id, project = inst.owner_id, inst.project
     budgets.check_budget(rt, caller, owner_id, project)
     with rt.db.session() as session:
-        inst = get_live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")
         _require_active(inst, "extended")
         old = inst.deadline_at
         new = max(old or now, now) + delta
         cap = inst.lifetime_cap_at
-        if cap is not None and new > cap and not access.is_admin(rt, caller):
-            raise NotAuthorized(
-                f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin "
-                f"set); extending by {format_duration(delta)} would go past it.",
-                hint="Extend by less, or ask an admin to extend it past the limit.",
-            )
+        _check_cap(
+            rt,
+            caller,
+            inst,
+            new,
+            f"extending by {format_duration(delta)}",
+            "Extend by less, or ask an admin to extend it past the limit.",
+        )
         won = session.exec(
             update(Instance)
-            .where(col(Instance.id) == inst.id, col(Instance.state) == "active")
+            .where(
+                col(Instance.id) == inst.id,
+                col(Instance.state) == "active",
+                _same_deadline(old),
+            )
             .values(deadline_at=new)
         ).rowcount
         if won != 1:
-            raise Conflict(f"{inst.name} is being released; it can no longer be extended.")
+            raise Conflict(
+                f"{inst.name} changed while it was being extended (released, or its deadline "
+                "moved).",
+                hint=f"`/gpu status {inst.name}` shows it now; extend again if you still want to.",
+            )
         audit.record(
             session,
             caller.user_id,
@@ -349,7 +403,7 @@ def ask_release(rt: Runtime, caller: Caller, name: str) -> ReleaseAsk:
     Raises NotFound, NotAuthorized, Conflict (already being released)."""
     now = rt.now()
     with rt.db.session() as session:
-        inst = get_live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="release")
         _require_active(inst, "released again")
         jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
@@ -366,7 +420,7 @@ def release(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
     with an API is asked to terminate; a manual one gets the owner asked to release it there.
     Raises NotFound, NotAuthorized, Conflict (already released), ProviderError/ConfigError."""
     with rt.db.session() as session:
-        inst = _by_id(session, instance_id)
+        inst = _by_id(rt, session, instance_id)
         access.require_owner_or_admin(rt, caller, inst, action="release")
     if inst.state == "released":
         raise Conflict(f"{inst.name} is already released.")
@@ -375,7 +429,7 @@ def release(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
     done = releases.process_release(rt, opened.id)
     rt.fleet.forget(inst.name)
     with rt.db.session() as session:
-        current = _by_id(session, instance_id)
+        current = _by_id(rt, session, instance_id)
     return ReleaseView(
         instance=instance_view(current),
         release_id=opened.id,
@@ -390,7 +444,7 @@ def confirm_released(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseVi
     stops now. Idempotent. Raises NotFound, NotAuthorized."""
     done = releases.confirm_manual_release(rt, caller, instance_id)
     with rt.db.session() as session:
-        inst = _by_id(session, instance_id)
+        inst = _by_id(rt, session, instance_id)
     rt.fleet.forget(inst.name)
     assert done.id is not None
     return ReleaseView(
@@ -405,15 +459,16 @@ def confirm_released(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseVi
 def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
     """An instance by id (button values carry ids). Raises NotFound."""
     with rt.db.session() as session:
-        return instance_view(_by_id(session, instance_id))
+        return instance_view(_by_id(rt, session, instance_id))
 
 
 # --- shared with other services ---------------------------------------------------------------
 
 
-def get_live_instance(session: Session, name: str) -> Instance:
-    """The instance called ``name`` that is not released. Raises NotFound with a hint."""
-    inst = _live_by_name(session, name)
+def get_live_instance(rt: Runtime, session: Session, name: str) -> Instance:
+    """The instance called ``name`` that is not released and that this runtime may see (see
+    bot.services.access). Raises NotFound with a hint."""
+    inst = access.visible(rt, _live_by_name(session, name))
     if inst is None:
         raise NotFound(
             f"There is no instance called {name!r}.",
@@ -423,7 +478,8 @@ def get_live_instance(session: Session, name: str) -> Instance:
 
 
 def target_for(rt: Runtime, inst: Instance) -> Target:
-    """How the fleet reaches a stored instance (its pinned key, key file, Python, agent home)."""
+    """How the fleet reaches a stored instance (its pinned key, key file, Python, agent home).
+    A key no longer in the key directory fails when the fleet dials (AuthenticationFailed)."""
     host_key = None
     if inst.host_key_b64 and inst.host_key_type:
         host_key = HostKey(
@@ -431,12 +487,15 @@ def target_for(rt: Runtime, inst: Instance) -> Target:
             key_b64=inst.host_key_b64,
             fingerprint=inst.host_key_fingerprint or "",
         )
+    key_path = inst.ssh_key_path
+    if inst.ssh_key_name:
+        key_path = str(keys.stored_key_path(rt.settings, inst.ssh_key_name))
     return Target(
         name=inst.name,
         host=inst.host,
         port=inst.port,
         user=inst.ssh_user,
-        key_path=inst.ssh_key_path,
+        key_path=key_path,
         host_key=host_key,
         python_path=inst.python_path,
         agent_home=inst.agent_home,
@@ -616,25 +675,16 @@ def _validate(rt: Runtime, req: RegisterRequest) -> None:
         raise UsageError("--project needs a name of at most 100 characters.")
     if req.python_path is not None and not 0 < len(req.python_path) <= 1000:
         raise UsageError("--python needs a path.", hint="Like --python /opt/conda/bin/python.")
-    if req.key_path is not None and not Path(req.key_path).expanduser().is_file():
-        raise UsageError(
-            f"There is no key file {req.key_path[:200]!r} on the bot's machine.",
-            hint="Give the path of a private key the bot can read, or leave --key out to use "
-            "GPUBOT_SSH_KEY.",
-        )
+    if req.key_name is not None:
+        keys.check_key_name(req.key_name)
     rt.providers.get(req.provider)  # ConfigError when it needs configuring
 
 
-def _check_local(name: str, address: Address) -> None:
-    if (name == LOCAL_NAME) != (address.host == LOCAL_HOST):
-        raise UsageError(
-            "The name local and the address local go together: they mean the machine the bot "
-            "runs on.",
-            hint="Use another name for a remote instance.",
-        )
-
-
-def _deadline(rt: Runtime, req: RegisterRequest, now: datetime) -> datetime | None:
+def _deadline(
+    rt: Runtime, req: RegisterRequest, now: datetime, holder: Instance | None
+) -> datetime | None:
+    """The deadline asked for; without one, the default for a new registration, and None (kept
+    as it is) for a re-registration or ``local``."""
     if req.release_at is not None:
         if req.release_at <= now:
             raise UsageError("--release-at is in the past.", hint="Give a time in the future.")
@@ -643,30 +693,82 @@ def _deadline(rt: Runtime, req: RegisterRequest, now: datetime) -> datetime | No
         if req.release_in <= timedelta(0):
             raise UsageError("--release-in must be positive.", hint="Like --release-in 3h.")
         return now + req.release_in
-    if req.address.strip() == LOCAL_HOST:
+    if holder is not None or req.address.strip() == LOCAL_HOST:
         return None
     return now + timedelta(seconds=rt.settings.default_release_in_s)
 
 
-def _registered_as(rt: Runtime, caller: Caller, name: str, address: Address) -> Instance | None:
-    """The live instance this registration re-registers, or None for a new name."""
-    with rt.db.session() as session:
-        existing = _live_by_name(session, name)
-    if existing is None:
-        return None
-    same = (existing.host, existing.port, existing.ssh_user) == (
-        address.host,
-        address.port,
-        address.user,
+def _identity(
+    address: Address, req: RegisterRequest, fingerprint: str | None
+) -> access.MachineIdentity:
+    return access.MachineIdentity(
+        host=address.host,
+        port=address.port,
+        user=address.user,
+        host_key_fingerprint=fingerprint,
+        provider=req.provider,
+        provider_id=req.provider_id,
     )
-    if not same or existing.state not in POLLED_STATES:
+
+
+def _holder(
+    rt: Runtime, caller: Caller, name: str, identity: access.MachineIdentity
+) -> Instance | None:
+    """The live registration this one changes (None for a new machine). Raises Conflict when
+    the machine is someone else's, the name is taken by another machine, or the holder is
+    being released."""
+    with rt.db.session() as session:
+        holders = access.machine_holders(session, identity)
+        holder = access.holder_for_registration(rt, caller, holders, name)
+        by_name = _live_by_name(session, name)
+    if by_name is not None and (holder is None or by_name.id != holder.id):
         raise Conflict(
-            f"The name {name} is taken by an instance at {instance_view(existing).address} "
-            f"(owner <@{existing.owner_id}>).",
+            f"The name {name} is taken by an instance at {instance_view(by_name).address} "
+            f"(owner <@{by_name.owner_id}>).",
             hint="Choose another name, or release that instance first.",
         )
-    access.require_owner_or_admin(rt, caller, existing, action="re-register")
-    return existing
+    if holder is not None and holder.state not in POLLED_STATES:
+        raise Conflict(
+            f"{holder.name} is {holder.state.replace('_', ' ')}; it cannot be registered again "
+            "now.",
+            hint="Wait until the release is done, then register it anew.",
+        )
+    return holder
+
+
+def _check_later_deadline(
+    rt: Runtime, caller: Caller, holder: Instance, deadline_at: datetime, project: str | None
+) -> None:
+    """A re-registration that moves the deadline later is checked like ``extend``: the
+    lifetime cap and a used-up budget stop anyone but an admin."""
+    if holder.deadline_at is not None and deadline_at <= holder.deadline_at:
+        return
+    _check_cap(rt, caller, holder, deadline_at, "re-registering with that deadline")
+    budgets.check_budget(rt, caller, holder.owner_id, project)
+
+
+def _check_cap(
+    rt: Runtime,
+    caller: Caller,
+    inst: Instance,
+    new: datetime,
+    doing: str,
+    hint: str = "Choose an earlier deadline, or ask an admin to go past the limit.",
+) -> None:
+    cap = inst.lifetime_cap_at
+    if cap is None or new <= cap or access.is_admin(rt, caller):
+        return
+    raise NotAuthorized(
+        f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin set); "
+        f"{doing} would go past it.",
+        hint=hint,
+    )
+
+
+def _same_deadline(old: datetime | None) -> Any:
+    if old is None:
+        return col(Instance.deadline_at).is_(None)
+    return col(Instance.deadline_at) == old
 
 
 def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
@@ -695,7 +797,8 @@ def _instance_fields(
         "host": target.host,
         "port": target.port,
         "ssh_user": target.user,
-        "ssh_key_path": req.key_path,
+        "ssh_key_name": req.key_name,
+        "ssh_key_path": None,
         "host_key_type": host_key.key_type if host_key else None,
         "host_key_b64": host_key.key_b64 if host_key else None,
         "host_key_fingerprint": host_key.fingerprint if host_key else None,
@@ -724,76 +827,76 @@ def _instance_fields(
     return fields
 
 
-def _store_registration(
-    rt: Runtime,
-    caller: Caller,
-    name: str,
-    existing: Instance | None,
-    fields: dict[str, object],
-    deadline_at: datetime | None,
-    now: datetime,
-) -> Instance:
+def _store_registration(rt: Runtime, caller: Caller, reg: _Registration) -> Instance:
+    """Store a new registration, or change its holder, in one transaction that checks the
+    machine's holders again; the live unique indexes settle a race. Raises Conflict."""
     try:
         with rt.db.session() as session:
             ensure_person(session, caller.user_id, caller.user_name)
-            if existing is not None:
-                inst = _re_register(session, caller, existing, fields, deadline_at, now)
-            else:
-                inst = Instance(
-                    name=name,
-                    owner_id=caller.user_id,
-                    channel_id=caller.channel_id,
-                    state="active",
-                    currency=rt.settings.currency,
-                    created_at=now,
-                    deadline_at=deadline_at,
-                    **fields,  # type: ignore[arg-type]
+            holders = access.machine_holders(session, reg.identity)
+            current = access.holder_for_registration(rt, caller, holders, reg.name)
+            held_id = reg.holder.id if reg.holder is not None else None
+            if (current.id if current is not None else None) != held_id:
+                raise Conflict(
+                    f"{reg.name} changed while it was being registered.",
+                    hint="Register it again.",
                 )
-                session.add(inst)
-                session.flush()
-                audit.record(
-                    session,
-                    caller.user_id,
-                    "register",
-                    inst.id,
-                    at=now,
-                    address=instance_view(inst).address,
-                    gpu_model=inst.gpu_model,
-                    gpu_count=inst.gpu_count,
-                    price_micros=inst.price_micros,
-                    provider=inst.provider,
-                    deadline_at=deadline_at,
-                    host_key_fingerprint=inst.host_key_fingerprint,
-                )
-            return inst
+            if reg.holder is not None:
+                return _re_register(rt, session, caller, reg)
+            return _new_registration(rt, session, caller, reg)
     except sa_exc.IntegrityError as exc:
-        rt.fleet.forget(name)
-        raise Conflict(
-            f"The name {name} was just taken by another registration.",
-            hint="Choose another name.",
-        ) from exc
+        rt.fleet.forget(reg.name)
+        raise _clash(rt, caller, reg) from exc
 
 
-def _re_register(
-    session: Session,
-    caller: Caller,
-    existing: Instance,
-    fields: dict[str, object],
-    deadline_at: datetime | None,
-    now: datetime,
+def _new_registration(
+    rt: Runtime, session: Session, caller: Caller, reg: _Registration
 ) -> Instance:
-    """Re-pin and refresh a registered instance; ``deadline_at`` None keeps its deadline."""
-    inst = session.get(Instance, existing.id)
-    if inst is None or inst.state not in POLLED_STATES:
-        raise Conflict(f"{existing.name} changed while it was being registered again.")
-    old_fingerprint = inst.host_key_fingerprint
-    for key, value in fields.items():
-        if key in ("ssh_ready_at",):
-            continue
-        setattr(inst, key, value)
-    if deadline_at is not None:
-        inst.deadline_at = deadline_at
+    inst = Instance(
+        name=reg.name,
+        owner_id=caller.user_id,
+        channel_id=caller.channel_id,
+        state="active",
+        currency=rt.settings.currency,
+        created_at=reg.now,
+        deadline_at=reg.deadline_at,
+        **reg.fields,  # type: ignore[arg-type]
+    )
     session.add(inst)
+    session.flush()
+    audit.record(
+        session, caller.user_id, "register", inst.id, at=reg.now, after=registration_record(inst)
+    )
+    return inst
+
+
+def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registration) -> Instance:
+    """Re-pin and refresh the holder: a rename when the name differs; a new deadline when
+    given (else kept); new billing rules from now on, what was used charged at the old ones
+    (the ledger is closed up to now first). The audit row holds the whole before and after."""
+    assert reg.holder is not None
+    inst = session.get(Instance, reg.holder.id)
+    if (
+        inst is None
+        or inst.state not in POLLED_STATES
+        or inst.deadline_at != reg.holder.deadline_at
+    ):
+        raise Conflict(
+            f"{reg.holder.name} changed while it was being registered again.",
+            hint="Register it again.",
+        )
+    before = registration_record(inst)
+    changes = {key: value for key, value in reg.fields.items() if key != "ssh_ready_at"}
+    if billing.rules_for(inst) != billing.rules_for(_preview(inst, changes)):
+        ledger.close_charges(session, inst, reg.now, rt.settings.tz())
+        changes.update(billing.carry(inst, reg.now))
+    for key, value in changes.items():
+        setattr(inst, key, value)
+    inst.name = reg.name
+    if reg.deadline_at is not None:
+        inst.deadline_at = reg.deadline_at
+    session.add(inst)
+    session.flush()
     for prompt in session.exec(
         select(Prompt).where(
             Prompt.instance_id == inst.id,
@@ -802,17 +905,71 @@ def _re_register(
         )
     ).all():
         assert prompt.id is not None
-        prompts.resolve(session, prompt.id, resolution="re_registered", by=caller.user_id, now=now)
+        prompts.resolve(
+            session, prompt.id, resolution="re_registered", by=caller.user_id, now=reg.now
+        )
+    action = "re_register" if reg.holder.name == reg.name else "rename"
     audit.record(
         session,
         caller.user_id,
-        "re_register",
+        action,
         inst.id,
-        at=now,
-        old_host_key_fingerprint=old_fingerprint,
-        host_key_fingerprint=inst.host_key_fingerprint,
+        at=reg.now,
+        before=before,
+        after=registration_record(inst),
     )
     return inst
+
+
+def registration_record(inst: Instance) -> dict[str, object]:
+    """Everything a registration says, for the audit log (no secrets are stored on a row)."""
+    return {name: getattr(inst, name) for name in _RECORDED}
+
+
+_RECORDED = (
+    "name",
+    "owner_id",
+    "project",
+    "state",
+    "host",
+    "port",
+    "ssh_user",
+    "ssh_key_name",
+    "ssh_key_path",
+    "host_key_type",
+    "host_key_fingerprint",
+    "python_path",
+    "agent_home",
+    "agent_version",
+    "provider_instance_id",
+    "gpu_model",
+    "delivered_gpu_name",
+    "deadline_at",
+    "lifetime_cap_at",
+    *billing.BILLED_FIELDS,
+)
+
+
+def _preview(inst: Instance, changes: dict[str, object]) -> billing.BilledInstance:
+    """The instance's billing fields as they would be after ``changes``."""
+    values = {name: getattr(inst, name) for name in billing.BILLED_FIELDS}
+    values.update((k, v) for k, v in changes.items() if k in billing.BILLED_FIELDS)
+    preview: Any = SimpleNamespace(**values)
+    return preview  # type: ignore[no-any-return]
+
+
+def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:
+    """What a unique-key clash at the store means, read again after it."""
+    try:
+        with rt.db.session() as session:
+            holders = access.machine_holders(session, reg.identity)
+            access.holder_for_registration(rt, caller, holders, reg.name)
+    except Conflict as exc:
+        return exc
+    return Conflict(
+        f"{reg.name} or this machine was just registered by someone else.",
+        hint="`/gpu list` shows the instances; register again if it is still free.",
+    )
 
 
 def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
@@ -843,10 +1000,19 @@ def local_agent_home(rt: Runtime) -> str:
     return str(rt.settings.data_dir / "local-agent")
 
 
-def _agent_home(rt: Runtime, req: RegisterRequest, address: Address) -> str | None:
+def _agent_home(
+    rt: Runtime, req: RegisterRequest, address: Address, holder: Instance | None
+) -> str | None:
+    """Where the agent keeps this registration's jobs: the holder's home for a
+    re-registration, else a home of its own, so two registrations that log in as one user never
+    see each other's jobs (relative to the login directory)."""
     if req.agent_home:
         return req.agent_home
-    return local_agent_home(rt) if address.host == LOCAL_HOST else None
+    if address.host == LOCAL_HOST:
+        return local_agent_home(rt)
+    if holder is not None:
+        return holder.agent_home
+    return f"{AGENT_HOMES}/{secrets.token_hex(6)}"
 
 
 def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
@@ -1051,22 +1217,28 @@ def _live_by_name(session: Session, name: str) -> Instance | None:
     ).first()
 
 
-def _by_name_any(session: Session, name: str) -> Instance:
-    found = _live_by_name(session, name)
+def _by_name_any(rt: Runtime, session: Session, name: str) -> Instance:
+    found = access.visible(rt, _live_by_name(session, name))
     if found is not None:
         return found
-    released = session.exec(
-        select(Instance).where(Instance.name == name).order_by(col(Instance.id).desc())
-    ).first()
+    released = access.visible(
+        rt,
+        session.exec(
+            select(Instance).where(Instance.name == name).order_by(col(Instance.id).desc())
+        ).first(),
+    )
     if released is None:
-        return get_live_instance(session, name)
+        return get_live_instance(rt, session, name)
     return released
 
 
-def _by_id(session: Session, instance_id: int) -> Instance:
-    inst = session.get(Instance, instance_id)
+def _by_id(rt: Runtime, session: Session, instance_id: int) -> Instance:
+    inst = access.visible(rt, session.get(Instance, instance_id))
     if inst is None:
-        raise NotFound(f"There is no instance with id {instance_id}.")
+        raise NotFound(
+            f"There is no instance with id {instance_id}.",
+            hint="`/gpu list` shows the instances.",
+        )
     return inst
 
 

@@ -55,7 +55,7 @@ def allow(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Acces
     """Let ``person`` run and cancel jobs on the instance. Owner or admin only; idempotent.
     Raises NotFound, NotAuthorized, UsageError."""
     with rt.db.session() as session:
-        inst = get_live_instance(session, instance_name)
+        inst = get_live_instance(rt, session, instance_name)
         access.require_owner_or_admin(rt, caller, inst, action="give people access to")
         person_id, display = parse_person(session, person)
         if person_id == inst.owner_id:
@@ -86,7 +86,7 @@ def deny(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Access
     keep running). Owner or admin only; idempotent. Raises NotFound, NotAuthorized,
     UsageError."""
     with rt.db.session() as session:
-        inst = get_live_instance(session, instance_name)
+        inst = get_live_instance(rt, session, instance_name)
         access.require_owner_or_admin(rt, caller, inst, action="take access away on")
         person_id, _ = parse_person(session, person)
         if person_id == inst.owner_id:

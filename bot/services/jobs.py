@@ -60,7 +60,7 @@ from bot.services.job_views import (
     WhoProcess,
     WhoView,
 )
-from bot.store.models import Instance, Job
+from bot.store.models import MAX_ROW_ID, Instance, Job
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def submit(
     now = rt.now()
     token = secrets.token_hex(6)
     with rt.db.session() as session:
-        inst = get_live_instance(session, instance_name)
+        inst = get_live_instance(rt, session, instance_name)
         if inst.state != "active":
             raise Conflict(
                 f"{inst.name} is {inst.state.replace('_', ' ')}; jobs run only on active instances."
@@ -166,7 +166,7 @@ def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
     if instance_name is None:
         return _fleet_jobs(rt, now)
     with rt.db.session() as session:
-        inst = get_live_instance(session, instance_name)
+        inst = get_live_instance(rt, session, instance_name)
         target = target_for(rt, inst)
     try:
         since = _iso(now - LIST_WINDOW - CLOCK_SLACK)
@@ -195,13 +195,15 @@ def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
     return JobListView(inst.name, tuple(views))
 
 
-def logs(rt: Runtime, job_ref: str, tail: int | None = None) -> LogView:
-    """The last ``tail`` lines (default 50) of a job's log. Raises UsageError, NotFound,
-    FleetError."""
+def logs(rt: Runtime, caller: Caller, job_ref: str, tail: int | None = None) -> LogView:
+    """The last ``tail`` lines (default 50) of a job's log. Job output often holds secrets, so
+    only the owner, people the owner allowed, or an admin may read it. Raises UsageError,
+    NotFound, NotAuthorized, FleetError."""
     lines = DEFAULT_TAIL if tail is None else tail
     if not 1 <= lines <= MAX_TAIL:
         raise UsageError(f"--tail must be between 1 and {MAX_TAIL}.")
     inst, agent_job_id, row = _resolve(rt, job_ref)
+    access.require_operate(rt, caller, inst, action=f"read the logs of jobs on {inst.name}")
     if agent_job_id.startswith(PENDING_PREFIX):
         raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
     target = target_for(rt, inst)
@@ -228,7 +230,7 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
         raise Conflict(f"Job {job_ref} has already finished ({row.state}).")
     if agent_job_id.startswith(PENDING_PREFIX):
         raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
-    access.require_operate(rt, caller, inst)
+    access.require_operate(rt, caller, inst, action=f"cancel jobs on {inst.name}")
     target = target_for(rt, inst)
     try:
         record = rt.fleet.agent(target).cancel(agent_job_id)
@@ -257,7 +259,7 @@ def who(rt: Runtime, name: str) -> WhoView:
     """Every GPU of the instance and its processes, shown as Slack users where the process
     belongs to a job the bot ran. Raises NotFound, FleetError."""
     with rt.db.session() as session:
-        inst = get_live_instance(session, name)
+        inst = get_live_instance(rt, session, name)
         target = target_for(rt, inst)
     try:
         report = rt.fleet.agent(target).who()
@@ -431,6 +433,8 @@ def _poll(rt: Runtime, now: datetime, instance_id: int | None) -> PollReport:
             inst = session.get(Instance, iid)
             if inst is None:
                 continue
+            if access.visible(rt, inst) is None:
+                continue  # local, outside the console: only the console polls it
             if inst.state not in REACHABLE_STATES:
                 for row in inst_rows:
                     _mark_lost(row, inst, now, f"the instance was {inst.state}")
@@ -614,7 +618,9 @@ def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
         instances = {
             i.id: i
             for i in session.exec(
-                select(Instance).where(col(Instance.id).in_({r.instance_id for r in rows}))
+                select(Instance).where(
+                    col(Instance.id).in_({r.instance_id for r in rows}), access.visible_clause(rt)
+                )
             ).all()
         }
     views = tuple(
@@ -641,22 +647,29 @@ def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
     raw = ref.strip().lstrip("#")
     with rt.db.session() as session:
         if raw.isdigit():
-            job = session.get(Job, int(raw))
+            job = session.get(Job, int(raw)) if int(raw) <= MAX_ROW_ID else None
             if job is None:
                 raise NotFound(f"There is no job {raw}.", hint="`/gpu jobs` lists them.")
-            return _instance_of(session, job), job.agent_job_id, job
+            return _instance_of(rt, session, job), job.agent_job_id, job
         if ":" in raw:
             name, _, agent_id = raw.partition(":")
-            inst = get_live_instance(session, name)
+            inst = get_live_instance(rt, session, name)
             job = session.exec(
                 select(Job).where(Job.instance_id == inst.id, Job.agent_job_id == agent_id)
             ).first()
             return inst, agent_id, job
         matches = session.exec(
-            select(Job).where(col(Job.agent_job_id).startswith(raw)).limit(3)
+            select(Job)
+            .join(Instance, col(Instance.id) == col(Job.instance_id))
+            .where(
+                col(Job.agent_job_id).startswith(raw),
+                col(Instance.state) != "released",
+                access.visible_clause(rt),
+            )
+            .limit(3)
         ).all()
         if len(matches) == 1:
-            return _instance_of(session, matches[0]), matches[0].agent_job_id, matches[0]
+            return _instance_of(rt, session, matches[0]), matches[0].agent_job_id, matches[0]
         if matches:
             raise UsageError(f"{ref!r} matches several jobs; give more of its id.")
         raise NotFound(
@@ -676,10 +689,17 @@ def _not_on_instance(exc: AgentBroken, inst: Instance, agent_job_id: str) -> Not
     )
 
 
-def _instance_of(session: Session, job: Job) -> Instance:
-    inst = session.get(Instance, job.instance_id)
+def _instance_of(rt: Runtime, session: Session, job: Job) -> Instance:
+    """The registration a job belongs to, while it is live: a released registration's machine
+    may be someone else's now, so its jobs are no longer reached."""
+    inst = access.visible(rt, session.get(Instance, job.instance_id))
     if inst is None:
-        raise NotFound(f"The instance of job {job.id} is gone.")
+        raise NotFound(f"There is no job {job.id}.", hint="`/gpu jobs` lists them.")
+    if inst.state == "released":
+        raise Conflict(
+            f"Job {job.id} ran on {inst.name}, which has been released; its agent is no longer "
+            "asked."
+        )
     return inst
 
 

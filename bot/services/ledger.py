@@ -100,18 +100,7 @@ def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo)
             states = _states(session, instance_id)
             planned = plan_charges(instance, states, now, tz)
             for charge in planned:
-                session.add(
-                    Charge(
-                        instance_id=instance_id,
-                        kind=charge.kind,
-                        start_at=charge.start_at,
-                        end_at=charge.end_at,
-                        billed_s=charge.billed_s,
-                        amount_micros=charge.amount_micros,
-                        currency=instance.currency,
-                        created_at=now,
-                    )
-                )
+                session.add(_charge_row(instance, charge, now))
             session.flush()
     except sa_exc.IntegrityError:
         # Another process wrote these buckets first; the next run continues from theirs.
@@ -121,13 +110,22 @@ def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo)
 
 
 def plan_charges(
-    instance: Instance, states: dict[str, KindState], now: datetime, tz: ZoneInfo
+    instance: Instance,
+    states: dict[str, KindState],
+    now: datetime,
+    tz: ZoneInfo,
+    *,
+    close_at: datetime | None = None,
 ) -> list[PlannedCharge]:
-    """The charges due for ``instance`` up to ``now`` given what is already charged. Pure."""
+    """The charges due for ``instance`` up to ``now`` given what is already charged. Pure.
+
+    ``close_at`` (at most ``now``) charges running sessions up to that moment, not only to the
+    last complete bucket: done before the billing rules change, so what was used is charged
+    under the rules it was used under."""
     rules = billing.rules_for(instance)
     planned: list[PlannedCharge] = []
     start = billing.billing_start(instance)
-    if start is not None and rules.hourly_micros > 0:
+    if start is not None and (rules.hourly_micros > 0 or instance.compute_carried_micros > 0):
         planned += _plan_kind(
             COMPUTE,
             start,
@@ -135,28 +133,36 @@ def plan_charges(
             states.get(COMPUTE, KindState()),
             now,
             tz,
-            running=lambda seconds: (seconds, billing.metered_cost(rules, seconds)),
-            final=lambda seconds: _final_compute(rules, seconds),
+            running=lambda seconds: billing.compute_totals(instance, seconds, final=False),
+            final=lambda seconds: billing.compute_totals(instance, seconds, final=True),
+            close_at=close_at,
         )
-    if rules.disk_mb > 0 and rules.storage_micros_per_gb_month > 0:
-        created = instance.created_at
-
-        def storage(seconds: int) -> tuple[int, int]:
-            return seconds, billing.storage_cost(
-                rules, created, created + timedelta(seconds=seconds)
-            )
-
+    storage_priced = rules.disk_mb > 0 and rules.storage_micros_per_gb_month > 0
+    if storage_priced or instance.storage_carried_micros > 0:
         planned += _plan_kind(
             STORAGE,
-            created,
+            instance.created_at,
             billing.storage_end(instance),
             states.get(STORAGE, KindState()),
             now,
             tz,
-            running=storage,
-            final=storage,
+            running=lambda seconds: billing.storage_totals(instance, seconds),
+            final=lambda seconds: billing.storage_totals(instance, seconds),
+            close_at=close_at,
         )
     return planned
+
+
+def close_charges(session: Session, instance: Instance, at: datetime, tz: ZoneInfo) -> int:
+    """Write the instance's charges up to ``at`` in ``session`` (before its billing rules
+    change there); returns how many. A bucket another process wrote first raises
+    IntegrityError when the session flushes: the caller's change should then be tried again."""
+    assert instance.id is not None
+    planned = plan_charges(instance, _states(session, instance.id), at, tz, close_at=at)
+    for charge in planned:
+        session.add(_charge_row(instance, charge, at))
+    session.flush()
+    return len(planned)
 
 
 def next_boundary(at: datetime, tz: ZoneInfo) -> datetime:
@@ -237,9 +243,18 @@ def ledger_tick(rt: Runtime, now: datetime) -> None:
     accrue(rt.db, now, rt.settings.tz())
 
 
-def _final_compute(rules: billing.BillingRules, seconds: int) -> tuple[int, int]:
-    billed = billing.billed_seconds(rules, seconds)
-    return billed, billing.metered_cost(rules, billed)
+def _charge_row(instance: Instance, charge: PlannedCharge, now: datetime) -> Charge:
+    assert instance.id is not None
+    return Charge(
+        instance_id=instance.id,
+        kind=charge.kind,
+        start_at=charge.start_at,
+        end_at=charge.end_at,
+        billed_s=charge.billed_s,
+        amount_micros=charge.amount_micros,
+        currency=instance.currency,
+        created_at=now,
+    )
 
 
 def _plan_kind(
@@ -252,10 +267,17 @@ def _plan_kind(
     *,
     running: _Totals,
     final: _Totals,
+    close_at: datetime | None = None,
 ) -> list[PlannedCharge]:
-    """Buckets from the last charge's end to the last complete boundary (or to ``end``)."""
+    """Buckets from the last charge's end to the last complete boundary (or to ``end``, or to
+    ``close_at`` when the session still runs then)."""
     ended = end is not None and end <= now
-    horizon = end if ended and end is not None else _last_boundary(start, now, tz)
+    if ended and end is not None:
+        horizon = end
+    elif close_at is not None:
+        horizon = max(start, close_at)
+    else:
+        horizon = _last_boundary(start, now, tz)
     cursor = state.last_end_at or start
     charged, billed = state.charged_micros, state.billed_s
     planned: list[PlannedCharge] = []

@@ -23,6 +23,7 @@ from agents.protocol import StatusSnapshot, dumps
 from bot.errors import FleetError, HostKeyChanged
 from bot.fleet.base import Target
 from bot.runtime import Runtime
+from bot.services import access
 from bot.services.instances import handle_fleet_error, target_for
 from bot.store.models import Instance, Job, UtilSample
 
@@ -105,6 +106,7 @@ def _claim_due(rt: Runtime, now: datetime) -> list[tuple[int, Target, datetime |
         instances = session.exec(
             select(Instance).where(
                 col(Instance.state).in_(POLLED_STATES),
+                access.visible_clause(rt),
                 col(Instance.last_polled_at).is_(None)
                 | (col(Instance.last_polled_at) < due_before),
             )

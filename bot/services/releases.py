@@ -30,7 +30,6 @@ from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
     GpubotError,
-    NotAuthorized,
     NotFound,
     ProviderNotFound,
     ProviderRateLimited,
@@ -38,7 +37,7 @@ from bot.errors import (
 )
 from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
-from bot.services import prompts
+from bot.services import access, prompts
 from bot.store.models import Instance, Prompt, Release
 
 log = logging.getLogger(__name__)
@@ -166,35 +165,27 @@ def process_due_releases(rt: Runtime, now: datetime) -> list[Release]:
 def confirm_manual_release(
     rt: Runtime, caller: Caller, instance_id: int, *, now: datetime | None = None
 ) -> Release:
-    """The owner (or an admin) says the instance is released on its platform: the meter stops.
+    """The owner (or an admin) says a manual instance is released on its platform: the meter
+    stops. Only a manual instance with an open release (awaiting this answer) can be confirmed;
+    an API platform's meter stops when the platform says so.
 
     Idempotent: confirming twice returns the confirmed Release. Raises NotFound for an unknown
-    instance and NotAuthorized for anyone but its owner or an admin."""
+    instance, NotAuthorized for anyone but its owner or an admin, Conflict when nothing awaits
+    the confirmation."""
     now = now or rt.now()
     to_update: list[Prompt] = []
     with rt.db.session() as session:
-        inst = session.get(Instance, instance_id)
+        inst = access.visible(rt, session.get(Instance, instance_id))
         if inst is None:
             raise NotFound(f"There is no instance with id {instance_id}.")
-        if caller.user_id != inst.owner_id and not rt.settings.is_admin(caller.user_id):
-            raise NotAuthorized(
-                f"Only the owner of {inst.name} or an admin can confirm it is released."
-            )
+        access.require_owner_or_admin(rt, caller, inst, action="confirm it is released")
         release = open_release(session, instance_id)
         if release is None:
             done = _latest_confirmed(session, instance_id)
             if inst.state == "released" and done is not None:
                 return done
-            release = Release(
-                instance_id=instance_id,
-                reason="user",
-                mode="terminate",
-                requested_by=caller.user_id,
-                requested_at=now,
-                state="pending",
-            )
-            session.add(release)
-            session.flush()
+        access.require_awaiting_confirmation(inst, _is_manual(rt, inst), release is not None)
+        assert release is not None
         won = session.exec(
             update(Release)
             .where(col(Release.id) == release.id, col(Release.state).in_(OPEN_STATES))

@@ -30,6 +30,7 @@ from typing import Any
 
 from sqlmodel import select
 
+from bot.blocks.common import escape
 from bot.commands.registry import Caller
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
@@ -77,7 +78,7 @@ class RentRequest:
     ssh_key_name: str | None = None
     region: str | None = None
     ssh_user: str = "root"
-    key_path: str | None = None
+    key_name: str | None = None
     project: str | None = None
     python_path: str | None = None
     disk_gb: int | None = None
@@ -284,7 +285,7 @@ def _adopt(
             disk_gb=float(req.disk_gb) if req.disk_gb else None,
             project=req.project,
             python_path=req.python_path,
-            key_path=req.key_path,
+            key_name=req.key_name,
             agent_home=req.agent_home,
         ),
     )
@@ -343,8 +344,8 @@ def _give_back(
             rt,
             caller.user_id,
             f":rotating_light: {provider.name} instance {provider_id} was rented but could not be "
-            f"registered ({why.message}), and terminating it failed: {exc.message}. "
-            "Terminate it on the platform now; it is billing.",
+            f"registered ({escape(why.message)}), and terminating it failed: "
+            f"{escape(exc.message)}. Terminate it on the platform now; it is billing.",
             (),
         )
     _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
@@ -429,7 +430,7 @@ def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         rt,
         launch.renter,
         f":warning: {what}, rented with /gpu rent at {launched}, was never registered because "
-        f"{launch.reason}. It has been terminated so it does not bill. "
+        f"{escape(launch.reason)}. It has been terminated so it does not bill. "
         "Rent again with /gpu rent if you still need it.",
         (),
     )
@@ -461,8 +462,8 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: Gpub
         rt,
         launch.renter,
         f":rotating_light: {what} was rented with /gpu rent but never registered "
-        f"({launch.reason}), and terminating it failed: {exc.message}. Terminate it "
-        "on the platform now; it is billing. The bot keeps trying.",
+        f"({escape(launch.reason)}), and terminating it failed: {escape(exc.message)}. "
+        "Terminate it on the platform now; it is billing. The bot keeps trying.",
         (),
     )
 
@@ -554,10 +555,10 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
         prompts.notify(
             rt,
             launch.renter,
-            f":information_source: Your /gpu rent of {launch.instance_type} on {launch.provider} "
-            f"at {when} got no answer from the platform. The bot checked: nothing was started "
-            f"under its name {launch.platform_name}, so nothing bills. Rent again if you still "
-            "need it.",
+            f":information_source: Your /gpu rent of {escape(launch.instance_type)} on "
+            f"{launch.provider} at {when} got no answer from the platform. The bot checked: "
+            f"nothing was started under its name {escape(launch.platform_name)}, so nothing "
+            "bills. Rent again if you still need it.",
             (),
         )
     return terminated

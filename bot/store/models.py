@@ -17,6 +17,9 @@ from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 MICROS = 1_000_000
+#: The largest row id: ids are INTEGER columns (32-bit on PostgreSQL); a larger number names
+#: no row and must not reach a query, where it would overflow.
+MAX_ROW_ID = 2**31 - 1
 
 
 def utcnow() -> datetime:
@@ -32,17 +35,43 @@ class Person(SQLModel, table=True):
     created_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
+#: A registration is live until it is released; the unique indexes below hold over live rows.
+LIVE = "state != 'released'"
+
+
+def _live_unique(name: str, *columns: str, where: str = LIVE) -> Index:
+    return Index(
+        name, *columns, unique=True, sqlite_where=text(where), postgresql_where=text(where)
+    )
+
+
 class Instance(SQLModel, table=True):
-    """A rented GPU instance. ``state``: registering, active, releasing, awaiting_confirmation,
-    released, lost. Names are unique among instances that are not released (a partial index)."""
+    """One registration of a rented GPU instance. ``state``: registering, active, releasing,
+    awaiting_confirmation, released, lost.
+
+    A machine has one live registration (see bot.services.access): among rows that are not
+    released, the name, the address ``(host, port, ssh_user)``, the pinned host key and the
+    ``(provider, provider_instance_id)`` are each unique (partial unique indexes), so two
+    concurrent registrations of one machine cannot both be stored.
+
+    ``compute_carried_*`` and ``storage_carried_*`` hold what the billing session owed under
+    earlier billing rules (a re-registration with a new price): seconds of the session and
+    micros owed for them. Billing goes on from there under the current rules (bot.billing).
+    """
 
     __table_args__ = (
-        Index(
-            "uq_instance_live_name",
-            "name",
-            unique=True,
-            sqlite_where=text("state != 'released'"),
-            postgresql_where=text("state != 'released'"),
+        _live_unique("uq_instance_live_name", "name"),
+        _live_unique("uq_instance_live_address", "host", "port", "ssh_user"),
+        _live_unique(
+            "uq_instance_live_host_key",
+            "host_key_fingerprint",
+            where=f"{LIVE} AND host_key_fingerprint IS NOT NULL",
+        ),
+        _live_unique(
+            "uq_instance_live_provider_id",
+            "provider",
+            "provider_instance_id",
+            where=f"{LIVE} AND provider_instance_id IS NOT NULL",
         ),
     )
 
@@ -59,7 +88,8 @@ class Instance(SQLModel, table=True):
     host: str = Field(max_length=255)
     port: int = 22
     ssh_user: str = Field(max_length=64)
-    ssh_key_path: str | None = Field(default=None, max_length=1000)
+    ssh_key_path: str | None = Field(default=None, max_length=1000)  # before keys by name
+    ssh_key_name: str | None = Field(default=None, max_length=100)  # in GPUBOT_SSH_KEY_DIR
     host_key_type: str | None = Field(default=None, max_length=64)
     host_key_b64: str | None = Field(default=None, sa_column=Column(Text))
     host_key_fingerprint: str | None = Field(default=None, max_length=128)
@@ -83,6 +113,14 @@ class Instance(SQLModel, table=True):
     storage_micros_per_gb_month: int = Field(default=0, sa_type=BigInteger)
     egress_micros_per_gb: int = Field(default=0, sa_type=BigInteger)
     currency: str = Field(default="USD", max_length=8)
+    compute_carried_s: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    compute_carried_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
+    )
+    storage_carried_s: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    storage_carried_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
+    )
 
     # Life cycle (UTC).
     created_at: NaiveDatetime = Field(default_factory=utcnow)

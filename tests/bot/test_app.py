@@ -24,9 +24,11 @@ from bot.app import BotExecutor, build_app
 from bot.commands import load_all
 from bot.commands.registry import ActionSpec, Caller, CommandSpec, Registry, Reply
 from bot.errors import ConfigError, NotFound
+from bot.listeners import BAD_BUTTON_TEXT, MAX_BUTTON_ID, button_id
 from bot.local_slack import check_blocks, slash_command_body
 from bot.settings import Settings
 from bot.store.db import Database
+from tests.bot.services.support import add_instance
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, payload_json, start_slack_bot
 
 pytestmark = pytest.mark.integration
@@ -327,3 +329,65 @@ def test_http_server_paths_and_limits(slack_bot: SlackBot) -> None:
     code = getattr(refused.value, "code", None)
     assert code == 413 or isinstance(refused.value.reason, ConnectionError)
     assert slack_bot.slack.responses == []
+
+
+# --- button values that are no id ---------------------------------------------------------------
+
+BAD_BUTTON_VALUES = [
+    "",
+    "abc",
+    "-1",
+    "0",
+    "+1",
+    " 1",
+    "1 ",
+    "1\n",
+    "01",
+    "1.0",
+    "1e3",
+    "0x1",
+    "1,2",
+    "\u0661",  # ARABIC-INDIC DIGIT ONE: a digit to str.isdigit, not an id
+    str(2**31),  # one past the largest INTEGER, the type of the id columns
+    str(2**63),
+    "9" * 40,
+    "null",
+]
+
+
+@pytest.mark.parametrize("value", BAD_BUTTON_VALUES)
+def test_a_button_value_that_is_no_id_gets_a_clear_message_and_changes_nothing(
+    sqlite_db: Database, tmp_path: Path, value: str
+) -> None:
+    add_instance(sqlite_db)  # instance 1: what a lenient reading of "01" or " 1" would hit
+    before = _store_rows(sqlite_db)
+    actions = sorted(load_all().actions)
+    with start_slack_bot(sqlite_db, tmp_path) as bot:
+        for action_id in actions:
+            assert bot.click(action_id, value, user="U0OWNER") == 200, action_id
+        replies = bot.replies(len(actions))
+        assert isinstance(bot.rt.executor, BotExecutor)
+        assert bot.rt.executor.wait_idle(5)
+    assert [r.payload for r in replies] == [
+        {"text": BAD_BUTTON_TEXT, "response_type": "ephemeral", "replace_original": False}
+    ] * len(actions)
+    assert _store_rows(sqlite_db) == before
+
+
+def test_the_largest_id_reaches_the_handler_on_every_store(db: Database, tmp_path: Path) -> None:
+    actions = sorted(load_all().actions)
+    with start_slack_bot(db, tmp_path) as bot:
+        for action_id in actions:
+            assert bot.click(action_id, str(MAX_BUTTON_ID)) == 200, action_id
+        texts = [str(r.payload["text"]) for r in bot.replies(len(actions))]
+    assert len(texts) == len(actions)
+    for text in texts:
+        assert text.startswith(":warning:"), text  # not found, not a crash
+        assert text != BAD_BUTTON_TEXT
+
+
+def test_button_id_reads_only_canonical_ids_in_bigint_range() -> None:
+    assert button_id("1") == 1
+    assert button_id("42") == 42
+    assert button_id(str(MAX_BUTTON_ID)) == MAX_BUTTON_ID
+    assert [v for v in BAD_BUTTON_VALUES if button_id(v) is not None] == []

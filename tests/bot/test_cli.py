@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -18,11 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from bot.cli import main
+from bot.cli import PRIVATE_UMASK, main
 from bot.local_slack import LocalSlack, signed_headers, slash_command_body, slash_command_payload
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _keep_umask() -> Iterator[None]:
+    """main() sets the process's umask; give the test process its own back afterwards."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    yield
+    os.umask(umask)
 
 
 @pytest.fixture
@@ -78,8 +88,9 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 
 
 @contextmanager
-def gpubot(tmp_path: Path, *args: str, env: dict[str, str]) -> Iterator[_Process]:
-    """Run `python -m bot.cli ARGS` with a clean environment plus ``env``; SIGTERM at the end."""
+def gpubot(tmp_path: Path, *args: str, env: dict[str, str], umask: int = -1) -> Iterator[_Process]:
+    """Run `python -m bot.cli ARGS` with a clean environment plus ``env`` (and ``umask`` when
+    given); killed at the end if still running."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
     full.update({"GPUBOT_DATA_DIR": str(tmp_path / "data"), **env})
     child = subprocess.Popen(
@@ -90,6 +101,7 @@ def gpubot(tmp_path: Path, *args: str, env: dict[str, str]) -> Iterator[_Process
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        umask=umask,
     )
     process = _Process(child)
     try:
@@ -238,3 +250,41 @@ def test_migrate_creates_the_store(tmp_path: Path) -> None:
         proc.wait_for_line(r"gpubot: the database is at revision \w+")
         assert proc.child.wait(timeout=60) == 0
     assert (tmp_path / "data" / "gpubot.sqlite3").is_file()
+
+
+@pytest.mark.integration
+def test_the_data_directory_and_the_store_are_private(tmp_path: Path) -> None:
+    data = tmp_path / "state" / "gpubot"
+    # A permissive umask handed down by the shell: gpubot sets its own.
+    with gpubot(tmp_path, "migrate", env={"GPUBOT_DATA_DIR": str(data)}, umask=0o022) as proc:
+        proc.wait_for_line(r"gpubot: the database is at revision \w+")
+        assert proc.child.wait(timeout=60) == 0
+    assert stat.S_IMODE((tmp_path / "state").stat().st_mode) == 0o700
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = sorted(data.iterdir())
+    assert data / "gpubot.sqlite3" in files
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in files} == {
+        path.name: 0o600 for path in files
+    }
+
+
+def test_main_sets_the_private_umask_before_anything_else(clean_env: Path) -> None:
+    os.umask(0o022)
+    assert main(["serve"]) == 2  # refused after the umask and the data directory
+    assert os.umask(0o022) == PRIVATE_UMASK
+    assert stat.S_IMODE(clean_env.stat().st_mode) == 0o700
+
+
+def test_a_data_directory_that_cannot_be_made_exits_2(
+    clean_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("GPUBOT_DATA_DIR", str(blocker / "data"))
+    assert main(["migrate"]) == 2
+    err = capsys.readouterr().err
+    assert f"gpubot: Cannot create the data directory {blocker / 'data'}" in err
+    assert "Set GPUBOT_DATA_DIR to a directory this user may create and write." in err

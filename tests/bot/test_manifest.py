@@ -143,6 +143,19 @@ def test_service_units_run_commands_the_cli_has() -> None:
                 cli_parser().parse_args(argv[1:])
 
 
+def test_service_units_keep_the_data_private() -> None:
+    for unit in sorted((DEPLOY / "systemd").glob("*.service")):
+        service: dict[str, str] = {}
+        for line in unit.read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if sep and not line.startswith("#"):
+                service[name] = value
+        data_dir = service["Environment"].removeprefix("GPUBOT_DATA_DIR=")
+        assert data_dir == f"/var/lib/{service['StateDirectory']}", unit.name
+        assert service["StateDirectoryMode"] == "0700", unit.name
+        assert service["UMask"] == "0077", unit.name
+
+
 def test_dockerfile_entrypoint_is_the_cli() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
     assert 'ENTRYPOINT ["gpubot"]' in text

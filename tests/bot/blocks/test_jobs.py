@@ -68,7 +68,7 @@ def section_texts(body: tuple[dict[str, Any], ...]) -> list[str]:
     return [b["text"]["text"] for b in body if b["type"] == "section" and "text" in b]
 
 
-def test_completion_reply_has_every_fact_and_the_release_button():
+def test_completion_reply_has_every_fact_and_the_release_button() -> None:
     text, body = blocks.completion_reply(job())
     assert check_blocks(body) == []
     shown = all_text((text, body))
@@ -92,12 +92,12 @@ def test_completion_reply_has_every_fact_and_the_release_button():
     assert "(0, 1h 30m, $6.30)" in text
 
 
-def test_completion_reply_for_a_released_instance_has_no_button():
+def test_completion_reply_for_a_released_instance_has_no_button() -> None:
     _, body = blocks.completion_reply(job(instance_active=False))
     assert all(b["type"] != "actions" for b in body)
 
 
-def test_failed_job_shows_note_attempts_and_diagnoses():
+def test_failed_job_shows_note_attempts_and_diagnoses() -> None:
     summary = JobSummary(
         duration_s=12.5,
         cpu_avg_pct=None,
@@ -132,7 +132,7 @@ def test_failed_job_shows_note_attempts_and_diagnoses():
     assert "*Duration*\\n12s" in shown
 
 
-def test_lost_job_without_summary_or_cost():
+def test_lost_job_without_summary_or_cost() -> None:
     message = blocks.completion_reply(
         job(state="lost", exit_code=None, summary=None, duration_s=None, cost_micros=None)
     )
@@ -143,7 +143,7 @@ def test_lost_job_without_summary_or_cost():
     assert ":grey_question:" in shown
 
 
-def test_huge_log_keeps_its_last_lines_within_a_section():
+def test_huge_log_keeps_its_last_lines_within_a_section() -> None:
     log = "".join(f"step {i} loss 0.{i:04d} <&>\n" for i in range(100_000))
     _, body = blocks.completion_reply(job(summary=JobSummary(1.0, None, (), (), log_tail=log)))
     assert check_blocks(body) == []
@@ -153,7 +153,7 @@ def test_huge_log_keeps_its_last_lines_within_a_section():
     assert code.endswith("step 99999 loss 0.99999 &lt;&amp;&gt;\n```")
 
 
-def test_a_single_giant_log_line_still_fits():
+def test_a_single_giant_log_line_still_fits() -> None:
     _, body = blocks.completion_reply(
         job(summary=JobSummary(1.0, None, (), (), log_tail="x" * 50_000 + "END"))
     )
@@ -161,7 +161,7 @@ def test_a_single_giant_log_line_still_fits():
     assert section_texts(body)[-1].endswith("xEND\n```")
 
 
-def test_code_fences_in_logs_and_commands_cannot_break_out():
+def test_code_fences_in_logs_and_commands_cannot_break_out() -> None:
     message = blocks.completion_reply(
         job(
             command=("sh", "-c", "echo ```; echo `id`"),
@@ -174,7 +174,7 @@ def test_code_fences_in_logs_and_commands_cannot_break_out():
             assert text.count("```") == 2
 
 
-def test_eight_gpus_and_a_very_long_command():
+def test_eight_gpus_and_a_very_long_command() -> None:
     eight = tuple(JobGpuStat(i, float(i * 10), i * GIB) for i in range(8))
     command = ("python", "train.py", *[f"--flag{i}='{'v' * 40}'" for i in range(200)])
     message = blocks.completion_reply(
@@ -192,7 +192,7 @@ def test_eight_gpus_and_a_very_long_command():
     assert len(message[0]) <= 4000
 
 
-def test_queued_message_quotes_the_command_as_typed():
+def test_queued_message_quotes_the_command_as_typed() -> None:
     argv = ("python", "-c", "print('a b')", "$HOME", "a;b|c", "")
     text, body = blocks.queued_message(job(state="queued", command=argv, retries=2))
     assert check_blocks(body) == []
@@ -203,7 +203,7 @@ def test_queued_message_quotes_the_command_as_typed():
     assert "I'll reply in this thread" in shown
 
 
-def test_submitted_reply_is_short_when_the_message_was_posted():
+def test_submitted_reply_is_short_when_the_message_was_posted() -> None:
     text, body = blocks.submitted_reply(job(state="queued"), posted=True)
     assert text == "Queued job 42 on box1; I'll reply in its thread when it ends."
     assert check_blocks(body) == []
@@ -211,7 +211,7 @@ def test_submitted_reply_is_short_when_the_message_was_posted():
     assert fallback_text.startswith("Job 42 queued on box1")
 
 
-def test_job_list_of_the_fleet_and_of_one_instance():
+def test_job_list_of_the_fleet_and_of_one_instance() -> None:
     outside = job(id=None, agent_job_id="20261202-1", state="running", requested_by=None)
     fleet = blocks.job_list(JobListView(None, (job(), outside)))
     assert check_blocks(fleet[1]) == []
@@ -224,14 +224,14 @@ def test_job_list_of_the_fleet_and_of_one_instance():
     assert "From the bot" in all_text(empty)
 
 
-def test_job_list_with_many_jobs_stays_within_50_blocks():
+def test_job_list_with_many_jobs_stays_within_50_blocks() -> None:
     many = tuple(job(id=i, command=("x" * 300,)) for i in range(600))
     _text, body = blocks.job_list(JobListView("box1", many))
     assert check_blocks(body) == []
     assert len(body) <= MAX_BLOCKS
 
 
-def test_log_message_splits_long_logs_and_keeps_the_end():
+def test_log_message_splits_long_logs_and_keeps_the_end() -> None:
     log = "".join(f"line {i}\n" for i in range(20_000))
     _text, body = blocks.log_message(LogView(job(), log, 20_000))
     assert check_blocks(body) == []
@@ -243,7 +243,7 @@ def test_log_message_splits_long_logs_and_keeps_the_end():
     assert "The log is empty so far." in all_text(empty)
 
 
-def test_who_message_shows_slack_users_and_other_processes():
+def test_who_message_shows_slack_users_and_other_processes() -> None:
     view = WhoView(
         "box1",
         (
@@ -268,7 +268,7 @@ def test_who_message_shows_slack_users_and_other_processes():
 
 
 @pytest.mark.parametrize("state", ["cancelled", "succeeded"])
-def test_cancel_message(state):
+def test_cancel_message(state: str) -> None:
     text, body = blocks.cancel_message(job(state=state))
     assert check_blocks(body) == []
     assert ("Cancelled job 42" in text) == (state == "cancelled")

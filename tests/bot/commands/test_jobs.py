@@ -1,5 +1,6 @@
 """`/gpu run`, `jobs`, `logs`, `cancel`, `who` through the real Bolt app (signed HTTP on
-loopback), the Slack stand-in and the real agent on the local instance."""
+loopback), the Slack stand-in and the real agent on an instance reached over a real sshd (a
+runtime serving Slack refuses the console-only instance ``local``)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from bot.services import tick
 from bot.store.db import Database
 from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
 from tests.bot.services.support import Clock, add_instance
-from tests.fixtures.fake_nvml import FakeNvml
+from tests.fixtures.fake_nvml import CONFIG_ENV, FakeNvml, fake_driver_library_dir
 from tests.fixtures.slack import CHANNEL, SlackBot, payload_json, start_slack_bot
+from tests.fixtures.sshd import SshServer, start_sshd
 
 pytestmark = pytest.mark.integration
 
@@ -41,12 +43,26 @@ def fake_gpu_agent(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def agent_home(
-    tmp_path: Path, fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Path]:
-    for key, value in FAST_ENV.items():
-        monkeypatch.setenv(key, value)
+def instance_sshd(
+    tmp_path_factory: pytest.TempPathFactory, fake_nvml: FakeNvml
+) -> Iterator[SshServer]:
+    """A real sshd on loopback standing for the instance: its sessions (so the agent) get the
+    fast timings and the fake NVML with two GPUs, since the test's environment stays here."""
     fake_nvml.gpus(2)
+    env = {
+        **FAST_ENV,
+        CONFIG_ENV: str(fake_nvml.path),
+        "LD_LIBRARY_PATH": str(fake_driver_library_dir()),
+    }
+    server = start_sshd(tmp_path_factory.mktemp("sshd"), env=env)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def agent_home(tmp_path: Path) -> Iterator[Path]:
     home = tmp_path / "agent-home"
     yield home
     Agent(home, {}).cleanup()
@@ -62,13 +78,18 @@ def start(db: Database, tmp_path: Path, clock: Clock, fake_gpu_agent: Path):  # 
 
 
 @pytest.fixture
-def box(sqlite_db: Database, agent_home: Path) -> int:
+def box(sqlite_db: Database, instance_sshd: SshServer, agent_home: Path) -> int:
     return add_instance(
         sqlite_db,
         name="box",
         owner_id="U0ALICE",
-        host="local",
-        ssh_user="me",
+        host=instance_sshd.host,
+        port=instance_sshd.port,
+        ssh_user=instance_sshd.user,
+        ssh_key_path=str(instance_sshd.client_key_path),
+        host_key_type=instance_sshd.host_key.key_type,
+        host_key_b64=instance_sshd.host_key.key_b64,
+        host_key_fingerprint=instance_sshd.host_key.fingerprint,
         agent_home=str(agent_home),
         price_micros=7_200_000,
         gpu_count=2,

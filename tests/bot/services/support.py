@@ -185,9 +185,11 @@ def make_runtime(
     providers: Sequence[Provider] = (),
     notifier: RecordingNotifier | None = None,
     fleet: Any = None,
+    console: bool = False,
     **settings: Any,
 ) -> Runtime:
-    """A runtime over ``db`` with the manual provider plus ``providers``."""
+    """A runtime over ``db`` with the manual provider plus ``providers``; ``console`` makes it
+    the local console's, the only one that reaches the instance ``local``."""
     registry = ProviderRegistry([ManualProvider(), *providers])
     base: dict[str, Any] = {"admins": frozenset({"UADMIN"}), "channel": "COPS"}
     base.update(settings)
@@ -199,16 +201,23 @@ def make_runtime(
         notifier=notifier or RecordingNotifier(),
         clock=clock,
         executor=ThreadPoolExecutor(max_workers=2),
+        console=console,
     )
 
 
+#: Ports for instances a test adds: each is another machine unless the test says otherwise.
+_PORTS = itertools.count(20_000)
+
+
 def add_instance(db: Database, **fields: Any) -> int:
-    """Insert an active instance (owner UOWNER unless given) and return its id."""
+    """Insert an active instance (owner UOWNER unless given, a machine of its own) and return
+    its id."""
     values: dict[str, Any] = {
         "name": "box",
         "owner_id": "UOWNER",
         "state": "active",
         "host": "127.0.0.1",
+        "port": next(_PORTS),
         "ssh_user": "root",
         "price_micros": 2_100_000,
         "gpu_model": "A100",

@@ -124,7 +124,7 @@ def test_register_local_stores_the_instance_with_meter_and_deadline(
     assert json.loads(inst.last_status_json)["gpus"]
     [row] = _rows(db, AuditLog)
     assert (row.actor, row.action, row.instance_id) == ("UOWNER", "register", inst.id)
-    assert audit.details(row)["gpu_model"] == "a100"
+    assert audit.details(row)["after"]["gpu_model"] == "a100"
     assert notifier.posts == []
 
 
@@ -156,7 +156,9 @@ def test_register_rejects_bad_input_and_changes_nothing(rt: Runtime, db: Databas
         _local(provider="aws"),  # an AWS instance needs its id
         _local(billing="fortnight"),
         _local(disk_gb=-1.0),
-        _local(key_path="/nonexistent/key"),
+        _local(key_name="../../etc/ssh/ssh_host_ed25519_key"),
+        _local(key_name="/root/.ssh/id_ed25519"),
+        _local(key_name="bot"),  # no key directory is configured
         _local(price_micros_per_hour=-1),
     ]
     for request in bad:
@@ -191,7 +193,7 @@ def test_registering_again_keeps_the_deadline_unless_given_one(
 ) -> None:
     svc.register(rt, OWNER, _local())
     svc.extend(rt, OWNER, "local", timedelta(hours=1))
-    with pytest.raises(NotAuthorized):
+    with pytest.raises(Conflict, match="already registered as local, held by <@UOWNER>"):
         svc.register(rt, OTHER, _local(release_in=None))
     again = svc.register(rt, OWNER, _local(release_in=None, price_micros_per_hour=1_000_000))
     assert again.re_registered
@@ -227,10 +229,11 @@ def test_register_over_ssh_pins_the_host_key_and_re_registers_after_a_change(
     rt: Runtime, db: Database, sshd: SshServer, notifier: RecordingNotifier, tmp_path: Path
 ) -> None:
     address = f"{sshd.user}@{sshd.host}:{sshd.port}"
+    rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
     request = _local(
         name="box1",
         address=address,
-        key_path=str(sshd.client_key_path),
+        key_name=sshd.client_key_path.name,
         agent_home=str(tmp_path / "remote-home"),
         gpu_count=1,
     )
@@ -266,7 +269,7 @@ def test_register_over_ssh_pins_the_host_key_and_re_registers_after_a_change(
         svc.health(rt, OTHER, "box1")
     assert len(notifier.to("UOWNER")) == 1
 
-    with pytest.raises(NotAuthorized):
+    with pytest.raises(Conflict, match="held by <@UOWNER>"):
         svc.register(rt, OTHER, request)
     again = svc.register(rt, OWNER, request)
     assert again.re_registered
@@ -286,17 +289,18 @@ def test_a_second_instance_over_ssh_beside_local_and_its_failures_read_well(
 ) -> None:
     svc.ensure_local_instance(rt, OWNER.user_id)
     address = f"{sshd.user}@{sshd.host}:{sshd.port}"
+    rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
     request = _local(
         name="box2",
         address=address,
-        key_path=str(sshd.client_key_path),
+        key_name=sshd.client_key_path.name,
         agent_home=str(tmp_path / "remote-home"),
         gpu_count=1,
     )
     # A key the instance does not trust: refused, said so with what to do, nothing stored.
-    wrong = make_client_key(tmp_path)
+    wrong = make_client_key(sshd.directory)
     with pytest.raises(AuthenticationFailed) as refused:
-        svc.register(rt, OWNER, replace(request, key_path=str(wrong)))
+        svc.register(rt, OWNER, replace(request, key_name=wrong.name))
     text = error_reply(refused.value).text
     assert "box2" in text
     assert "authorized_keys" in text

@@ -48,7 +48,7 @@ def test_owner_allows_by_any_mention_form_and_the_person_may_operate(
     assert grants(rt) == [("U0BOB", "UOWNER")]
     assert audited(rt) == [("UOWNER", "access.allow", "U0BOB")]
     with rt.db.session() as session:
-        inst = get_live_instance(session, "box")
+        inst = get_live_instance(rt, session, "box")
         assert access.can_operate(rt, BOB, inst, session)
 
 
@@ -77,7 +77,7 @@ def test_deny_takes_access_back_and_is_audited(rt: Runtime) -> None:
     assert (change.granted, change.changed, change.allowed) == (False, True, ("U0CAROL",))
     assert audited(rt)[-1] == ("UADMIN", "access.deny", "U0BOB")
     with rt.db.session() as session:
-        inst = get_live_instance(session, "box")
+        inst = get_live_instance(rt, session, "box")
         assert not access.can_operate(rt, BOB, inst, session)
     assert job_access.deny(rt, OWNER, "box", "U0BOB").changed is False
     assert len(audited(rt)) == 3

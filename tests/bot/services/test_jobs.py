@@ -85,7 +85,11 @@ class World:
     def runtime(self, notifier: Any = None) -> Runtime:
         """Another bot process on the same store and instance (a restart)."""
         return make_runtime(
-            self.db, self.clock, notifier=notifier or RecordingNotifier(), fleet=self.fleet
+            self.db,
+            self.clock,
+            notifier=notifier or RecordingNotifier(),
+            fleet=self.fleet,
+            console=True,
         )
 
     def row(self, job_id: int) -> Job:
@@ -117,7 +121,8 @@ def world(
     fake_nvml.gpus(2, util_gpu=40, memory_used=8 * 1024**3)
     clock = Clock()
     notifier = RecordingNotifier()
-    rt = make_runtime(db, clock, notifier=notifier, ssh_command_timeout_s=30.0)
+    # The services run as in the console, on this machine as `local`.
+    rt = make_runtime(db, clock, notifier=notifier, ssh_command_timeout_s=30.0, console=True)
     login = tmp_path / "login"
     login.mkdir()
     fleet = Fleet(
@@ -380,15 +385,15 @@ def test_logs_jobs_and_who(world: World, fake_nvml: FakeNvml):
     job = run(world, OWNER, ["sh", "-c", "for i in 1 2 3; do echo line $i; done; sleep 30"])
     world.wait_agent(job.agent_job_id, ("running",))
     deadline = time.monotonic() + 10
-    while "line 3" not in svc.logs(world.rt, str(job.id)).text:
+    while "line 3" not in svc.logs(world.rt, OWNER, str(job.id)).text:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert svc.logs(world.rt, f"#{job.id}", tail=1).text == "line 3\n"
-    assert svc.logs(world.rt, f"box:{job.agent_job_id}", tail=2).text == "line 2\nline 3\n"
+    assert svc.logs(world.rt, OWNER, f"#{job.id}", tail=1).text == "line 3\n"
+    assert svc.logs(world.rt, OWNER, f"box:{job.agent_job_id}", tail=2).text == "line 2\nline 3\n"
     with pytest.raises(UsageError):
-        svc.logs(world.rt, str(job.id), tail=0)
+        svc.logs(world.rt, OWNER, str(job.id), tail=0)
     with pytest.raises(NotFound):
-        svc.logs(world.rt, "999")
+        svc.logs(world.rt, OWNER, "999")
 
     listing = svc.list_jobs(world.rt, "box")
     assert [(j.id, j.state) for j in listing.jobs] == [(job.id, "running")]
@@ -501,7 +506,7 @@ def test_logs_and_cancel_of_a_job_the_instance_does_not_have_say_how_to_list_the
     world: World,
 ) -> None:
     for call in (
-        lambda: svc.logs(world.rt, "box:20260101-000000-dead"),
+        lambda: svc.logs(world.rt, OWNER, "box:20260101-000000-dead"),
         lambda: svc.cancel(world.rt, OWNER, "box:20260101-000000-dead"),
     ):
         with pytest.raises(NotFound) as caught:

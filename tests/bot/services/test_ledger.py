@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -17,12 +18,16 @@ UTC_TZ = ZoneInfo("UTC")
 USD = 1_000_000
 
 
+_PORTS = itertools.count(22_000)
+
+
 def add_instance(db: Database, **fields: object) -> int:
-    """A person and an instance; returns the instance id."""
+    """A person and an instance (a machine of its own); returns the instance id."""
     values: dict[str, object] = {
         "name": "box",
         "owner_id": "U1",
         "host": "10.0.0.1",
+        "port": next(_PORTS),
         "ssh_user": "ubuntu",
         "state": "active",
         "price_micros": 3_600_000,

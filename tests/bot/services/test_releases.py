@@ -236,15 +236,30 @@ def test_slack_down_does_not_lose_the_manual_ask(rt, clock):
     assert len(rt.notifier.to("UOWNER")) == 1
 
 
-def test_admin_confirms_without_a_request(rt, clock):
+def test_a_confirmation_nothing_awaits_is_refused_and_the_meter_runs_on(rt, clock):
     iid = add_instance(rt.db, name="hand")
-    done = releases.confirm_manual_release(rt, Caller("UADMIN"), iid)
-    assert done.state == "confirmed"
-    assert done.reason == "user"
+    with pytest.raises(Conflict, match="no release of it is waiting"):
+        releases.confirm_manual_release(rt, Caller("UADMIN"), iid)
     with rt.db.session() as session:
         inst = session.get(Instance, iid)
         assert inst is not None
-        assert inst.state == "released"
+        assert (inst.state, inst.released_at) == ("active", None)
+        assert session.exec(select(Release)).all() == []
+
+
+def test_a_stale_confirmation_of_an_api_instance_never_stops_its_meter(rt, platform):
+    iid = add_instance(rt.db, name="api", provider="scripted", provider_instance_id="i-1")
+    platform.answers.append("stopping")  # the platform has not finished yet
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    releases.process_release(rt, rel.id)
+    for who in (Caller("UOWNER"), Caller("UADMIN")):
+        with pytest.raises(Conflict, match="whose API says when it is released"):
+            releases.confirm_manual_release(rt, who, iid)
+    with rt.db.session() as session:
+        inst = session.get(Instance, iid)
+        assert inst is not None
+        assert inst.released_at is None
+        assert inst.state != "released"
 
 
 @pytest.mark.integration

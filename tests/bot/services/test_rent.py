@@ -76,13 +76,14 @@ def test_rent_on_runpod_waits_for_ssh_and_registers(rt, sshd: SshServer, tmp_pat
     standin.start()
     try:
         _with_runpod(rt, standin)
+        rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
         request = rent.RentRequest(
             provider="runpod",
             instance_type="NVIDIA GeForce RTX 4090",
             name="pod1",
             release_in=timedelta(hours=3),
             ssh_user=sshd.user,
-            key_path=str(sshd.client_key_path),
+            key_name=sshd.client_key_path.name,
             agent_home=str(tmp_path / "remote-home"),
         )
         plan = rent.plan_rent(rt, OWNER, request)
