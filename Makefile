@@ -26,6 +26,7 @@ bench: $(STAMP) agent
 	$(BIN)/python bench/agent_status.py
 	$(BIN)/python bench/fleet_status.py
 	$(BIN)/python bench/ack_latency.py
+	$(BIN)/python bench/stall.py
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2

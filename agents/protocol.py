@@ -9,7 +9,9 @@ add fields without breaking an older bot.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
+from itertools import accumulate
 
 from agents import wire
 
@@ -27,6 +29,17 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
 
     T = TypeVar("T")
+
+
+#: The deepest nesting of arrays and objects :func:`loads` accepts (the schema needs about 6).
+MAX_DEPTH = 64
+#: The longest document :func:`loads` accepts, in characters.
+MAX_DOCUMENT_CHARS = 16 * 2**20
+
+# String literals (skipped whole) and runs of anything but brackets and quotes: what is left
+# after removing them is the document's brackets in order (and the quote of a string left open).
+_NOT_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^\[\]{}"]+')
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1, '"': 0}
 
 
 class ProtocolError(ValueError):
@@ -262,12 +275,29 @@ def dumps(doc: Any) -> str:
 
 
 def loads(cls: Type[T], text: str) -> T:
-    """Parse ``text`` as a ``cls`` document. Raises ProtocolError on bad JSON, schema or shape."""
+    """Parse ``text`` as a ``cls`` document. Raises ProtocolError on bad JSON, schema or shape,
+    and, before parsing, on a document over :data:`MAX_DOCUMENT_CHARS` characters or nested
+    deeper than :data:`MAX_DEPTH`."""
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise ProtocolError(
+            f"the document is {len(text)} characters long; at most {MAX_DOCUMENT_CHARS} are read"
+        )
+    depth = nesting_depth(text)
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"the document nests {depth} deep; at most {MAX_DEPTH} is read")
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from exc
     return from_dict(cls, data)
+
+
+def nesting_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON ``text`` (brackets inside strings do not
+    count); without recursion, in time linear in the length. Meant for valid JSON: for other
+    text it is a bound the parser will refuse anyway."""
+    brackets = _NOT_BRACKETS.sub("", text)
+    return max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0)
 
 
 def from_dict(cls: Type[T], data: Any) -> T:

@@ -7,11 +7,8 @@ the server each build their own.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
-from typing import ParamSpec, TypeVar
 
 from slack_bolt import App
 from slack_sdk import WebClient
@@ -19,10 +16,12 @@ from slack_sdk import WebClient
 from bot.commands import load_all
 from bot.commands.registry import Registry
 from bot.errors import ConfigError
+from bot.executor import BotExecutor
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
 from bot.listeners import register_listeners
 from bot.notify import Notifier
+from bot.platform_work import PlatformWork
 from bot.providers.base import ProviderRegistry
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
@@ -34,47 +33,7 @@ from bot.store.models import utcnow
 
 log = logging.getLogger(__name__)
 
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-class BotExecutor(ThreadPoolExecutor):
-    """The bot's own pool for work after an ack; it can wait until nothing is pending."""
-
-    def __init__(self, max_workers: int, thread_name_prefix: str = "gpubot") -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
-        self._pending = 0
-        self._completed = 0
-        self._idle = threading.Condition()
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
-        """Run ``fn`` on the pool, counting it as pending until it ends."""
-        with self._idle:
-            self._pending += 1
-        try:
-            future = super().submit(fn, *args, **kwargs)
-        except BaseException:
-            self._finished(None)
-            raise
-        future.add_done_callback(self._finished)
-        return future
-
-    def wait_idle(self, timeout_s: float | None = None) -> bool:
-        """Block until no submitted work is pending (work may submit more); False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
-
-    @property
-    def completed(self) -> int:
-        """How many submitted calls have ended (successfully or not)."""
-        with self._idle:
-            return self._completed
-
-    def _finished(self, _future: Future[T] | None) -> None:
-        with self._idle:
-            self._pending -= 1
-            self._completed += 1
-            self._idle.notify_all()
+__all__ = ["BotExecutor", "build_app", "build_runtime", "make_client", "start_clock"]
 
 
 def start_clock(rt: Runtime) -> SchedulerHandle:
@@ -83,8 +42,13 @@ def start_clock(rt: Runtime) -> SchedulerHandle:
 
 
 def make_client(settings: Settings) -> WebClient:
-    """A Web API client for the bot token, at ``settings.slack_api_url``."""
-    return WebClient(token=settings.slack_bot_token, base_url=settings.slack_api_url)
+    """A Web API client for the bot token, at ``settings.slack_api_url``; a call gives up after
+    ``settings.slack_timeout_s`` seconds."""
+    return WebClient(
+        token=settings.slack_bot_token,
+        base_url=settings.slack_api_url,
+        timeout=max(1, round(settings.slack_timeout_s)),
+    )
 
 
 def build_runtime(
@@ -98,8 +62,10 @@ def build_runtime(
     console: bool = False,
 ) -> Runtime:
     """The bot's parts: the store (migrated to the newest schema), fleet, providers, a Slack
-    notifier, a naive-UTC clock and the executor. ``console`` serves the local console, the
-    only runtime whose fleet reaches the bot's own machine. Raises ConfigError, StoreError."""
+    notifier, a naive-UTC clock and the executor for users' commands (bounded by
+    ``settings.command_queue_max`` and ``settings.commands_per_user``). ``console`` serves the
+    local console, the only runtime whose fleet reaches the bot's own machine. Raises
+    ConfigError, StoreError."""
     database = db if db is not None else Database(settings.effective_database_url)
     if db is None:
         database.migrate()
@@ -110,8 +76,15 @@ def build_runtime(
         providers=providers if providers is not None else ProviderRegistry.from_settings(settings),
         notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
         clock=clock if clock is not None else utcnow,
-        executor=BotExecutor(settings.executor_workers, thread_name_prefix="gpubot"),
+        executor=BotExecutor(
+            settings.executor_workers,
+            thread_name_prefix="gpubot",
+            max_queued=settings.command_queue_max,
+            per_user=settings.commands_per_user,
+        ),
         console=console,
+        # The console's clock waits for what it asks the platforms: one person, one terminal.
+        platform_work=None if console else PlatformWork(),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
@@ -25,7 +26,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot.app import build_app, build_runtime, make_client, start_clock
 from bot.errors import ConfigError, GpubotError
-from bot.http_server import SlackHttpServer
+from bot.http_server import DRAIN_TIMEOUT_S, REQUEST_TIMEOUT_S, THREADS, SlackHttpServer
 from bot.logging_setup import configure_logging
 from bot.runtime import Runtime
 from bot.settings import Settings
@@ -89,9 +90,47 @@ def cli_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", action="store_true", help="HTTP mode (the only one here)")
     serve.add_argument("--port", type=int, default=3000, help="port (default 3000)")
     serve.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    serve.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=THREADS,
+        help=f"worker threads (default {THREADS})",
+    )
+    serve.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="time a request may take to arrive whole; slower clients are cut off "
+        f"(default {REQUEST_TIMEOUT_S:g})",
+    )
+    serve.add_argument(
+        "--drain-timeout",
+        type=_positive(float),
+        default=DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on SIGTERM, time requests in flight get to finish; keep it under the service "
+        f"manager's stop timeout (default {DRAIN_TIMEOUT_S:g})",
+    )
     sub.add_parser("socket", help="connect to Slack in Socket Mode")
     sub.add_parser("migrate", help="bring the database to the newest schema")
     return parser
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: ``kind(text)`` when it is finite and above zero, else a usage
+    error."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+        return value
+
+    return parse
 
 
 def _console(settings: Settings, args: argparse.Namespace) -> int:
@@ -117,7 +156,14 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     _check_bot_token(settings)
     rt, client = _runtime(settings)
     app = build_app(settings, client, runtime=rt)
-    server = SlackHttpServer(app, host=args.host, port=args.port)
+    server = SlackHttpServer(
+        app,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        request_timeout_s=args.request_timeout,
+        drain_timeout_s=args.drain_timeout,
+    )
     log.info("serving Slack requests at %s", server.url)
     return _run_until_signal(rt, start=server.serve_forever, stop=server.shutdown)
 
@@ -191,6 +237,8 @@ def _run_until_signal(rt: Runtime, *, start: Callable[[], None], stop: Callable[
         if clock is not None:
             clock.shutdown()
         rt.executor.shutdown(wait=True)
+        if rt.platform_work is not None:
+            rt.platform_work.shutdown(wait=True)
         rt.fleet.close()
         rt.db.dispose()
     return 0

@@ -10,6 +10,7 @@ every pending reply before exiting.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import secrets
@@ -262,6 +263,8 @@ class Console:
         if self.runtime is not None:
             self.wait()
             self.runtime.executor.shutdown(wait=True)
+            if self.runtime.platform_work is not None:
+                self.runtime.platform_work.shutdown(wait=True)
             self.runtime.fleet.close()
             self.runtime.db.dispose()
         self.slack.stop()
@@ -275,7 +278,7 @@ class Console:
         if response.status != 200:
             self.printer.note(f"the bot answered HTTP {response.status}: {response.body}")
         elif response.body:
-            self.printer.note(response.body)
+            self.printer.note(_answer_text(response.body))
 
     def _console_command(self, line: str) -> None:
         word, _, rest = line.partition(" ")
@@ -317,6 +320,15 @@ class Console:
 
     def _display_name(self, user_id: str) -> str:
         return self.slack.user_name(user_id) or user_id
+
+
+def _answer_text(body: str) -> str:
+    """The text of an immediate answer (JSON with a ``text``, as a turned-away command gets)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return body
+    return str(answer.get("text", body)) if isinstance(answer, dict) else body
 
 
 class Printer:

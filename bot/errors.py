@@ -48,6 +48,10 @@ class Conflict(GpubotError):
     """The request clashes with the current state (a name in use, already released ...)."""
 
 
+class AlreadyAnswered(Conflict):
+    """A prompt was answered already (a double click, or two people at once): nothing changed."""
+
+
 class NotAuthorized(GpubotError):
     """The user may not change this; only its owner or an admin may."""
 
@@ -129,6 +133,15 @@ class LocalRefused(FleetError):
     """The bot's own machine (``local``) was addressed outside the local console."""
 
 
+class OutputTooLarge(FleetError):
+    """A command printed more than the bot reads from an instance; it was stopped unread."""
+
+    hint = (
+        "Ask for less (a smaller --tail for logs); if a plain status or health check does "
+        "this, the agent on the instance is misbehaving: check the instance."
+    )
+
+
 # --- Providers ------------------------------------------------------------------------------
 
 
@@ -187,8 +200,20 @@ class StoreError(GpubotError):
 
 class SlackError(GpubotError):
     """The Slack Web API refused a call or could not be reached; ``error`` is Slack's error code
-    (``channel_not_found``, ``invalid_auth`` ...) or ``unreachable``."""
+    (``channel_not_found``, ``invalid_auth`` ...) or ``unreachable``.
 
-    def __init__(self, message: str, *, error: str = "", hint: str | None = None) -> None:
+    ``outcome_unknown`` is True when the call may have happened all the same (the answer timed
+    out or the connection dropped after the request was sent): a post must not be repeated
+    blindly then."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error: str = "",
+        hint: str | None = None,
+        outcome_unknown: bool = False,
+    ) -> None:
         super().__init__(message, hint=hint)
         self.error = error
+        self.outcome_unknown = outcome_unknown

@@ -1,52 +1,151 @@
-"""HTTP mode: Slack's signed requests served to the Bolt app by a threading HTTP server.
+"""HTTP mode: Slack's signed requests served to the Bolt app by waitress, a WSGI server.
 
-``POST /slack/events`` goes to ``app.dispatch`` (which checks the signature and the timestamp,
-and through bot.replay answers a signature it already accepted without running anything);
-``GET /healthz`` answers ``ok`` for load balancers and container health checks.
+``POST /slack/events`` goes through Bolt's WSGI adapter to ``app.dispatch`` (which checks the
+signature and the timestamp, and through bot.replay answers a signature it already accepted
+without running anything); ``GET /healthz`` answers ``ok`` for load balancers and container
+health checks. A form body that merely contains the word "payload", which Bolt alone reads as
+an empty request, keeps its fields.
+
+Limits, so that no client can hold the bot:
+
+- a fixed pool of worker threads runs the app, and at most ``connection_limit`` connections are
+  open at once (more wait in the kernel's accept queue);
+- a request must arrive whole, headers and body, within ``request_timeout_s`` of its connection
+  being ready for it (accepted, or the previous answer sent), however slowly its bytes trickle
+  in; past that the connection is closed, as is a keep-alive connection left idle that long;
+- a body over ``max_body_bytes`` is answered 413 from its ``Content-Length`` alone, and
+  headers over :data:`MAX_HEADER_BYTES` with 431;
+- :meth:`SlackHttpServer.shutdown` stops accepting, closes idle connections, lets requests in
+  flight finish for at most ``drain_timeout_s``, then closes whatever is left.
+
+Request bodies stay out of the log: Bolt reports a bad signature with the whole body at INFO,
+so its records lose the body and are cut to :data:`MAX_LOG_MESSAGE_CHARS`; waitress logs
+paths, never bodies.
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import threading
-from collections.abc import Sequence
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import parse_qsl
+from wsgiref.types import StartResponse, WSGIEnvironment
 
-from slack_bolt import App, BoltRequest
+from slack_bolt import App, BoltContext, BoltRequest, BoltResponse
+from slack_bolt.adapter.wsgi import SlackRequestHandler
+from slack_bolt.adapter.wsgi.http_request import WsgiHttpRequest
+from slack_bolt.request.internals import build_context
+from waitress import wasyncore
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
 
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
+HEALTH_PATH = "/healthz"
+FORM_TYPE = "application/x-www-form-urlencoded"
+#: The largest request body accepted (bytes); Slack's payloads are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
+#: The largest request line plus headers accepted (bytes).
+MAX_HEADER_BYTES = 32 * 1024
+#: Seconds a request may take to arrive whole (headers and body).
+REQUEST_TIMEOUT_S = 30.0
+#: Seconds :meth:`SlackHttpServer.shutdown` lets requests in flight finish.
+DRAIN_TIMEOUT_S = 20.0
+#: Worker threads that run the app.
+THREADS = 8
+#: Connections open at once.
+CONNECTION_LIMIT = 100
+#: The longest message a Bolt log record keeps (characters).
+MAX_LOG_MESSAGE_CHARS = 1000
+#: Seconds the worker threads get to exit once the drain is over.
+_THREADS_EXIT_S = 1
 
 
 class SlackHttpServer:
-    """Serves ``app`` on ``host:port`` (port 0 picks a free one); one thread per request."""
+    """Serves ``app`` on ``host:port`` (port 0 picks a free one; a name binds its first
+    address). The socket is bound and listening once constructed. Raises OSError when the
+    address cannot be bound, ValueError when a limit is not positive."""
 
-    def __init__(self, app: App, *, host: str = "127.0.0.1", port: int = 3000) -> None:
+    def __init__(
+        self,
+        app: App,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 3000,
+        threads: int = THREADS,
+        connection_limit: int = CONNECTION_LIMIT,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+    ) -> None:
+        if min(threads, connection_limit, max_body_bytes) < 1:
+            raise ValueError("threads, connection_limit and max_body_bytes must be at least 1")
+        if min(request_timeout_s, drain_timeout_s) <= 0:
+            raise ValueError("request_timeout_s and drain_timeout_s must be positive")
         self.app = app
-        server_class = _Server6 if ":" in host else _Server
-        self._server = server_class((host, port), _handler_for(app))
+        self.threads = threads
+        self.request_timeout_s = request_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        # The loop wakes at least this often (seconds) to enforce the deadlines.
+        self._tick_s = max(0.01, min(0.25, request_timeout_s / 10, drain_timeout_s / 10))
+        keep_bodies_out_of_logs(app)
+        adj = Adjustments(
+            host=host,
+            port=port,
+            threads=threads,
+            # waitress counts its listening socket and its wake-up pipe as connections.
+            connection_limit=connection_limit + 2,
+            # waitress refuses a body of this size or more.
+            max_request_body_size=max_body_bytes + 1,
+            max_request_header_size=MAX_HEADER_BYTES,
+            expose_tracebacks=False,
+            ident="gpubot",
+        )
+        self._map: dict[int, Any] = {}
+        self._dispatcher = ThreadedTaskDispatcher()
+        self._server = _Server(
+            _BoltWsgi(app, path=EVENTS_PATH),
+            map=self._map,
+            dispatcher=self._dispatcher,
+            adj=adj,  # binds the first address of adj.listen
+        )
+        host_bound, port_bound = self._server.getsockname()
+        self._host, self._port = str(host_bound), int(port_bound)
+        self._lock = threading.Lock()
+        self._state = "new"  # then "serving", then "stopped"
+        self._drain_until: float | None = None  # monotonic; set by shutdown()
+        self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         """The port actually bound."""
-        return int(self._server.server_address[1])
+        return self._port
 
     @property
     def url(self) -> str:
         """The request URL to give Slack (``http://HOST:PORT/slack/events``)."""
-        host = str(self._server.server_address[0])
-        shown = f"[{host}]" if ":" in host else host
+        shown = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{shown}:{self.port}{EVENTS_PATH}"
 
     def serve_forever(self) -> None:
-        """Serve in this thread until :meth:`shutdown` is called from another."""
-        self._server.serve_forever(poll_interval=0.2)
+        """Serve in this thread until :meth:`shutdown` (from another thread) has drained the
+        connections. Returns at once when shutdown came first."""
+        with self._lock:
+            if self._state != "new":
+                return
+            self._state = "serving"
+        self._dispatcher.set_thread_count(self.threads)
+        try:
+            while self._tend(time.monotonic()):
+                wasyncore.poll2(self._tick_s, self._map)
+        finally:
+            self._close_all()
 
     def start(self) -> SlackHttpServer:
         """Serve in a background thread; returns self."""
@@ -56,67 +155,203 @@ class SlackHttpServer:
         return self
 
     def shutdown(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
+        """Stop accepting, close idle connections, let requests in flight finish for at most
+        ``drain_timeout_s`` seconds, then close the rest; returns once done (the drain plus
+        about a second). Safe to call more than once and from any thread but the serving one."""
+        with self._lock:
+            if self._drain_until is None:
+                self._drain_until = time.monotonic() + self.drain_timeout_s
+            never_served = self._state == "new"
+            if never_served:
+                self._state = "stopped"
+        if never_served:
+            self._close_all()
+        else:
+            self._server.pull_trigger()  # wake the loop now rather than at its next tick
+            if not self._done.wait(self.drain_timeout_s + _THREADS_EXIT_S + 5):
+                log.warning("the HTTP server did not stop within its drain timeout")
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
+    def _tend(self, now: float) -> bool:
+        """Enforce the request deadline and run the drain, in the serving thread (connections
+        are not thread-safe); False once the loop should end."""
+        drain_until = self._drain_until
+        if drain_until is not None and not self._server.draining:
+            self._start_drain()
+        for channel in self._channels():
+            if channel.will_close or channel.close_when_flushed:
+                continue  # closes itself once its answer is sent
+            if channel.requests or channel.total_outbufs_len:
+                channel.waiting_since = None  # being answered: the client is not to blame
+                continue
+            if channel.waiting_since is None:
+                channel.waiting_since = now
+            if self._server.draining and channel.request is None:
+                channel.handle_close()  # idle: nothing to finish
+            elif now - channel.waiting_since > self.request_timeout_s:
+                if channel.request is not None:
+                    log.info(
+                        "closed a connection from %s: its request did not arrive within %g s",
+                        _peer(channel),
+                        self.request_timeout_s,
+                    )
+                channel.handle_close()
+        if drain_until is None:
+            return True
+        left = self._channels()
+        if left and now >= drain_until:
+            log.warning(
+                "closing %d connection(s) still open after the %g s drain",
+                len(left),
+                self.drain_timeout_s,
+            )
+            for channel in left:
+                channel.handle_close()
+            return False
+        return bool(left)
 
-class _Server(ThreadingHTTPServer):
-    # Slack may send bursts: a deep accept queue keeps connections from waiting on SYN retries.
-    request_queue_size = 256
-    # Requests in flight finish (their work reaches the executor) before the server closes.
-    daemon_threads = False
-    block_on_close = True
+    def _start_drain(self) -> None:
+        self._server.draining = True
+        self._server.accepting = False
+        wasyncore.dispatcher.close(self._server)  # the listening socket; the trigger stays
+        busy = sum(1 for channel in self._channels() if channel.requests or channel.request)
+        log.info(
+            "HTTP server draining: no new connections; %d request(s) arriving or being "
+            "answered get up to %g s",
+            busy,
+            self.drain_timeout_s,
+        )
+
+    def _channels(self) -> list[_Channel]:
+        return [d for d in list(self._map.values()) if isinstance(d, _Channel)]
+
+    def _close_all(self) -> None:
+        try:
+            for channel in self._channels():
+                channel.handle_close()
+            self._dispatcher.shutdown(cancel_pending=True, timeout=_THREADS_EXIT_S)
+            wasyncore.close_all(self._map, ignore_all=True)  # the listening socket, the trigger
+        finally:
+            with self._lock:
+                self._state = "stopped"
+            self._done.set()
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+class _Channel(HTTPChannel):
+    """A waitress connection that remembers since when (monotonic seconds) it has waited for
+    its client to send a whole request; None while its last request is being answered."""
+
+    server: _Server
+    waiting_since: float | None
+
+    def __init__(
+        self, server: _Server, sock: Any, addr: Any, adj: Adjustments, map: Any = None
+    ) -> None:
+        self.waiting_since = time.monotonic()
+        super().__init__(server, sock, addr, adj, map)
+
+    def readable(self) -> bool:
+        # While draining, read only the rest of a request already begun.
+        if self.server.draining and self.request is None:
+            return False
+        return super().readable()
 
 
-def _handler_for(app: App) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 30  # seconds a client may take to send its request
+class _Server(TcpWSGIServer):
+    channel_class = _Channel
+    draining = False
 
-        def do_GET(self) -> None:
-            if self.path.partition("?")[0] == "/healthz":
-                self._send(HTTPStatus.OK, {"content-type": ["text/plain"]}, "ok")
-            else:
-                self._send(HTTPStatus.NOT_FOUND, {"content-type": ["text/plain"]}, "not found")
+    def add_task(self, task: Any) -> None:
+        # waitress hands over the connection whose request has just arrived whole.
+        if isinstance(task, _Channel):
+            task.waiting_since = None
+        super().add_task(task)
 
-        def do_POST(self) -> None:
-            path, _, query = self.path.partition("?")
-            if path != EVENTS_PATH:
-                self._send(HTTPStatus.NOT_FOUND, {"content-type": ["text/plain"]}, "not found")
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_BODY_BYTES:
-                self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {}, "")
-                return
-            body = self.rfile.read(length).decode("utf-8", errors="replace")
-            headers: dict[str, str | Sequence[str]] = {
-                name.lower(): value for name, value in self.headers.items()
-            }
-            response = app.dispatch(BoltRequest(body=body, query=query, headers=headers))
-            self._send(response.status, response.headers, response.body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("%s - %s", self.address_string(), format % args)
+class _BoltWsgi(SlackRequestHandler):
+    """Bolt's WSGI adapter with ``GET /healthz``; a body that is not UTF-8 is decoded with
+    replacement characters (its signature then fails: 401) rather than raising."""
 
-        def _send(self, status: int, headers: dict[str, Any], body: str) -> None:
-            data = body.encode("utf-8")
-            self.send_response(status)
-            for name, values in headers.items():
-                if name.lower() == "content-length":
-                    continue
-                for value in values if isinstance(values, list | tuple) else [values]:
-                    self.send_header(name, str(value))
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == HEALTH_PATH and environ.get("REQUEST_METHOD") in {
+            "GET",
+            "HEAD",
+        }:
+            start_response("200 OK", [("content-type", "text/plain"), ("content-length", "2")])
+            return [b"ok"]
+        return super().__call__(environ, start_response)
 
-    return Handler
+    def dispatch(self, request: WsgiHttpRequest) -> BoltResponse:
+        length = int(request.environ.get("CONTENT_LENGTH") or 0)
+        stream = request.environ.get("wsgi.input")
+        raw = stream.read(length) if stream is not None and length > 0 else b""
+        body = raw.decode("utf-8", errors="replace")
+        bolt_request = BoltRequest(
+            body=body, query=request.query_string, headers=request.get_headers()
+        )
+        _restore_form_fields(bolt_request)
+        return self.app.dispatch(bolt_request)
+
+
+def _restore_form_fields(request: BoltRequest) -> None:
+    """Bolt takes a form body that merely contains the word "payload" (a slash command's text,
+    say) for an interactive payload, finds none, and sees an empty request; give such a form
+    its fields back."""
+    if request.body or (request.content_type or "").lower() != FORM_TYPE:
+        return
+    form = dict(parse_qsl(request.raw_body, keep_blank_values=True))
+    if form and "payload" not in form:
+        request.body = form
+        request.context = build_context(BoltContext({}), form)
+
+
+def _peer(channel: HTTPChannel) -> str:
+    addr = channel.addr
+    return str(addr[0]) if isinstance(addr, tuple) and addr else str(addr)
+
+
+# --- logging -------------------------------------------------------------------------------------
+
+#: Where Bolt's messages put a request body; what follows is replaced.
+_BODY_MARKERS = (", body: ", " for the request (")
+
+
+class _NoRequestBodies(logging.Filter):
+    """Takes request bodies out of Bolt's log records and cuts any record's message to
+    :data:`MAX_LOG_MESSAGE_CHARS` characters."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError, KeyError):
+            return True  # a broken record: the handler reports it
+        cut = message
+        for marker in _BODY_MARKERS:
+            head, found, _ = cut.partition(marker)
+            if found:
+                cut = f"{head}{found}[not logged])"
+        if len(cut) > MAX_LOG_MESSAGE_CHARS:
+            more = len(cut) - MAX_LOG_MESSAGE_CHARS
+            cut = f"{cut[:MAX_LOG_MESSAGE_CHARS]} [{more} more characters not logged]"
+        if cut != message:
+            record.msg, record.args = cut, ()
+        return True
+
+
+_NO_REQUEST_BODIES = _NoRequestBodies()
+
+
+def keep_bodies_out_of_logs(app: App) -> None:
+    """Filter the records of ``app``'s logger and of Bolt's own loggers (``slack_bolt.*``)
+    so that no request body is logged. Bolt copies the app logger's filters to the loggers it
+    makes later. Idempotent."""
+    names = [
+        name
+        for name in list(logging.root.manager.loggerDict)
+        if name == "slack_bolt" or name.startswith("slack_bolt.")
+    ]
+    # Bolt's signature check logs the whole body; make sure its logger is covered.
+    names.append("slack_bolt.RequestVerification")
+    for logger in [app.logger, *(logging.getLogger(name) for name in names)]:
+        logger.addFilter(_NO_REQUEST_BODIES)

@@ -1,5 +1,7 @@
 """The Bolt listeners: ack at once, then parse, run the handler and answer on the bot's executor.
 
+The executor admits a command only while it has room and the caller is under their limit
+(bot.executor.BotExecutor); a command turned away is answered at once, ephemerally, unrun.
 Listeners are thin: no SQL, no SSH. Errors the bot expects reach the user as an ephemeral
 message; anything else is logged with an error id that the user is shown. A button's value is
 the id of a row; one that is not (not a number, out of range, malformed) is answered at once
@@ -11,8 +13,9 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from slack_bolt import Ack, App, Respond
 
@@ -20,6 +23,7 @@ from bot.commands.help import usage_text
 from bot.commands.parser import parse
 from bot.commands.registry import Caller, Registry, Reply
 from bot.errors import GpubotError, UsageError
+from bot.executor import BotExecutor, Busy
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -37,20 +41,27 @@ BAD_BUTTON_TEXT = (
 )
 _BUTTON_ID = re.compile(r"[1-9][0-9]{0,9}")
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 
 def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
     """Add the `/gpu` command, one listener for every registered button, and the error handler."""
 
     @app.command(SLASH_COMMAND)
     def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
-        ack()
         caller = Caller(
             user_id=str(command.get("user_id", "")),
             channel_id=command.get("channel_id"),
             user_name=command.get("user_name"),
         )
         text = str(command.get("text") or "")
-        rt.executor.submit(_run_command, rt, registry, caller, text, respond)
+        try:
+            submit_command(rt, caller, _run_command, rt, registry, caller, text, respond)
+        except Busy as exc:
+            ack(text=busy_text(exc), response_type="ephemeral")
+            return
+        ack()
 
     if registry.actions:
 
@@ -62,12 +73,33 @@ def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
             caller = caller_of_action(body)
             action_id = str(action.get("action_id", ""))
             value = str(action.get("value") or "")
-            rt.executor.submit(_run_action, rt, registry, caller, action_id, value, respond)
+            try:
+                submit_command(
+                    rt, caller, _run_action, rt, registry, caller, action_id, value, respond
+                )
+            except Busy as exc:
+                # A click's answer to the request is not shown: say it through the response URL.
+                send_reply(respond, Reply(text=busy_text(exc)))
 
     @app.error
     def on_error(error: Exception, body: dict[str, Any]) -> None:
         kind = body.get("type") or body.get("command") or "request"
         log.error("unhandled error in a Slack listener (%s)", kind, exc_info=error)
+
+
+def submit_command(
+    rt: Runtime, caller: Caller, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> Future[T]:
+    """Hand a command of ``caller`` to the runtime's executor. Raises Busy when the executor
+    (a BotExecutor) has no room for it or the caller is at their limit."""
+    if isinstance(rt.executor, BotExecutor):
+        return rt.executor.submit_command(caller.user_id, fn, *args, **kwargs)
+    return rt.executor.submit(fn, *args, **kwargs)
+
+
+def busy_text(exc: Busy) -> str:
+    """The answer to a command turned away unrun."""
+    return f":hourglass: {exc.user_text()}"
 
 
 def action_pattern(registry: Registry) -> re.Pattern[str]:

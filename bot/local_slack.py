@@ -58,6 +58,7 @@ class Message:
     user: str | None = None
     replaces: str | None = None
     via_response_url: bool = False
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ class _State:
     events: list[Event] = field(default_factory=list)
     uploads: dict[str, _PendingUpload] = field(default_factory=dict)
     rate_limits: dict[str, int] = field(default_factory=dict)
+    #: method -> (seconds to hold the answer after doing the call, calls left)
+    late: dict[str, tuple[float, int]] = field(default_factory=dict)
+    #: method -> (HTTP status answered without doing the call, calls left)
+    outages: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 class LocalSlack:
@@ -210,6 +215,19 @@ class LocalSlack:
         """A known channel's name (``None`` for DMs and unknown IDs)."""
         with self._cond:
             return self._channels.get(channel_id)
+
+    def answer_late(self, method: str, delay_s: float, times: int = 1) -> None:
+        """Do the next ``times`` calls of ``method`` (a post is stored) but hold each answer
+        ``delay_s`` seconds, as Slack does when it is slow: a client that gave up earlier never
+        learns that its call happened."""
+        with self._cond:
+            self._state.late[method] = (delay_s, times)
+
+    def outage(self, method: str, status: int = 500, times: int = 10**9) -> None:
+        """Answer the next ``times`` calls of ``method`` with ``status`` without doing them
+        (``times=0`` ends the outage)."""
+        with self._cond:
+            self._state.outages[method] = (status, times)
 
     def rate_limit(self, method: str, times: int = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with 429 and ``Retry-After: 0``."""
@@ -325,12 +343,23 @@ class LocalSlack:
             left = self._state.rate_limits.get(method, 0)
             if left:
                 self._state.rate_limits[method] = left - 1
+            status, down = self._state.outages.get(method, (0, 0))
+            if down:
+                self._state.outages[method] = (status, down - 1)
+            delay_s, slow = self._state.late.get(method, (0.0, 0))
+            if slow:
+                self._state.late[method] = (delay_s, slow - 1)
         if left:
             self._record(ApiCall(method, args, token, False, "ratelimited"))
             return HTTPStatus.TOO_MANY_REQUESTS, {"ok": False, "error": "ratelimited"}
+        if down:
+            self._record(ApiCall(method, args, token, False, f"http_{status}"))
+            return status, {"ok": False, "error": "internal_error"}
         body, events = self._answer(method, args, token)
         ok = bool(body.get("ok"))
         self._record(ApiCall(method, args, token, ok, None if ok else body.get("error")), events)
+        if slow:
+            time.sleep(delay_s)
         return HTTPStatus.OK, body
 
     def _answer(self, method: str, args: dict[str, Any], token: str | None) -> _Answer:
@@ -558,6 +587,7 @@ def _post_message(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
         blocks=tuple(blocks),
         thread_ts=args.get("thread_ts") or None,
         user=dm_user,
+        metadata=_metadata_arg(args),
     )
     with slack._cond:
         slack._state.messages[(channel, message.ts)] = message
@@ -568,6 +598,41 @@ def _post_message(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
         "message": {"text": text, "blocks": blocks, "ts": message.ts, "bot_id": "B0GPUBOT"},
     }
     return body, [message]
+
+
+def _metadata_arg(args: Mapping[str, Any]) -> dict[str, Any] | None:
+    raw = args.get("metadata")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    return raw if isinstance(raw, dict) else None
+
+
+def _history(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    """conversations.history: the channel's messages newest first, after ``oldest``; their
+    metadata only with ``include_all_metadata``."""
+    channel = str(args.get("channel") or "")
+    if slack._resolve_channel(channel) is None:
+        return _error("channel_not_found"), []
+    oldest = float(args.get("oldest") or 0)
+    limit = int(args.get("limit") or 100)
+    with_metadata = str(args.get("include_all_metadata")).lower() in ("true", "1")
+    with slack._cond:
+        found = [
+            m
+            for (where, _), m in slack._state.messages.items()
+            if where == channel and not m.ephemeral and float(m.ts) > oldest
+        ]
+    found.sort(key=lambda m: float(m.ts), reverse=True)
+    shown = []
+    for message in found[:limit]:
+        item: dict[str, Any] = {"type": "message", "ts": message.ts, "text": message.text}
+        if with_metadata and message.metadata:
+            item["metadata"] = message.metadata
+        shown.append(item)
+    return {"ok": True, "messages": shown, "has_more": len(found) > limit}, []
 
 
 def _post_ephemeral(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
@@ -683,6 +748,7 @@ _METHODS: dict[str, Callable[[LocalSlack, dict[str, Any]], _Answer]] = {
     "chat.postEphemeral": _post_ephemeral,
     "chat.update": _update,
     "conversations.open": _open_conversation,
+    "conversations.history": _history,
     "users.info": _users_info,
     "files.getUploadURLExternal": _get_upload_url,
     "files.completeUploadExternal": _complete_upload,
@@ -772,8 +838,11 @@ def _handler_for(slack: LocalSlack) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client gave up waiting (a late answer)
 
     return Handler
 

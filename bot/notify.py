@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 
@@ -29,8 +30,16 @@ class Notifier(Protocol):
         blocks: Sequence[dict[str, Any]] = (),
         *,
         thread_ts: str | None = None,
+        key: str | None = None,
     ) -> MessageRef:
-        """Post to a channel ID (or a user ID, which opens a DM); ``text`` is the fallback."""
+        """Post to a channel ID (or a user ID, which opens a DM); ``text`` is the fallback.
+        ``key`` marks the message (in Slack's message metadata) so :meth:`find` can tell later
+        whether a post whose answer was lost happened."""
+        ...
+
+    def find(self, channel: str, key: str, *, since: datetime) -> MessageRef | None:
+        """The bot's message marked ``key`` in ``channel`` (a user ID means the DM) posted at
+        ``since`` (naive UTC) or later, or None."""
         ...
 
     def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:

@@ -17,6 +17,7 @@ from bot.settings import Settings
 if TYPE_CHECKING:
     from bot.fleet.fleet import Fleet
     from bot.notify import Notifier
+    from bot.platform_work import PlatformWork
     from bot.providers.base import ProviderRegistry
     from bot.store.db import Database
 
@@ -35,6 +36,8 @@ class Runtime:
     clock: Callable[[], datetime]
     executor: Executor
     console: bool = False
+    #: Pools for the platforms' API calls off the clock; None runs them in the caller.
+    platform_work: PlatformWork | None = None
 
     def now(self) -> datetime:
         """The current time, naive UTC, from the injected clock."""

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
+from bot.fleet.fleet import polling
 from bot.runtime import Runtime
 from bot.services.tick import tick
 
@@ -63,9 +64,11 @@ def start_scheduler(rt: Runtime, *, first_tick_now: bool = True) -> SchedulerHan
 
 
 def run_tick(rt: Runtime) -> None:
-    """One tick at the runtime's clock; never raises (APScheduler would only log it)."""
+    """One tick at the runtime's clock, its fan-outs on the fleet's polling pool (apart from
+    users' commands); never raises (APScheduler would only log it)."""
     try:
-        report = tick(rt, rt.now())
+        with polling():
+            report = tick(rt, rt.now())
     except Exception:  # the clock must keep ticking
         log.exception("tick failed")
         return

@@ -23,6 +23,7 @@ class Settings:
     slack_app_token: str | None = None
     slack_signing_secret: str | None = None
     slack_api_url: str = DEFAULT_SLACK_API_URL
+    slack_timeout_s: float = 15.0
     data_dir: Path = field(default_factory=lambda: Path.home() / ".local" / "share" / "gpubot")
     database_url: str | None = None
     admins: frozenset[str] = frozenset()
@@ -49,6 +50,10 @@ class Settings:
     idle_window_s: int = 1800
     default_release_in_s: int = 8 * 3600
     executor_workers: int = 32
+    #: Users' commands waiting for one of the executor's workers, at most; more are turned away.
+    command_queue_max: int = 64
+    #: Commands one person may have queued or running at once.
+    commands_per_user: int = 4
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
 import urllib.error
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
-from slack_sdk.http_retry.builtin_handlers import RateLimitErrorRetryHandler
+from slack_sdk.http_retry.builtin_handlers import (
+    ConnectionErrorRetryHandler,
+    RateLimitErrorRetryHandler,
+)
 
 from bot.errors import SlackError
 from bot.notify import MessageRef
@@ -28,13 +34,38 @@ _HINTS = {
 }
 
 
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed call may still have reached Slack: the request went out and the answer
+    was lost (a timeout, a reset or a closed connection). A refused or unresolvable connection
+    never sent it."""
+    reason: BaseException | None = exc
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException):
+        reason = exc.reason
+    never_sent = (ConnectionRefusedError, socket.gaierror)
+    if isinstance(reason, never_sent) or isinstance(exc.__cause__, never_sent):
+        return False
+    lost = (TimeoutError, ConnectionResetError, http.client.HTTPException, ConnectionAbortedError)
+    return isinstance(reason, lost) or isinstance(exc.__cause__, lost)
+
+
+#: The metadata event type marking the bot's own posts, and how far back ``find`` looks.
+OUTBOX_EVENT = "gpubot_outbox"
+FIND_LIMIT = 200
+
+
 class SlackNotifier:
     """Posts, updates and uploads through ``client``. A user ID (``U...``/``W...``) as the
-    channel opens a DM first. Rate-limited calls are retried (``max_rate_limit_retries``);
-    every failure raises bot.errors.SlackError."""
+    channel opens a DM first. Rate-limited calls are retried (``max_rate_limit_retries``); a
+    call whose answer was lost is not (SlackError.outcome_unknown says so); every failure raises
+    bot.errors.SlackError."""
 
     def __init__(self, client: WebClient, *, max_rate_limit_retries: int = 2) -> None:
         self.client = client
+        # slack_sdk retries a call whose connection dropped: for a post that may have landed
+        # that is a blind repeat. Such an outcome is reported as unknown instead.
+        client.retry_handlers[:] = [
+            h for h in client.retry_handlers if not isinstance(h, ConnectionErrorRetryHandler)
+        ]
         if not any(isinstance(h, RateLimitErrorRetryHandler) for h in client.retry_handlers):
             client.retry_handlers.append(
                 RateLimitErrorRetryHandler(max_retry_count=max_rate_limit_retries)
@@ -47,16 +78,41 @@ class SlackNotifier:
         blocks: Sequence[dict[str, Any]] = (),
         *,
         thread_ts: str | None = None,
+        key: str | None = None,
     ) -> MessageRef:
-        """Post ``text`` (the fallback, always sent) with ``blocks``; returns where it landed."""
+        """Post ``text`` (the fallback, always sent) with ``blocks``; returns where it landed.
+        ``key`` goes into the message's metadata (event type ``gpubot_outbox``)."""
         target = self.conversation_for(channel)
+        metadata = {"event_type": OUTBOX_EVENT, "event_payload": {"key": key}} if key else None
         response = self._call(
             "chat.postMessage",
             lambda: self.client.chat_postMessage(
-                channel=target, text=text, blocks=list(blocks) or None, thread_ts=thread_ts
+                channel=target,
+                text=text,
+                blocks=list(blocks) or None,
+                thread_ts=thread_ts,
+                metadata=metadata,
             ),
         )
         return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
+
+    def find(self, channel: str, key: str, *, since: datetime) -> MessageRef | None:
+        """The message marked ``key`` among the conversation's messages since ``since`` (the
+        newest ``FIND_LIMIT``), from conversations.history with its metadata."""
+        target = self.conversation_for(channel)
+        oldest = f"{since.replace(tzinfo=UTC).timestamp() - 1:.6f}"
+        response = self._call(
+            "conversations.history",
+            lambda: self.client.conversations_history(
+                channel=target, oldest=oldest, limit=FIND_LIMIT, include_all_metadata=True
+            ),
+        )
+        for message in response.get("messages") or ():
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == OUTBOX_EVENT and payload.get("key") == key:
+                return MessageRef(channel=target, ts=str(message["ts"]))
+        return None
 
     def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
         """Replace a message the bot posted (``chat.update``; ephemeral ones cannot be)."""
@@ -113,4 +169,5 @@ class SlackNotifier:
                 f"Could not reach Slack for {method}: {exc}",
                 error="unreachable",
                 hint="Check the network and GPUBOT_SLACK_API_URL.",
+                outcome_unknown=outcome_unknown(exc),
             ) from exc

@@ -237,6 +237,15 @@ def released_outside(inst: InstanceView, *, state: str) -> Message:
     return text, (section(text),)
 
 
+def released_unwarned(inst: InstanceView) -> Message:
+    """For the ops channel: a deadline release whose warnings Slack never confirmed."""
+    text = (
+        f":rotating_light: *{escape(inst.name)}* (owner {mention(inst.owner_id)}) was released "
+        "at its deadline, but Slack never confirmed that a warning reached its owner."
+    )
+    return text, (section(text),)
+
+
 def reason_text(reason: str) -> str:
     """A release reason in words."""
     return {

@@ -20,9 +20,9 @@ from bot.blocks import deadlines as blocks
 from bot.blocks.common import escape
 from bot.commands.registry import REGISTRY, ActionSpec, Caller, CommandSpec, Reply
 from bot.commands.values import format_duration, parse_duration, parse_price, parse_when
-from bot.errors import Conflict, GpubotError, NotFound, UsageError
+from bot.errors import AlreadyAnswered, Conflict, GpubotError, NotFound, UsageError
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import access, budgets, deadlines, prompts, releases
+from bot.services import access, deadlines, prompts, releases
 from bot.services import instances as instance_service
 from bot.services import rent as rent_service
 from bot.store.models import Instance, Prompt
@@ -66,10 +66,13 @@ def _extend(rt: Runtime, caller: Caller, value: str, delta: timedelta) -> Reply:
     if isinstance(clicked, Reply):
         return clicked
     inst = clicked.inst
-    budgets.check_budget(rt, caller, inst.owner_id, inst.project)
-    view = instance_service.extend(rt, caller, inst.name, delta)
+    assert clicked.prompt.id is not None
+    try:
+        view = instance_service.extend(rt, caller, inst.name, delta, answering=clicked.prompt.id)
+    except AlreadyAnswered:
+        return _already_answered(rt, clicked.prompt.id)
     what = f"Extended {format_duration(delta)}"
-    _close_warnings(
+    _show_decision(
         rt, clicked, resolution=f"extended_{format_duration(delta)}", what=what, by=caller
     )
     new_deadline = view.deadline_at
@@ -202,6 +205,29 @@ def _close_warnings(
                 closed.append(prompt)
     view = releases.instance_view(clicked.inst)
     text, body = blocks.decided(view, what=what, by=by.user_id, at=now, tz=rt.settings.tz())
+    for prompt in closed:
+        prompts.update_message(rt, prompt, text, body)
+
+
+def _show_decision(
+    rt: Runtime, clicked: _Clicked, *, resolution: str, what: str, by: Caller
+) -> None:
+    """Edit the messages of the prompts this answer closed (their buttons go)."""
+    prefix = clicked.prompt.key.rsplit(":", 1)[0] + ":"
+    with rt.db.session() as session:
+        closed = session.exec(
+            select(Prompt).where(
+                Prompt.instance_id == clicked.prompt.instance_id,
+                Prompt.kind == clicked.prompt.kind,
+                col(Prompt.key).startswith(prefix),
+                Prompt.resolution == resolution,
+                Prompt.resolved_by == by.user_id,
+            )
+        ).all()
+        inst = session.get(Instance, clicked.prompt.instance_id)
+        assert inst is not None
+    view = releases.instance_view(inst)
+    text, body = blocks.decided(view, what=what, by=by.user_id, at=rt.now(), tz=rt.settings.tz())
     for prompt in closed:
         prompts.update_message(rt, prompt, text, body)
 

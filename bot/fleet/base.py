@@ -1,7 +1,8 @@
 """What the rest of the bot needs from the fleet: targets, transports and the agent client API.
 
 Every method raises bot.errors.FleetError subclasses (Unreachable, AuthenticationFailed,
-HostKeyChanged, AgentMissing, AgentBroken, CommandTimeout); nothing else escapes.
+HostKeyChanged, AgentMissing, AgentBroken, CommandTimeout, OutputTooLarge); nothing else
+escapes.
 """
 
 from __future__ import annotations
@@ -11,8 +12,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agents.protocol import HealthReport, JobList, JobRecord, StatusSnapshot, WhoReport
+from bot.errors import OutputTooLarge
 
 LOCAL_HOST = "local"
+#: Bytes of standard output the bot reads from one command; past this the command is stopped.
+MAX_STDOUT_BYTES = 16 * 2**20
+#: Bytes of standard error the bot reads from one command; past this the command is stopped.
+MAX_STDERR_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -52,13 +58,31 @@ class ExecResult:
     stderr: str
 
 
+def output_too_large(instance: str, stream: str, cap_bytes: int) -> OutputTooLarge:
+    """The error for a command on ``instance`` whose ``stream`` (stdout, stderr) passed
+    ``cap_bytes``."""
+    return OutputTooLarge(
+        f"{instance}: the command printed more than {_size(cap_bytes)} on {stream}; "
+        "the bot stopped it and read no more",
+        instance=instance,
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
 class Transport(Protocol):
     """Runs argv on an instance (never through a shell on the bot's side) and copies files."""
 
     def exec(
         self, argv: Sequence[str], *, timeout_s: float, stdin: bytes | None = None
     ) -> ExecResult:
-        """Run a command; argv is quoted for the remote shell, never joined unquoted."""
+        """Run a command; argv is quoted for the remote shell, never joined unquoted. Output
+        past :data:`MAX_STDOUT_BYTES` / :data:`MAX_STDERR_BYTES` stops it (OutputTooLarge)."""
         ...
 
     def put_file(self, local_path: str, remote_path: str, *, mode: int = 0o755) -> None:

@@ -3,7 +3,9 @@
 One SSH connection per instance is kept alive and shared by every call for it; ``forget``
 drops it (after a release or re-registration). ``fan_out`` asks many instances at once on a
 bounded pool of threads: each answer, or the FleetError that stopped it, comes back by name,
-and a dead host costs the others nothing beyond the timeout.
+and a dead host costs the others nothing beyond the timeout. The clock's polling (inside
+:func:`polling`) fans out on a pool of its own, so users' commands and polls never wait for
+each other's threads.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
@@ -37,9 +41,24 @@ _GRACE_S = 1.0
 
 _PoolKey = tuple[str, int, str, str | None, str | None]
 
+_POLLING: ContextVar[bool] = ContextVar("gpubot_fleet_polling", default=False)
+
+
+@contextmanager
+def polling() -> Iterator[None]:
+    """Within this block (in this thread), ``Fleet.fan_out`` runs on the polling pool."""
+    token = _POLLING.set(True)
+    try:
+        yield
+    finally:
+        _POLLING.reset(token)
+
 
 class Fleet:
-    """Every instance's transport and agent. Thread-safe; ``close()`` when the bot stops."""
+    """Every instance's transport and agent. Thread-safe; ``close()`` when the bot stops.
+
+    ``max_workers`` threads fan out for users' commands, ``poll_workers`` for the polling.
+    """
 
     def __init__(
         self,
@@ -48,6 +67,7 @@ class Fleet:
         zipapp_path: Path | None = None,
         local_transport: LocalTransport | None = None,
         max_workers: int = FAN_OUT_WORKERS,
+        poll_workers: int = FAN_OUT_WORKERS,
     ) -> None:
         self.settings = settings
         self.zipapp_path = Path(zipapp_path) if zipapp_path is not None else settings.agent_zipapp
@@ -55,7 +75,12 @@ class Fleet:
         self._local = local_transport
         self._lock = threading.Lock()
         self._pool: dict[str, tuple[_PoolKey, SshTransport]] = {}
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fleet")
+        self._executor = ThreadPoolExecutor(
+            max_workers=max_workers, thread_name_prefix="fleet-commands"
+        )
+        self._poll_executor = ThreadPoolExecutor(
+            max_workers=poll_workers, thread_name_prefix="fleet-poll"
+        )
         self._closed = False
 
     def scan_host_key(
@@ -118,18 +143,20 @@ class Fleet:
         """Call ``fn(agent)`` for every target at once; by target name, its result or the
         FleetError that stopped it. A target still busy after ``timeout_s`` seconds (default
         the SSH command timeout) gets CommandTimeout; other errors of ``fn`` become AgentBroken.
+        Runs on the polling pool inside :func:`polling`, else on the commands' pool.
         """
         timeout = timeout_s or self.settings.ssh_command_timeout_s
         started = time.monotonic()
         futures: dict[str, Future[T]] = {}
         results: dict[str, T | FleetError] = {}
+        pool = self._poll_executor if _POLLING.get() else self._executor
         for target in targets:
             try:
                 agent = self.agent(target, timeout_s=timeout)
             except FleetError as exc:
                 results[target.name] = exc
                 continue
-            futures[target.name] = self._executor.submit(_call, fn, agent)
+            futures[target.name] = pool.submit(_call, fn, agent)
         wait_futures(futures.values(), timeout=timeout + _GRACE_S)
         for name, future in futures.items():
             outcome: T | FleetError = _outcome(name, future, timeout)
@@ -159,6 +186,7 @@ class Fleet:
         for _, transport in entries:
             transport.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._poll_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _pool_key(target: Target) -> _PoolKey:

@@ -2,7 +2,10 @@
 
 A connection is made only after the server has shown the pinned host key; a different key
 raises HostKeyChanged before the bot authenticates or sends anything. Commands cross as one
-quoted string (``shlex.join`` of the argv), so the remote shell sees exactly the argv given.
+quoted string (``shlex.join`` of the argv), so the remote shell sees exactly the argv given;
+their output is read up to a cap (OutputTooLarge past it). One call dials at a time; the
+others wait for it only briefly and never past their own deadline. A dial that fails puts the
+instance in a back-off: until it ends, calls fail at once with Unreachable instead of dialling.
 Every paramiko and socket error leaves this module as a bot.errors.FleetError.
 """
 
@@ -35,7 +38,14 @@ from bot.errors import (
     HostKeyNotPinned,
     Unreachable,
 )
-from bot.fleet.base import ExecResult, HostKey, Target
+from bot.fleet.base import (
+    MAX_STDERR_BYTES,
+    MAX_STDOUT_BYTES,
+    ExecResult,
+    HostKey,
+    Target,
+    output_too_large,
+)
 from bot.fleet.hostkeys import algorithms_for, host_key_from_blob
 from bot.settings import Settings
 
@@ -50,12 +60,33 @@ IDLE_WAKE_S = 1.0
 #: Channels used at once on one connection (OpenSSH's MaxSessions defaults to 10).
 MAX_CHANNELS = 8
 _READ_CHUNK = 65536
+#: Seconds calls fail at once after a dial failed; doubled after each further failure...
+DIAL_BACKOFF_S = 30.0
+#: ...up to this many seconds.
+DIAL_BACKOFF_MAX_S = 300.0
+#: Seconds into another call's dial that a call waits for it to finish; past that it fails at
+#: once (a healthy host answers well within this, a dead one never does).
+DIAL_JOIN_S = 2.0
+
+
+@dataclass(frozen=True)
+class _DialFailure:
+    """The last failed dial: why, when (back-off clock seconds), until when calls fail at
+    once, and how many dials in a row failed."""
+
+    reason: str
+    at: float
+    retry_at: float
+    count: int
 
 
 class SshTransport:
     """The Transport for one SSH target: one connection, re-dialled when it has died.
 
-    Thread-safe: concurrent calls share the connection, each on its own channel.
+    Thread-safe: concurrent calls share the connection, each on its own channel; one call
+    dials, the others wait for it up to ``join_dial_s`` seconds into its dial and never past
+    their own deadline. A command may print at most ``max_stdout_bytes`` and
+    ``max_stderr_bytes``. ``clock`` (monotonic seconds) times the back-off after a failed dial.
     """
 
     def __init__(
@@ -64,13 +95,27 @@ class SshTransport:
         *,
         settings: Settings,
         key_loader: Callable[[Path], paramiko.PKey] | None = None,
+        max_stdout_bytes: int = MAX_STDOUT_BYTES,
+        max_stderr_bytes: int = MAX_STDERR_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        join_dial_s: float = DIAL_JOIN_S,
     ) -> None:
         self.target = target
         self._settings = settings
         self._load_key = key_loader or load_private_key
-        self._lock = threading.Lock()
+        self.max_stdout_bytes = max_stdout_bytes
+        self.max_stderr_bytes = max_stderr_bytes
+        self._clock = clock
+        self._join_dial_s = join_dial_s
+        #: Guards the fields below (never held while dialling); notified when a dial ends.
+        self._state = threading.Condition()
         self._channels = threading.BoundedSemaphore(MAX_CHANNELS)
         self._conn: paramiko.Transport | None = None
+        self._failure: _DialFailure | None = None
+        #: When the dial under way started (time.monotonic); None when no call dials.
+        self._dial_started: float | None = None
+        #: Counts close() calls: a dial that was under way across one keeps nothing.
+        self._generation = 0
         #: How many connections this transport has made (a pooled one is reused).
         self.dial_count = 0
 
@@ -78,7 +123,8 @@ class SshTransport:
         self, argv: Sequence[str], *, timeout_s: float, stdin: bytes | None = None
     ) -> ExecResult:
         """Run argv on the instance; raises CommandTimeout after ``timeout_s`` seconds,
-        Unreachable when the connection drops, and the dial errors of :meth:`connect`."""
+        OutputTooLarge (the command is stopped) when it prints past a cap, Unreachable when
+        the connection drops, and the dial errors of :meth:`connect`."""
         if not argv:
             raise ValueError("empty argv")
         command = shlex.join(argv)
@@ -138,7 +184,10 @@ class SshTransport:
                 alarm.cancel()
 
     def connect(self) -> None:
-        """Make sure a verified, authenticated connection is up (dial when needed)."""
+        """Make sure a verified, authenticated connection is up (dial when needed).
+
+        Raises HostKeyNotPinned, HostKeyChanged, AuthenticationFailed, Unreachable (at once
+        while in the back-off after a failed dial) and CommandTimeout."""
         deadline = time.monotonic() + self._settings.ssh_connect_timeout_s
         self._connection(deadline)
 
@@ -149,9 +198,11 @@ class SshTransport:
         return conn is not None and conn.is_active()
 
     def close(self) -> None:
-        """Drop the connection; a later call dials again."""
-        with self._lock:
+        """Drop the connection and forget a failed dial; a later call dials again."""
+        with self._state:
             conn, self._conn = self._conn, None
+            self._failure = None
+            self._generation += 1
         if conn is not None:
             conn.close()
 
@@ -189,26 +240,124 @@ class SshTransport:
             raise self._lost(exc) from exc
 
     def _connection(self, deadline: float) -> paramiko.Transport:
-        with self._lock:
+        """The live connection, dialled when there is none. Raises at once while in the
+        back-off; waits for another call's dial until ``deadline`` (time.monotonic) or
+        ``join_dial_s`` into that dial, whichever is first."""
+        with self._state:
+            live = self._await_dial(deadline)
+            if live is not None:
+                return live
+            stale, self._conn = self._conn, None
+            self._dial_started = time.monotonic()
+            generation = self._generation
+        if stale is not None:
+            stale.close()
+        try:
+            conn = self._dial(deadline, generation)
+        finally:
+            with self._state:
+                self._dial_started = None
+                self._state.notify_all()
+        with self._state:
+            if generation == self._generation:
+                self._failure = None
+                self.dial_count += 1
+                self._conn = conn
+                return conn
+        conn.close()
+        raise Unreachable(
+            f"{self.target.name}: the connection was closed while it was being made",
+            instance=self.target.name,
+            hint="Try again.",
+        )
+
+    def _await_dial(self, deadline: float) -> paramiko.Transport | None:
+        """With ``_state`` held: wait out another call's dial. Returns the live connection, or
+        None when this call is to dial. Raises Unreachable (in the back-off, or another call's
+        dial taking too long) or CommandTimeout (``deadline`` passed while waiting)."""
+        while True:
             conn = self._conn
             if conn is not None and conn.is_active():
                 return conn
-            self._conn = None
-            if conn is not None:
-                conn.close()
-            timeout_s = min(self._settings.ssh_connect_timeout_s, self._remaining(deadline))
-            try:
-                conn = dial(self.target, timeout_s=timeout_s, key=self._key())
-            except FleetError as exc:
-                if exc.instance is None:
-                    exc.instance = self.target.name
-                raise
-            self.dial_count += 1
-            self._conn = conn
-            return conn
+            self._refuse_while_failing()
+            started = self._dial_started
+            if started is None:
+                return None
+            now = time.monotonic()
+            if now >= deadline:
+                raise CommandTimeout(
+                    f"{self.target.name}: another call was still connecting when this one ran "
+                    "out of time",
+                    instance=self.target.name,
+                    hint="Try again in a moment; if it keeps happening check the instance.",
+                )
+            if now >= started + self._join_dial_s:
+                raise Unreachable(
+                    f"{self.target.name}: connecting has taken {now - started:.0f} s so far "
+                    "(another call is still at it)",
+                    instance=self.target.name,
+                    hint="Try again in a moment; if it keeps failing check that the instance "
+                    "is running and that its SSH port is open to the bot.",
+                )
+            self._state.wait(min(deadline, started + self._join_dial_s) - now)
+
+    def _dial(self, deadline: float, generation: int) -> paramiko.Transport:
+        """Dial within the connect timeout and ``deadline``; a failure to reach the host
+        starts the back-off (unless the transport was closed since ``generation``)."""
+        timeout_s = min(self._settings.ssh_connect_timeout_s, self._remaining(deadline))
+        key = self._key()
+        try:
+            return dial(self.target, timeout_s=timeout_s, key=key)
+        except FleetError as exc:
+            if exc.instance is None:
+                exc.instance = self.target.name
+            if isinstance(exc, Unreachable):
+                with self._state:
+                    if generation == self._generation:
+                        self._note_failure(exc)
+            raise
+
+    def _note_failure(self, exc: Unreachable) -> None:
+        """With ``_state`` held: start (or lengthen) the back-off after a failed dial."""
+        now = self._clock()
+        count = self._failure.count + 1 if self._failure is not None else 1
+        wait_s = min(DIAL_BACKOFF_S * 2 ** (count - 1), DIAL_BACKOFF_MAX_S)
+        self._failure = _DialFailure(exc.message, now, now + wait_s, count)
+        log.info(
+            "ssh %s: dial failed (%d in a row); calls fail at once for %g s",
+            self.target.name,
+            count,
+            wait_s,
+        )
+
+    def _refuse_while_failing(self) -> None:
+        """With ``_state`` held: raise Unreachable at once while in the back-off after a failed
+        dial, and while another call dials again after one."""
+        failure = self._failure
+        if failure is None:
+            return
+        now = self._clock()
+        if now < failure.retry_at:
+            wait_s = math.ceil(failure.retry_at - now)
+            raise Unreachable(
+                f"{self.target.name}: connecting failed {now - failure.at:.0f} s ago "
+                f"({failure.reason}); the bot tries again in {wait_s} s",
+                instance=self.target.name,
+                hint=(
+                    "Check that the instance is running and that its SSH port is open to the "
+                    f"bot, then try again in {wait_s} s."
+                ),
+            )
+        if self._dial_started is not None:
+            raise Unreachable(
+                f"{self.target.name}: connecting failed before ({failure.reason}) and the bot "
+                "is trying again now",
+                instance=self.target.name,
+                hint="Try again in a moment; if it keeps failing check the instance.",
+            )
 
     def _drop(self, conn: paramiko.Transport) -> None:
-        with self._lock:
+        with self._state:
             if self._conn is conn:
                 self._conn = None
         conn.close()
@@ -250,8 +399,8 @@ class SshTransport:
                 chan.status_event.wait(remaining)
             else:
                 _wait_readable(chan, remaining)
-            _drain(chan, out, err)
-        _drain(chan, out, err)
+            self._drain(chan, out, err)
+        self._drain(chan, out, err)
         status = chan.recv_exit_status()
         if status == -1 and _connection_lost(chan):
             raise Unreachable(
@@ -263,6 +412,19 @@ class SshTransport:
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
         )
+
+    def _drain(self, chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
+        """Read what has arrived; past a cap, close the channel (the remote command stops)
+        and raise OutputTooLarge."""
+        for ready, recv, buffer, cap, stream in (
+            (chan.recv_ready, chan.recv, out, self.max_stdout_bytes, "stdout"),
+            (chan.recv_stderr_ready, chan.recv_stderr, err, self.max_stderr_bytes, "stderr"),
+        ):
+            while ready():
+                buffer += recv(_READ_CHUNK)
+                if len(buffer) > cap:
+                    chan.close()
+                    raise output_too_large(self.target.name, stream, cap)
 
     def _upload(
         self, sftp: paramiko.SFTPClient, local_path: str, remote_path: str, mode: int
@@ -471,13 +633,6 @@ def _wait_readable(chan: paramiko.Channel, timeout_s: float) -> None:
     poller = select.poll()
     poller.register(chan.fileno(), select.POLLIN)
     poller.poll(max(1, math.ceil(timeout_s * 1000)))
-
-
-def _drain(chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
-    while chan.recv_ready():
-        out += chan.recv(_READ_CHUNK)
-    while chan.recv_stderr_ready():
-        err += chan.recv_stderr(_READ_CHUNK)
 
 
 def _sftp_makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from bot.blocks import deadlines as blocks
 from bot.commands.registry import Caller
@@ -50,6 +50,7 @@ KIND_WARNING = "deadline_warning"
 KIND_IDLE = "idle"
 KIND_JOBS_DONE = "jobs_done"
 KIND_OUTSIDE = "released_outside"
+KIND_UNWARNED = "release_unwarned"
 
 #: After the queue of a release-when-done instance drains: release after this grace.
 JOBS_DONE_GRACE_S = 600
@@ -101,7 +102,7 @@ def notice_s(rt: Runtime) -> int:
 def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
     """Create due warnings and request the releases that came due; returns the instance ids
     whose release was requested."""
-    due: list[tuple[int, str]] = []
+    due: list[tuple[int, str, Deadline, tuple[datetime | None, datetime | None]]] = []
     with rt.db.session() as session:
         instances = session.exec(
             select(Instance).where(
@@ -112,13 +113,50 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
         ).all()
         for inst in instances:
             reason = _deadline_step(rt, session, inst, now)
-            if reason is not None and inst.id is not None:
-                due.append((inst.id, reason))
+            deadline = effective_deadline(inst)
+            if reason is not None and inst.id is not None and deadline is not None:
+                due.append((inst.id, reason, deadline, (inst.deadline_at, inst.lifetime_cap_at)))
     requested: list[int] = []
-    for instance_id, reason in due:
-        if _request(rt, instance_id, reason=reason, now=now):
+    for instance_id, reason, deadline, seen in due:
+        # Only for the deadline seen here: an extension committed since then wins.
+        if _request(rt, instance_id, reason=reason, now=now, seen_deadline=seen):
             requested.append(instance_id)
+            _escalate_if_unwarned(rt, instance_id, deadline, now)
     return requested
+
+
+def _escalate_if_unwarned(rt: Runtime, instance_id: int, deadline: Deadline, now: datetime) -> None:
+    """A deadline release whose warnings never surely reached the owner (Slack failed or its
+    answers were lost) goes on record in the audit log, and to the ops channel as a prompt that
+    is posted once Slack takes it."""
+    with rt.db.session() as session:
+        delivered = session.exec(
+            select(Prompt.id).where(
+                Prompt.instance_id == instance_id,
+                Prompt.kind == KIND_WARNING,
+                col(Prompt.key).startswith(f"{deadline.key}:"),
+                Prompt.delivery == prompts.POSTED,
+            )
+        ).first()
+        if delivered is not None:
+            return
+        prompts.audit(
+            session,
+            at=now,
+            actor="gpubot",
+            action="released_unwarned",
+            instance_id=instance_id,
+            deadline_at=deadline.at,
+        )
+        if rt.settings.channel:
+            prompts.ensure_prompt(
+                session,
+                instance_id=instance_id,
+                kind=KIND_UNWARNED,
+                key=deadline.key,
+                recipient=rt.settings.channel,
+                due_at=now,
+            )
 
 
 def _deadline_step(rt: Runtime, session: Session, inst: Instance, now: datetime) -> str | None:
@@ -172,16 +210,15 @@ def release_time(rt: Runtime, deadline: Deadline, first_warning_sent_at: datetim
 
 
 def _first_warning_sent(session: Session, instance_id: int, deadline: Deadline) -> datetime | None:
-    sent = session.exec(
-        select(Prompt.sent_at).where(
+    """When the bot first tried to warn about this deadline, whatever came of the try: the
+    notice counts from there, so a slow or failing Slack never holds the release back."""
+    return session.exec(
+        select(func.min(Prompt.first_attempt_at)).where(
             Prompt.instance_id == instance_id,
             Prompt.kind == KIND_WARNING,
             col(Prompt.key).startswith(f"{deadline.key}:"),
-            col(Prompt.message_ts).is_not(None),
         )
-    ).all()
-    times = [at for at in sent if at is not None]
-    return min(times) if times else None
+    ).first()
 
 
 def _newer_warning(session: Session, prompt: Prompt, deadline: Deadline) -> bool:
@@ -218,10 +255,23 @@ def _last_sample(session: Session, inst: Instance) -> UtilSample | None:
     ).first()
 
 
-def _request(rt: Runtime, instance_id: int, *, reason: str, now: datetime) -> bool:
+def _request(
+    rt: Runtime,
+    instance_id: int,
+    *,
+    reason: str,
+    now: datetime,
+    seen_deadline: tuple[datetime | None, datetime | None] | None = None,
+) -> bool:
     try:
         releases.request_release(
-            rt, instance_id, reason=reason, requested_by="gpubot", mode="terminate", now=now
+            rt,
+            instance_id,
+            reason=reason,
+            requested_by="gpubot",
+            mode="terminate",
+            now=now,
+            seen_deadline=seen_deadline,
         )
     except Conflict:
         return False
@@ -266,10 +316,10 @@ def check_idle(rt: Runtime, now: datetime) -> list[int]:
 
 
 def _grace_over(prompt: Prompt, grace_s: int | None, now: datetime) -> bool:
-    """A posted, unanswered prompt whose grace has run out."""
-    if grace_s is None or prompt.message_ts is None or prompt.resolved_at is not None:
+    """An unanswered prompt whose grace, counted from the first try to post it, has run out."""
+    if grace_s is None or prompt.first_attempt_at is None or prompt.resolved_at is not None:
         return False
-    return prompt.sent_at is not None and now >= prompt.sent_at + timedelta(seconds=grace_s)
+    return now >= prompt.first_attempt_at + timedelta(seconds=grace_s)
 
 
 # --- release when done ----------------------------------------------------------------------------
@@ -478,6 +528,8 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
     now = rt.now()
     if prompt.kind == KIND_OUTSIDE:
         return blocks.released_outside(view, state=prompt.key)
+    if prompt.kind == KIND_UNWARNED:
+        return blocks.released_unwarned(view)
     if inst.state != "active":
         return None
     if prompt.kind == KIND_WARNING:
@@ -525,7 +577,7 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
     return None
 
 
-for _kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE):
+for _kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE, KIND_UNWARNED):
     prompts.RENDERERS[_kind] = render
 
 

@@ -34,6 +34,7 @@ from bot.blocks import instances as blocks
 from bot.commands.registry import Caller
 from bot.commands.values import format_duration
 from bot.errors import (
+    AlreadyAnswered,
     Conflict,
     FleetError,
     GpubotError,
@@ -155,18 +156,16 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     _validate(rt, req)
     key_path = keys.key_path(rt.settings, req.key_name) if req.key_name else None
     now = rt.now()
-    identity = _identity(address, req, None)
+    # Before the machine is asked anything: refuse a machine that is someone else's.
+    _refuse_others_machine(rt, caller, name, _identity(address, req, None))
+    _check_provider_id(rt, req)
+    host_key = _scan(rt, caller, name, address)
+    # Then by everything that identifies it, its host key too (another address may reach it).
+    identity = _identity(address, req, host_key.fingerprint if host_key else None)
     holder = _holder(rt, caller, name, identity)
     deadline_at = _deadline(rt, req, now, holder)
     if holder is not None and deadline_at is not None:
         _check_later_deadline(rt, caller, holder, deadline_at, req.project or holder.project)
-    _check_provider_id(rt, req)
-    host_key = (
-        None if address.host == LOCAL_HOST else rt.fleet.scan_host_key(address.host, address.port)
-    )
-    if host_key is not None:
-        identity = _identity(address, req, host_key.fingerprint)
-        holder = _holder(rt, caller, name, identity)
     target = Target(
         name=name,
         host=address.host,
@@ -340,10 +339,17 @@ def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> Health
 # --- changing ---------------------------------------------------------------------------------
 
 
-def extend(rt: Runtime, caller: Caller, name: str, delta: timedelta) -> InstanceView:
+def extend(
+    rt: Runtime, caller: Caller, name: str, delta: timedelta, *, answering: int | None = None
+) -> InstanceView:
     """Move the deadline ``delta`` later (from now when it passed or there is none). Owner or
-    admin; only an admin goes past the lifetime cap or a used-up monthly budget. Raises
-    UsageError, NotFound, NotAuthorized, BudgetExceeded, Conflict (not active)."""
+    admin; only an admin goes past the lifetime cap or a used-up monthly budget.
+
+    ``answering`` is the warning prompt whose button asked for it: it and its group are
+    answered in the same transaction as the extension, so a double click extends once. The
+    deadline moves only from the one read here (compare-and-set). Raises UsageError, NotFound,
+    NotAuthorized, BudgetExceeded, AlreadyAnswered, Conflict (not active, or changed meanwhile).
+    """
     if delta <= timedelta(0):
         raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
     now = rt.now()
@@ -368,6 +374,14 @@ def extend(rt: Runtime, caller: Caller, name: str, delta: timedelta) -> Instance
             f"extending by {format_duration(delta)}",
             "Extend by less, or ask an admin to extend it past the limit.",
         )
+        if answering is not None and not prompts.resolve_group(
+            session,
+            answering,
+            resolution=f"extended_{format_duration(delta)}",
+            by=caller.user_id,
+            now=now,
+        ):
+            raise AlreadyAnswered(f"The warning about {inst.name} was already answered.")
         won = session.exec(
             update(Instance)
             .where(
@@ -711,6 +725,38 @@ def _identity(
     )
 
 
+def _refuse_others_machine(
+    rt: Runtime, caller: Caller, name: str, identity: access.MachineIdentity
+) -> None:
+    """Raise Conflict naming the holder when the machine is someone else's (by what is known
+    before it is dialled: its address, its provider id)."""
+    with rt.db.session() as session:
+        access.holder_for_registration(rt, caller, access.machine_holders(session, identity), name)
+
+
+def _scan(rt: Runtime, caller: Caller, name: str, address: Address) -> HostKey | None:
+    """The host key the machine presents (None for ``local``). When it cannot be reached and
+    the name is someone else's, the answer is that the name is taken (refused either way)."""
+    if address.host == LOCAL_HOST:
+        return None
+    try:
+        return rt.fleet.scan_host_key(address.host, address.port)
+    except FleetError as exc:
+        with rt.db.session() as session:
+            by_name = _live_by_name(session, name)
+        if by_name is None or access.is_owner(caller, by_name) or access.is_admin(rt, caller):
+            raise
+        raise _name_taken(name, by_name) from exc
+
+
+def _name_taken(name: str, by_name: Instance) -> Conflict:
+    return Conflict(
+        f"The name {name} is taken by an instance at {instance_view(by_name).address} "
+        f"(owner <@{by_name.owner_id}>).",
+        hint="Choose another name, or release that instance first.",
+    )
+
+
 def _holder(
     rt: Runtime, caller: Caller, name: str, identity: access.MachineIdentity
 ) -> Instance | None:
@@ -722,11 +768,7 @@ def _holder(
         holder = access.holder_for_registration(rt, caller, holders, name)
         by_name = _live_by_name(session, name)
     if by_name is not None and (holder is None or by_name.id != holder.id):
-        raise Conflict(
-            f"The name {name} is taken by an instance at {instance_view(by_name).address} "
-            f"(owner <@{by_name.owner_id}>).",
-            hint="Choose another name, or release that instance first.",
-        )
+        raise _name_taken(name, by_name)
     if holder is not None and holder.state not in POLLED_STATES:
         raise Conflict(
             f"{holder.name} is {holder.state.replace('_', ' ')}; it cannot be registered again "

@@ -12,11 +12,14 @@ unfinished job appears in the answer, so a job the agent no longer knows is mark
 an instance that was unreachable or a bot that was down catches up on its next poll.
 
 Completion replies are at-least-once with a narrow window: a reply is claimed in a short
-transaction (``reply_claimed_at``), posted, then marked (``replied_at``). A failed post gives
-the claim back; a claim left by a crashed process is taken over after ``CLAIM_TIMEOUT``. So a
-reply is never lost, and is doubled only if the process dies between Slack accepting the post
-and the next commit. While ``/gpu run`` is posting the job's message it holds the claim, so a
-very short job's reply still lands in that message's thread.
+transaction (``reply_claimed_at``), posted, then marked (``replied_at``). A post Slack refused
+or that never left gives the claim back; one whose answer was lost (a timeout, a dropped
+connection: it may have been posted) is marked replied and audited ``reply_unconfirmed``, never
+posted again. A claim left by a crashed process is taken over after ``CLAIM_TIMEOUT``. So a
+reply is never lost to a failure Slack reports, and is doubled only if the process dies between
+Slack accepting the post and the next commit, and the claim then times out. While
+``/gpu run`` is posting the job's message it holds the claim, so a very short job's reply still
+lands in that message's thread.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from bot.errors import (
     FleetError,
     GpubotError,
     NotFound,
+    SlackError,
     Unreachable,
     UsageError,
 )
@@ -551,18 +555,34 @@ def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
     text, body = blocks.completion_reply(view)
     try:
         rt.notifier.post(channel or job.requested_by, text, body, thread_ts=thread)
-    except GpubotError:
-        log.warning("completion reply of job %s failed; retrying later", job_id, exc_info=True)
+    except SlackError as exc:
+        if not exc.outcome_unknown:
+            return _give_back(rt, job_id, now)
+        # Slack may have stored it: never post it again, and keep that on record.
+        log.warning("completion reply of job %s may have been posted: %s", job_id, exc)
         with rt.db.session() as session:
-            session.execute(
-                update(Job)
-                .where(col(Job.id) == job_id, col(Job.reply_claimed_at) == now)
-                .values(reply_claimed_at=None)
+            session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
+            audit.record(
+                session, "gpubot", "reply_unconfirmed", job.instance_id, at=now, job=job_id
             )
         return False
+    except GpubotError:
+        return _give_back(rt, job_id, now)
     with rt.db.session() as session:
         session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
     return True
+
+
+def _give_back(rt: Runtime, job_id: int, now: datetime) -> bool:
+    """A reply that surely did not reach Slack: release its claim for the next poll."""
+    log.warning("completion reply of job %s failed; retrying later", job_id, exc_info=True)
+    with rt.db.session() as session:
+        session.execute(
+            update(Job)
+            .where(col(Job.id) == job_id, col(Job.reply_claimed_at) == now)
+            .values(reply_claimed_at=None)
+        )
+    return False
 
 
 def _canceller(session: Session, job: Job) -> str | None:

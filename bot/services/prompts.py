@@ -1,9 +1,18 @@
 """Prompt rows: create once, post at most once per claim, record where they were posted.
 
 A prompt is unique per (instance, kind, key). Posting claims the row first with a conditional
-UPDATE (``sent_at`` set while ``message_ts`` is empty), commits, posts outside any transaction and
-records the message after. A claim left behind by a crash expires after ``CLAIM_LEASE_S``, so a
-prompt is never lost; two processes never both post it.
+UPDATE (``sent_at`` set while ``message_ts`` is empty; ``first_attempt_at`` set once, on the first
+try), commits, posts outside any transaction and records the message after. A claim left behind
+by a crash expires after ``CLAIM_LEASE_S``, so a prompt is never lost; two processes never both
+post it.
+
+An unknown outcome is not a failure: when Slack's answer is lost (a timeout, a dropped
+connection) the post may have happened, so the prompt is marked ``unconfirmed`` and never
+posted again. A post Slack refused, or that never left, is tried again on the next tick. Every
+post carries its key (``prompt:<id>``) in Slack's message metadata; a claim taken over from a
+process that died mid-post first looks for that key in the conversation and records the post it
+finds instead of posting again. A duplicate needs the process to die mid-post and Slack's
+history to miss the message (more than ``FIND_LIMIT`` newer messages in that conversation).
 """
 
 from __future__ import annotations
@@ -15,10 +24,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import or_, update
+from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
-from bot.errors import GpubotError
+from bot.errors import GpubotError, SlackError
 from bot.notify import MessageRef
 from bot.runtime import Runtime
 from bot.store.models import AuditLog, Instance, Prompt
@@ -27,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: How long a claim to post a prompt holds before another tick may take it over.
 CLAIM_LEASE_S = 120
+#: ``Prompt.delivery``: posted, or sent with its answer lost (it may have been posted).
+POSTED = "posted"
+UNCONFIRMED = "unconfirmed"
 
 Message = tuple[str, tuple[dict[str, Any], ...]]
 #: Renders a prompt of some kind at posting time, from the current rows; None means the prompt
@@ -80,10 +92,12 @@ def deliver(
     *,
     channel: str | None = None,
 ) -> MessageRef | None:
-    """Post the prompt to its recipient (or ``channel``) unless it was posted or is being posted.
+    """Post the prompt to its recipient (or ``channel``) unless it was posted, is being posted
+    or may have been posted.
 
-    Returns where it was posted, or None when another claim holds it, it was already posted, or
-    posting failed (the claim is then released so the next tick tries again)."""
+    Returns where it was posted, or None when another claim holds it, it was already posted,
+    its outcome is unknown (it is then marked ``unconfirmed``), or posting failed (the claim is
+    then released so the next tick tries again)."""
     claimed_at = rt.now()
     stale = claimed_at - timedelta(seconds=CLAIM_LEASE_S)
     with rt.db.session() as session:
@@ -92,38 +106,89 @@ def deliver(
             .where(
                 col(Prompt.id) == prompt_id,
                 col(Prompt.message_ts).is_(None),
+                col(Prompt.delivery).is_(None),
                 col(Prompt.resolved_at).is_(None),
                 or_(col(Prompt.sent_at).is_(None), col(Prompt.sent_at) < stale),
             )
-            .values(sent_at=claimed_at)
+            .values(
+                sent_at=claimed_at,
+                first_attempt_at=func.coalesce(col(Prompt.first_attempt_at), claimed_at),
+                attempts=col(Prompt.attempts) + 1,
+            )
         )
         if result.rowcount != 1:
             return None
         prompt = session.get(Prompt, prompt_id)
         assert prompt is not None
         recipient = channel or prompt.recipient
+        # A claim taken over from a process that died mid-post: its post may have landed.
+        earlier = prompt.first_attempt_at if prompt.attempts > 1 else None
+    key = f"prompt:{prompt_id}"
     try:
-        ref = rt.notifier.post(recipient, text, blocks)
+        ref = _find(rt, recipient, key, earlier)
+    except GpubotError as exc:  # not knowing yet is no reason to post again: try later
+        _record_failure(rt, prompt_id, claimed_at, recipient, GpubotError(exc.message))
+        return None
+    try:
+        ref = ref or rt.notifier.post(recipient, text, blocks, key=key)
     except GpubotError as exc:
-        log.warning("posting prompt %s to %s failed: %s", prompt_id, recipient, exc)
-        with rt.db.session() as session:
-            session.exec(
-                update(Prompt)
-                .where(
-                    col(Prompt.id) == prompt_id,
-                    col(Prompt.sent_at) == claimed_at,
-                    col(Prompt.message_ts).is_(None),
-                )
-                .values(sent_at=None)
-            )
+        _record_failure(rt, prompt_id, claimed_at, recipient, exc)
         return None
     with rt.db.session() as session:
         session.exec(
             update(Prompt)
             .where(col(Prompt.id) == prompt_id)
-            .values(sent_at=rt.now(), channel_id=ref.channel, message_ts=ref.ts)
+            .values(sent_at=rt.now(), channel_id=ref.channel, message_ts=ref.ts, delivery=POSTED)
         )
     return ref
+
+
+def _find(rt: Runtime, recipient: str, key: str, since: datetime | None) -> MessageRef | None:
+    """The post of an earlier try, when there was one and Slack has it."""
+    if since is None:
+        return None
+    found = rt.notifier.find(recipient, key, since=since)
+    if found is not None:
+        log.info("%s was already posted by an earlier try; not posting it again", key)
+    return found
+
+
+def _record_failure(
+    rt: Runtime, prompt_id: int, claimed_at: datetime, recipient: str, exc: GpubotError
+) -> None:
+    """A post that failed: an unknown outcome keeps the claim for good (``unconfirmed``);
+    anything else gives it back for the next tick."""
+    unknown = isinstance(exc, SlackError) and exc.outcome_unknown
+    log.warning(
+        "posting prompt %s to %s %s: %s",
+        prompt_id,
+        recipient,
+        "may have happened (Slack's answer was lost)" if unknown else "failed",
+        exc,
+    )
+    mine = (
+        col(Prompt.id) == prompt_id,
+        col(Prompt.sent_at) == claimed_at,
+        col(Prompt.message_ts).is_(None),
+    )
+    with rt.db.session() as session:
+        if unknown:
+            session.exec(update(Prompt).where(*mine).values(delivery=UNCONFIRMED))
+            audit(
+                session,
+                at=rt.now(),
+                actor="gpubot",
+                action="prompt_unconfirmed",
+                instance_id=_instance_of(session, prompt_id),
+                prompt=prompt_id,
+                error=exc.message[:500],
+            )
+        else:
+            session.exec(update(Prompt).where(*mine).values(sent_at=None))
+
+
+def _instance_of(session: Session, prompt_id: int) -> int | None:
+    return session.exec(select(Prompt.instance_id).where(Prompt.id == prompt_id)).first()
 
 
 def deliver_pending(rt: Runtime, now: datetime, *, instance_id: int | None = None) -> int:
@@ -134,6 +199,7 @@ def deliver_pending(rt: Runtime, now: datetime, *, instance_id: int | None = Non
     with rt.db.session() as session:
         query = select(Prompt).where(
             col(Prompt.message_ts).is_(None),
+            col(Prompt.delivery).is_(None),
             col(Prompt.resolved_at).is_(None),
             col(Prompt.due_at) <= now,
             col(Prompt.kind).in_(list(RENDERERS)),
@@ -166,6 +232,32 @@ def resolve(
         .values(resolved_at=now, resolved_by=by, resolution=resolution)
     )
     return bool(result.rowcount == 1)
+
+
+def resolve_group(
+    session: Session, prompt_id: int, *, resolution: str, by: str | None, now: datetime
+) -> list[Prompt]:
+    """Answer a prompt and the open prompts of its group (same instance and kind, same key up to
+    its last ``:``, such as the 30- and 10-minute warnings of one deadline) in ``session``.
+    Returns them, the clicked one first; empty when the clicked one was already answered (the
+    first answer wins, and nothing is changed)."""
+    clicked = session.get(Prompt, prompt_id)
+    if clicked is None or not resolve(session, prompt_id, resolution=resolution, by=by, now=now):
+        return []
+    prefix = clicked.key.rsplit(":", 1)[0] + ":"
+    closed = [clicked]
+    for other in session.exec(
+        select(Prompt).where(
+            Prompt.instance_id == clicked.instance_id,
+            Prompt.kind == clicked.kind,
+            col(Prompt.key).startswith(prefix),
+            col(Prompt.resolved_at).is_(None),
+        )
+    ).all():
+        assert other.id is not None
+        if resolve(session, other.id, resolution=resolution, by=by, now=now):
+            closed.append(other)
+    return closed
 
 
 def posted_ref(prompt: Prompt) -> MessageRef | None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
 
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
@@ -70,12 +72,15 @@ def request_release(
     requested_by: str,
     mode: str = "terminate",
     now: datetime | None = None,
+    seen_deadline: tuple[datetime | None, datetime | None] | None = None,
 ) -> Release:
     """Open a Release for an instance, or return the one already open (never two).
 
-    ``reason``: user, deadline, cap, idle, jobs_done. Raises NotFound for an unknown instance,
-    Conflict when it is already released, UsageError for an unknown mode and ProviderError when
-    the provider cannot release in that mode (stop on a platform that only terminates)."""
+    ``reason``: user, deadline, cap, idle, jobs_done. ``seen_deadline`` is the (deadline,
+    lifetime cap) the caller decided on: the release is opened only while they are unchanged,
+    so an extension committed meanwhile wins. Raises NotFound for an unknown instance, Conflict
+    when it is already released or its deadline moved, UsageError for an unknown mode and
+    ProviderError when the provider cannot release in that mode."""
     if mode not in RELEASE_MODES:
         raise UsageError(f"Unknown release mode {mode!r}.", hint="Use terminate or stop.")
     now = now or rt.now()
@@ -89,11 +94,13 @@ def request_release(
         if inst.state == "released":
             raise Conflict(f"{inst.name} is already released.")
         check_mode(rt.providers.get(inst.provider), mode)
-        won = session.exec(
-            update(Instance)
-            .where(col(Instance.id) == instance_id, col(Instance.state).not_in(RELEASING_STATES))
-            .values(state="releasing")
-        ).rowcount
+        guard = [col(Instance.id) == instance_id, col(Instance.state).not_in(RELEASING_STATES)]
+        if seen_deadline is not None:
+            guard += [_same(col(Instance.deadline_at), seen_deadline[0])]
+            guard += [_same(col(Instance.lifetime_cap_at), seen_deadline[1])]
+        won = session.exec(update(Instance).where(*guard).values(state="releasing")).rowcount
+        if won != 1 and seen_deadline is not None and _moved(session, instance_id, seen_deadline):
+            raise Conflict(f"{inst.name}'s deadline moved; it is not released now.")
         if won != 1:
             existing = open_release(session, instance_id)
             if existing is not None:
@@ -122,6 +129,19 @@ def request_release(
     return release
 
 
+def _same(column: Any, value: datetime | None) -> Any:
+    return column.is_(None) if value is None else column == value
+
+
+def _moved(
+    session: Session, instance_id: int, seen: tuple[datetime | None, datetime | None]
+) -> bool:
+    row = session.exec(
+        select(Instance.deadline_at, Instance.lifetime_cap_at).where(Instance.id == instance_id)
+    ).first()
+    return row is not None and (row[0], row[1]) != seen
+
+
 def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None) -> Release:
     """Work on one Release if it is due and nobody else holds it; return its row afterwards.
 
@@ -138,12 +158,17 @@ def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None
     return load_release(rt, release_id)
 
 
-def process_due_releases(rt: Runtime, now: datetime) -> list[Release]:
-    """Process every open Release whose next attempt is due; returns them as they ended up."""
+def process_due_releases(rt: Runtime, now: datetime) -> list[int]:
+    """Work on every open Release whose next attempt is due; returns their ids.
+
+    With the runtime's platform pools (``rt.platform_work``) each goes to its platform's pool
+    and this returns at once, so a slow platform never holds the clock; without them each is
+    worked on here, in turn."""
     with rt.db.session() as session:
-        ids = list(
+        due = list(
             session.exec(
-                select(Release.id)
+                select(Release.id, Instance.provider)
+                .join(Instance, col(Instance.id) == col(Release.instance_id))
                 .where(
                     col(Release.state).in_(OPEN_STATES),
                     (col(Release.next_attempt_at).is_(None))
@@ -152,14 +177,21 @@ def process_due_releases(rt: Runtime, now: datetime) -> list[Release]:
                 .order_by(col(Release.id))
             )
         )
-    done: list[Release] = []
-    for release_id in ids:
+    for release_id, provider in due:
         assert release_id is not None
-        try:
-            done.append(process_release(rt, release_id, now=now))
-        except GpubotError as exc:  # a store hiccup on one release must not stop the others
-            log.warning("release %s: %s", release_id, exc)
-    return done
+        work = partial(_process_logged, rt, release_id, now)
+        if rt.platform_work is None:
+            work()
+        else:
+            rt.platform_work.submit(provider, f"release:{release_id}", work)
+    return [release_id for release_id, _ in due if release_id is not None]
+
+
+def _process_logged(rt: Runtime, release_id: int, now: datetime) -> None:
+    try:
+        process_release(rt, release_id, now=now)
+    except GpubotError as exc:  # a store hiccup on one release must not stop the others
+        log.warning("release %s: %s", release_id, exc)
 
 
 def confirm_manual_release(

@@ -3,7 +3,8 @@
 ``tick(rt, now)`` polls agents, runs the hooks other parts register (jobs, the ledger, budgets,
 the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
 reconciles with the providers' own lists (and terminates rentals the bot launched but never
-registered because it stopped in between), closes prompts that no longer apply and posts the
+registered because it stopped in between; one process alone does this in each slot, by a
+StepClaim row), closes prompts that no longer apply and posts the
 prompts that are due. Every step reads and writes rows, so running it late, twice, or from two
 processes neither drops nor doubles anything. A step that fails is logged and the others still
 run.
@@ -20,8 +21,11 @@ from datetime import datetime, timedelta
 from functools import lru_cache, partial
 from typing import TypeVar
 
+from sqlalchemy import exc as sa_exc
+
 from bot.runtime import Runtime
 from bot.services import deadlines, polling, prompts, releases, rent
+from bot.store.models import StepClaim
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,8 @@ TICK_HOOKS: list[str] = [
 
 #: How often the providers' lists are compared with the store.
 RECONCILE_EVERY_S = 300
+#: The pool (and the work's key) of reconciling, with the platform pools.
+RECONCILE = "reconcile"
 
 _EPOCH = datetime(1970, 1, 1)
 
@@ -71,16 +77,28 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     )
     for name, rule in rules:
         report.released_requested.extend(_run(report, name, partial(rule, rt, now)) or ())
-    processed = _run(report, "releases", lambda: releases.process_due_releases(rt, now))
-    report.releases_processed = len(processed or ())
-    if _reconcile_due(rt, now):
-        report.reconciled = _run(report, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
-        report.orphans_terminated = (
-            _run(report, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
-        )
+    # What people must hear goes out before the platforms are asked anything.
     report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
     report.prompts_posted = _run(report, "prompts", lambda: prompts.deliver_pending(rt, now)) or 0
+    processed = _run(report, "releases", lambda: releases.process_due_releases(rt, now))
+    report.releases_processed = len(processed or ())
+    if _reconcile_due(rt, now) and claim_step(rt, "reconcile", _slot(now, _reconcile_every(rt))):
+        if rt.platform_work is None:
+            _reconcile(rt, now, report)
+        else:
+            rt.platform_work.submit(RECONCILE, RECONCILE, partial(_reconcile, rt, now, None))
     return report
+
+
+def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
+    """Compare the platforms' lists with the store and recover rentals cut short."""
+    into = report or TickReport(now=now)
+    into.reconciled = _run(into, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
+    into.orphans_terminated = (
+        _run(into, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
+    )
+    # What reconciling found out (stopped or released outside the bot) is said at once.
+    _run(into, "prompts", lambda: prompts.deliver_pending(rt, now))
 
 
 @lru_cache(maxsize=64)
@@ -101,12 +119,26 @@ def _call_hook(spec: str, rt: Runtime, now: datetime) -> None:
         fn(rt)
 
 
+def claim_step(rt: Runtime, step: str, slot: int) -> bool:
+    """Whether this process does ``step`` in ``slot``: the first to store the claim does;
+    another process, or a second tick in the same slot, does not."""
+    try:
+        with rt.db.session() as session:
+            session.add(StepClaim(step=step, slot=slot, claimed_at=rt.now()))
+    except sa_exc.IntegrityError:
+        return False
+    return True
+
+
 def _reconcile_due(rt: Runtime, now: datetime) -> bool:
-    """True on the first tick in each ``RECONCILE_EVERY_S`` slot of the clock (stateless, so
-    every process agrees; reconciling twice is harmless)."""
-    every = max(RECONCILE_EVERY_S, rt.settings.tick_interval_s)
+    """True on the first tick in each ``RECONCILE_EVERY_S`` slot of the clock."""
+    every = _reconcile_every(rt)
     previous = now - timedelta(seconds=rt.settings.tick_interval_s)
     return _slot(now, every) != _slot(previous, every)
+
+
+def _reconcile_every(rt: Runtime) -> float:
+    return max(RECONCILE_EVERY_S, rt.settings.tick_interval_s)
 
 
 def _slot(at: datetime, every: float) -> int:

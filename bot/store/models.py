@@ -164,6 +164,11 @@ class Prompt(SQLModel, table=True):
 
     ``key`` makes it unique per instance, so a restart never sends it twice (for a deadline warning
     the key names the offset and the deadline it refers to). ``sent_at`` is set once posted.
+
+    ``first_attempt_at`` is the first time the bot tried to post it, whatever came of it (the
+    deadline policy counts from there, so Slack's trouble never holds a release back);
+    ``delivery`` is ``posted``, or ``unconfirmed`` when Slack's answer was lost (it may have
+    been posted, so it is not posted again); ``attempts`` counts the tries.
     """
 
     __table_args__ = (UniqueConstraint("instance_id", "kind", "key"),)
@@ -176,6 +181,9 @@ class Prompt(SQLModel, table=True):
     due_at: NaiveDatetime
     created_at: NaiveDatetime = Field(default_factory=utcnow)
     sent_at: NaiveDatetime | None = None
+    first_attempt_at: NaiveDatetime | None = None
+    attempts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    delivery: str | None = Field(default=None, max_length=16)
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
     resolved_at: NaiveDatetime | None = None
@@ -297,6 +305,18 @@ class Digest(SQLModel, table=True):
     posted_at: NaiveDatetime | None = None
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
+
+
+class StepClaim(SQLModel, table=True):
+    """Work one process must do alone in a slot of the clock (reconciling with the platforms,
+    recovering rentals): the process whose insert wins does it; (step, slot) is unique."""
+
+    __table_args__ = (UniqueConstraint("step", "slot"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    step: str = Field(max_length=32)
+    slot: int = Field(sa_type=BigInteger)
+    claimed_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
 class AuditLog(SQLModel, table=True):

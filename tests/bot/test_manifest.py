@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ SCOPES = {
     "chat.postMessage": "chat:write",
     "chat.update": "chat:write",
     "conversations.open": "im:write",
+    "conversations.history": "im:history",
     "files.getUploadURLExternal": "files:write",
     "files.completeUploadExternal": "files:write",
     "users.info": "users:read",
@@ -73,11 +75,14 @@ def test_scopes_cover_every_web_api_method_the_notifier_calls(local_slack: Local
     ref = notifier.post("U0ALICE", "hello")
     notifier.update(ref, "hello again")
     notifier.upload_file("C0GENERAL", "a.csv", b"a\n", title="A")
+    assert notifier.find("U0ALICE", "prompt:1", since=datetime(2026, 1, 1)) is None
     called = {call.method for call in local_slack.calls}
     assert called <= set(SCOPES), f"add the scopes of {called - set(SCOPES)} here"
     scopes = set(_manifest()["oauth_config"]["scopes"]["bot"])
     assert "commands" in scopes
     assert {SCOPES[method] for method in called} <= scopes
+    # Looking up the bot's own posts reads DMs, public and private channels it is in.
+    assert {"im:history", "channels:history", "groups:history"} <= scopes
 
 
 @pytest.mark.integration

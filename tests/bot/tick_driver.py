@@ -1,7 +1,8 @@
 """A bot process for restart tests: the real runtime (store, providers, Slack notifier) built
 from the environment, ticking at the times read from stdin, one ISO time per line.
 
-After each tick it prints ``ticked <time> <errors>`` and flushes, so the test knows where the
+After each tick, and the platform calls it handed off, it prints ``ticked <time> <errors>`` and
+flushes, so the test knows where the
 process is before it kills it. Time comes only from those lines: nothing here reads a fake
 clock from the environment.
 """
@@ -30,6 +31,9 @@ def main() -> int:
             continue
         now = datetime.fromisoformat(text)
         report = tick(rt, now)
+        # The platform calls the tick handed off finish before the clock moves on.
+        if rt.platform_work is not None:
+            rt.platform_work.wait_idle(60)
         print(f"ticked {now.isoformat()} {','.join(report.errors) or '-'}", flush=True)
     return 0
 

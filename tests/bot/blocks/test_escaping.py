@@ -220,6 +220,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         _LAMBDA, mode="stop", reason="idle", storage_bills=True, by="U0ALICE"
     ),
     "released_outside": lambda: deadlines.released_outside(_LAMBDA, state="stopped"),
+    "released_unwarned": lambda: deadlines.released_unwarned(_LAMBDA),
     "policy_summary": lambda: deadlines.policy_summary(
         name="box",
         deadline_at=NOW,

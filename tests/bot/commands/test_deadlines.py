@@ -3,17 +3,22 @@ the registry and the command parser, over the tick that posts the prompts."""
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from sqlmodel import select
+from sqlalchemy import update
+from sqlmodel import col, select
 
+from bot.commands import deadlines as deadline_commands
 from bot.commands import load_all
 from bot.commands.parser import parse
 from bot.commands.registry import Caller
 from bot.errors import NotAuthorized, UsageError
+from bot.services import deadlines
 from bot.services.tick import tick
-from bot.store.models import Instance, Release
+from bot.store.models import AuditLog, Instance, Release
 from tests.bot.services.support import (
     T0,
     Clock,
@@ -101,6 +106,59 @@ def test_extend_1h_updates_every_warning_and_moves_the_deadline(rt, clock, iid):
     _ticks(rt, clock, D + timedelta(hours=1))
     assert len(_warnings(rt)) == 4
     assert get_instance(rt.db, iid).state == "released"
+
+
+@pytest.mark.parametrize("clicks", [2, 4])
+def test_a_double_click_extends_once(db, clock, platform, monkeypatch, clicks):
+    rt = make_runtime(db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet())
+    iid = add_instance(
+        rt.db, provider="scripted", provider_instance_id="i-1", deadline_at=D, last_polled_at=T0
+    )
+    _ticks(rt, clock, D - timedelta(minutes=30))
+    value = _warnings(rt)[0].button_value("deadline_extend_1h")
+    # Every click has seen the warning open before any of them extends.
+    barrier = threading.Barrier(clicks)
+    opened = deadline_commands._open_prompt
+
+    def open_then_wait(*args, **kwargs):
+        found = opened(*args, **kwargs)
+        barrier.wait(timeout=10)
+        return found
+
+    monkeypatch.setattr(deadline_commands, "_open_prompt", open_then_wait)
+    with ThreadPoolExecutor(clicks) as pool:
+        replies = list(
+            pool.map(lambda _: _click(rt, "deadline_extend_1h", OWNER, value), range(clicks))
+        )
+    texts = sorted(reply.text for reply in replies)
+    assert sum("Extended 1h" in text for text in texts) == 1, texts
+    assert sum("already answered by <@UOWNER>" in text for text in texts) == clicks - 1, texts
+    assert get_instance(rt.db, iid).deadline_at == D + timedelta(hours=1)
+    with rt.db.session() as session:
+        extends = session.exec(select(AuditLog).where(AuditLog.action == "extend")).all()
+    assert len(extends) == 1
+
+
+def test_an_extension_committed_while_the_tick_decided_wins(rt, clock, iid, monkeypatch):
+    _ticks(rt, clock, D - timedelta(minutes=1))
+    request = deadlines._request
+
+    def extend_then_request(*args, **kwargs):
+        # The owner's extension commits after the tick decided and before it asks to release.
+        with rt.db.session() as session:
+            session.exec(
+                update(Instance)
+                .where(col(Instance.id) == iid)
+                .values(deadline_at=D + timedelta(hours=1))
+            )
+        return request(*args, **kwargs)
+
+    monkeypatch.setattr(deadlines, "_request", extend_then_request)
+    tick(rt, D)
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.deadline_at) == ("active", D + timedelta(hours=1))
+    with rt.db.session() as session:
+        assert session.exec(select(Release)).all() == []
 
 
 def test_only_the_owner_or_an_admin_may_answer(rt, clock, iid):

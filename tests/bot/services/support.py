@@ -58,6 +58,7 @@ class Posted:
     ts: str
     thread_ts: str | None = None
     updates: list[tuple[str, tuple[dict[str, Any], ...]]] = field(default_factory=list)
+    key: str | None = None
 
     def action_ids(self) -> list[str]:
         blocks = self.updates[-1][1] if self.updates else self.blocks
@@ -96,13 +97,20 @@ class RecordingNotifier:
         blocks: Sequence[dict[str, Any]] = (),
         *,
         thread_ts: str | None = None,
+        key: str | None = None,
     ) -> MessageRef:
         if self.fail_posts:
             raise SlackError("Slack is unreachable", error="unreachable")
         with self._lock:
             ts = f"{next(self._ts)}.000100"
-            self.posts.append(Posted(channel, text, tuple(blocks), ts, thread_ts))
+            self.posts.append(Posted(channel, text, tuple(blocks), ts, thread_ts, key=key))
         return MessageRef(channel=channel, ts=ts)
+
+    def find(self, channel: str, key: str, *, since: datetime) -> MessageRef | None:
+        for posted in self.posts:
+            if posted.channel == channel and posted.key == key:
+                return MessageRef(channel=channel, ts=posted.ts)
+        return None
 
     def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
         for posted in self.posts:

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import col, select
 
+from bot.errors import SlackError
+from bot.notify import MessageRef
 from bot.services import deadlines, releases
 from bot.services.tick import RECONCILE_EVERY_S, TICK_HOOKS, tick
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release
@@ -153,17 +155,56 @@ def test_bot_back_inside_the_window_sends_only_the_latest_warning(rt, clock):
     assert len(_warnings(rt)) == 1
 
 
-def test_no_release_while_the_warning_cannot_be_sent(rt, clock):
+def test_a_slack_outage_never_holds_the_release_back(rt, clock, platform):
     iid = _instance(rt)
-    rt.notifier.fail_posts = True
+    rt.notifier.fail_posts = True  # every call fails, for the whole hour
+    _run(rt, clock, until=D - timedelta(seconds=1))
+    assert get_instance(rt.db, iid).state == "active"
     _run(rt, clock, until=D + timedelta(minutes=30))
-    assert get_instance(rt.db, iid).state == "active"
-    rt.notifier.fail_posts = False
-    _run(rt, clock, until=D + timedelta(minutes=31))
-    assert len(_warnings(rt)) == 1
-    assert get_instance(rt.db, iid).state == "active"
-    _run(rt, clock, until=D + timedelta(minutes=42))
+    assert get_instance(rt.db, iid).state == "released"  # at the deadline, as policy says
+    assert platform.release_calls == [("i-1", "terminate")]
+    with rt.db.session() as session:
+        [unwarned] = session.exec(
+            select(AuditLog).where(AuditLog.action == "released_unwarned")
+        ).all()
+        first = session.exec(select(Prompt.first_attempt_at).order_by(Prompt.id)).first()
+    assert unwarned.instance_id == iid
+    assert first == D - timedelta(minutes=30)  # the notice counts from the first try
+    assert rt.notifier.posts == []
+
+
+def test_a_warning_first_tried_late_still_gives_its_notice_then_releases(rt, clock, platform):
+    iid = _instance(rt)
+    clock.set(D + timedelta(minutes=5))  # the bot was down through both warnings
+    rt.notifier.fail_posts = True
+    _run(rt, clock, until=D + timedelta(minutes=14))
+    assert get_instance(rt.db, iid).state == "active"  # 10 minutes from the first try
+    _run(rt, clock, until=D + timedelta(minutes=16))
     assert get_instance(rt.db, iid).state == "released"
+
+
+def test_a_warning_whose_answer_was_lost_is_not_posted_again(rt, clock, platform):
+    iid = _instance(rt)
+    stored: list[str] = []
+
+    def lost_answer(channel: str, text: str, blocks=(), *, thread_ts=None, key=None) -> MessageRef:
+        stored.append(text)  # Slack keeps the post; its answer never comes back
+        raise SlackError("timed out", error="unreachable", outcome_unknown=True)
+
+    rt.notifier.post = lost_answer
+    _run(rt, clock, until=D + timedelta(minutes=2))
+    warnings = [text for text in stored if "will be released" in text]
+    assert len(warnings) == 2  # the 30- and the 10-minute warning, once each, never again
+    assert get_instance(rt.db, iid).state == "released"
+    with rt.db.session() as session:
+        deliveries = session.exec(
+            select(Prompt.delivery).where(Prompt.kind == deadlines.KIND_WARNING).order_by(Prompt.id)
+        ).all()
+        unconfirmed = session.exec(
+            select(AuditLog).where(AuditLog.action == "prompt_unconfirmed")
+        ).all()
+    assert deliveries == ["unconfirmed", "unconfirmed"]
+    assert len(unconfirmed) == 4  # two warnings, the ops escalation, the release notice
 
 
 def _job(rt, iid, *, state="running", release_when_done=False, agent_job_id="j1") -> int:

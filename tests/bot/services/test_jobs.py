@@ -27,7 +27,7 @@ from bot.runtime import Runtime
 from bot.services import audit
 from bot.services import jobs as svc
 from bot.store.db import Database
-from bot.store.models import InstanceAccess, Job, Person
+from bot.store.models import AuditLog, InstanceAccess, Job, Person
 from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 from tests.fixtures.fake_nvml import FakeNvml
@@ -242,6 +242,30 @@ def test_a_failed_post_is_retried_and_still_sent_once(world: World):
     assert "*Exit code*\\n3" in json.dumps(reply.blocks)
 
 
+def test_a_reply_whose_answer_was_lost_is_never_posted_again(world: World):
+    job = run(world, OWNER, ["true"])
+    world.wait_agent(job.agent_job_id)
+
+    class SlowSlack(RecordingNotifier):
+        """Stores the post, then its answer comes after the client gave up."""
+
+        def post(self, *args: Any, **kwargs: Any) -> MessageRef:
+            super().post(*args, **kwargs)
+            raise SlackError("Slack's answer timed out", error="unreachable", outcome_unknown=True)
+
+    slow = SlowSlack()
+    restarted = world.runtime(slow)
+    svc.poll_all(restarted)
+    world.clock.advance(seconds=svc.CLAIM_TIMEOUT.total_seconds() + 60)
+    svc.poll_all(restarted)
+    svc.poll_all(world.runtime(RecordingNotifier()))  # nor by another process
+    assert len(slow.containing("Job 1 on box")) == 1
+    assert world.row(job.id or 0).replied_at is not None
+    with world.db.session() as session:
+        [row] = session.exec(select(AuditLog).where(AuditLog.action == "reply_unconfirmed")).all()
+    assert audit.details(row)["job"] == job.id
+
+
 def test_concurrent_pollers_post_each_reply_once(world: World):
     with world.db.session() as session:
         for i in range(12):
@@ -349,7 +373,14 @@ def test_only_owner_allowed_people_and_admins_run_and_cancel(world: World):
     assert world.store.read(friend.agent_job_id)["state"] == "running"
     cancelled = svc.cancel(world.rt, FRIEND, str(friend.id))
     assert cancelled.state == "cancelled"
-    assert svc.cancel(world.rt, OWNER, admin.agent_job_id[:17]).state == "cancelled"
+    # By the start of its agent id: the shortest start no other job shares (two jobs started
+    # in the same second share the time).
+    start = next(
+        admin.agent_job_id[:n]
+        for n in range(17, len(admin.agent_job_id) + 1)
+        if not friend.agent_job_id.startswith(admin.agent_job_id[:n])
+    )
+    assert svc.cancel(world.rt, OWNER, start).state == "cancelled"
     with pytest.raises(Conflict, match="already finished"):
         svc.cancel(world.rt, OWNER, str(friend.id))
     svc.poll_all(world.rt)

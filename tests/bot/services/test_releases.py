@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,7 +17,9 @@ from bot.errors import (
     ProviderError,
     ProviderRateLimited,
 )
+from bot.platform_work import PlatformWork
 from bot.services import releases
+from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Prompt, Release
 from tests.bot.services.support import (
     T0,
@@ -81,7 +84,7 @@ def test_release_confirmed_only_when_the_platform_says_terminated(rt, clock, pla
     platform.state = "terminated"
     clock.advance(seconds=releases.CONFIRM_RECHECK_S)
     done = releases.process_due_releases(rt, clock.now)
-    assert [r.state for r in done] == ["confirmed"]
+    assert [releases.load_release(rt, r).state for r in done] == ["confirmed"]
     inst = get_instance(rt.db, iid)
     assert inst.state == "released"
     assert inst.released_at == clock.now
@@ -286,7 +289,7 @@ def test_through_the_runpod_api_a_429_waits_for_retry_after(db, clock, runpod_cl
     assert releases.process_due_releases(rt, clock.now) == []
     clock.advance(seconds=1)
     [done] = releases.process_due_releases(rt, clock.now)
-    assert done.state == "confirmed"
+    assert releases.load_release(rt, done).state == "confirmed"
     assert pod not in runpod_cloud.instances
     assert get_instance(rt.db, iid).released_at == clock.now
 
@@ -308,3 +311,45 @@ def test_through_the_lambda_api_an_instance_terminated_outside_is_confirmed(
     lambda_cloud.terminate_outside(iid_cloud)
     assert releases.process_release(rt, rel.id).state == "confirmed"
     assert lambda_cloud.calls_to("POST", "terminate") == []
+
+
+def test_a_slow_platform_never_holds_the_clock_or_another_platform(db, clock, platform):
+    slow, fast = platform, ScriptedPlatform()
+    fast.name = "fastcloud"
+    slow.gate = threading.Event()  # each call waits until the test lets it go: a 30 s platform
+    pools = PlatformWork()
+    rt = make_runtime(db, clock, providers=[slow, fast], poll_interval_s=10**7)
+    rt.platform_work = pools
+    try:
+        on_slow = add_instance(rt.db, name="a", provider="scripted", provider_instance_id="i-1")
+        on_fast = add_instance(rt.db, name="b", provider="fastcloud", provider_instance_id="i-2")
+        warned = add_instance(
+            rt.db, name="c", deadline_at=clock.now + timedelta(minutes=20), last_polled_at=T0
+        )
+        for iid in (on_slow, on_fast):
+            releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+        report = tick(rt, clock.now)  # returns although the slow platform has not answered
+        assert report.releases_processed == 2
+        assert rt.notifier.containing("*c* will be released")  # prompts went out meanwhile
+        assert _until(lambda: get_instance(rt.db, on_fast).state == "released")
+        assert get_instance(rt.db, on_slow).state == "releasing"
+        tick(rt, clock.now + timedelta(seconds=30))  # the next tick does not queue it again
+        assert pools.in_flight("scripted") == 1
+        slow.gate.set()
+        assert pools.wait_idle(10)
+        assert get_instance(rt.db, on_slow).state == "released"
+        assert slow.release_calls == [("i-1", "terminate")]
+        assert fast.release_calls == [("i-2", "terminate")]
+        assert get_instance(rt.db, warned).state == "active"
+    finally:
+        slow.gate.set()
+        pools.shutdown()
+
+
+def _until(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True

@@ -5,13 +5,15 @@ AWS runs against moto in server mode."""
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
 
 import boto3
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from bot.commands import load_all
 from bot.commands.parser import parse
@@ -24,7 +26,7 @@ from bot.providers.vast import VastProvider
 from bot.runtime import Runtime
 from bot.services import budgets, rent, tick
 from bot.store.models import AuditLog, Instance
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 from tests.fixtures.providers import RunpodStandIn
 from tests.fixtures.sshd import SshServer
 
@@ -265,6 +267,40 @@ def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
     assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
     assert len(runpod_cloud.calls_to("DELETE", f"/pods/{pod}")) == 1
     assert len(notifier.to("UOWNER")) == 1
+
+
+def test_two_processes_in_one_slot_recover_a_rental_once(
+    rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_runpod(rt, runpod_cloud)
+    clock = cast(Clock, rt.clock)
+    pod = _crashed_rental(rt, runpod_cloud, monkeypatch, "pod7")
+    clock.set(clock.now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1))
+    # A second bot process on the same store, its own notifier, its own platform client.
+    other = make_runtime(rt.db, clock, notifier=RecordingNotifier(), fleet=rt.fleet)
+    _with_runpod(other, runpod_cloud)
+    barrier = threading.Barrier(2)
+
+    def run(runtime: Runtime) -> tick.TickReport:
+        barrier.wait(timeout=10)
+        return tick.tick(runtime, clock.now)
+
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(run, (rt, other)))
+    assert sorted(len(r.orphans_terminated) for r in reports) == [0, 1]
+    assert pod not in runpod_cloud.instances
+    told = [
+        p
+        for runtime in (rt, other)
+        for p in cast(RecordingNotifier, runtime.notifier).to("UOWNER")
+        if "never registered" in p.text
+    ]
+    assert len(told) == 1
+    with rt.db.session() as session:
+        recovered = session.exec(
+            select(AuditLog).where(col(AuditLog.action).startswith("rent_recover"))
+        ).all()
+    assert len(recovered) == 1, [r.action for r in recovered]
 
 
 def test_an_orphan_the_platform_will_not_terminate_is_retried_and_reported_once(

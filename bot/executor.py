@@ -1,0 +1,115 @@
+"""The pool that runs users' commands after the ack: bounded, with a limit per person.
+
+A command is admitted only while the pool has room (its workers busy plus at most
+``max_queued`` waiting) and its caller has fewer than ``per_user`` commands pending; otherwise
+:class:`Busy` says so at once, and nothing waits in an unbounded queue behind a dead host. Work
+a running command hands on (``submit``) is always taken.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
+
+from bot.errors import GpubotError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Busy(GpubotError):
+    """The bot turned a command away unrun: the pool is full, or the caller has their limit of
+    commands pending. ``str(err)`` is the answer for the user."""
+
+
+class BotExecutor(ThreadPoolExecutor):
+    """The bot's own pool for work after an ack; it can wait until nothing is pending.
+
+    ``max_queued`` (None: no bound) and ``per_user`` (None: no limit) bound what
+    :meth:`submit_command` admits.
+    """
+
+    def __init__(
+        self,
+        max_workers: int,
+        thread_name_prefix: str = "gpubot",
+        *,
+        max_queued: int | None = None,
+        per_user: int | None = None,
+    ) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self.max_workers = max_workers
+        self.max_queued = max_queued
+        self.per_user = per_user
+        self._pending = 0
+        self._completed = 0
+        self._by_user: dict[str, int] = {}
+        self._idle = threading.Condition()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Run ``fn`` on the pool, counting it as pending until it ends (never refused)."""
+        with self._idle:
+            self._pending += 1
+        return self._start(None, fn, *args, **kwargs)
+
+    def submit_command(
+        self, user_id: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Future[T]:
+        """Run a command of ``user_id`` on the pool. Raises Busy, at once, when the caller
+        already has ``per_user`` commands pending or the queue holds ``max_queued``."""
+        with self._idle:
+            mine = self._by_user.get(user_id, 0)
+            if self.per_user is not None and mine >= self.per_user:
+                commands = "command" if mine == 1 else "commands"
+                raise Busy(
+                    f"You already have {mine} {commands} running; wait for them to finish, "
+                    "then try again."
+                )
+            if self.max_queued is not None and (
+                self._pending >= self.max_workers + self.max_queued
+            ):
+                raise Busy("gpubot is busy, try again in a moment.")
+            self._pending += 1
+            self._by_user[user_id] = mine + 1
+        return self._start(user_id, fn, *args, **kwargs)
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block until no submitted work is pending (work may submit more); False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout_s)
+
+    @property
+    def completed(self) -> int:
+        """How many submitted calls have ended (successfully or not)."""
+        with self._idle:
+            return self._completed
+
+    def pending_for(self, user_id: str) -> int:
+        """How many commands of ``user_id`` are queued or running."""
+        with self._idle:
+            return self._by_user.get(user_id, 0)
+
+    def _start(
+        self, user_id: str | None, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> Future[T]:
+        try:
+            future = super().submit(fn, *args, **kwargs)
+        except BaseException:
+            self._finished(user_id)
+            raise
+        future.add_done_callback(lambda _future: self._finished(user_id))
+        return future
+
+    def _finished(self, user_id: str | None) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._completed += 1
+            if user_id is not None:
+                left = self._by_user[user_id] - 1
+                if left:
+                    self._by_user[user_id] = left
+                else:
+                    del self._by_user[user_id]
+            self._idle.notify_all()
