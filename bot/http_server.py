@@ -117,7 +117,7 @@ class SlackHttpServer:
         host_bound, port_bound = self._server.getsockname()
         self._host, self._port = str(host_bound), int(port_bound)
         self._lock = threading.Lock()
-        self._state = "new"  # then "serving", then "stopped"
+        self._state = "new"  # then "serving", "closing", "stopped"
         self._drain_until: float | None = None  # monotonic; set by shutdown()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -167,7 +167,7 @@ class SlackHttpServer:
         if never_served:
             self._close_all()
         else:
-            self._server.pull_trigger()  # wake the loop now rather than at its next tick
+            self._wake()
             if not self._done.wait(self.drain_timeout_s + _THREADS_EXIT_S + 5):
                 log.warning("the HTTP server did not stop within its drain timeout")
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -226,12 +226,25 @@ class SlackHttpServer:
     def _channels(self) -> list[_Channel]:
         return [d for d in list(self._map.values()) if isinstance(d, _Channel)]
 
+    def _wake(self) -> None:
+        """Wake the serving loop now rather than at its next tick; a loop that already closed
+        its trigger is ending anyway, so there is nothing to wake."""
+        with self._lock:
+            if self._state != "serving":
+                return
+            try:
+                self._server.pull_trigger()
+            except OSError:
+                log.debug("the HTTP server's trigger was already closed")
+
     def _close_all(self) -> None:
         try:
             for channel in self._channels():
                 channel.handle_close()
             self._dispatcher.shutdown(cancel_pending=True, timeout=_THREADS_EXIT_S)
-            wasyncore.close_all(self._map, ignore_all=True)  # the listening socket, the trigger
+            with self._lock:  # the trigger closes here: never while shutdown() pulls it
+                self._state = "closing"
+                wasyncore.close_all(self._map, ignore_all=True)  # listening socket, trigger
         finally:
             with self._lock:
                 self._state = "stopped"

@@ -11,6 +11,8 @@ which knows what the clash means.
 
 from __future__ import annotations
 
+import fcntl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,12 +72,43 @@ class Database:
         """Bring the schema to ``revision`` (Alembic upgrade). Safe to run from two processes at
         once: PostgreSQL takes an advisory lock, SQLite an immediate transaction. Alembic keeps
         global state, so within one process run it from one thread at a time.
-        Raises StoreError when the database fails."""
-        try:
-            with self.engine.connect() as connection:
-                command.upgrade(alembic_config(self, connection), revision)
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            raise StoreError(f"migrating the database failed: {_reason(exc)}") from exc
+        Raises StoreError when the database fails or another process holds the SQLite
+        migration lock for longer than the busy timeout."""
+        with self._sqlite_migration_lock():
+            try:
+                with self.engine.connect() as connection:
+                    command.upgrade(alembic_config(self, connection), revision)
+            except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+                raise StoreError(f"migrating the database failed: {_reason(exc)}") from exc
+
+    @contextmanager
+    def _sqlite_migration_lock(self) -> Iterator[None]:
+        """Hold an exclusive lock on a file beside a SQLite database for the whole migration,
+        connecting included: the first connection switches a new file to WAL and a batch
+        migration rebuilds tables, and SQLite answers a second process doing the same with
+        "database is locked" rather than waiting. Waits at most the busy timeout."""
+        database = self.url.database or ""
+        if not self.is_sqlite or database in ("", ":memory:") or database.startswith("file:"):
+            yield
+            return
+        lock_path = Path(database).expanduser().with_name(Path(database).name + ".migrate-lock")
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+        with open(lock_path, "a+b") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError as exc:
+                    if time.monotonic() >= deadline:
+                        raise StoreError(
+                            "another process has been migrating the database for too long",
+                            hint="Wait for the other gpubot process to finish, then try again.",
+                        ) from exc
+                    time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def current_revision(self) -> str | None:
         """The Alembic revision the schema is at, or None before the first migration."""
