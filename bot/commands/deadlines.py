@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -312,18 +313,17 @@ def _rent(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def _rent_in_background(rt: Runtime, caller: Caller, plan: rent_service.RentPlan) -> None:
     where = caller.channel_id or caller.user_id
+    key = f"rent:{caller.user_id}:{uuid.uuid4().hex}"  # this rent's outcome is said once
     try:
         result = rent_service.rent(rt, caller, plan)
     except GpubotError as exc:
-        prompts.notify(
-            rt, where, f":x: Renting on {plan.provider.name} failed: {escape(exc.user_text())}", ()
-        )
+        text = f":x: Renting on {plan.provider.name} failed: {escape(exc.user_text())}"
+        prompts.notify(rt, where, text, (), key=key)
         return
     except Exception:  # a background task has nobody else to tell
         log.exception("renting on %s failed", plan.provider.name)
-        prompts.notify(
-            rt, where, f":x: Renting on {plan.provider.name} failed; see the bot's log.", ()
-        )
+        text = f":x: Renting on {plan.provider.name} failed; see the bot's log."
+        prompts.notify(rt, where, text, (), key=key)
         return
     text, body = blocks.rent_finished(
         plan.provider.name,
@@ -331,7 +331,7 @@ def _rent_in_background(rt: Runtime, caller: Caller, plan: rent_service.RentPlan
         list(result.failed),
         caller.user_id,
     )
-    prompts.notify(rt, where, text, body)
+    prompts.notify(rt, where, text, body, key=key)
 
 
 def _count(text: str) -> int:

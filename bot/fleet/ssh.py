@@ -575,6 +575,7 @@ def _handshake(
                 f"the host key pinned for {where} is of a type this bot cannot check "
                 f"({', '.join(key_types)})"
             ) from exc
+    started = time.monotonic()
     try:
         conn.start_client(timeout=timeout_s)
     except IncompatiblePeer as exc:
@@ -586,6 +587,12 @@ def _handshake(
         ) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
         conn.close()
+        # A peer that never sends its banner fails here or below depending on which timer
+        # fires first; both are the same silence.
+        if not conn.remote_version and time.monotonic() - started >= timeout_s * 0.9:
+            raise Unreachable(
+                f"{where} did not complete the SSH handshake within {timeout_s:g} s"
+            ) from exc
         raise Unreachable(f"SSH handshake with {where} failed: {_describe(exc)}") from exc
     if not (conn.is_active() and conn.initial_kex_done):
         conn.close()

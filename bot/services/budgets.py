@@ -5,9 +5,9 @@ A month's spend against a budget is every charge of the month (the month in the 
 on the user's instances (``owner_id``) or the project's (``project``), plus what running
 instances owe beyond their charges (the open hour, and the rounding a release now would add).
 
-Alerts are sent once per budget, month and threshold: a BudgetAlert row is inserted (unique)
-before the message goes out and removed again when the message fails, so a failure is retried on
-the next tick; only a crash between the two can lose an alert, never double one.
+Alerts are decided once per budget, month and threshold: the BudgetAlert rows (unique) and the
+alert's messages in the outbox are written in one transaction, so a crash either leaves both
+or neither; the outbox posts each message once and retries or escalates one that fails.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import func
 from sqlmodel import col, delete, select
 
-from bot.errors import BudgetExceeded, GpubotError, NotAuthorized, NotFound, UsageError
-from bot.services import audit, ledger
+from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
+from bot.services import audit, ledger, outbox
 from bot.store.models import Budget, BudgetAlert, Charge, Instance, Person
 
 if TYPE_CHECKING:
@@ -273,7 +273,9 @@ def check_budget(rt: Runtime, caller: Caller, owner_id: str, project: str | None
 
 
 def check_alerts(rt: Runtime, now: datetime) -> list[tuple[int, int]]:
-    """Send the alerts for thresholds crossed this month; returns (budget id, threshold) sent."""
+    """Queue (and try to post at once) the alerts for thresholds crossed this month; returns
+    (budget id, threshold) decided now. Each alert is decided once, in the transaction that
+    queues its messages; the outbox retries a post that fails."""
     tz = rt.settings.tz()
     month = ledger.month_of(now, tz)
     with rt.db.session() as session:
@@ -294,10 +296,12 @@ def check_alerts(rt: Runtime, now: datetime) -> list[tuple[int, int]]:
         if not crossed:
             continue
         # One message for the highest threshold crossed; the lower ones are marked with it.
-        if _claim_alerts(rt.db, status.budget_id, month, crossed, now) and _send_alert(
-            rt, status, max(crossed), month
-        ):
-            delivered.extend((status.budget_id, t) for t in crossed)
+        queued = _queue_alert(rt, status, crossed, month, now)
+        if queued is None:
+            continue  # another process decided it
+        for message_id in queued:
+            outbox.deliver(rt, message_id)
+        delivered.extend((status.budget_id, t) for t in crossed)
     return delivered
 
 
@@ -351,45 +355,41 @@ def _upsert(
         return budget
 
 
-def _claim_alerts(
-    db: Database, budget_id: int, month: str, thresholds: list[int], now: datetime
-) -> bool:
+def _queue_alert(
+    rt: Runtime, status: BudgetStatus, thresholds: list[int], month: str, now: datetime
+) -> list[int] | None:
+    """Mark ``thresholds`` alerted and queue the alert for the highest, in one transaction;
+    returns the outbox ids, or None when another process marked them first."""
+    from bot.blocks.money import budget_alert_message
+
+    top = max(thresholds)
+    text, blocks = budget_alert_message(status, top, rt.settings.currency)
     try:
-        with db.session() as session:
+        with rt.db.session() as session:
             for threshold in thresholds:
                 session.add(
                     BudgetAlert(
-                        budget_id=budget_id, month=month, threshold_pct=threshold, sent_at=now
+                        budget_id=status.budget_id,
+                        month=month,
+                        threshold_pct=threshold,
+                        sent_at=now,
                     )
                 )
             session.flush()
-    except sa_exc.IntegrityError:
-        return False  # another process sends it
-    return True
-
-
-def _send_alert(rt: Runtime, status: BudgetStatus, threshold: int, month: str) -> bool:
-    from bot.blocks.money import budget_alert_message
-
-    text, blocks = budget_alert_message(status, threshold, rt.settings.currency)
-    recipients = _recipients(rt, status)
-    try:
-        for recipient in recipients:
-            rt.notifier.post(recipient, text, blocks)
-    except GpubotError:
-        log.exception(
-            "budget alert for %s %s failed; retried next tick", status.scope, status.subject
-        )
-        with rt.db.session() as session:
-            session.exec(
-                delete(BudgetAlert).where(
-                    col(BudgetAlert.budget_id) == status.budget_id,
-                    col(BudgetAlert.month) == month,
-                    col(BudgetAlert.threshold_pct) <= threshold,
+            return [
+                outbox.enqueue(
+                    session,
+                    key=f"budget:{status.budget_id}:{month}:{top}:{recipient}",
+                    kind="budget_alert",
+                    recipient=recipient,
+                    text=text,
+                    blocks=blocks,
+                    now=now,
                 )
-            )
-        return False
-    return True
+                for recipient in _recipients(rt, status)
+            ]
+    except sa_exc.IntegrityError:
+        return None
 
 
 def _recipients(rt: Runtime, status: BudgetStatus) -> list[str]:

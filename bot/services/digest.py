@@ -24,8 +24,7 @@ from sqlmodel import col, select
 
 from agents import specs
 from bot import billing, charts
-from bot.errors import GpubotError
-from bot.services import advice, ledger, spend
+from bot.services import advice, ledger, outbox, spend
 from bot.store.models import Digest, Instance, Job
 
 if TYPE_CHECKING:
@@ -135,18 +134,6 @@ def claim(db: Database, month: str, now: datetime) -> bool:
         return bool(result.rowcount == 1)
 
 
-def mark_posted(db: Database, month: str, now: datetime, channel: str, ts: str) -> None:
-    """Record that ``month``'s digest is out."""
-    with db.session() as session:
-        row = session.get(Digest, month)
-        if row is None:
-            row = Digest(month=month, claimed_at=now)
-        row.posted_at = now
-        row.channel_id = channel
-        row.message_ts = ts
-        session.add(row)
-
-
 def build_digest(
     db: Database,
     month: str,
@@ -252,7 +239,8 @@ def top_jobs(
 
 
 def post_due_digests(rt: Runtime, now: datetime) -> list[str]:
-    """Post every digest that is due and unclaimed; returns the months posted."""
+    """Queue (and try to post at once) every digest that is due and unclaimed; returns the
+    months queued."""
     channel = rt.settings.channel
     if not channel:
         return []
@@ -267,9 +255,10 @@ def post_due_digests(rt: Runtime, now: datetime) -> list[str]:
 
 
 def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
-    """Build, post and mark ``month``'s digest (claimed by the caller); the chart goes in its
-    thread. Raises GpubotError when the message cannot be posted (the claim then goes stale and
-    the month is retried)."""
+    """Build ``month``'s digest (claimed by the caller), queue it in the outbox with its chart
+    (shared in its thread) and mark the month done in the same transaction, then try to post
+    it; the outbox retries a post that fails. Raises StoreError when the database fails (the
+    claim then goes stale and the month is built again)."""
     from bot.blocks import money as blocks
 
     settings = rt.settings
@@ -282,23 +271,27 @@ def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
         currency=settings.currency,
     )
     text, message_blocks = blocks.digest_message(data)
-    ref = rt.notifier.post(channel, text, message_blocks)
-    mark_posted(rt.db, month, now, ref.channel, ref.ts)
-    chart = charts.daily_chart(
-        f"GPU spend per day, {blocks.month_name(month)}",
-        data.report.days,
-        currency=settings.currency,
-    )
-    try:
-        rt.notifier.upload_file(
-            ref.channel,
-            f"gpu-spend-{month}.png",
-            chart,
-            title=f"GPU spend per day, {blocks.month_name(month)}",
-            thread_ts=ref.ts,
+    title = f"GPU spend per day, {blocks.month_name(month)}"
+    chart = charts.daily_chart(title, data.report.days, currency=settings.currency)
+    with rt.db.session() as session:
+        message_id = outbox.enqueue(
+            session,
+            key=f"digest:{month}:{channel}",
+            kind="digest",
+            recipient=channel,
+            text=text,
+            blocks=message_blocks,
+            files=(outbox.FileAttachment(f"gpu-spend-{month}.png", chart, title=title),),
+            now=now,
         )
-    except GpubotError:
-        log.exception("digest %s: the chart could not be uploaded", month)
+        row = session.get(Digest, month) or Digest(month=month, claimed_at=now)
+        row.posted_at = now
+        row.channel_id = channel
+        session.add(row)
+    ref = outbox.deliver(rt, message_id, now=now)
+    if ref is not None:
+        with rt.db.session() as session:
+            session.exec(update(Digest).where(col(Digest.month) == month).values(message_ts=ref.ts))
 
 
 def digest_tick(rt: Runtime, now: datetime) -> None:

@@ -1017,8 +1017,16 @@ def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:
 def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
     text, body = blocks.mismatch_notice(result)
     recipients = [result.instance.owner_id, rt.settings.channel, caller.channel_id]
+    inst = result.instance
     for recipient in dict.fromkeys(r for r in recipients if r):
-        prompts.notify(rt, recipient, text, body)
+        prompts.notify(
+            rt,
+            recipient,
+            text,
+            body,
+            key=f"mismatch:{inst.id}:{inst.created_at:%Y%m%d%H%M%S%f}:{recipient}",
+            instance_id=inst.id,
+        )
 
 
 def ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:

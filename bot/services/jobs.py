@@ -11,15 +11,12 @@ Polling (``poll_all``, a tick hook) asks each instance with unfinished jobs for
 unfinished job appears in the answer, so a job the agent no longer knows is marked ``lost``, and
 an instance that was unreachable or a bot that was down catches up on its next poll.
 
-Completion replies are at-least-once with a narrow window: a reply is claimed in a short
-transaction (``reply_claimed_at``), posted, then marked (``replied_at``). A post Slack refused
-or that never left gives the claim back; one whose answer was lost (a timeout, a dropped
-connection: it may have been posted) is marked replied and audited ``reply_unconfirmed``, never
-posted again. A claim left by a crashed process is taken over after ``CLAIM_TIMEOUT``. So a
-reply is never lost to a failure Slack reports, and is doubled only if the process dies between
-Slack accepting the post and the next commit, and the claim then times out. While
-``/gpu run`` is posting the job's message it holds the claim, so a very short job's reply still
-lands in that message's thread.
+Completion replies go through the outbox (:mod:`bot.services.outbox`): the job is marked
+``replied_at`` in the transaction that queues its reply (key ``job_reply:<id>``), so each
+finished job has exactly one reply queued, and the outbox posts it once, retries or escalates a
+post that fails and never repeats one whose answer was lost. While ``/gpu run`` is posting the
+job's message it holds ``reply_claimed_at`` (taken over after ``CLAIM_TIMEOUT``), so a very
+short job's reply still lands in that message's thread.
 """
 
 from __future__ import annotations
@@ -45,13 +42,12 @@ from bot.errors import (
     FleetError,
     GpubotError,
     NotFound,
-    SlackError,
     Unreachable,
     UsageError,
 )
 from bot.fleet.base import Target
 from bot.runtime import Runtime
-from bot.services import access, audit
+from bot.services import access, audit, outbox
 from bot.services.instances import get_live_instance, handle_fleet_error, target_for
 from bot.services.job_views import (
     FINAL_STATES,
@@ -538,65 +534,16 @@ def _mark_lost(job: Job, inst: Instance, now: datetime, why: str) -> None:
 
 
 def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
-    """Claim, post and mark one completion reply; False when another process has it or the
-    post failed (the claim is then given back)."""
-    if not _claim(rt, job_id, now):
-        return False
+    """Queue one completion reply in the outbox (marking the job replied in the same
+    transaction) and try to post it; False when another process queued it or the post did not
+    go out now (the outbox then retries it)."""
+    message_id = _queue_reply(rt, job_id, now)
+    return message_id is not None and outbox.deliver(rt, message_id, now=now) is not None
+
+
+def _queue_reply(rt: Runtime, job_id: int, now: datetime) -> int | None:
     with rt.db.session() as session:
-        job = _job(session, job_id)
-        inst = session.get(Instance, job.instance_id)
-        if inst is None:
-            return False
-        view = job_view(job, inst, _stored_record(job))
-        if view.state == "cancelled":
-            view = replace(view, cancelled_by=_canceller(session, job))
-        thread = job.message_ts
-        channel = job.channel_id if thread else job.requested_by
-    text, body = blocks.completion_reply(view)
-    try:
-        rt.notifier.post(channel or job.requested_by, text, body, thread_ts=thread)
-    except SlackError as exc:
-        if not exc.outcome_unknown:
-            return _give_back(rt, job_id, now)
-        # Slack may have stored it: never post it again, and keep that on record.
-        log.warning("completion reply of job %s may have been posted: %s", job_id, exc)
-        with rt.db.session() as session:
-            session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
-            audit.record(
-                session, "gpubot", "reply_unconfirmed", job.instance_id, at=now, job=job_id
-            )
-        return False
-    except GpubotError:
-        return _give_back(rt, job_id, now)
-    with rt.db.session() as session:
-        session.execute(update(Job).where(col(Job.id) == job_id).values(replied_at=now))
-    return True
-
-
-def _give_back(rt: Runtime, job_id: int, now: datetime) -> bool:
-    """A reply that surely did not reach Slack: release its claim for the next poll."""
-    log.warning("completion reply of job %s failed; retrying later", job_id, exc_info=True)
-    with rt.db.session() as session:
-        session.execute(
-            update(Job)
-            .where(col(Job.id) == job_id, col(Job.reply_claimed_at) == now)
-            .values(reply_claimed_at=None)
-        )
-    return False
-
-
-def _canceller(session: Session, job: Job) -> str | None:
-    """Who cancelled the job through the bot (the audit log's newest ``job_cancel``), if
-    anyone did."""
-    for row in audit.entries(session, instance_id=job.instance_id, action="job_cancel"):
-        if audit.details(row).get("agent_job") == job.agent_job_id:
-            return row.actor
-    return None
-
-
-def _claim(rt: Runtime, job_id: int, now: datetime) -> bool:
-    with rt.db.session() as session:
-        result = session.execute(
+        won = session.execute(
             update(Job)
             .where(
                 col(Job.id) == job_id,
@@ -606,9 +553,40 @@ def _claim(rt: Runtime, job_id: int, now: datetime) -> bool:
                     col(Job.reply_claimed_at) < now - CLAIM_TIMEOUT,
                 ),
             )
-            .values(reply_claimed_at=now)
+            .values(replied_at=now, reply_claimed_at=None)
         )
-        return isinstance(result, CursorResult) and result.rowcount == 1
+        if not (isinstance(won, CursorResult) and won.rowcount == 1):
+            return None
+        job = _job(session, job_id)
+        inst = session.get(Instance, job.instance_id)
+        if inst is None:
+            return None
+        view = job_view(job, inst, _stored_record(job))
+        if view.state == "cancelled":
+            view = replace(view, cancelled_by=_canceller(session, job))
+        thread = job.message_ts
+        channel = (job.channel_id if thread else None) or job.requested_by
+        text, body = blocks.completion_reply(view)
+        return outbox.enqueue(
+            session,
+            key=f"job_reply:{job_id}",
+            kind="job_reply",
+            recipient=channel,
+            text=text,
+            blocks=body,
+            thread_ts=thread,
+            instance_id=job.instance_id,
+            now=now,
+        )
+
+
+def _canceller(session: Session, job: Job) -> str | None:
+    """Who cancelled the job through the bot (the audit log's newest ``job_cancel``), if
+    anyone did."""
+    for row in audit.entries(session, instance_id=job.instance_id, action="job_cancel"):
+        if audit.details(row).get("agent_job") == job.agent_job_id:
+            return row.actor
+    return None
 
 
 def _note_unreachable(rt: Runtime, instance_id: int, exc: FleetError) -> None:

@@ -22,10 +22,12 @@ from sqlmodel import Session, col, select
 from agents.protocol import StatusSnapshot, dumps
 from bot.errors import FleetError, HostKeyChanged
 from bot.fleet.base import Target
+from bot.fleet.fleet import FAN_OUT_WORKERS
 from bot.runtime import Runtime
 from bot.services import access
 from bot.services.instances import handle_fleet_error, target_for
 from bot.store.models import Instance, Job, UtilSample
+from bot.timebox import Timebox, expired
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 GAP_FACTOR = 3
 #: Instance states that are polled.
 POLLED_STATES = ("active",)
+#: Instances per fan-out: twice the polling pool's width. A batch waits for its slowest agent
+#: (at most the SSH command timeout), so the next batch starts only while the time budget lasts.
+POLL_BATCH = 2 * FAN_OUT_WORKERS
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,27 @@ class PollResult:
     error: str | None = None
 
 
-def poll_instances(rt: Runtime, now: datetime) -> list[PollResult]:
-    """Poll every active instance whose last poll is at least a poll interval old."""
-    claimed = _claim_due(rt, now)
-    if not claimed:
-        return []
+def poll_instances(
+    rt: Runtime, now: datetime, *, timebox: Timebox | None = None
+) -> list[PollResult]:
+    """Poll every active instance whose last poll is at least a poll interval old, least
+    recently polled first, ``POLL_BATCH`` at a time. Given a ``timebox``, no further batch is
+    started once it is spent: the instances left stay due and come first on the next call."""
+    due = _due(rt, now)
+    results: list[PollResult] = []
+    for start in range(0, len(due), POLL_BATCH):
+        if start and expired(timebox):
+            log.info("poll: budget spent, %d instances left for the next tick", len(due) - start)
+            break
+        claimed = _claim(rt, due[start : start + POLL_BATCH], now)
+        if claimed:
+            results.extend(_poll_batch(rt, claimed, now))
+    return results
+
+
+def _poll_batch(
+    rt: Runtime, claimed: list[tuple[int, Target, datetime | None]], now: datetime
+) -> list[PollResult]:
     targets = [target for _, target, _ in claimed]
     answers = rt.fleet.fan_out(targets, lambda agent: agent.status())
     results: list[PollResult] = []
@@ -99,21 +120,30 @@ def sample_from(
     return util, procs, jobs, idle
 
 
-def _claim_due(rt: Runtime, now: datetime) -> list[tuple[int, Target, datetime | None]]:
+def _due(rt: Runtime, now: datetime) -> list[tuple[int, datetime | None]]:
+    """(id, last poll) of the instances due for a poll, least recently polled first."""
     due_before = now - timedelta(seconds=rt.settings.poll_interval_s) + timedelta(seconds=1)
-    claimed: list[tuple[int, Target, datetime | None]] = []
     with rt.db.session() as session:
-        instances = session.exec(
-            select(Instance).where(
+        rows = session.exec(
+            select(Instance.id, Instance.last_polled_at)
+            .where(
                 col(Instance.state).in_(POLLED_STATES),
                 access.visible_clause(rt),
                 col(Instance.last_polled_at).is_(None)
                 | (col(Instance.last_polled_at) < due_before),
             )
+            .order_by(col(Instance.last_polled_at).asc().nulls_first(), col(Instance.id))
         ).all()
-        for inst in instances:
-            assert inst.id is not None
-            previous = inst.last_polled_at
+    return [(instance_id, previous) for instance_id, previous in rows if instance_id is not None]
+
+
+def _claim(
+    rt: Runtime, batch: list[tuple[int, datetime | None]], now: datetime
+) -> list[tuple[int, Target, datetime | None]]:
+    """Claim each instance of ``batch`` still polled and not polled since it was read."""
+    claimed: list[tuple[int, Target, datetime | None]] = []
+    with rt.db.session() as session:
+        for instance_id, previous in batch:
             guard = (
                 col(Instance.last_polled_at).is_(None)
                 if previous is None
@@ -121,11 +151,16 @@ def _claim_due(rt: Runtime, now: datetime) -> list[tuple[int, Target, datetime |
             )
             won = session.exec(
                 update(Instance)
-                .where(col(Instance.id) == inst.id, guard)
+                .where(
+                    col(Instance.id) == instance_id,
+                    col(Instance.state).in_(POLLED_STATES),
+                    guard,
+                )
                 .values(last_polled_at=now)
             ).rowcount
-            if won == 1:
-                claimed.append((inst.id, target_for(rt, inst), previous))
+            inst = session.get(Instance, instance_id) if won == 1 else None
+            if inst is not None:
+                claimed.append((instance_id, target_for(rt, inst), previous))
     return claimed
 
 

@@ -30,6 +30,7 @@ from sqlmodel import Session, col, select
 from bot.errors import GpubotError, SlackError
 from bot.notify import MessageRef
 from bot.runtime import Runtime
+from bot.services import outbox
 from bot.store.models import AuditLog, Instance, Prompt
 
 log = logging.getLogger(__name__)
@@ -280,14 +281,27 @@ def update_message(
         log.warning("updating prompt %s failed: %s", prompt.id, exc)
 
 
-def notify(rt: Runtime, recipient: str | None, text: str, blocks: Sequence[dict[str, Any]]) -> None:
-    """Best-effort post of an informational message; failures are logged, not raised."""
-    if not recipient:
-        return
-    try:
-        rt.notifier.post(recipient, text, blocks)
-    except GpubotError as exc:
-        log.warning("posting to %s failed: %s", recipient, exc)
+def notify(
+    rt: Runtime,
+    recipient: str | None,
+    text: str,
+    blocks: Sequence[dict[str, Any]],
+    *,
+    key: str,
+    instance_id: int | None = None,
+) -> None:
+    """Queue an informational message in the outbox under ``key`` (what it is about, so that
+    saying it twice posts it once) and try to post it now; a failed try is retried by the clock
+    and escalated if it keeps failing."""
+    outbox.send(
+        rt,
+        key=f"notice:{key}",
+        kind="notice",
+        recipient=recipient,
+        text=text,
+        blocks=blocks,
+        instance_id=instance_id,
+    )
 
 
 def audit(

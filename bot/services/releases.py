@@ -7,6 +7,9 @@
   terminated, or no longer knows it. Failures are retried with exponential backoff (a 429's
   Retry-After is honoured) and escalated to the owner and the channel after
   ``ESCALATE_AFTER_FAILURES`` failures (at once for a failure retrying cannot fix).
+- ``process_due_releases`` takes the due Releases longest due first: each goes to its
+  platform's pool, or without pools is worked on in turn until the caller's time budget
+  (a ``bot.timebox.Timebox``) is spent; the rest stay due for the next tick.
 - Manual instances (no API): the owner is asked to release on the platform and press
   "Released on the platform"; reminded every ``MANUAL_REMIND_S`` and escalated to the channel
   after ``MANUAL_ESCALATE_AFTER_REMINDERS`` reminders. ``confirm_manual_release`` stops the meter.
@@ -41,6 +44,7 @@ from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
 from bot.services import access, prompts
 from bot.store.models import Instance, Prompt, Release
+from bot.timebox import Timebox, expired
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +162,18 @@ def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None
     return load_release(rt, release_id)
 
 
-def process_due_releases(rt: Runtime, now: datetime) -> list[int]:
-    """Work on every open Release whose next attempt is due; returns their ids.
+def process_due_releases(
+    rt: Runtime, now: datetime, *, timebox: Timebox | None = None
+) -> list[int]:
+    """Work on the open Releases whose next attempt is due, longest due first; returns the ids
+    taken.
 
     With the runtime's platform pools (``rt.platform_work``) each goes to its platform's pool
     and this returns at once, so a slow platform never holds the clock; without them each is
-    worked on here, in turn."""
+    worked on here, in turn. Given a ``timebox``, no further Release is taken once it is spent:
+    the rest stay due and the next call takes them first. The one in hand is finished, so this
+    can run past the budget by one release's platform calls (each bounded by the platform's HTTP
+    timeout) and posts."""
     with rt.db.session() as session:
         due = list(
             session.exec(
@@ -174,17 +184,25 @@ def process_due_releases(rt: Runtime, now: datetime) -> list[int]:
                     (col(Release.next_attempt_at).is_(None))
                     | (col(Release.next_attempt_at) <= now),
                 )
-                .order_by(col(Release.id))
+                .order_by(
+                    func.coalesce(col(Release.next_attempt_at), col(Release.requested_at)),
+                    col(Release.id),
+                )
             )
         )
+    taken: list[int] = []
     for release_id, provider in due:
         assert release_id is not None
+        if expired(timebox):
+            log.info("releases: budget spent, %d due left for the next tick", len(due) - len(taken))
+            break
+        taken.append(release_id)
         work = partial(_process_logged, rt, release_id, now)
         if rt.platform_work is None:
             work()
         else:
             rt.platform_work.submit(provider, f"release:{release_id}", work)
-    return [release_id for release_id, _ in due if release_id is not None]
+    return taken
 
 
 def _process_logged(rt: Runtime, release_id: int, now: datetime) -> None:
@@ -478,7 +496,9 @@ def _record_failure(
     retryable = bool(getattr(error, "retryable", True))
     delay = backoff_s(attempts) if retryable else BACKOFF_MAX_S
     if retry_after_s is not None:
-        delay = max(delay, int(retry_after_s))
+        # Honoured, but never past the longest back-off: a platform asking for a day would
+        # otherwise keep a deadline release (and its billing) waiting that long.
+        delay = max(delay, min(int(retry_after_s), BACKOFF_MAX_S))
     escalate = not claim.escalated and (attempts >= ESCALATE_AFTER_FAILURES or not retryable)
     values: dict[str, object] = {
         "state": "escalated" if (escalate or claim.escalated) else "pending",

@@ -35,7 +35,7 @@ from bot.commands.registry import Caller
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
 from bot.runtime import Runtime
-from bot.services import budgets, instances, prompts
+from bot.services import budgets, instances, outbox, prompts
 from bot.services.instances import RegisterRequest
 from bot.services.views import RegisterResult
 from bot.store.models import AuditLog, Instance
@@ -347,6 +347,7 @@ def _give_back(
             f"registered ({escape(why.message)}), and terminating it failed: "
             f"{escape(exc.message)}. Terminate it on the platform now; it is billing.",
             (),
+            key=f"rent_given_back:{provider.name}:{provider_id}",
         )
     _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
 
@@ -433,6 +434,7 @@ def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         f"{escape(launch.reason)}. It has been terminated so it does not bill. "
         "Rent again with /gpu rent if you still need it.",
         (),
+        key=f"rent_recovered:{launch.provider}:{launch.provider_id}",
     )
     return True
 
@@ -458,14 +460,17 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: Gpub
             id=launch.provider_id,
             error=exc.message,
         )
-    prompts.notify(
-        rt,
-        launch.renter,
-        f":rotating_light: {what} was rented with /gpu rent but never registered "
-        f"({escape(launch.reason)}), and terminating it failed: {escape(exc.message)}. "
-        "Terminate it on the platform now; it is billing. The bot keeps trying.",
-        (),
-    )
+        message_id = outbox.enqueue(
+            session,
+            key=f"notice:rent_recover_failed:{launch.provider}:{launch.provider_id}",
+            kind="notice",
+            recipient=launch.renter,
+            text=f":rotating_light: {what} was rented with /gpu rent but never registered "
+            f"({escape(launch.reason)}), and terminating it failed: {escape(exc.message)}. "
+            "Terminate it on the platform now; it is billing. The bot keeps trying.",
+            now=now,
+        )
+    outbox.deliver(rt, message_id)
 
 
 @dataclass(frozen=True)
@@ -560,6 +565,7 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
             f"nothing was started under its name {escape(launch.platform_name)}, so nothing "
             "bills. Rent again if you still need it.",
             (),
+            key=f"rent_launch_checked:{launch.launch_id}",
         )
     return terminated
 

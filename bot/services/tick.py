@@ -4,10 +4,23 @@
 the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
 reconciles with the providers' own lists (and terminates rentals the bot launched but never
 registered because it stopped in between; one process alone does this in each slot, by a
-StepClaim row), closes prompts that no longer apply and posts the
-prompts that are due. Every step reads and writes rows, so running it late, twice, or from two
-processes neither drops nor doubles anything. A step that fails is logged and the others still
-run.
+StepClaim row), closes prompts that no longer apply and posts the prompts and the outbox's
+messages that are due (before any platform is asked anything). Every step reads and writes
+rows, so running it late, twice, or from two processes neither drops nor doubles anything. A
+step that fails is logged and the others still run.
+
+Time budgets (seconds): each step may take a share of ``settings.tick_interval_s``
+(``STEP_SHARES``, else ``DEFAULT_STEP_SHARE``, never under ``MIN_STEP_BUDGET_S``). At the default
+30 s interval polling and releases get 6 s, posting prompts 3 s and every other step 1.5 s; a
+tick's shares add up to less than one interval (reconciling, once every ``RECONCILE_EVERY_S``
+and then only without platform pools, comes on top). The tick measures every step, failed ones
+too, on ``bot.timebox.monotonic`` into ``TickReport.durations_s``; a step that runs past its
+budget is named in ``TickReport.over_budget`` and in a logged warning, and the steps after it
+still run. Polling and releases also honour their budget: once it is spent they take no new
+instance or release, and what is left stays due for the next tick, first in line; the item in
+hand is finished, so they can overrun by one item (bounded by the SSH command timeout, or the
+platform's HTTP timeout). The other steps are measured only: the rules and the hooks work on
+rows, and posting takes every due message, each bounded by Slack's timeout.
 """
 
 from __future__ import annotations
@@ -24,8 +37,9 @@ from typing import TypeVar
 from sqlalchemy import exc as sa_exc
 
 from bot.runtime import Runtime
-from bot.services import deadlines, polling, prompts, releases, rent
+from bot.services import deadlines, outbox, polling, prompts, releases, rent
 from bot.store.models import StepClaim
+from bot.timebox import Timebox
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +59,27 @@ RECONCILE_EVERY_S = 300
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
 
+#: A step's time budget as a share of the tick interval, by step name (hooks by their spec).
+STEP_SHARES: dict[str, float] = {"poll": 0.2, "releases": 0.2, "prompts": 0.1}
+#: The share of every step not in ``STEP_SHARES``.
+DEFAULT_STEP_SHARE = 0.05
+#: No step's budget is shorter than this many seconds, however short the interval.
+MIN_STEP_BUDGET_S = 1.0
+
 _EPOCH = datetime(1970, 1, 1)
 
 
 @dataclass
 class TickReport:
-    """What one tick did; ``errors`` names the steps that failed."""
+    """What one tick did; ``errors`` names the steps that failed, ``durations_s`` says how long
+    each step took (seconds, summed when a step ran twice) and ``over_budget`` names those that
+    ran past their budget. ``interval_s`` is the tick interval the budgets derive from (None:
+    steps are measured against no budget)."""
 
     now: datetime
+    interval_s: float | None = None
+    durations_s: dict[str, float] = field(default_factory=dict)
+    over_budget: list[str] = field(default_factory=list)
     polled: int = 0
     released_requested: list[int] = field(default_factory=list)
     releases_processed: int = 0
@@ -60,14 +87,16 @@ class TickReport:
     orphans_terminated: list[str] = field(default_factory=list)
     prompts_closed: int = 0
     prompts_posted: int = 0
+    outbox_posted: int = 0
     errors: list[str] = field(default_factory=list)
 
 
 def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     """Run every step once at ``now`` (naive UTC; default the runtime's clock)."""
     now = now or rt.now()
-    report = TickReport(now=now)
-    report.polled = len(_run(report, "poll", lambda: polling.poll_instances(rt, now)) or ())
+    report = TickReport(now=now, interval_s=rt.settings.tick_interval_s)
+    poll = partial(polling.poll_instances, rt, now)
+    report.polled = len(_run(report, "poll", lambda: poll(timebox=_box(report, "poll"))) or ())
     for spec in TICK_HOOKS:
         _run(report, spec, partial(_call_hook, spec, rt, now))
     rules: tuple[tuple[str, Callable[[Runtime, datetime], list[int]]], ...] = (
@@ -80,7 +109,9 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     # What people must hear goes out before the platforms are asked anything.
     report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
     report.prompts_posted = _run(report, "prompts", lambda: prompts.deliver_pending(rt, now)) or 0
-    processed = _run(report, "releases", lambda: releases.process_due_releases(rt, now))
+    report.outbox_posted = _run(report, "outbox", lambda: outbox.deliver_due(rt, now)) or 0
+    due = partial(releases.process_due_releases, rt, now)
+    processed = _run(report, "releases", lambda: due(timebox=_box(report, "releases")))
     report.releases_processed = len(processed or ())
     if _reconcile_due(rt, now) and claim_step(rt, "reconcile", _slot(now, _reconcile_every(rt))):
         if rt.platform_work is None:
@@ -92,13 +123,14 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
 
 def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
     """Compare the platforms' lists with the store and recover rentals cut short."""
-    into = report or TickReport(now=now)
+    into = report or TickReport(now=now, interval_s=rt.settings.tick_interval_s)
     into.reconciled = _run(into, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
     into.orphans_terminated = (
         _run(into, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
     )
     # What reconciling found out (stopped or released outside the bot) is said at once.
     _run(into, "prompts", lambda: prompts.deliver_pending(rt, now))
+    _run(into, "outbox", lambda: outbox.deliver_due(rt, now))
 
 
 @lru_cache(maxsize=64)
@@ -145,10 +177,34 @@ def _slot(at: datetime, every: float) -> int:
     return int((at - _EPOCH).total_seconds() // every)
 
 
+def step_budget_s(name: str, interval_s: float) -> float:
+    """Seconds step ``name`` may take in a tick every ``interval_s`` seconds."""
+    return max(STEP_SHARES.get(name, DEFAULT_STEP_SHARE) * interval_s, MIN_STEP_BUDGET_S)
+
+
+def _box(report: TickReport, name: str) -> Timebox | None:
+    """The time budget of step ``name``, opened now (None when the report has no interval)."""
+    if report.interval_s is None:
+        return None
+    return Timebox.open(step_budget_s(name, report.interval_s))
+
+
 def _run(report: TickReport, name: str, fn: Callable[[], T]) -> T | None:
+    """Run one step: a failure is logged and named in ``report.errors``; its duration is
+    recorded, and a run past its budget named in ``report.over_budget`` and logged."""
+    box = _box(report, name) or Timebox.open(float("inf"))
     try:
         return fn()
     except Exception:  # one failing step must not stop the others
         log.exception("tick step %s failed", name)
         report.errors.append(name)
         return None
+    finally:
+        took = box.elapsed_s()
+        report.durations_s[name] = report.durations_s.get(name, 0.0) + took
+        if took > box.budget_s:
+            log.warning(
+                "tick step %s took %.1f s, past its budget of %.1f s", name, took, box.budget_s
+            )
+            if name not in report.over_budget:
+                report.over_budget.append(name)

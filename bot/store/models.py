@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from pydantic import NaiveDatetime
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
 MICROS = 1_000_000
@@ -298,13 +298,56 @@ class BudgetAlert(SQLModel, table=True):
 
 
 class Digest(SQLModel, table=True):
-    """The digest of ``month`` ("YYYY-MM"): claimed before posting, so exactly one is sent."""
+    """The digest of ``month`` ("YYYY-MM"): claimed before it is built, so exactly one is
+    queued in the outbox; ``posted_at`` is when it was queued, ``message_ts`` where it landed
+    when the first try posted it."""
 
     month: str = Field(primary_key=True, max_length=7)
     claimed_at: NaiveDatetime = Field(default_factory=utcnow)
     posted_at: NaiveDatetime | None = None
     channel_id: str | None = Field(default=None, max_length=64)
     message_ts: str | None = Field(default=None, max_length=64)
+
+
+class OutboxMessage(SQLModel, table=True):
+    """Something the bot says on its own (a completion reply, a budget alert, a digest and its
+    chart, a notice, an escalation), written in the same transaction as the decision to say it.
+
+    ``key`` names what the message is about, so deciding twice queues it once. ``delivery`` is
+    None while it is due, ``posted``, ``unconfirmed`` (Slack's answer was lost: it may have been
+    posted, so it never is again) or ``failed`` (Slack refused it for good). ``claimed_at`` is
+    the lease of the process posting it; ``due_at`` moves back after a failed try. A row with
+    ``file_name`` is a file shared in the thread of the message ``thread_of`` names.
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("key"),
+        Index("ix_outbox_due", "delivery", "due_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    key: str = Field(max_length=160)
+    kind: str = Field(max_length=32)
+    instance_id: int | None = Field(default=None, foreign_key="instance.id", index=True)
+    recipient: str = Field(max_length=64)
+    thread_ts: str | None = Field(default=None, max_length=64)
+    thread_of: int | None = Field(default=None, foreign_key="outbox.id")
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    blocks_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    file_name: str | None = Field(default=None, max_length=128)
+    file_bytes: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
+    created_at: NaiveDatetime = Field(default_factory=utcnow)
+    due_at: NaiveDatetime
+    claimed_at: NaiveDatetime | None = None
+    first_attempt_at: NaiveDatetime | None = None
+    attempts: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    delivery: str | None = Field(default=None, max_length=16)
+    channel_id: str | None = Field(default=None, max_length=64)
+    message_ts: str | None = Field(default=None, max_length=64)
+    sent_at: NaiveDatetime | None = None
+    escalated_at: NaiveDatetime | None = None
 
 
 class StepClaim(SQLModel, table=True):

@@ -23,12 +23,12 @@ from sqlmodel import select
 from bot.local_slack import LocalSlack
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
-from bot.services import prompts, releases
+from bot.services import outbox, prompts, releases
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
-from bot.store.models import AuditLog, Prompt, Release
+from bot.store.models import AuditLog, OutboxMessage, Prompt, Release
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
 from tests.fixtures.providers import RunpodStandIn
 
@@ -173,3 +173,35 @@ def test_killed_in_the_middle_of_a_release_the_next_process_finishes_it_once(
     assert len(confirmed) == 1
     notices = [c for c in slack.calls_to("chat.postMessage") if "is released" in str(c.args)]
     assert len(notices) == 1  # the owner hears it once
+
+
+def test_killed_in_the_middle_of_an_outbox_post_the_message_is_found_not_posted_again(
+    db: Database, slack: LocalSlack
+) -> None:
+    at = T0 + timedelta(hours=2)
+    with db.session() as session:
+        message_id = outbox.enqueue(
+            session,
+            key="notice:drill",
+            kind="notice",
+            recipient="UOWNER",
+            text="your rental was recovered",
+            now=at,
+        )
+    slack.answer_late("chat.postMessage", delay_s=20.0)  # stored, answer held: the kill lands
+    first = _start_first(db, slack, at.isoformat())
+    _kill_when(first, lambda: slack.calls_to("chat.postMessage"))
+
+    clock = Clock(at + timedelta(seconds=outbox.CLAIM_LEASE_S + 1))
+    second = _second_process(db, slack, clock)
+    tick(second, clock.now)
+    tick(second, clock.now + timedelta(minutes=30))
+    stored = [
+        c for c in slack.calls_to("chat.postMessage") if "rental was recovered" in str(c.args)
+    ]
+    assert len(stored) == 1  # the person got it once
+    with db.session() as session:
+        row = session.get(OutboxMessage, message_id)
+    assert row is not None
+    assert (row.delivery, row.attempts) == (outbox.POSTED, 2)
+    assert row.message_ts is not None

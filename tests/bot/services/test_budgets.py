@@ -9,7 +9,7 @@ from sqlmodel import select
 
 from bot.commands.registry import Caller
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
-from bot.services import budgets
+from bot.services import budgets, outbox
 from bot.store.db import Database
 from bot.store.models import AuditLog, BudgetAlert, Person
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
@@ -111,9 +111,14 @@ def test_failed_alert_is_retried(db: Database, clock: Clock) -> None:
     budgets.set_budget(rt, ADMIN, "project", "llm", 10 * USD)
     clock.advance(hours=1)
     notifier.fail_posts = True
-    assert budgets.check_alerts(rt, clock.now) == []
+    assert len(budgets.check_alerts(rt, clock.now)) == 3  # decided once, queued in the outbox
+    assert notifier.posts == []
     notifier.fail_posts = False
-    assert len(budgets.check_alerts(rt, clock.now)) == 3
+    assert budgets.check_alerts(rt, clock.now) == []  # never decided twice
+    assert outbox.deliver_due(rt, clock.now) == 0  # the failed post waits out its back-off
+    clock.advance(seconds=outbox.RETRY_FIRST_S)
+    assert outbox.deliver_due(rt, clock.now) == 1
+    assert outbox.deliver_due(rt, clock.now) == 0
     assert len(notifier.to("COPS")) == 1  # project alerts go to the ops channel
 
 

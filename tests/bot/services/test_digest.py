@@ -14,7 +14,7 @@ from sqlmodel import select
 
 from bot.app import build_runtime
 from bot.local_slack import LocalSlack, Message, SharedFile
-from bot.services import digest
+from bot.services import digest, outbox
 from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import Digest, Job
@@ -188,11 +188,17 @@ def test_a_failed_post_is_retried(db: Database) -> None:
     notifier = UploadingNotifier()
     rt = runtime(db, clock, notifier)
     notifier.fail_posts = True
-    with pytest.raises(Exception, match="unreachable"):
-        digest.post_due_digests(rt, clock.now)
+    assert digest.post_due_digests(rt, clock.now) == ["2026-02", "2026-03"]  # queued once
+    assert notifier.posts == []
+    assert notifier.uploads == []
     notifier.fail_posts = False
     clock.advance(minutes=16)
-    assert digest.post_due_digests(rt, clock.now) == ["2026-02", "2026-03"]
+    assert digest.post_due_digests(rt, clock.now) == []  # never built twice
+    assert outbox.deliver_due(rt, clock.now) == 2  # the outbox retries both
+    assert outbox.deliver_due(rt, clock.now) == 0
+    assert len(notifier.posts) == 2
+    assert [u[1] for u in notifier.uploads] == ["gpu-spend-2026-02.png", "gpu-spend-2026-03.png"]
+    assert [u[3] for u in notifier.uploads] == [post.ts for post in notifier.posts]  # in thread
 
 
 def test_no_channel_no_digest(db: Database) -> None:

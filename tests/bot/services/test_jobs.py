@@ -24,10 +24,10 @@ from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
 from bot.notify import MessageRef
 from bot.runtime import Runtime
-from bot.services import audit
+from bot.services import audit, outbox
 from bot.services import jobs as svc
 from bot.store.db import Database
-from bot.store.models import AuditLog, InstanceAccess, Job, Person
+from bot.store.models import AuditLog, InstanceAccess, Job, OutboxMessage, Person
 from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 from tests.fixtures.fake_nvml import FakeNvml
@@ -210,21 +210,25 @@ def test_exactly_one_reply_across_a_bot_restart(world: World, crash_at: str):
         svc.poll_all(dying)
     claimed = world.row(job.id or 0)
     assert claimed.state == "succeeded"
-    assert claimed.reply_claimed_at == world.clock.now
-    assert claimed.replied_at is None
+    assert claimed.replied_at == world.clock.now  # its reply is queued, in the same commit
+    with world.db.session() as session:
+        (queued,) = outbox.pending(session, kind="job_reply")
+    assert queued.claimed_at == world.clock.now  # and was being posted when the bot died
 
     restarted = RecordingNotifier()
     rt2 = world.runtime(restarted)
     world.clock.advance(minutes=1)
-    assert svc.poll_all(rt2).replied == 0  # the claim may still be in flight elsewhere
+    assert svc.poll_all(rt2).replied == 0  # queued once: polling never queues it again
+    assert outbox.deliver_due(rt2, world.clock.now) == 0  # the claim may still be in flight
     if crash_at == "after_claim_expired":
         world.clock.advance(minutes=10)
     else:
-        world.clock.advance(seconds=svc.CLAIM_TIMEOUT.total_seconds())
-    assert svc.poll_all(rt2).replied == 1
+        world.clock.advance(seconds=outbox.CLAIM_LEASE_S)
+    assert outbox.deliver_due(rt2, world.clock.now) == 1
     rt3 = world.runtime(restarted)
     world.clock.advance(hours=2)
     assert svc.poll_all(rt3).replied == 0
+    assert outbox.deliver_due(rt3, world.clock.now) == 0
     assert len(world.replies(restarted)) == 1
     assert world.replies(restarted)[0].thread_ts == job.message_ts
 
@@ -234,9 +238,13 @@ def test_a_failed_post_is_retried_and_still_sent_once(world: World):
     world.wait_agent(job.agent_job_id)
     world.notifier.fail_posts = True
     assert svc.poll_all(world.rt).replied == 0
-    assert world.row(job.id or 0).reply_claimed_at is None
+    assert world.row(job.id or 0).replied_at is not None  # queued in the outbox
     world.notifier.fail_posts = False
-    assert svc.poll_all(world.rt).replied == 1
+    assert svc.poll_all(world.rt).replied == 0  # never queued twice
+    assert outbox.deliver_due(world.rt, world.clock.now) == 0  # waiting out its back-off
+    world.clock.advance(seconds=outbox.RETRY_FIRST_S)
+    assert outbox.deliver_due(world.rt, world.clock.now) == 1
+    assert outbox.deliver_due(world.rt, world.clock.now) == 0
     (reply,) = world.replies()
     assert "Job 1 on box failed" in reply.text
     assert "*Exit code*\\n3" in json.dumps(reply.blocks)
@@ -256,14 +264,19 @@ def test_a_reply_whose_answer_was_lost_is_never_posted_again(world: World):
     slow = SlowSlack()
     restarted = world.runtime(slow)
     svc.poll_all(restarted)
-    world.clock.advance(seconds=svc.CLAIM_TIMEOUT.total_seconds() + 60)
+    world.clock.advance(seconds=outbox.CLAIM_LEASE_S + svc.CLAIM_TIMEOUT.total_seconds() + 60)
     svc.poll_all(restarted)
-    svc.poll_all(world.runtime(RecordingNotifier()))  # nor by another process
+    outbox.deliver_due(restarted, world.clock.now)
+    other = world.runtime(RecordingNotifier())
+    svc.poll_all(other)  # nor by another process
+    outbox.deliver_due(other, world.clock.now)
     assert len(slow.containing("Job 1 on box")) == 1
     assert world.row(job.id or 0).replied_at is not None
     with world.db.session() as session:
-        [row] = session.exec(select(AuditLog).where(AuditLog.action == "reply_unconfirmed")).all()
-    assert audit.details(row)["job"] == job.id
+        [row] = session.exec(select(AuditLog).where(AuditLog.action == "outbox_unconfirmed")).all()
+        (message,) = session.exec(select(OutboxMessage)).all()
+    assert audit.details(row)["key"] == f"job_reply:{job.id}"
+    assert message.delivery == outbox.UNCONFIRMED
 
 
 def test_concurrent_pollers_post_each_reply_once(world: World):
@@ -454,10 +467,18 @@ def test_unfinished_jobs_of_a_released_instance_are_lost(world: World):
 
 def test_a_job_message_that_cannot_be_posted_still_gets_its_reply(world: World):
     class NoChannel(RecordingNotifier):
-        def post(self, channel: str, text: str, blocks: Any = (), *, thread_ts: Any = None):
+        def post(
+            self,
+            channel: str,
+            text: str,
+            blocks: Any = (),
+            *,
+            thread_ts: Any = None,
+            key: str | None = None,
+        ) -> MessageRef:
             if channel == "CTEAM":
                 raise SlackError("not_in_channel", error="not_in_channel")
-            return super().post(channel, text, blocks, thread_ts=thread_ts)
+            return super().post(channel, text, blocks, thread_ts=thread_ts, key=key)
 
     notifier = NoChannel()
     rt = world.runtime(notifier)

@@ -136,6 +136,14 @@ def test_rate_limit_honours_retry_after(rt, clock, platform):
     assert after.state == "pending"
 
 
+def test_a_retry_after_of_a_day_waits_no_longer_than_the_longest_back_off(rt, clock, platform):
+    iid = _api_instance(rt)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    platform.answers.append(ProviderRateLimited("slow down", retry_after_s=86_400))
+    after = releases.process_release(rt, rel.id)
+    assert after.next_attempt_at == clock.now + timedelta(seconds=releases.BACKOFF_MAX_S)
+
+
 def test_auth_error_escalates_at_once(rt, platform):
     iid = _api_instance(rt)
     rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
