@@ -252,6 +252,82 @@ def ops_recipient(rt: Runtime) -> str | None:
     return admins[0] if admins else None
 
 
+def post_marked(
+    rt: Runtime,
+    recipient: str,
+    key: str,
+    text: str,
+    blocks: Sequence[dict[str, Any]] = (),
+    *,
+    thread_ts: str | None = None,
+    look_since: datetime | None = None,
+) -> MessageRef:
+    """Post ``text`` marked with ``key`` in Slack's message metadata; when ``look_since`` is
+    given (an earlier try may have landed), first look for a post marked ``key`` since then and
+    return it instead of posting again. Raises GpubotError (see :func:`failure_kind`)."""
+    if look_since is not None:
+        found = rt.notifier.find(recipient, key, since=look_since)
+        if found is not None:
+            log.info("%s was posted by an earlier try; not posting it again", key)
+            return found
+    return rt.notifier.post(recipient, text, blocks, thread_ts=thread_ts, key=key)
+
+
+def failure_kind(exc: GpubotError) -> str:
+    """What a failed post means: ``unknown`` (it may have happened: never repeat it),
+    ``permanent`` (no retry can fix it) or ``retry``."""
+    if isinstance(exc, SlackError) and exc.outcome_unknown:
+        return "unknown"
+    if isinstance(exc, SlackError) and exc.error in PERMANENT_ERRORS:
+        return "permanent"
+    return "retry"
+
+
+def failing_too_long(attempts: int, first_attempt_at: datetime | None, now: datetime) -> bool:
+    """Whether a post that keeps failing should be escalated (tries or time since the first)."""
+    if attempts >= ESCALATE_AFTER_ATTEMPTS:
+        return True
+    if first_attempt_at is None:
+        return False
+    return now - first_attempt_at >= timedelta(seconds=ESCALATE_AFTER_S)
+
+
+def escalate(
+    rt: Runtime,
+    session: Session,
+    *,
+    about: str,
+    kind: str,
+    recipient: str,
+    attempts: int,
+    first_attempt_at: datetime | None,
+    now: datetime,
+    exc: GpubotError,
+    instance_id: int | None,
+) -> None:
+    """Queue, in ``session``, one message to the ops channel (an admin when the ops channel is
+    what fails) about the message ``about`` (its key) that cannot be posted; once per key."""
+    to = _elsewhere(rt, recipient)
+    if to is None:
+        log.error("%s cannot be posted and there is no other place to say so", about)
+        return
+    what = f"<@{recipient}>" if recipient[:1] in "UW" else f"<#{recipient}>"
+    text = (
+        f":warning: A {kind.replace('_', ' ')} for {what} could not be posted after "
+        f"{attempts} tries since {first_attempt_at or now:%Y-%m-%d %H:%M} UTC: "
+        f"{exc.message[:300]}. {exc.hint or 'Check the bot token and the channel.'}"
+    )
+    enqueue(
+        session,
+        key=f"escalation:{about}",
+        kind=KIND_ESCALATION,
+        recipient=to,
+        text=text,
+        now=now,
+        instance_id=instance_id,
+    )
+
+
 # --- claiming and posting ------------------------------------------------------------------
 
 
@@ -326,14 +402,14 @@ def _post(rt: Runtime, claim: _Claim) -> MessageRef:
             thread_ts=claim.thread_ts,
         )
         return MessageRef(channel=claim.recipient, ts=claim.thread_ts or "")
-    key = f"outbox:{claim.id}"
-    if claim.look_since is not None:
-        found = rt.notifier.find(claim.recipient, key, since=claim.look_since)
-        if found is not None:
-            log.info("%s (%s) was posted by an earlier try; not posting it again", key, claim.key)
-            return found
-    return rt.notifier.post(
-        claim.recipient, claim.text, claim.blocks, thread_ts=claim.thread_ts, key=key
+    return post_marked(
+        rt,
+        claim.recipient,
+        f"outbox:{claim.id}",
+        claim.text,
+        claim.blocks,
+        thread_ts=claim.thread_ts,
+        look_since=claim.look_since,
     )
 
 
@@ -367,14 +443,13 @@ def _record_failure(rt: Runtime, claim: _Claim, claimed_at: datetime, exc: Gpubo
     """Unknown outcome: ``unconfirmed`` for good. Refused for good: ``failed`` and escalated.
     Otherwise: the claim is given back with a back-off, and escalated once it has failed too
     often or too long."""
-    unknown = isinstance(exc, SlackError) and exc.outcome_unknown
-    permanent = isinstance(exc, SlackError) and exc.error in PERMANENT_ERRORS
+    kind = failure_kind(exc)
     log.warning(
         "posting %s (%s) to %s %s: %s",
         claim.key,
         claim.kind,
         claim.recipient,
-        "may have happened (Slack's answer was lost)" if unknown else "failed",
+        "may have happened (Slack's answer was lost)" if kind == "unknown" else "failed",
         exc,
     )
     mine = (col(OutboxMessage.id) == claim.id, col(OutboxMessage.claimed_at) == claimed_at)
@@ -384,67 +459,41 @@ def _record_failure(rt: Runtime, claim: _Claim, claimed_at: datetime, exc: Gpubo
         if row is None:
             return
         values: dict[str, Any] = {"last_error": exc.message[:500]}
-        if unknown:
+        if kind == "unknown":
             values["delivery"] = UNCONFIRMED
-        elif permanent:
+        elif kind == "permanent":
             values["delivery"] = FAILED
         else:
             values["claimed_at"] = None
             values["due_at"] = claimed_at + timedelta(seconds=_backoff_s(row.attempts))
-        escalate = (
+        escalating = (
             claim.kind != KIND_ESCALATION
             and row.escalated_at is None
-            and (permanent or _failing_too_long(row, now))
+            and (kind == "permanent" or failing_too_long(row.attempts, row.first_attempt_at, now))
         )
-        if escalate:
+        if escalating:
             values["escalated_at"] = now
         if session.exec(update(OutboxMessage).where(*mine).values(**values)).rowcount != 1:
             return  # another process took the row over meanwhile
-        if unknown or permanent or escalate:
-            _audit(session, claim, now, unknown=unknown, permanent=permanent, error=exc.message)
-        if escalate:
-            _escalate(rt, session, claim, row, now, exc)
+        if kind != "retry" or escalating:
+            _audit(session, claim, now, kind=kind, error=exc.message)
+        if escalating:
+            escalate(
+                rt,
+                session,
+                about=claim.key,
+                kind=claim.kind,
+                recipient=claim.recipient,
+                attempts=row.attempts,
+                first_attempt_at=row.first_attempt_at,
+                now=now,
+                exc=exc,
+                instance_id=claim.instance_id,
+            )
 
 
 def _backoff_s(attempts: int) -> int:
     return int(min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(attempts - 1, 0)))
-
-
-def _failing_too_long(row: OutboxMessage, now: datetime) -> bool:
-    if row.attempts >= ESCALATE_AFTER_ATTEMPTS:
-        return True
-    first = row.first_attempt_at
-    return first is not None and now - first >= timedelta(seconds=ESCALATE_AFTER_S)
-
-
-def _escalate(
-    rt: Runtime,
-    session: Session,
-    claim: _Claim,
-    row: OutboxMessage,
-    now: datetime,
-    exc: GpubotError,
-) -> None:
-    """Queue one message to the ops channel about a message that cannot be posted."""
-    recipient = _elsewhere(rt, claim.recipient)
-    if recipient is None:
-        log.error("%s cannot be posted and there is no other place to say so", claim.key)
-        return
-    what = f"<@{claim.recipient}>" if claim.recipient[:1] in "UW" else f"<#{claim.recipient}>"
-    text = (
-        f":warning: A {claim.kind.replace('_', ' ')} for {what} could not be posted after "
-        f"{row.attempts} tries since {row.first_attempt_at or now:%Y-%m-%d %H:%M} UTC: "
-        f"{exc.message[:300]}. {exc.hint or 'Check the bot token and the channel.'}"
-    )
-    enqueue(
-        session,
-        key=f"escalation:{claim.key}",
-        kind=KIND_ESCALATION,
-        recipient=recipient,
-        text=text,
-        now=now,
-        instance_id=claim.instance_id,
-    )
 
 
 def _elsewhere(rt: Runtime, failing: str) -> str | None:
@@ -456,11 +505,9 @@ def _elsewhere(rt: Runtime, failing: str) -> str | None:
     return admins[0] if admins else None
 
 
-def _audit(
-    session: Session, claim: _Claim, now: datetime, *, unknown: bool, permanent: bool, error: str
-) -> None:
-    action = (
-        "outbox_unconfirmed" if unknown else "outbox_failed" if permanent else "outbox_escalated"
+def _audit(session: Session, claim: _Claim, now: datetime, *, kind: str, error: str) -> None:
+    action = {"unknown": "outbox_unconfirmed", "permanent": "outbox_failed"}.get(
+        kind, "outbox_escalated"
     )
     audit.record(
         session,

@@ -6,13 +6,16 @@ try), commits, posts outside any transaction and records the message after. A cl
 by a crash expires after ``CLAIM_LEASE_S``, so a prompt is never lost; two processes never both
 post it.
 
-An unknown outcome is not a failure: when Slack's answer is lost (a timeout, a dropped
-connection) the post may have happened, so the prompt is marked ``unconfirmed`` and never
-posted again. A post Slack refused, or that never left, is tried again on the next tick. Every
-post carries its key (``prompt:<id>``) in Slack's message metadata; a claim taken over from a
-process that died mid-post first looks for that key in the conversation and records the post it
-finds instead of posting again. A duplicate needs the process to die mid-post and Slack's
-history to miss the message (more than ``FIND_LIMIT`` newer messages in that conversation).
+Prompts carry buttons and answers, so their state stays on their own rows, but they are posted
+and judged by the outbox's rules (:mod:`bot.services.outbox`): an unknown outcome (Slack's
+answer lost) marks the prompt ``unconfirmed`` and it is never posted again; a refusal for good
+marks it ``failed`` and tells the ops channel; any other failure is tried again on the next tick
+and told to the ops channel once it has failed for ``outbox.ESCALATE_AFTER_S`` or
+``outbox.ESCALATE_AFTER_ATTEMPTS`` tries. Every post carries its key (``prompt:<id>``) in
+Slack's message metadata; a claim taken over from a process that died mid-post first looks for
+that key in the conversation and records the post it finds instead of posting again. A
+duplicate needs the process to die mid-post and Slack's history to miss the message (more than
+``FIND_LIMIT`` newer messages in that conversation).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
-from bot.errors import GpubotError, SlackError
+from bot.errors import GpubotError
 from bot.notify import MessageRef
 from bot.runtime import Runtime
 from bot.services import outbox
@@ -37,9 +40,11 @@ log = logging.getLogger(__name__)
 
 #: How long a claim to post a prompt holds before another tick may take it over.
 CLAIM_LEASE_S = 120
-#: ``Prompt.delivery``: posted, or sent with its answer lost (it may have been posted).
+#: ``Prompt.delivery``: posted, sent with its answer lost (it may have been posted), or
+#: refused by Slack for good (an archived channel, a bot not invited).
 POSTED = "posted"
 UNCONFIRMED = "unconfirmed"
+FAILED = "failed"
 
 Message = tuple[str, tuple[dict[str, Any], ...]]
 #: Renders a prompt of some kind at posting time, from the current rows; None means the prompt
@@ -124,14 +129,10 @@ def deliver(
         recipient = channel or prompt.recipient
         # A claim taken over from a process that died mid-post: its post may have landed.
         earlier = prompt.first_attempt_at if prompt.attempts > 1 else None
-    key = f"prompt:{prompt_id}"
     try:
-        ref = _find(rt, recipient, key, earlier)
-    except GpubotError as exc:  # not knowing yet is no reason to post again: try later
-        _record_failure(rt, prompt_id, claimed_at, recipient, GpubotError(exc.message))
-        return None
-    try:
-        ref = ref or rt.notifier.post(recipient, text, blocks, key=key)
+        ref = outbox.post_marked(
+            rt, recipient, f"prompt:{prompt_id}", text, blocks, look_since=earlier
+        )
     except GpubotError as exc:
         _record_failure(rt, prompt_id, claimed_at, recipient, exc)
         return None
@@ -144,27 +145,18 @@ def deliver(
     return ref
 
 
-def _find(rt: Runtime, recipient: str, key: str, since: datetime | None) -> MessageRef | None:
-    """The post of an earlier try, when there was one and Slack has it."""
-    if since is None:
-        return None
-    found = rt.notifier.find(recipient, key, since=since)
-    if found is not None:
-        log.info("%s was already posted by an earlier try; not posting it again", key)
-    return found
-
-
 def _record_failure(
     rt: Runtime, prompt_id: int, claimed_at: datetime, recipient: str, exc: GpubotError
 ) -> None:
-    """A post that failed: an unknown outcome keeps the claim for good (``unconfirmed``);
-    anything else gives it back for the next tick."""
-    unknown = isinstance(exc, SlackError) and exc.outcome_unknown
+    """A post that failed, read as the outbox reads it: an unknown outcome keeps the claim for
+    good (``unconfirmed``); a refusal for good closes it (``failed``) and escalates; anything
+    else gives the claim back for the next tick and escalates once it has failed too long."""
+    kind = outbox.failure_kind(exc)
     log.warning(
         "posting prompt %s to %s %s: %s",
         prompt_id,
         recipient,
-        "may have happened (Slack's answer was lost)" if unknown else "failed",
+        "may have happened (Slack's answer was lost)" if kind == "unknown" else "failed",
         exc,
     )
     mine = (
@@ -172,20 +164,41 @@ def _record_failure(
         col(Prompt.sent_at) == claimed_at,
         col(Prompt.message_ts).is_(None),
     )
+    now = rt.now()
     with rt.db.session() as session:
-        if unknown:
-            session.exec(update(Prompt).where(*mine).values(delivery=UNCONFIRMED))
+        values: dict[str, Any] = {"sent_at": None}
+        if kind != "retry":
+            values = {"delivery": UNCONFIRMED if kind == "unknown" else FAILED}
+        if session.exec(update(Prompt).where(*mine).values(**values)).rowcount != 1:
+            return
+        prompt = session.get(Prompt, prompt_id)
+        assert prompt is not None
+        if kind != "retry":
             audit(
                 session,
-                at=rt.now(),
+                at=now,
                 actor="gpubot",
-                action="prompt_unconfirmed",
-                instance_id=_instance_of(session, prompt_id),
+                action="prompt_unconfirmed" if kind == "unknown" else "prompt_failed",
+                instance_id=prompt.instance_id,
                 prompt=prompt_id,
                 error=exc.message[:500],
             )
-        else:
-            session.exec(update(Prompt).where(*mine).values(sent_at=None))
+        if kind == "permanent" or (
+            kind == "retry"
+            and outbox.failing_too_long(prompt.attempts, prompt.first_attempt_at, now)
+        ):
+            outbox.escalate(
+                rt,
+                session,
+                about=f"prompt:{prompt_id}",
+                kind=prompt.kind,
+                recipient=recipient,
+                attempts=prompt.attempts,
+                first_attempt_at=prompt.first_attempt_at,
+                now=now,
+                exc=exc,
+                instance_id=prompt.instance_id,
+            )
 
 
 def _instance_of(session: Session, prompt_id: int) -> int | None:

@@ -16,12 +16,12 @@ from bot.errors import SlackError
 from bot.local_slack import LocalSlack
 from bot.notify import MessageRef
 from bot.runtime import Runtime
-from bot.services import outbox
+from bot.services import outbox, prompts
 from bot.services.tick import tick
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
-from bot.store.models import AuditLog, OutboxMessage
-from tests.bot.services.support import Clock, RecordingNotifier, make_runtime
+from bot.store.models import AuditLog, OutboxMessage, Prompt
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 
 TOKEN = "xoxb-outbox"
 
@@ -265,3 +265,55 @@ def test_drill_slack_down_for_an_hour(db: Database, slack: LocalSlack) -> None:
     assert len(_stored(slack, "hello notice:one")) == 1
     assert len(_stored(slack, "could not be posted")) == 1  # the ops channel was told once
     assert _row(rt, message_id).delivery == outbox.POSTED
+
+
+def _prompt(rt: Runtime, recipient: str = "UOWNER") -> int:
+    iid = add_instance(rt.db)
+    with rt.db.session() as session:
+        prompt = prompts.ensure_prompt(
+            session, instance_id=iid, kind="idle", key="k", recipient=recipient, due_at=rt.now()
+        )
+        assert prompt.id is not None
+        return prompt.id
+
+
+def test_a_prompt_that_keeps_failing_is_escalated_once_through_the_outbox(db: Database) -> None:
+    clock = Clock()
+    notifier = RecordingNotifier()
+    rt = make_runtime(db, clock, notifier=notifier, channel="COPS")
+    prompt_id = _prompt(rt)
+    notifier.fail_posts = True
+    for _ in range(40):  # twenty minutes of ticks
+        prompts.deliver(rt, prompt_id, "are you still using it?")
+        clock.advance(seconds=30)
+    (escalation,) = [r for r in _pending(rt) if r.kind == outbox.KIND_ESCALATION]
+    assert escalation.key == f"escalation:prompt:{prompt_id}"
+    notifier.fail_posts = False
+    assert prompts.deliver(rt, prompt_id, "are you still using it?") is not None
+    assert outbox.deliver_due(rt, clock.now) == 1
+    assert len(notifier.to("UOWNER")) == 1
+    assert len(notifier.to("COPS")) == 1
+
+
+def test_a_prompt_slack_refuses_for_good_is_closed_and_escalated(db: Database) -> None:
+    class NotInvited(RecordingNotifier):
+        def post(self, channel: str, *args: Any, **kwargs: Any) -> MessageRef:
+            if channel == "CSECRET":
+                raise SlackError("not_in_channel", error="not_in_channel")
+            return super().post(channel, *args, **kwargs)
+
+    clock = Clock()
+    notifier = NotInvited()
+    rt = make_runtime(db, clock, notifier=notifier, channel="COPS")
+    prompt_id = _prompt(rt, recipient="CSECRET")
+    assert prompts.deliver(rt, prompt_id, "release it?") is None
+    with rt.db.session() as session:
+        prompt = session.get(Prompt, prompt_id)
+    assert prompt is not None
+    assert prompt.delivery == prompts.FAILED
+    clock.advance(minutes=5)
+    assert prompts.deliver(rt, prompt_id, "release it?") is None  # not tried again
+    assert outbox.deliver_due(rt, clock.now) == 1
+    (told,) = notifier.to("COPS")
+    assert "<#CSECRET>" in told.text
+    assert len(_audits(rt, "prompt_failed")) == 1
