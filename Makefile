@@ -27,11 +27,15 @@ bench: $(STAMP) agent
 	$(BIN)/python bench/fleet_status.py
 	$(BIN)/python bench/ack_latency.py
 	$(BIN)/python bench/stall.py
+	$(BIN)/python bench/tick_scale.py
+	$(BIN)/python bench/spend_scale.py
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the runtime dependencies (deploy/constraints.py writes it); the image
+# installs the same versions.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
-	@$(BIN)/python -m pip install --quiet -e '.[dev]' >&2
+	@$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]' >&2
 	@touch $@
 
 # The CPU build of PyTorch serves the CUDA-check tests (a CPU-only build must fail them).

@@ -89,6 +89,37 @@ def positive_float(raw: str) -> float:
     return value
 
 
+#: Shortest and longest ``health --stress`` load, seconds.
+STRESS_MIN_S = 5.0
+STRESS_MAX_S = 4 * 3600.0
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def stress_duration(raw: str) -> float:
+    """argparse type: how long to hold the load, "90s", "5m", "1h30m" or plain seconds,
+    between STRESS_MIN_S and STRESS_MAX_S."""
+    import re
+
+    text = raw.strip().lower()
+    seconds: Optional[float] = None
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    elif text and re.fullmatch(r"(\d+(\.\d+)?[hms])+", text):
+        seconds = sum(
+            float(amount) * _DURATION_UNITS[unit]
+            for amount, _, unit in re.findall(r"(\d+(\.\d+)?)([hms])", text)
+        )
+    if seconds is None:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} is not a duration: write it like 90s, 5m or 1h30m"
+        )
+    if not STRESS_MIN_S <= seconds <= STRESS_MAX_S:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r} must be between {STRESS_MIN_S:g} s and {STRESS_MAX_S / 3600:g} h"
+        )
+    return seconds
+
+
 def whole_number(low: int, high: Optional[int] = None) -> Callable[[str], int]:
     """An argparse type: a whole number from ``low`` up (to ``high`` inclusive, when given)."""
 
@@ -113,7 +144,19 @@ def _add_status(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 def _add_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("health", help="the health checklist (pass/warn/fail/skip with hints)")
-    p.add_argument("--full", action="store_true", help="also run matmul, bandwidth and GEMM tests")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="also measure: matmul, bandwidth, GEMM, topology, peer-to-peer copies, NCCL",
+    )
+    p.add_argument(
+        "--stress",
+        metavar="DURATION",
+        type=stress_duration,
+        default=None,
+        help="hold GEMM load this long (90s, 5m) and report clocks, temperature, power and "
+        "throttling over time",
+    )
     p.add_argument("--python", metavar="PATH", help="Python whose torch to check (default python3)")
     p.add_argument("--expect-gpu", metavar="MODEL", help="the GPU model that was rented, e.g. h100")
     p.add_argument(

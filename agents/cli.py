@@ -104,6 +104,8 @@ def run_health(args: argparse.Namespace) -> int:
     }
     if args.timeout is not None:
         kwargs["timeout_s"] = args.timeout
+    if args.stress is not None:
+        kwargs["stress_s"] = args.stress
     report = health.run_health(snapshot, **kwargs)
     emit(protocol.dumps(report) if args.json else health.render_text(report))
     return EXIT_FAILED if report.status == "fail" else EXIT_OK

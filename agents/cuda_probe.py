@@ -9,7 +9,14 @@ Plain run: Python and torch versions, torch's CUDA version, whether CUDA initial
 the error when not), the compiled architectures and every visible device. With ``--full``,
 per device: a 4096x4096 fp32 matmul checked against the CPU (normwise relative error), device
 copy bandwidth in GB/s (bytes read plus written, 10^9) and bf16 GEMM TFLOP/s (fp16 before
-compute capability 8.0), timed with CUDA events after a warm-up.
+compute capability 8.0), timed with CUDA events after a warm-up; with two or more devices,
+peer-to-peer copy bandwidth between every ordered pair (GB/s one way, 10^9).
+
+``--stress SECONDS [--window SECONDS]`` holds bf16 (fp16) GEMM load on every device for that
+long and reports the rate per window; the agent samples clocks, temperature and power through
+NVML meanwhile. ``--nccl-rank R --nccl-world N --nccl-init FILE`` is one rank of an all-reduce
+run on one node (``torch.distributed``, NCCL, ``file://`` rendezvous): the agent starts N of
+them; rank 0 reports algorithm and bus bandwidth per message size as nccl-tests computes them.
 """
 
 from __future__ import annotations
@@ -32,15 +39,48 @@ GEMM_WARMUP_ITERS = 10
 GEMM_TIMED_ITERS = 30
 COPY_WARMUP_ITERS = 5
 COPY_TIMED_ITERS = 30
+P2P_BYTES = 1 << 28
+P2P_ITERS = 10
+STRESS_N = 8192
+STRESS_WINDOW_S = 5.0
+#: Messages of the all-reduce run, bytes (float32 elements x 4).
+NCCL_SIZES = (1 << 20, 1 << 25, 1 << 28)
+NCCL_WARMUP_ITERS = 5
+NCCL_TIMED_ITERS = 20
 
 
 def main(argv: List[str]) -> int:
-    """Probe and print the result line; ``--full`` adds the measurements."""
-    doc = probe(full="--full" in argv)
+    """Probe and print the result line: plain, ``--full``, ``--stress S`` or one NCCL rank."""
+    options = _options(argv)
+    if "--nccl-rank" in options:
+        sizes = options.get("--nccl-sizes")
+        doc = nccl_rank(
+            int(options["--nccl-rank"]),
+            int(options["--nccl-world"]),
+            options["--nccl-init"],
+            options.get("--nccl-backend", "nccl"),
+            tuple(int(v) for v in sizes.split(",")) if sizes else NCCL_SIZES,
+        )
+        if doc is None:
+            return 0
+    elif "--stress" in options:
+        doc = stress(float(options["--stress"]), float(options.get("--window", STRESS_WINDOW_S)))
+    else:
+        doc = probe(full="--full" in argv)
     sys.stdout.flush()
     sys.stdout.write(MARKER + json.dumps(doc, sort_keys=True) + "\n")
     sys.stdout.flush()
     return 0
+
+
+def _options(argv: List[str]) -> Dict[str, str]:
+    """``--name value`` pairs (a flag alone maps to "")."""
+    found: Dict[str, str] = {}
+    for i, word in enumerate(argv):
+        if word.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            found[word] = "" if nxt.startswith("--") else nxt
+    return found
 
 
 def probe(full: bool) -> Dict[str, Any]:
@@ -150,13 +190,210 @@ def _device(torch: Any, index: int) -> Dict[str, Any]:
 
 
 def measure_all(torch: Any, indices: List[int]) -> Dict[str, List[Dict[str, Any]]]:
-    """Matmul check, copy bandwidth and GEMM rate on each CUDA device in ``indices``."""
+    """Matmul check, copy bandwidth and GEMM rate on each CUDA device in ``indices``; with two
+    or more, peer-to-peer copy bandwidth between every ordered pair."""
     result: Dict[str, List[Dict[str, Any]]] = {"matmul": [], "bandwidth": [], "gemm": []}
     inputs = _guarded(matmul_inputs, torch, MATMUL_N)
     for index in indices:
         for name, outcome in _measure_device(torch, index, inputs).items():
             result[name].append(_tag(index, outcome))
+    if len(indices) >= 2:
+        result["p2p"] = [
+            dict(_guarded(measure_p2p, torch, src, dst, P2P_BYTES), src=src, dst=dst)
+            for src in indices
+            for dst in indices
+            if src != dst
+        ]
     return result
+
+
+def measure_p2p(
+    torch: Any, src: int, dst: int, nbytes: int, iters: int = P2P_ITERS
+) -> Dict[str, Any]:
+    """Copy rate from device ``src`` to device ``dst`` in GB/s (10^9 bytes, one way), with
+    whether CUDA lets ``src`` reach ``dst``'s memory directly (else copies go through the host)."""
+    peer = bool(torch.cuda.can_device_access_peer(src, dst))
+    numel = max(nbytes // 4, 1)
+    source = torch.ones(numel, dtype=torch.float32, device=f"cuda:{src}")
+    target = torch.empty(numel, dtype=torch.float32, device=f"cuda:{dst}")
+    for _ in range(2):
+        target.copy_(source)
+    torch.cuda.synchronize(src)
+    torch.cuda.synchronize(dst)
+    began = time.perf_counter()
+    for _ in range(iters):
+        target.copy_(source)
+    torch.cuda.synchronize(src)
+    torch.cuda.synchronize(dst)
+    seconds = max(time.perf_counter() - began, 1e-9)
+    del source, target
+    torch.cuda.empty_cache()
+    moved = numel * 4 * iters
+    return {
+        "gbps": moved / seconds / 1e9,
+        "peer_access": peer,
+        "bytes_moved": moved,
+        "seconds": seconds,
+    }
+
+
+# --- sustained load (--stress) ----------------------------------------------------------------
+
+
+def stress(duration_s: float, window_s: float) -> Dict[str, Any]:
+    """GEMM load on every visible device for ``duration_s``; the rate per window of ``window_s``."""
+    doc = probe(full=False)
+    doc["stress"] = None
+    if not (doc["cuda_available"] and doc["device_count"] > 0):
+        return doc
+    import torch
+
+    devices = [f"cuda:{i}" for i in range(doc["device_count"])]
+    dtype = "bfloat16" if _capability(torch, 0) >= (8, 0) else "float16"
+    doc["stress"] = _guarded(stress_gemm, torch, devices, duration_s, window_s, STRESS_N, dtype)
+    return doc
+
+
+def stress_gemm(
+    torch: Any,
+    devices: List[str],
+    duration_s: float,
+    window_s: float,
+    n: int,
+    dtype: str,
+    clock: Callable[[], float] = time.monotonic,
+) -> Dict[str, Any]:
+    """Keep ``devices`` busy with n x n x n products for ``duration_s`` seconds.
+
+    Launches go round-robin (CUDA runs them asynchronously, so every device stays busy) and
+    each window ends with a synchronisation. Returns ``{"n", "dtype", "windows": [{"t_s",
+    "seconds", "tflops": {index: TFLOP/s}}], "errors": {index: text}}``.
+    """
+    kind = getattr(torch, dtype)
+    mats = {}
+    errors: Dict[str, str] = {}
+    for device in devices:
+        try:
+            a = torch.randn(n, n, device=device, dtype=kind)
+            b = torch.randn(n, n, device=device, dtype=kind)
+            mats[device] = (a, b, torch.empty(n, n, device=device, dtype=kind))
+        except Exception as exc:  # noqa: BLE001 - reported per device
+            errors[_index_of(device)] = _describe_error(exc)
+    windows: List[Dict[str, Any]] = []
+    began = clock()
+    while mats and clock() - began < duration_s:
+        start = clock()
+        counts = dict.fromkeys(mats, 0)
+        while clock() - start < window_s and clock() - began < duration_s:
+            for device, (a, b, out) in list(mats.items()):
+                try:
+                    torch.matmul(a, b, out=out)
+                    counts[device] += 1
+                except Exception as exc:  # noqa: BLE001 - reported per device
+                    errors[_index_of(device)] = _describe_error(exc)
+                    del mats[device]
+            if any(c and c % 4 == 0 for c in counts.values()):
+                _synchronize(torch, mats)  # keep the queues short: the clock stays honest
+        _synchronize(torch, mats)
+        seconds = max(clock() - start, 1e-9)
+        windows.append(
+            {
+                "t_s": round(clock() - began, 3),
+                "seconds": round(seconds, 3),
+                "tflops": {
+                    _index_of(d): float(f"{2.0 * n**3 * c / seconds / 1e12:.6g}")
+                    for d, c in counts.items()
+                    if d in mats
+                },
+            }
+        )
+    return {"n": n, "dtype": dtype, "windows": windows, "errors": errors}
+
+
+def _synchronize(torch: Any, mats: Dict[str, Any]) -> None:
+    """Wait until every CUDA device in ``mats`` has finished what was launched on it."""
+    for device in mats:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+
+
+def _index_of(device: str) -> str:
+    return device.split(":", 1)[1] if ":" in device else "0"
+
+
+# --- all-reduce across the devices (one rank of the NCCL run) ---------------------------------
+
+
+def nccl_rank(
+    rank: int,
+    world: int,
+    init_file: str,
+    backend: str = "nccl",
+    sizes: Tuple[int, ...] = NCCL_SIZES,
+) -> Optional[Dict[str, Any]]:
+    """One rank of the all-reduce run; rank 0 returns the report, other ranks None.
+
+    Bandwidths as nccl-tests computes them: algbw = bytes / time; busbw = algbw * 2(n-1)/n,
+    which is comparable with one link's bandwidth whatever the number of GPUs.
+    """
+    try:
+        import torch
+        import torch.distributed as dist
+    except BaseException as exc:  # noqa: BLE001 - reported
+        return {"nccl": {"error": _describe_error(exc)}} if rank == 0 else None
+    report: Dict[str, Any] = {"world_size": world, "backend": backend, "sizes": [], "error": None}
+    try:
+        if backend == "nccl" and not dist.is_nccl_available():
+            raise RuntimeError("this torch has no NCCL (a CPU-only or ROCm build)")
+        device = "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+            report["nccl_version"] = _nccl_version(torch)
+        dist.init_process_group(
+            backend, init_method="file://" + init_file, rank=rank, world_size=world
+        )
+        try:
+            for nbytes in sizes:
+                report["sizes"].append(_allreduce_size(torch, dist, device, nbytes, world))
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - reported
+        report["error"] = _describe_error(exc)
+    return {"nccl": report} if rank == 0 else None
+
+
+def _nccl_version(torch: Any) -> str:
+    """NCCL's version as "2.21.5" (torch gives a tuple, or an int in old releases)."""
+    version = torch.cuda.nccl.version()
+    return ".".join(str(v) for v in version) if isinstance(version, tuple) else str(version)
+
+
+def _allreduce_size(torch: Any, dist: Any, device: str, nbytes: int, world: int) -> Dict[str, Any]:
+    data = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    for _ in range(NCCL_WARMUP_ITERS):
+        dist.all_reduce(data)
+    _sync(torch, device)
+    dist.barrier()
+    began = time.perf_counter()
+    for _ in range(NCCL_TIMED_ITERS):
+        dist.all_reduce(data)
+    _sync(torch, device)
+    elapsed = torch.tensor([time.perf_counter() - began], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank decides
+    seconds = max(float(elapsed.item()) / NCCL_TIMED_ITERS, 1e-9)
+    algbw = data.numel() * 4 / seconds / 1e9
+    return {
+        "bytes": data.numel() * 4,
+        "seconds_per_op": seconds,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (world - 1) / world,
+    }
+
+
+def _sync(torch: Any, device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
 
 def _measure_device(torch: Any, index: int, inputs: Any) -> Dict[str, Any]:

@@ -165,21 +165,48 @@ def render_jobs(listing: protocol.JobList) -> str:
 
 
 def render_who(report: protocol.WhoReport) -> str:
-    """Each GPU and its processes as text."""
+    """Each GPU with its use, the agent job holding it, its processes (GPU memory, SM %, CPU %,
+    running time) and the jobs waiting for it; then jobs waiting for any GPU."""
     if not report.gpus:
         return "no GPUs"
+    from agents.render import format_bytes, format_duration
+
     lines = []
     for gpu in report.gpus:
-        lines.append(f"GPU {gpu.index}  {gpu.name}")
-        if not gpu.processes:
+        use = ""
+        if gpu.util_gpu_pct is not None:
+            use = f"  {gpu.util_gpu_pct}% busy"
+        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
+            use += f", {format_bytes(gpu.mem_used_bytes)} of {format_bytes(gpu.mem_total_bytes)}"
+        lines.append(f"GPU {gpu.index}  {gpu.name}{use}")
+        holder = gpu.held_by
+        if holder is not None:
+            started = any(p.job_id == holder.job_id for p in gpu.processes)
+            lines.append(f"  held by job {_job_label(holder)}{'' if started else ' (starting)'}")
+        if gpu.free:
             lines.append("  free")
         for proc in gpu.processes:
             mem = "?" if proc.used_mem_bytes is None else f"{proc.used_mem_bytes // _MIB} MiB"
-            job = f"job {proc.job_id}" if proc.job_id else "not an agent job"
+            owner = f"job {proc.job_id}" if proc.job_id else "not an agent job"
+            sm = "SM ?" if proc.sm_util_pct is None else f"SM {proc.sm_util_pct}%"
+            cpu = "CPU ?" if proc.cpu_pct is None else f"CPU {proc.cpu_pct:.0f}%"
+            age = f"up {format_duration(proc.elapsed_s)}"
             lines.append(
-                f"  pid {proc.pid}  {proc.user or '?'}  {mem}  {job}  {proc.command or ''}".rstrip()
+                f"  pid {proc.pid}  {proc.user or '?'}  {mem}  {sm}  {cpu}  {age}  {owner}  "
+                f"{proc.command or ''}".rstrip()
             )
+        for waiter in gpu.waiting:
+            lines.append(f"  waited for by job {_job_label(waiter)}")
+    for job in report.waiting_any:
+        wanted = _gpus_phrase(job.gpus_requested).strip()
+        wanted = wanted[len("on ") :] if wanted.startswith("on ") else wanted
+        lines.append(f"queued: job {_job_label(job)} waits for {wanted}")
     return "\n".join(lines)
+
+
+def _job_label(job: protocol.WhoJob) -> str:
+    name = f" ({job.name})" if job.name else ""
+    return f"{job.job_id}{name}, {job.user or '?'}"
 
 
 def _gpus_phrase(requested: Optional[str]) -> str:

@@ -12,6 +12,12 @@ or driver does not support is ``None``, never an error. When NVML cannot start a
 status still comes back, with ``driver`` None and ``nvml_error`` set to a code from
 ``protocol.NVML_ERROR_CODES`` and a hint a newcomer can act on.
 
+Each GPU process carries its share of the SMs and memory bandwidth from NVML's per-process
+utilisation samples, joined with its CPU use, resident memory and age from ``/proc``
+(:mod:`agents.procinfo`). For ``health``: :func:`collect_topology` (PCIe paths, NVLinks,
+peer-to-peer support between every pair), :class:`XidWatch` (Xid errors NVML reports while it
+is open) and :meth:`GpuSampler.sample_load` (clocks, temperature, power under load).
+
 Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature in °C.
 """
 
@@ -21,7 +27,7 @@ import os
 import sys
 import time
 
-from agents.schema import CLOCK_EVENT_REASONS, GPU_FIELDS, SCHEMA_VERSION
+from agents.schema import CLOCK_EVENT_REASONS, GPU_FIELDS, PROCESS_FIELDS, SCHEMA_VERSION
 
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
@@ -87,9 +93,55 @@ _RESET_HINT = (
 #: The driver's NVML library, by the name pynvml loads it on Linux.
 DRIVER_LIBRARY = "libnvidia-ml.so.1"
 
+_NVML_SUCCESS = 0
+_NVML_NOT_FOUND = 6
 _NVML_FUNCTION_NOT_FOUND = 13
 _NVML_GPU_IS_LOST = 15
+_NVML_PSTATE_UNKNOWN = 32
+_NVML_CLOCK_MEM = 2
 _CMDLINE_MAX_CHARS = 500
+#: A per-process utilisation sample older than this (seconds) counts as no use now.
+PROCESS_SAMPLE_MAX_AGE_S = 10.0
+#: NVML's Xid event type bit (nvmlEventTypeXidCriticalError).
+XID_EVENT_TYPE = 0x8
+#: Most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS in recent drivers); the scan stops earlier
+#: at the first link index the driver calls invalid.
+NVLINK_MAX_LINKS = 36
+#: nvmlDeviceGetTopologyCommonAncestor levels as nvidia-smi topo -m names them.
+TOPOLOGY_LEVELS: Dict[int, str] = {
+    0: "BOARD",
+    10: "PIX",
+    20: "PXB",
+    30: "PHB",
+    40: "NODE",
+    50: "SYS",
+}
+#: nvmlDeviceGetP2PStatus answers, by value.
+P2P_STATUSES: Dict[int, str] = {
+    0: "ok",
+    1: "chipset_not_supported",
+    2: "gpu_not_supported",
+    3: "topology_not_supported",
+    4: "disabled_by_regkey",
+    5: "not_supported",
+    6: "unknown",
+}
+# NVML_P2P_CAPS_INDEX_* (ABI values; some pynvml releases spell READ as a tuple).
+_P2P_READ = 0
+_P2P_NVLINK = 2
+_NVLINK_REMOTE_TYPES: Dict[int, str] = {0: "gpu", 1: "ibmnpu", 2: "nvswitch"}
+#: What GpuSampler.sample_load reports per GPU.
+_LOAD_FIELDS = (
+    "index",
+    "util_gpu_pct",
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "mem_clock_mhz",
+    "temp_c",
+    "power_draw_w",
+    "power_limit_w",
+    "clock_event_reasons",
+)
 
 
 class NvmlUnavailable(Exception):
@@ -126,12 +178,18 @@ def collect_status_document(clock: Optional[Callable[[], float]] = None) -> Docu
     from agents.host import host_document
 
     host = host_document()
-    collected_at = iso_utc((clock or time.time)())
+    now = (clock or time.time)()
+    collected_at = iso_utc(now)
     try:
         with NvmlSession() as nv:
-            return _Collector(nv).status(host, collected_at)
+            document = _Collector(nv, now).status(host, collected_at)
     except NvmlUnavailable as exc:
         return status_document(host, None, exc.document, [], [], collected_at)
+    if document["processes"]:
+        from agents import procinfo
+
+        procinfo.join(document["processes"])
+    return document
 
 
 def status_document(
@@ -300,6 +358,134 @@ class GpuSampler:
             out.append(from_dict(GpuSnapshot, _gpu_document(values)))
         return out
 
+    def sample_load(self) -> List[Document]:
+        """Per visible GPU, what load does to it now: ``index``, ``util_gpu_pct``,
+        ``sm_clock_mhz``, ``sm_clock_max_mhz``, ``mem_clock_mhz``, ``temp_c``, ``power_draw_w``,
+        ``power_limit_w`` and ``clock_event_reasons`` (None where not reported)."""
+        if self._collector is None:
+            raise RuntimeError("GpuSampler.sample_load() called outside `with GpuSampler()`")
+        col = self._collector
+        out: List[Document] = []
+        for index, handle in col.handles():
+            values: Document = {"index": index}
+            values.update(col.utilization(handle))
+            values.update(col.clocks(handle))
+            values.update(col.power(handle))
+            values["mem_clock_mhz"] = _int(col.query("nvmlDeviceGetClockInfo", handle, col.mem))
+            out.append({name: values.get(name) for name in _LOAD_FIELDS})
+        return out
+
+
+def collect_topology() -> Document:
+    """How the GPUs connect, for ``health --full``; never raises.
+
+    ``{"gpus": [{"index", "pci_bus_id", "nvlinks"}], "pairs": [...], "error": None}``. Each
+    GPU's ``nvlinks`` lists its links ``{"link", "active", "version", "remote_bus_id",
+    "remote_type"}`` (remote_type "gpu", "nvswitch", ...), or is None where the GPU or driver
+    has no NVLink. Each pair ``{"a", "b", "level", "nvlinks", "via_nvswitch", "p2p_read",
+    "p2p_nvlink"}``: ``level`` is the PCIe path as nvidia-smi topo names it (PIX, PXB, PHB,
+    NODE, SYS, BOARD), ``nvlinks`` the active links joining the two directly, the p2p fields
+    NVML's peer-to-peer answers ("ok", "not_supported", ...). Values not reported are None.
+    ``error`` is the nvml_error document when NVML could not be used.
+    """
+    try:
+        with NvmlSession() as nv:
+            return _Collector(nv).topology()
+    except NvmlUnavailable as exc:
+        return {"gpus": [], "pairs": [], "error": exc.document}
+
+
+class XidWatch:
+    """Xid errors NVML reports while the watch is open (NVML's event API).
+
+    ``with XidWatch() as watch: ...; events = watch.events()``. NVML reports only errors that
+    happen after registration; the kernel log holds earlier ones. ``available`` is False when
+    NVML could not be used or no GPU supports the events (``reason`` says why); entering never
+    raises.
+    """
+
+    def __init__(self, clock: Optional[Callable[[], float]] = None) -> None:
+        self._clock = clock or time.time
+        self._session: Optional[NvmlSession] = None
+        self._nv: Any = None
+        self._event_set: Any = None
+        self.available = False
+        self.reason = ""
+        self.watched: List[int] = []
+        self._seen: List[Document] = []
+
+    def __enter__(self) -> XidWatch:
+        session = NvmlSession()
+        try:
+            nv = session.__enter__()
+        except NvmlUnavailable as exc:
+            self.reason = str(exc)
+            return self
+        self._session, self._nv = session, nv
+        col = _Collector(nv)
+        errors: Tuple[Type[BaseException], ...] = (AttributeError, *col._errors)
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except errors as exc:
+            self.reason = f"NVML events are not available: {exc}"
+            return self
+        for index, handle in col.handles():
+            supported = col.query("nvmlDeviceGetSupportedEventTypes", handle)
+            if supported is not None and not int(supported) & XID_EVENT_TYPE:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, XID_EVENT_TYPE, self._event_set)
+            except col._errors:
+                continue
+            self.watched.append(index)
+        self.available = bool(self.watched)
+        if not self.available:
+            self.reason = "no GPU here reports Xid events through NVML"
+        return self
+
+    def events(self) -> List[Document]:
+        """Every Xid reported since the watch opened: ``{"gpu_index", "xid", "seen_at"}``
+        (``seen_at`` ISO 8601 UTC, when this call collected it; ``gpu_index`` None when the
+        driver did not say)."""
+        nv = self._nv
+        if nv is None or self._event_set is None:
+            return list(self._seen)
+        wait = getattr(nv, "nvmlEventSetWait_v2", None) or getattr(nv, "nvmlEventSetWait", None)
+        if wait is None:
+            return list(self._seen)
+        errors = (nv.NVMLError,)
+        for _ in range(10_000):  # a flood of events must not hang the health check
+            try:
+                data = wait(self._event_set, 0)
+            except errors:
+                break  # NVML_ERROR_TIMEOUT: nothing more pending (or the set broke)
+            if not int(getattr(data, "eventType", 0)) & XID_EVENT_TYPE:
+                continue
+            try:
+                index: Optional[int] = int(nv.nvmlDeviceGetIndex(data.device))
+            except (AttributeError, *errors):
+                index = None
+            self._seen.append(
+                {
+                    "gpu_index": index,
+                    "xid": int(data.eventData),
+                    "seen_at": iso_utc(self._clock()),
+                }
+            )
+        return list(self._seen)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        nv, self._nv = self._nv, None
+        if nv is not None and self._event_set is not None:
+            try:  # noqa: SIM105
+                nv.nvmlEventSetFree(self._event_set)
+            except nv.NVMLError:
+                pass
+        self._event_set = None
+        if self._session is not None:
+            self._session.__exit__(*exc_info)
+        self._session = None
+
 
 def decode_clock_reasons(mask: int) -> Tuple[str, ...]:
     """Names of the clock-event (throttle) reason bits set in ``mask``; unknown bits as hex."""
@@ -327,14 +513,27 @@ def iso_utc(epoch_s: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(epoch_s))
 
 
+def bus_key(bus_id: Optional[str]) -> Tuple[int, int, int]:
+    """A PCI bus id as (domain, bus, device): "00000000:18:00.0" and "0000:18:00" agree."""
+    if not bus_id:
+        return (-1, -1, -1)
+    parts = bus_id.strip().lower().replace(".", ":").split(":")
+    try:
+        return (int(parts[0], 16), int(parts[1], 16), int(parts[2], 16))
+    except (IndexError, ValueError):
+        return (-1, -1, -1)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
 class _Collector:
     """Queries through one open NVML session; every query returns a value or None."""
 
-    def __init__(self, nv: Any) -> None:
+    def __init__(self, nv: Any, now: Optional[float] = None) -> None:
         self.nv = nv
+        self.now = time.time() if now is None else now
+        self.mem = getattr(nv, "NVML_CLOCK_MEM", _NVML_CLOCK_MEM)
         mismatch = getattr(nv, "NVMLLibraryMismatchError", None)
         self._mismatch: Tuple[Type[BaseException], ...] = (mismatch,) if mismatch else ()
         self._errors: Tuple[Type[BaseException], ...] = (nv.NVMLError, *self._mismatch)
@@ -391,7 +590,24 @@ class _Collector:
         values.update(self.ecc(handle))
         values.update(self.pcie(handle))
         values.update(self.modes(handle))
+        values.update(self.cooling_and_video(handle))
         return _gpu_document(values)
+
+    def cooling_and_video(self, handle: Any) -> Dict[str, Any]:
+        """Fan, performance state, memory clock, video encoder and decoder use."""
+        pstate = self.query("nvmlDeviceGetPerformanceState", handle)
+        enc = self.query("nvmlDeviceGetEncoderUtilization", handle)
+        dec = self.query("nvmlDeviceGetDecoderUtilization", handle)
+        return {
+            "fan_speed_pct": _int(self.query("nvmlDeviceGetFanSpeed", handle)),
+            "pstate": None
+            if pstate is None or int(pstate) >= _NVML_PSTATE_UNKNOWN
+            else int(pstate),
+            "mem_clock_mhz": _int(self.query("nvmlDeviceGetClockInfo", handle, self.mem)),
+            "mem_clock_max_mhz": _int(self.query("nvmlDeviceGetMaxClockInfo", handle, self.mem)),
+            "enc_util_pct": None if enc is None else int(enc[0]),
+            "dec_util_pct": None if dec is None else int(dec[0]),
+        }
 
     def identity(self, handle: Any) -> Tuple[str, str, str]:
         """(uuid, name, PCI bus id); "unknown" for any the driver does not give."""
@@ -488,7 +704,8 @@ class _Collector:
         }
 
     def processes(self, index: int, handle: Any) -> List[Document]:
-        """Compute and graphics processes on one GPU, each pid once (its largest memory)."""
+        """Compute and graphics processes on one GPU, each pid once (its largest memory), with
+        their SM and memory-bandwidth use where the driver samples it."""
         seen: Dict[int, Optional[int]] = {}
         for kind in ("Compute", "Graphics"):
             name = f"nvmlDeviceGet{kind}RunningProcesses"
@@ -497,7 +714,122 @@ class _Collector:
                 used = _int(getattr(proc, "usedGpuMemory", None))
                 if pid not in seen or (used or 0) > (seen[pid] or 0):
                     seen[pid] = used
-        return [_process(index, pid, used) for pid, used in sorted(seen.items())]
+        if not seen:
+            return []
+        use = self.process_utilization(handle)
+        out = []
+        for pid, used in sorted(seen.items()):
+            doc = _process(index, pid, used)
+            if use is not None:
+                doc["sm_util_pct"], doc["mem_bw_util_pct"] = use.get(pid, (0, 0))
+            out.append(doc)
+        return out
+
+    def process_utilization(self, handle: Any) -> Optional[Dict[int, Tuple[int, int]]]:
+        """pid -> (SM %, memory bandwidth %) from the newest recent sample of each process.
+
+        None when the driver cannot say (no such call, not supported, MIG); {} when it
+        sampled and no process used the GPU (NVML answers "not found"). A sample older than
+        PROCESS_SAMPLE_MAX_AGE_S is dropped: the process has not used the GPU since.
+        """
+        nv = self.nv
+        fn = getattr(nv, "nvmlDeviceGetProcessUtilization", None)
+        if fn is None:
+            return None
+        try:
+            samples = fn(handle, 0)
+        except self._mismatch:
+            return None
+        except nv.NVMLError as exc:
+            # "Not found": no process used the GPU lately. nvidia-ml-py raises its error even
+            # for success when the driver says there are no samples at all (value 0).
+            if getattr(exc, "value", None) in (_NVML_NOT_FOUND, _NVML_SUCCESS):
+                return {}
+            self._note(exc)
+            return None
+        newest: Dict[int, Tuple[int, int, int]] = {}
+        for sample in samples or ():
+            pid, stamp = int(sample.pid), int(sample.timeStamp)
+            if pid not in newest or stamp > newest[pid][0]:
+                newest[pid] = (stamp, int(sample.smUtil), int(sample.memUtil))
+        return {
+            pid: (sm, mem)
+            for pid, (stamp, sm, mem) in newest.items()
+            if not _stale_sample(stamp, self.now)
+        }
+
+    def topology(self) -> Document:
+        """See :func:`collect_topology`."""
+        gpus: List[Document] = []
+        handles: List[Tuple[int, Any]] = list(self.handles())
+        for index, handle in handles:
+            _uuid, _name, bus_id = self.identity(handle)
+            gpus.append({"index": index, "pci_bus_id": bus_id, "nvlinks": self.nvlinks(handle)})
+        by_bus = {bus_key(g["pci_bus_id"]): g["index"] for g in gpus}
+        pairs: List[Document] = []
+        for a in range(len(handles)):
+            for b in range(a + 1, len(handles)):
+                pairs.append(self.pair(handles[a], handles[b], gpus[a], by_bus))
+        return {"gpus": gpus, "pairs": pairs, "error": self.enum_error}
+
+    def nvlinks(self, handle: Any) -> Optional[List[Document]]:
+        """Every NVLink of one GPU; None when it has none or the driver cannot say."""
+        nv = self.nv
+        state_fn = getattr(nv, "nvmlDeviceGetNvLinkState", None)
+        if state_fn is None:
+            return None
+        links: List[Document] = []
+        for link in range(NVLINK_MAX_LINKS):
+            try:
+                active = int(state_fn(handle, link)) == 1
+            except self._errors:
+                break  # not supported (no NVLink) or past the last link (invalid argument)
+            remote = (
+                self.query("nvmlDeviceGetNvLinkRemotePciInfo", handle, link) if active else None
+            )
+            kind = (
+                self.query("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link) if active else None
+            )
+            links.append(
+                {
+                    "link": link,
+                    "active": active,
+                    "version": _int(self.query("nvmlDeviceGetNvLinkVersion", handle, link)),
+                    "remote_bus_id": _opt_text(getattr(remote, "busId", None)) if remote else None,
+                    "remote_type": None
+                    if kind is None
+                    else _NVLINK_REMOTE_TYPES.get(int(kind), "unknown"),
+                }
+            )
+        return links or None
+
+    def pair(
+        self,
+        first: Tuple[int, Any],
+        second: Tuple[int, Any],
+        first_doc: Document,
+        by_bus: Dict[Tuple[int, int, int], int],
+    ) -> Document:
+        """How two GPUs reach each other."""
+        (a, ha), (b, hb) = first, second
+        level = self.query("nvmlDeviceGetTopologyCommonAncestor", ha, hb)
+        links = first_doc["nvlinks"] or []
+        active = [link for link in links if link["active"]]
+        direct = sum(1 for link in active if by_bus.get(bus_key(link["remote_bus_id"])) == b)
+        via_switch = any(link["remote_type"] == "nvswitch" for link in active)
+        return {
+            "a": a,
+            "b": b,
+            "level": None if level is None else TOPOLOGY_LEVELS.get(int(level), str(level)),
+            "nvlinks": direct,
+            "via_nvswitch": via_switch,
+            "p2p_read": self.p2p(ha, hb, _P2P_READ),
+            "p2p_nvlink": self.p2p(ha, hb, _P2P_NVLINK),
+        }
+
+    def p2p(self, ha: Any, hb: Any, capability: int) -> Optional[str]:
+        status = self.query("nvmlDeviceGetP2PStatus", ha, hb, capability)
+        return None if status is None else P2P_STATUSES.get(int(status), "unknown")
 
     def query(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``pynvml.<name>(*args)``, or None when absent, not supported or failing."""
@@ -607,14 +939,19 @@ def _gpu_document(values: Document) -> Document:
 
 def _process(gpu_index: int, pid: int, used: Optional[int]) -> Document:
     user, command = _proc_owner_and_command(pid)
-    return {
-        "gpu_index": gpu_index,
-        "pid": pid,
-        "user": user,
-        "command": command,
-        "used_mem_bytes": used,
-        "job_id": None,
-    }
+    doc: Document = dict.fromkeys(PROCESS_FIELDS)
+    doc.update(gpu_index=gpu_index, pid=pid, user=user, command=command, used_mem_bytes=used)
+    return doc
+
+
+def _stale_sample(stamp_us: int, now: float) -> bool:
+    """Whether a sample stamped ``stamp_us`` (NVML: CPU time in microseconds since the epoch)
+    is older than PROCESS_SAMPLE_MAX_AGE_S. A stamp not within a day of ``now`` is from
+    another clock: then it cannot be aged, and counts as fresh."""
+    age = now - stamp_us / 1e6
+    if abs(age) > 86400:
+        return False
+    return age > PROCESS_SAMPLE_MAX_AGE_S
 
 
 def _proc_owner_and_command(pid: int) -> Tuple[Optional[str], Optional[str]]:

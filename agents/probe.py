@@ -3,7 +3,9 @@
 Standard library only (Python 3.9+). The probe's source is read with ``pkgutil.get_data`` so
 it works from the zipapp, and runs as ``[python, "-c", source, ...]`` in its own process group
 with a timeout: a torch that hangs, crashes or prints nonsense gives a ProbeOutcome with
-``failure`` set, never an exception.
+``failure`` set, never an exception. :func:`run_nccl` starts one probe per GPU for the
+all-reduce run (NcclOutcome); :func:`run_stress` holds GEMM load while sampling the GPUs
+through a callable the caller gives (StressOutcome).
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 MARKER = "GPU_AGENT_PROBE "
 DEFAULT_PYTHON = "python3"
@@ -56,6 +58,18 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class PairMeasurement:
+    """Copy bandwidth from GPU ``src`` to GPU ``dst`` in GB/s one way; ``peer_access`` says
+    whether CUDA let ``src`` reach ``dst``'s memory directly; ``error`` when it failed."""
+
+    src: int
+    dst: int
+    gbps: Optional[float]
+    peer_access: Optional[bool]
+    error: Optional[str]
+
+
+@dataclass(frozen=True)
 class TorchFacts:
     """What the probe found. ``torch_version`` None: torch not importable (see import error)."""
 
@@ -75,6 +89,7 @@ class TorchFacts:
     matmul: Optional[Tuple[Measurement, ...]] = None
     bandwidth: Optional[Tuple[Measurement, ...]] = None
     gemm: Optional[Tuple[Measurement, ...]] = None
+    p2p: Optional[Tuple[PairMeasurement, ...]] = None
 
     @property
     def has_torch(self) -> bool:
@@ -192,6 +207,22 @@ def facts_from_dict(doc: Mapping[str, Any]) -> TorchFacts:
         matmul=_measurements(full, "matmul", "max_rel_error"),
         bandwidth=_measurements(full, "bandwidth", "gbps"),
         gemm=_measurements(full, "gemm", "tflops"),
+        p2p=_pairs(full),
+    )
+
+
+def _pairs(full: Optional[Mapping[str, Any]]) -> Optional[Tuple[PairMeasurement, ...]]:
+    if not full or "p2p" not in full:
+        return None
+    return tuple(
+        PairMeasurement(
+            src=int(item["src"]),
+            dst=int(item["dst"]),
+            gbps=None if item.get("gbps") is None else float(item["gbps"]),
+            peer_access=None if item.get("peer_access") is None else bool(item["peer_access"]),
+            error=_opt_str(item.get("error")),
+        )
+        for item in full["p2p"]
     )
 
 
@@ -235,14 +266,7 @@ def _run(argv: Sequence[str], timeout_s: float) -> Tuple[int, str, str, bool]:
     Returns (exit code, stdout, stderr, timed out). The child's working directory is "/"
     so that files in the caller's directory cannot shadow modules.
     """
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd="/",
-        start_new_session=True,
-    )
+    proc = _start(argv)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -292,6 +316,325 @@ def _tail(text: str) -> str:
         return ""
     tail = " | ".join(lines[-3:])
     return ": " + tail[-_STDERR_TAIL_CHARS:]
+
+
+# --- the all-reduce run ------------------------------------------------------------------------
+
+#: Seconds the other ranks get to finish once rank 0 has reported.
+_NCCL_STRAGGLER_S = 10.0
+
+
+@dataclass(frozen=True)
+class NcclSize:
+    """All-reduce of ``bytes``: time per operation and bandwidths in GB/s (10^9)."""
+
+    bytes: int
+    seconds_per_op: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True)
+class NcclOutcome:
+    """One all-reduce run across ``world_size`` GPUs. ``failure`` (a constant above) when the
+    run did not report; ``error`` when it reported that it could not run (no NCCL, init
+    failed). ``busbw_gbps`` is the bus bandwidth at the largest message."""
+
+    python: str
+    world_size: int
+    sizes: Tuple[NcclSize, ...] = ()
+    error: Optional[str] = None
+    nccl_version: Optional[str] = None
+    failure: Optional[str] = None
+    message: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def busbw_gbps(self) -> Optional[float]:
+        """Bus bandwidth of the largest message, GB/s; None without results."""
+        if not self.sizes:
+            return None
+        return max(self.sizes, key=lambda size: size.bytes).busbw_gbps
+
+
+def run_nccl(
+    python: Optional[str],
+    world_size: int,
+    *,
+    timeout_s: float,
+    backend: str = "nccl",
+    sizes: Optional[Sequence[int]] = None,
+) -> NcclOutcome:
+    """All-reduce across GPUs 0..world_size-1: one probe process per GPU, ``torch.distributed``
+    with a ``file://`` rendezvous (no port to find), within ``timeout_s`` seconds in all.
+
+    ``sizes`` are the message sizes in bytes (default the probe's: 1 MiB, 32 MiB, 256 MiB);
+    ``backend`` "gloo" runs the same on CPUs. Never raises for a broken machine.
+    """
+    import tempfile
+
+    asked = python or DEFAULT_PYTHON
+    resolved = resolve_python(python)
+    if resolved is None:
+        return NcclOutcome(
+            python=asked,
+            world_size=world_size,
+            failure=PYTHON_NOT_FOUND,
+            message=f"{asked}: no such Python (not on PATH or not executable)",
+        )
+    source = probe_source()
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="gpu-agent-nccl-") as where:
+        init = os.path.join(where, "rendezvous")
+        argv = [resolved, "-c", source, "--nccl-world", str(world_size), "--nccl-init", init]
+        argv += ["--nccl-backend", backend]
+        if sizes:
+            argv += ["--nccl-sizes", ",".join(str(int(n)) for n in sizes)]
+        try:
+            procs = [_start([*argv, "--nccl-rank", str(rank)]) for rank in range(world_size)]
+        except OSError as exc:
+            return NcclOutcome(
+                python=asked,
+                world_size=world_size,
+                failure=CRASHED,
+                message=f"{asked} could not start: {exc}",
+            )
+        code, out, err, timed_out = _collect_ranks(procs, began + timeout_s)
+    elapsed = time.monotonic() - began
+    return _nccl_outcome(asked, world_size, code, out, err, timed_out, timeout_s, elapsed)
+
+
+def _start(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start a probe in a session of its own, in "/", numbering CUDA devices in PCI order as
+    NVML does (CUDA's default puts the fastest first)."""
+    return subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+        env=dict(os.environ, CUDA_DEVICE_ORDER="PCI_BUS_ID"),
+        start_new_session=True,
+    )
+
+
+def _collect_ranks(
+    procs: List[subprocess.Popen[bytes]], deadline: float
+) -> Tuple[int, str, str, bool]:
+    """Rank 0's exit code, stdout and stderr (with the first failing rank's stderr appended),
+    and whether the run timed out; every rank is gone afterwards."""
+    lead = procs[0]
+    timed_out = False
+    try:
+        out, err = lead.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        for proc in procs:
+            _kill_group(proc)
+        out, err = _drain(lead)
+    errors = [_text(err)]
+    for proc in procs[1:]:
+        left = min(_NCCL_STRAGGLER_S, max(0.0, deadline - time.monotonic()))
+        try:
+            _, rank_err = proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            _, rank_err = _drain(proc)
+        if proc.returncode not in (0, None) and len(errors) == 1:
+            errors.append(_text(rank_err))
+    return lead.returncode, _text(out), "\n".join(e for e in errors if e), timed_out
+
+
+def _nccl_outcome(
+    asked: str,
+    world_size: int,
+    code: int,
+    stdout: str,
+    stderr: str,
+    timed_out: bool,
+    timeout_s: float,
+    elapsed: float,
+) -> NcclOutcome:
+    base: Dict[str, Any] = {"python": asked, "world_size": world_size, "elapsed_s": elapsed}
+    if timed_out:
+        return NcclOutcome(
+            **base,
+            failure=TIMEOUT,
+            message=f"the all-reduce did not finish within {timeout_s:g} s{_tail(stderr)}",
+        )
+    doc = _marked(stdout)
+    report = doc.get("nccl") if isinstance(doc, dict) else None
+    if not isinstance(report, dict):
+        what = f"exited with {_exit_text(code)}" if code != 0 else "printed no result"
+        return NcclOutcome(
+            **base,
+            failure=CRASHED if code else BAD_OUTPUT,
+            message=f"{asked} {what}{_tail(stderr)}",
+        )
+    try:
+        sizes = tuple(
+            NcclSize(
+                bytes=int(item["bytes"]),
+                seconds_per_op=float(item["seconds_per_op"]),
+                algbw_gbps=float(item["algbw_gbps"]),
+                busbw_gbps=float(item["busbw_gbps"]),
+            )
+            for item in report.get("sizes") or ()
+        )
+    except (KeyError, TypeError, ValueError):
+        return NcclOutcome(
+            **base, failure=BAD_OUTPUT, message=f"{asked} printed a malformed result"
+        )
+    return NcclOutcome(
+        **base,
+        sizes=sizes,
+        error=_opt_str(report.get("error")),
+        nccl_version=_opt_str(report.get("nccl_version")),
+    )
+
+
+def _marked(stdout: str) -> Any:
+    """The JSON after the last marker line, or None."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                return json.loads(line[len(MARKER) :])
+            except ValueError:
+                return None
+    return None
+
+
+# --- sustained load ---------------------------------------------------------------------------
+
+#: Seconds between NVML samples during the stress run.
+STRESS_SAMPLE_S = 1.0
+
+
+@dataclass(frozen=True)
+class StressOutcome:
+    """A stress run: ``samples`` are ``{"t_s", "gpus": [...]}`` as the sampler gave them, one
+    per interval; ``windows`` the probe's GEMM rate per window (``{"t_s", "seconds",
+    "tflops": {index: TFLOP/s}}``); ``errors`` per GPU index. ``failure`` (a constant above)
+    when the probe did not report; None ``facts`` with no failure: torch sees no GPU."""
+
+    python: str
+    duration_s: float
+    samples: Tuple[Mapping[str, Any], ...] = ()
+    windows: Tuple[Mapping[str, Any], ...] = ()
+    errors: Mapping[str, str] = field(default_factory=dict)
+    dtype: Optional[str] = None
+    n: Optional[int] = None
+    facts: Optional[TorchFacts] = None
+    failure: Optional[str] = None
+    message: str = ""
+    elapsed_s: float = 0.0
+
+
+def run_stress(
+    python: Optional[str],
+    duration_s: float,
+    *,
+    sample: Callable[[], Any],
+    timeout_s: float,
+    interval_s: float = STRESS_SAMPLE_S,
+    window_s: Optional[float] = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> StressOutcome:
+    """Hold GEMM load for ``duration_s`` seconds, calling ``sample()`` every ``interval_s``
+    (its result is stored with the time since the start). The run may take ``timeout_s`` on
+    top of ``duration_s``. Never raises for a broken machine."""
+    asked = python or DEFAULT_PYTHON
+    resolved = resolve_python(python)
+    if resolved is None:
+        return StressOutcome(
+            python=asked,
+            duration_s=duration_s,
+            failure=PYTHON_NOT_FOUND,
+            message=f"{asked}: no such Python (not on PATH or not executable)",
+        )
+    window = window_s if window_s is not None else max(1.0, min(10.0, duration_s / 12))
+    argv = [
+        resolved,
+        "-c",
+        probe_source(),
+        "--stress",
+        f"{duration_s:g}",
+        "--window",
+        f"{window:g}",
+    ]
+    began = clock()
+    try:
+        proc = _start(argv)
+    except OSError as exc:
+        return StressOutcome(
+            python=asked, duration_s=duration_s, failure=CRASHED, message=f"{asked}: {exc}"
+        )
+    samples: List[Mapping[str, Any]] = []
+    deadline = began + duration_s + timeout_s
+    while True:
+        samples.append({"t_s": round(clock() - began, 3), "gpus": sample()})
+        try:
+            out, err = proc.communicate(timeout=interval_s)
+            break
+        except subprocess.TimeoutExpired:
+            if clock() >= deadline:
+                _kill_group(proc)
+                _drain(proc)
+                return StressOutcome(
+                    python=asked,
+                    duration_s=duration_s,
+                    samples=tuple(samples),
+                    failure=TIMEOUT,
+                    message=f"the load did not end within {duration_s + timeout_s:g} s",
+                    elapsed_s=clock() - began,
+                )
+    return _stress_outcome(
+        asked, duration_s, proc.returncode, _text(out), _text(err), samples, clock() - began
+    )
+
+
+def _stress_outcome(
+    asked: str,
+    duration_s: float,
+    code: int,
+    stdout: str,
+    stderr: str,
+    samples: List[Mapping[str, Any]],
+    elapsed: float,
+) -> StressOutcome:
+    base: Dict[str, Any] = {
+        "python": asked,
+        "duration_s": duration_s,
+        "samples": tuple(samples),
+        "elapsed_s": elapsed,
+    }
+    doc = _marked(stdout)
+    if not isinstance(doc, dict) or "stress" not in doc:
+        what = f"exited with {_exit_text(code)}" if code != 0 else "printed no result"
+        return StressOutcome(
+            **base,
+            failure=CRASHED if code else BAD_OUTPUT,
+            message=f"{asked} {what}{_tail(stderr)}",
+        )
+    try:
+        facts = facts_from_dict(doc)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return StressOutcome(
+            **base, failure=BAD_OUTPUT, message=f"{asked} printed a malformed result"
+        )
+    result = doc["stress"]
+    if not isinstance(result, dict):
+        return StressOutcome(**base, facts=facts)
+    return StressOutcome(
+        **base,
+        facts=facts,
+        windows=tuple(result.get("windows") or ()),
+        errors={str(k): str(v) for k, v in dict(result.get("errors") or {}).items()},
+        dtype=_opt_str(result.get("dtype")),
+        n=None if result.get("n") is None else int(result["n"]),
+        failure=None if "error" not in result else CRASHED,
+        message=str(result.get("error") or ""),
+    )
 
 
 def summary_dict(outcome: ProbeOutcome) -> Dict[str, Any]:

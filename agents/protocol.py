@@ -21,6 +21,7 @@ from agents.schema import CLOCK_EVENT_REASONS as CLOCK_EVENT_REASONS
 from agents.schema import FINAL_JOB_STATES as FINAL_JOB_STATES
 from agents.schema import JOB_STATES as JOB_STATES
 from agents.schema import NVML_ERROR_CODES as NVML_ERROR_CODES
+from agents.schema import PROCESS_FIELDS as PROCESS_FIELDS
 from agents.schema import SCHEMA_VERSION as SCHEMA_VERSION
 
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
@@ -113,11 +114,27 @@ class GpuSnapshot:
     mig_mode: Optional[bool]
     compute_capability: Optional[str]
     sm_count: Optional[int]
+    #: Fan speed as % of its maximum (the first fan); None on passively cooled cards.
+    fan_speed_pct: Optional[int] = None
+    #: Performance state: 0 (P0, full speed) to 15 (P15, lowest); None when unknown.
+    pstate: Optional[int] = None
+    mem_clock_mhz: Optional[int] = None
+    mem_clock_max_mhz: Optional[int] = None
+    #: Video encoder and decoder utilisation, % over the driver's last sample period.
+    enc_util_pct: Optional[int] = None
+    dec_util_pct: Optional[int] = None
 
 
 @dataclass(frozen=True)
 class ProcessSnapshot:
-    """A process holding GPU memory; ``job_id`` is set when an agent job started it."""
+    """A process holding GPU memory; ``job_id`` is set when an agent job started it.
+
+    ``sm_util_pct`` and ``mem_bw_util_pct`` are its share of the GPU's SMs and memory bandwidth
+    in the driver's latest sample (0 when it had no sample, None when the driver does not
+    report per-process use). From ``/proc``: ``cpu_pct`` (100 = one CPU core busy, measured
+    over a fraction of a second), ``rss_bytes`` (resident host memory) and ``elapsed_s`` (time
+    since the process started); None where the process is not visible (another container's).
+    """
 
     gpu_index: int
     pid: int
@@ -125,6 +142,11 @@ class ProcessSnapshot:
     command: Optional[str]
     used_mem_bytes: Optional[int]
     job_id: Optional[str] = None
+    sm_util_pct: Optional[int] = None
+    mem_bw_util_pct: Optional[int] = None
+    cpu_pct: Optional[float] = None
+    rss_bytes: Optional[int] = None
+    elapsed_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -221,19 +243,54 @@ class JobList:
 
 
 @dataclass(frozen=True)
+class WhoJob:
+    """An agent job that holds or waits for GPUs.
+
+    ``state`` "running": the GPUs in ``gpus`` are the job's from the moment it starts, before
+    any of its processes opens them. "queued": it waits; ``gpus`` are the GPUs it asked for
+    by index, () when it asked for a count (``gpus_requested``). ``since`` is when it started
+    (running) or was queued, ISO 8601 UTC.
+    """
+
+    job_id: str
+    name: Optional[str]
+    user: Optional[str]
+    state: str
+    gpus: Tuple[int, ...]
+    gpus_requested: Optional[str]
+    since: Optional[str]
+
+
+@dataclass(frozen=True)
 class WhoGpu:
-    """One GPU and every process on it, with the agent job that started it where known."""
+    """One GPU and every process on it, with the agent job that started it where known.
+
+    ``held_by`` is the running agent job the GPU is assigned to (also while its processes are
+    starting); ``waiting`` the queued jobs that asked for this GPU by index.
+    """
 
     index: int
     name: str
     processes: Tuple[ProcessSnapshot, ...]
+    util_gpu_pct: Optional[int] = None
+    mem_used_bytes: Optional[int] = None
+    mem_total_bytes: Optional[int] = None
+    held_by: Optional[WhoJob] = None
+    waiting: Tuple[WhoJob, ...] = ()
+
+    @property
+    def free(self) -> bool:
+        """No process on it and no agent job holding it."""
+        return not self.processes and self.held_by is None
 
 
 @dataclass(frozen=True)
 class WhoReport:
-    """``gpu-agent who --json``."""
+    """``gpu-agent who --json``; ``waiting_any`` are queued jobs that asked for a count of GPUs
+    (any free ones)."""
 
     gpus: Tuple[WhoGpu, ...]
+    waiting_any: Tuple[WhoJob, ...] = ()
     schema: int = SCHEMA_VERSION
 
 
@@ -259,8 +316,12 @@ _NESTING: Dict[type, Dict[str, Tuple[type, bool]]] = {
     JobSummary: {"gpus": (JobGpuStat, True), "diagnoses": (Diagnosis, True)},
     JobRecord: {"summary": (JobSummary, False)},
     JobList: {"jobs": (JobRecord, True)},
-    WhoGpu: {"processes": (ProcessSnapshot, True)},
-    WhoReport: {"gpus": (WhoGpu, True)},
+    WhoGpu: {
+        "processes": (ProcessSnapshot, True),
+        "held_by": (WhoJob, False),
+        "waiting": (WhoJob, True),
+    },
+    WhoReport: {"gpus": (WhoGpu, True), "waiting_any": (WhoJob, True)},
 }
 
 

@@ -63,35 +63,45 @@ def host_line(host: HostInfo) -> str:
 
 
 def gpu_table(gpus: Sequence[GpuSnapshot]) -> str:
-    """One row per GPU: index, name, temperature, utilisation, memory, power, SM clock,
-    uncorrected ECC errors (volatile), clock events."""
+    """One row per GPU: index, name, fan, temperature, performance state, utilisation, memory,
+    power, SM and memory clocks, uncorrected ECC errors (volatile), clock events; video
+    encoder/decoder use when some GPU has any."""
+    video = any((g.enc_util_pct or 0) or (g.dec_util_pct or 0) for g in gpus)
     header = [
         "GPU",
         "Name",
+        "Fan",
         "Temp",
+        "Perf",
         "Util",
         "Memory used / total",
         "Power / limit",
-        "SM clock",
+        "Clocks SM / mem",
         "ECC",
         "Clock events",
     ]
+    if video:
+        header.insert(6, "Enc / Dec")
     rows = [header]
     for gpu in gpus:
-        rows.append(
-            [
-                str(gpu.index),
-                gpu.name,
-                _unit(gpu.temp_c, "°C"),
-                _unit(gpu.util_gpu_pct, "%"),
-                f"{format_bytes(gpu.mem_used_bytes)} / {format_bytes(gpu.mem_total_bytes)}",
-                f"{_watts(gpu.power_draw_w)} / {_watts(gpu.power_limit_w)}",
-                _unit(gpu.sm_clock_mhz, " MHz"),
-                _unit(gpu.ecc_uncorrected_volatile, ""),
-                _reasons(gpu.clock_event_reasons),
-            ]
-        )
-    return table(rows, right={0, 2, 3, 4, 5, 6, 7})
+        row = [
+            str(gpu.index),
+            gpu.name,
+            _unit(gpu.fan_speed_pct, "%"),
+            _unit(gpu.temp_c, "°C"),
+            MISSING if gpu.pstate is None else f"P{gpu.pstate}",
+            _unit(gpu.util_gpu_pct, "%"),
+            f"{format_bytes(gpu.mem_used_bytes)} / {format_bytes(gpu.mem_total_bytes)}",
+            f"{_watts(gpu.power_draw_w)} / {_watts(gpu.power_limit_w)}",
+            f"{_unit(gpu.sm_clock_mhz, '')} / {_unit(gpu.mem_clock_mhz, '')} MHz",
+            _unit(gpu.ecc_uncorrected_volatile, ""),
+            _reasons(gpu.clock_event_reasons),
+        ]
+        if video:
+            row.insert(6, f"{_unit(gpu.enc_util_pct, '%')} / {_unit(gpu.dec_util_pct, '%')}")
+        rows.append(row)
+    right = {0, 2, 3, 5, 6, 7, 8, 9} if not video else {0, 2, 3, 5, 6, 7, 8, 9, 10}
+    return table(rows, right=right)
 
 
 def gpu_notes(gpus: Sequence[GpuSnapshot]) -> List[str]:
@@ -116,10 +126,14 @@ def gpu_notes(gpus: Sequence[GpuSnapshot]) -> List[str]:
 
 
 def process_table(processes: Sequence[ProcessSnapshot]) -> str:
-    """One row per GPU process, or a line saying there are none."""
+    """One row per GPU process (as nvitop shows them): GPU memory, its share of the SMs and of
+    memory bandwidth, host CPU (100% = one core), resident host memory, running time and
+    command; or a line saying there are none."""
     if not processes:
         return "No processes are using the GPUs."
-    rows: List[List[str]] = [["GPU", "PID", "User", "Memory", "Command"]]
+    rows: List[List[str]] = [
+        ["GPU", "PID", "User", "GPU mem", "SM", "Mem BW", "CPU", "RSS", "Time", "Command"]
+    ]
     for proc in processes:
         command = proc.command or MISSING
         if proc.job_id:
@@ -130,10 +144,15 @@ def process_table(processes: Sequence[ProcessSnapshot]) -> str:
                 str(proc.pid),
                 proc.user or MISSING,
                 format_bytes(proc.used_mem_bytes),
+                _unit(proc.sm_util_pct, "%"),
+                _unit(proc.mem_bw_util_pct, "%"),
+                MISSING if proc.cpu_pct is None else f"{proc.cpu_pct:.0f}%",
+                format_bytes(proc.rss_bytes),
+                format_duration(proc.elapsed_s),
                 _clip(command, 80),
             ]
         )
-    return table(rows, right={0, 1, 3})
+    return table(rows, right={0, 1, 3, 4, 5, 6, 7, 8})
 
 
 def table(rows: Sequence[Sequence[str]], right: Optional[set] = None) -> str:  # type: ignore[type-arg]

@@ -49,6 +49,7 @@ from agents.protocol import (
     JobRecord,
     JobSummary,
     WhoGpu,
+    WhoJob,
     WhoReport,
     from_dict,
 )
@@ -633,7 +634,10 @@ def cancel(
 
 def who(store: JobStore) -> WhoReport:
     """Every GPU and every process on it, with the job it belongs to where an agent job started
-    it (its process is in the job's session). Raises JobError when NVML cannot be used."""
+    it (its process is in the job's session), each process's SM and CPU use, and the agent's
+    reservations: the running job a GPU is assigned to (also while it is starting and holds
+    no memory yet) and the queued jobs waiting for it. Raises JobError when NVML cannot be
+    used."""
     from agents import nvml
 
     snapshot = nvml.collect_status()
@@ -641,7 +645,9 @@ def who(store: JobStore) -> WhoReport:
         raise JobError(f"{snapshot.nvml_error.message}. {snapshot.nvml_error.hint}")
     with store.locked():
         reap_lost(store)
-    owners = jobs_of_pids(store, [p.pid for p in snapshot.processes])
+        active = store.active_metas()
+    owners = jobs_of_pids(store, [p.pid for p in snapshot.processes], active)
+    held, waiting, waiting_any = reservations(active)
     gpus = []
     for gpu in snapshot.gpus:
         procs = tuple(
@@ -649,11 +655,67 @@ def who(store: JobStore) -> WhoReport:
             for p in snapshot.processes
             if p.gpu_index == gpu.index
         )
-        gpus.append(WhoGpu(index=gpu.index, name=gpu.name, processes=procs))
-    return WhoReport(gpus=tuple(gpus))
+        gpus.append(
+            WhoGpu(
+                index=gpu.index,
+                name=gpu.name,
+                processes=procs,
+                util_gpu_pct=gpu.util_gpu_pct,
+                mem_used_bytes=gpu.mem_used_bytes,
+                mem_total_bytes=gpu.mem_total_bytes,
+                held_by=held.get(gpu.index),
+                waiting=tuple(waiting.get(gpu.index, ())),
+            )
+        )
+    return WhoReport(gpus=tuple(gpus), waiting_any=tuple(waiting_any))
 
 
-def jobs_of_pids(store: JobStore, pids: Iterable[int]) -> Dict[int, str]:
+def reservations(
+    metas: Iterable[Mapping[str, Any]],
+) -> Tuple[Dict[int, WhoJob], Dict[int, List[WhoJob]], List[WhoJob]]:
+    """The GPUs unfinished jobs hold or wait for. Pure.
+
+    Returns (GPU index -> the running job assigned to it, GPU index -> queued jobs that asked
+    for it by index, queued jobs that asked for a count of GPUs), each in FIFO order.
+    """
+    held: Dict[int, WhoJob] = {}
+    waiting: Dict[int, List[WhoJob]] = {}
+    waiting_any: List[WhoJob] = []
+    for meta in sorted(metas, key=lambda m: m.get("seq", 0)):
+        state = meta.get("state")
+        if state == "running":
+            job = _who_job(meta, tuple(int(g) for g in meta.get("gpus_assigned") or ()))
+            for index in job.gpus:
+                held.setdefault(index, job)
+        elif state == "queued" and int(meta.get("want_count") or 0) != 0:
+            indices = tuple(int(g) for g in meta.get("want_indices") or ())
+            job = _who_job(meta, indices)
+            if indices:
+                for index in indices:
+                    waiting.setdefault(index, []).append(job)
+            else:
+                waiting_any.append(job)
+    return held, waiting, waiting_any
+
+
+def _who_job(meta: Mapping[str, Any], gpus: Tuple[int, ...]) -> WhoJob:
+    running = meta.get("state") == "running"
+    return WhoJob(
+        job_id=str(meta["id"]),
+        name=meta.get("name"),
+        user=meta.get("user"),
+        state=str(meta.get("state")),
+        gpus=gpus,
+        gpus_requested=meta.get("gpus_requested"),
+        since=meta.get("started_at") if running else meta.get("created_at"),
+    )
+
+
+def jobs_of_pids(
+    store: JobStore,
+    pids: Iterable[int],
+    active: Optional[Sequence[Mapping[str, Any]]] = None,
+) -> Dict[int, str]:
     """The running agent job each of ``pids`` belongs to (the process is in the job's session),
     for the pids that belong to one; takes no lock and never starts or reaps anything.
 
@@ -663,13 +725,15 @@ def jobs_of_pids(store: JobStore, pids: Iterable[int]) -> Dict[int, str]:
 
         owners = runner.jobs_of_pids(runner.JobStore.from_env(), [p.pid for p in procs])
         procs = [replace(p, job_id=owners.get(p.pid)) for p in procs]
+
+    ``active`` are the unfinished jobs' metadata when the caller has read them already.
     """
     wanted = list(pids)
     if not wanted:
         return {}
     sessions = {
         int(m["job_pid"]): str(m["id"])
-        for m in store.active_metas()
+        for m in (store.active_metas() if active is None else active)
         if m.get("state") == "running" and m.get("job_pid")
     }
     if not sessions:

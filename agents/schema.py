@@ -86,4 +86,25 @@ GPU_FIELDS = (
     "mig_mode",
     "compute_capability",
     "sm_count",
+    "fan_speed_pct",
+    "pstate",
+    "mem_clock_mhz",
+    "mem_clock_max_mhz",
+    "enc_util_pct",
+    "dec_util_pct",
+)
+
+#: ``ProcessSnapshot`` fields; the collector fills each one or sets it to None.
+PROCESS_FIELDS = (
+    "gpu_index",
+    "pid",
+    "user",
+    "command",
+    "used_mem_bytes",
+    "job_id",
+    "sm_util_pct",
+    "mem_bw_util_pct",
+    "cpu_pct",
+    "rss_bytes",
+    "elapsed_s",
 )

@@ -7,6 +7,10 @@ works from the zipapp too, and cached after the first load. Three ways in:
   separates an RTX 4090 from a 4090 D and a whole GPU from a MIG slice);
 - ``lookup(model)`` / ``candidates(model)`` for what a person types ("4090", "a100",
   "h100-sxm", "A100 80GB", "rtx 5090"), tolerant of case, spaces and dashes.
+
+Interconnect figures (GB/s, 10^9 bytes, per direction unless named otherwise): each GPU's PCIe
+generation and NVLink links, and per-generation link rates (``pcie_gbps``,
+``nvlink_generation_gbps``), each with its source.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ class GpuSpec:
     """One GPU model. Figures are dense (no sparsity); ``None`` means not applicable.
 
     ``mem_bytes`` is the nominal capacity (``mem_gb`` GiB). ``bf16_tflops``/``fp16_tflops`` are
-    tensor-core rates with fp32 accumulation. ``nvlink_gbps`` is None where the card has no
-    NVLink or only a bridge (``nvlink_bridge``). ``ecc`` None means "query the card".
+    tensor-core rates with fp32 accumulation. ``nvlink_gbps`` (both directions, all links) is
+    None where the card has no NVLink or only a bridge (``nvlink_bridge``, whose total is
+    ``nvlink_bridge_gbps``). ``nvlink_links`` counts its NVLinks (0: none). ``ecc`` None means
+    "query the card". ``interconnect_source`` says where the PCIe and NVLink figures come from.
     """
 
     key: str
@@ -64,6 +70,25 @@ class GpuSpec:
     segment: str
     source: str
     qualifiers: Tuple[Tuple[str, ...], ...] = ()
+    pcie_gen: Optional[int] = None
+    pcie_lanes: int = 16
+    nvlink_gen: Optional[int] = None
+    nvlink_links: int = 0
+    nvlink_bridge_gbps: Optional[float] = None
+    interconnect_source: str = ""
+
+    @property
+    def nvlink_total_gbps(self) -> Optional[float]:
+        """NVLink bandwidth of the GPU, both directions over all links (SXM or bridge)."""
+        return self.nvlink_gbps if self.nvlink_gbps is not None else self.nvlink_bridge_gbps
+
+    @property
+    def nvlink_link_gbps(self) -> Optional[float]:
+        """One NVLink's bandwidth in one direction, from the GPU's own total; None without."""
+        total = self.nvlink_total_gbps
+        if total is None or self.nvlink_links <= 0:
+            return None
+        return total / (2 * self.nvlink_links)
 
     @property
     def is_hbm(self) -> bool:
@@ -85,10 +110,46 @@ def load_catalogue() -> Tuple[GpuSpec, ...]:
     cached = _CACHE.get("specs")
     if cached is not None:
         return tuple(cached)
-    specs, preferred = _parse(_read_data())
+    data = _read_data()
+    specs, preferred = _parse(data)
+    _CACHE["interconnects"] = _parse_interconnects(data.get("interconnects"))
     _CACHE["specs"] = specs
     _CACHE["preferred"] = preferred
     return specs
+
+
+@dataclass(frozen=True)
+class LinkRate:
+    """A link generation's rate in GB/s per direction (PCIe: at x16; NVLink: per link)."""
+
+    kind: str
+    generation: int
+    gbps: float
+    source: str
+
+
+def pcie_gbps(generation: Optional[int], lanes: Optional[int] = 16) -> Optional[float]:
+    """PCIe bandwidth in GB/s per direction for a link of ``generation`` and ``lanes``; None
+    when either is unknown or the generation is not in the catalogue."""
+    rate = link_rate("pcie", generation)
+    if rate is None or not lanes:
+        return None
+    return rate.gbps * lanes / 16
+
+
+def nvlink_generation_gbps(generation: Optional[int]) -> Optional[float]:
+    """One NVLink's bandwidth in GB/s per direction for an NVLink ``generation``, or None."""
+    rate = link_rate("nvlink", generation)
+    return None if rate is None else rate.gbps
+
+
+def link_rate(kind: str, generation: Optional[int]) -> Optional[LinkRate]:
+    """The catalogue's rate for ``kind`` ("pcie" or "nvlink") and ``generation``, or None."""
+    if generation is None:
+        return None
+    load_catalogue()
+    rates: Mapping[Tuple[str, int], LinkRate] = _CACHE["interconnects"]
+    return rates.get((kind, int(generation)))
 
 
 def by_key(key: str) -> Optional[GpuSpec]:
@@ -220,13 +281,43 @@ def _parse_row(row: Mapping[str, Any]) -> GpuSpec:
             segment=str(row["segment"]),
             source=str(row["source"]),
             qualifiers=qualifiers,
+            pcie_gen=_opt_int(row.get("pcie_gen")),
+            pcie_lanes=int(row.get("pcie_lanes", 16)),
+            nvlink_gen=_opt_int(row.get("nvlink_gen")),
+            nvlink_links=int(row.get("nvlink_links", 0)),
+            nvlink_bridge_gbps=_opt_float(row.get("nvlink_bridge_gbps")),
+            interconnect_source=str(row.get("interconnect_source", "")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CatalogueError(f"agents/gpu_specs.json row {row.get('key')!r}: {exc}") from exc
 
 
+def _parse_interconnects(data: Any) -> Dict[Tuple[str, int], LinkRate]:
+    """The ``interconnects`` section: (kind, generation) -> LinkRate."""
+    rates: Dict[Tuple[str, int], LinkRate] = {}
+    if data is None:
+        return rates
+    headline = {"pcie": "gbps_per_direction_x16", "nvlink": "gbps_per_link_per_direction"}
+    try:
+        for kind, field_name in headline.items():
+            for generation, row in dict(data.get(kind, {})).items():
+                rates[(kind, int(generation))] = LinkRate(
+                    kind=kind,
+                    generation=int(generation),
+                    gbps=float(row[field_name]),
+                    source=str(row["source"]),
+                )
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise CatalogueError(f"agents/gpu_specs.json interconnects: {exc}") from exc
+    return rates
+
+
 def _opt_float(value: Any) -> Optional[float]:
     return None if value is None else float(value)
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
 
 
 def _squash(text: str) -> str:

@@ -1,4 +1,5 @@
-"""Facts about the machine the health checks judge: GPU device nodes, sshd settings, listeners.
+"""Facts about the machine the health checks judge: GPU device nodes, sshd settings, listeners,
+disk space, /dev/shm and Xid errors in the kernel log.
 
 Standard library only (Python 3.9+). Every reader takes its paths as arguments (defaults are
 the real ones) so tests can point them at files they wrote. Readers never raise for a missing
@@ -22,6 +23,12 @@ class SystemPaths:
     dev_dir: str = "/dev"
     sshd_config: str = "/etc/ssh/sshd_config"
     proc_dir: str = "/proc"
+    shm_dir: str = "/dev/shm"
+    mounts: str = "/proc/self/mounts"
+    kmsg: str = "/dev/kmsg"
+    kernel_logs: Tuple[str, ...] = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog")
+    #: (role, directory) pairs whose free space is checked; None: home, jobs and temp.
+    disk_dirs: Optional[Tuple[Tuple[str, str], ...]] = None
 
 
 # --- device nodes -----------------------------------------------------------------------------
@@ -309,3 +316,284 @@ def _command_line(proc_dir: str, pid: int) -> str:
     except OSError:
         return ""
     return " ".join(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
+
+
+# --- disk space -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FilesystemFacts:
+    """Space on the filesystem holding ``path``, shared by the ``roles`` that live on it.
+
+    ``free_bytes`` is what an unprivileged user may still write (statvfs f_bavail);
+    ``inodes_free`` likewise (f_favail; None where the filesystem has no inode limit).
+    ``error`` says why nothing could be measured.
+    """
+
+    path: str
+    roles: Tuple[str, ...]
+    total_bytes: Optional[int]
+    free_bytes: Optional[int]
+    inodes_total: Optional[int]
+    inodes_free: Optional[int]
+    read_only: bool
+    error: Optional[str] = None
+
+
+def default_disk_dirs(environ: Optional[Dict[str, str]] = None) -> Tuple[Tuple[str, str], ...]:
+    """The directories whose space matters: ("home", ~), ("jobs", GPU_AGENT_HOME, default
+    ~/.gpu-agent, where job logs go) and ("temp", the temporary directory)."""
+    import tempfile
+
+    env = dict(os.environ) if environ is None else environ
+    home = os.path.expanduser("~")
+    jobs = env.get("GPU_AGENT_HOME") or os.path.join(home, ".gpu-agent")
+    return (
+        ("home", home),
+        ("jobs", os.path.abspath(os.path.expanduser(jobs))),
+        ("temp", tempfile.gettempdir()),
+    )
+
+
+def disk_facts(dirs: Iterable[Tuple[str, str]]) -> Tuple[FilesystemFacts, ...]:
+    """One entry per filesystem among ``dirs`` ((role, directory) pairs), in first-seen order.
+
+    A directory that does not exist yet is measured where it would be created (its nearest
+    existing parent).
+    """
+    found: Dict[object, FilesystemFacts] = {}
+    for role, path in dirs:
+        where = _existing_parent(path)
+        try:
+            key: object = os.stat(where).st_dev
+            vfs = os.statvfs(where)
+        except OSError as exc:
+            found[("error", path)] = FilesystemFacts(
+                path, (role,), None, None, None, None, False, f"{where}: {exc.strerror or exc}"
+            )
+            continue
+        if key in found:
+            old = found[key]
+            found[key] = FilesystemFacts(
+                old.path,
+                (*old.roles, role),
+                old.total_bytes,
+                old.free_bytes,
+                old.inodes_total,
+                old.inodes_free,
+                old.read_only,
+            )
+            continue
+        found[key] = FilesystemFacts(
+            path=path,
+            roles=(role,),
+            total_bytes=vfs.f_blocks * vfs.f_frsize,
+            free_bytes=vfs.f_bavail * vfs.f_frsize,
+            inodes_total=vfs.f_files or None,
+            inodes_free=vfs.f_favail if vfs.f_files else None,
+            read_only=bool(vfs.f_flag & os.ST_RDONLY),
+        )
+    return tuple(found.values())
+
+
+def _existing_parent(path: str) -> str:
+    current = os.path.abspath(path)
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return current
+
+
+# --- /dev/shm ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShmFacts:
+    """The shared-memory filesystem PyTorch's DataLoader workers pass batches through.
+
+    ``fs_type`` is the type of the filesystem mounted exactly there ("tmpfs"), None when
+    ``/dev/shm`` is a plain directory of a larger filesystem. ``error`` says why it could not
+    be measured (``exists`` False: there is no /dev/shm).
+    """
+
+    path: str
+    exists: bool
+    total_bytes: Optional[int]
+    free_bytes: Optional[int]
+    fs_type: Optional[str]
+    error: Optional[str] = None
+
+
+def shm_facts(path: str = "/dev/shm", mounts: str = "/proc/self/mounts") -> ShmFacts:
+    """Size and free space of ``path`` (statvfs) and what is mounted there."""
+    if not os.path.isdir(path):
+        return ShmFacts(path, False, None, None, None, f"{path} does not exist")
+    fs_type = _mount_type(mounts, path)
+    try:
+        vfs = os.statvfs(path)
+    except OSError as exc:
+        return ShmFacts(path, True, None, None, fs_type, f"{path}: {exc.strerror or exc}")
+    return ShmFacts(
+        path=path,
+        exists=True,
+        total_bytes=vfs.f_blocks * vfs.f_frsize,
+        free_bytes=vfs.f_bavail * vfs.f_frsize,
+        fs_type=fs_type,
+    )
+
+
+def _mount_type(mounts: str, path: str) -> Optional[str]:
+    """The type of the last filesystem mounted at ``path`` in a mounts table, or None."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    wanted = os.path.realpath(path)
+    found = None
+    for line in lines:
+        cols = line.split()
+        if len(cols) >= 3 and _unescape_mount(cols[1]) in (path, wanted):
+            found = cols[2]
+    return found
+
+
+def _unescape_mount(text: str) -> str:
+    """Mount points escape space, tab, newline and backslash as octal (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+# --- Xid errors in the kernel log -------------------------------------------------------------
+
+#: "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus."
+_XID_LINE = re.compile(
+    r"NVRM: Xid \(PCI:([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+)[^)]*\): (\d+),?\s*(.*)"
+)
+#: Bounds on what is read from the kernel log: records from /dev/kmsg, bytes from a file.
+_KMSG_MAX_RECORDS = 50_000
+_LOG_TAIL_BYTES = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class KernelXid:
+    """One Xid line of the kernel log: the GPU's PCI address as the kernel writes it
+    ("0000:3b:00"), the Xid number, the rest of the line, and its age in seconds (None when
+    the log does not say, as in a log file that may hold earlier boots)."""
+
+    pci_bus_id: str
+    xid: int
+    message: str
+    age_s: Optional[float]
+
+
+@dataclass(frozen=True)
+class KernelLogFacts:
+    """Xid lines from the kernel log. ``source`` is what was read (None: nothing could be);
+    ``unreadable`` lists what was tried and why it could not be read."""
+
+    source: Optional[str]
+    xids: Tuple[KernelXid, ...]
+    unreadable: Tuple[str, ...] = ()
+
+    @property
+    def readable(self) -> bool:
+        """Whether some kernel log could be read."""
+        return self.source is not None
+
+
+def kernel_xids(
+    kmsg: str = "/dev/kmsg",
+    log_files: Iterable[str] = ("/var/log/kern.log", "/var/log/messages", "/var/log/syslog"),
+    uptime_path: str = "/proc/uptime",
+) -> KernelLogFacts:
+    """Xid errors since boot from ``kmsg`` (the kernel's ring buffer; it needs root, or
+    kernel.dmesg_restrict=0), else from the first readable log file (read from its end)."""
+    unreadable: List[str] = []
+    try:
+        records = _read_kmsg(kmsg)
+    except OSError as exc:
+        unreadable.append(f"{kmsg}: {exc.strerror or exc}")
+    else:
+        uptime = _uptime(uptime_path)
+        return KernelLogFacts(kmsg, tuple(_kmsg_xids(records, uptime)), tuple(unreadable))
+    for path in log_files:
+        try:
+            text = _tail_text(path, _LOG_TAIL_BYTES)
+        except OSError as exc:
+            if os.path.exists(path):
+                unreadable.append(f"{path}: {exc.strerror or exc}")
+            continue
+        xids = [x for x in (_parse_xid(line, None) for line in text.splitlines()) if x]
+        return KernelLogFacts(path, tuple(xids), tuple(unreadable))
+    return KernelLogFacts(None, (), tuple(unreadable))
+
+
+def _read_kmsg(path: str) -> List[str]:
+    """Every record /dev/kmsg holds now (non-blocking reads, one record each); a regular file
+    in its format reads the same. Raises OSError when it cannot be opened or read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    chunks: List[bytes] = []
+    try:
+        for _ in range(_KMSG_MAX_RECORDS):
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break  # the end of the buffer
+            except BrokenPipeError:
+                continue  # records overwritten while reading: go on with the next
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace").splitlines()
+
+
+def _kmsg_xids(records: Iterable[str], uptime: Optional[float]) -> List[KernelXid]:
+    """Xid lines among kmsg records ("PRI,SEQ,MICROSECONDS,FLAGS;MESSAGE")."""
+    found: List[KernelXid] = []
+    for record in records:
+        head, sep, message = record.partition(";")
+        if not sep or record.startswith(" "):
+            continue  # a continuation line (" KEY=value")
+        parts = head.split(",")
+        age: Optional[float] = None
+        if len(parts) >= 3 and uptime is not None:
+            try:
+                age = max(0.0, round(uptime - int(parts[2]) / 1e6, 1))
+            except ValueError:
+                age = None
+        xid = _parse_xid(message, age)
+        if xid is not None:
+            found.append(xid)
+    return found
+
+
+def _parse_xid(line: str, age: Optional[float]) -> Optional[KernelXid]:
+    match = _XID_LINE.search(line)
+    if match is None:
+        return None
+    return KernelXid(
+        pci_bus_id=match.group(1).lower(),
+        xid=int(match.group(2)),
+        message=match.group(3).strip()[:300],
+        age_s=age,
+    )
+
+
+def _tail_text(path: str, limit: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - limit))
+        return handle.read(limit).decode("utf-8", "replace")
+
+
+def _uptime(path: str) -> Optional[float]:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -7,8 +7,12 @@ the server each build their own.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
+from functools import partial, wraps
+from typing import ParamSpec, TypeVar
 
 from slack_bolt import App
 from slack_sdk import WebClient
@@ -19,26 +23,92 @@ from bot.errors import ConfigError
 from bot.executor import BotExecutor
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
+from bot.health import Health
+from bot.http_server import OpsEndpoints
 from bot.listeners import register_listeners
+from bot.metrics import METRICS, Metrics, StoreStats
 from bot.notify import Notifier
 from bot.platform_work import PlatformWork
 from bot.providers.base import ProviderRegistry
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
-from bot.scheduler import SchedulerHandle, start_scheduler
+from bot.scheduler import SchedulerHandle, TickWatch, start_scheduler
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
+from bot.store import stats
 from bot.store.db import Database
 from bot.store.models import utcnow
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BotExecutor", "build_app", "build_runtime", "make_client", "start_clock"]
+__all__ = [
+    "BotExecutor",
+    "build_app",
+    "build_health",
+    "build_ops",
+    "build_runtime",
+    "make_client",
+    "start_clock",
+    "timed_registry",
+]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-def start_clock(rt: Runtime) -> SchedulerHandle:
-    """Start the scheduler that ticks deadlines, releases, polls and digests."""
-    return start_scheduler(rt)
+def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle:
+    """Start the scheduler that ticks deadlines, releases, polls and digests; each tick is
+    measured into the process's metrics and, given ``health``, reported to it."""
+    return start_scheduler(rt, watch=TickWatch(health=health))
+
+
+def build_health(rt: Runtime, *, slack_connected: Callable[[], bool] | None = None) -> Health:
+    """The readiness check of ``rt``: its database, its clock and (Socket Mode, given
+    ``slack_connected``) the connection to Slack."""
+    return Health(
+        tick_interval_s=rt.settings.tick_interval_s,
+        database=partial(stats.ping, rt.db),
+        slack_connected=slack_connected,
+    )
+
+
+def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEndpoints:
+    """``/healthz``, ``/readyz`` and ``/metrics`` of ``rt``: the process's metrics and the
+    store's gauges, read when scraped."""
+
+    def store_stats() -> StoreStats:
+        return stats.read_stats(
+            rt.db,
+            rt.now(),
+            tz=rt.settings.tz(),
+            poll_interval_s=rt.settings.poll_interval_s,
+        )
+
+    return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(store_stats))
+
+
+def timed_registry(registry: Registry, metrics: Metrics = METRICS) -> Registry:
+    """A copy of ``registry`` whose handlers record how long they run: commands by name,
+    buttons as ``button:ACTION_ID``."""
+    timed = Registry()
+    for command in registry.primary_commands():
+        timed.command(replace(command, handler=_timed(command.name, command.handler, metrics)))
+    for action in registry.actions.values():
+        label = f"button:{action.action_id}"
+        timed.action(replace(action, handler=_timed(label, action.handler, metrics)))
+    return timed
+
+
+def _timed(name: str, handler: Callable[P, T], metrics: Metrics) -> Callable[P, T]:
+    @wraps(handler)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        started = time.perf_counter()
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            metrics.command_took(name, time.perf_counter() - started)
+
+    return run
 
 
 def make_client(settings: Settings) -> WebClient:
@@ -129,5 +199,5 @@ def build_app(
     )
     # After Bolt's own middleware: only requests whose signature checked out are remembered.
     app.use(replay_guard if replay_guard is not None else ReplayGuard())
-    register_listeners(app, rt, commands)
+    register_listeners(app, rt, timed_registry(commands))
     return app

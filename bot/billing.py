@@ -19,6 +19,12 @@ Rules:
   instance keeps billing storage. A GB-month is 730 hours (8760 h / 12), the month AWS uses for
   monthly figures (EBS usage is reported in GB-hours and divided by 730 h; the AWS Pricing
   Calculator's month); so a month's storage costs the same whichever month it is.
+- **A stop and a restart**: a stopped instance (``stopped_at`` set, not released) bills its disk
+  only; when it runs again what its sessions owed is closed and carried (:func:`restart`), so
+  the stopped time costs nothing. The increment and minimum then apply to the running time
+  since the first start as one session, not to each start: exact on per-second platforms
+  without a minimum; an approximation on the others (a restart mid-hour may be billed less
+  than a platform that rounds every start bills).
 - **A change of rules mid-session** (a re-registration with a new price, say) applies from that
   moment only: the seconds billed so far and what they cost under the old rules are carried
   (``compute_carried_s``/``_micros``, ``storage_carried_s``/``_micros``, see :func:`carry`), and
@@ -29,7 +35,8 @@ Rules:
 
 Provider defaults, used for a field the instance left at the table's default value:
 AWS EC2 bills per second with a 60-second minimum per start; Lambda per minute from passing health
-checks; RunPod and Vast.ai per second; ``manual`` instances bill exactly as typed.
+checks; RunPod and Vast.ai per second; Compshare by the hour (unverified, see
+``PROVIDER_BILLING``); ``manual`` instances bill exactly as typed.
 """
 
 from __future__ import annotations
@@ -73,6 +80,14 @@ PROVIDER_BILLING: dict[str, ProviderBilling] = {
     ),
     "runpod": ProviderBilling("second", 0, "created", "RunPod: compute and storage per second"),
     "vast": ProviderBilling("second", 0, "created", "Vast.ai: per second; storage while stopped"),
+    "compshare": ProviderBilling(
+        "hour",
+        0,
+        "created",
+        "Compshare (UCloud), unverified (read 2026-12-03): its API documents ChargeType Dynamic "
+        "as paid by the hour and PostPayPowerOffBillingResource (disks billed while powered "
+        "off); no billing page with the increment or a minimum was found. Prices in CNY.",
+    ),
     "manual": ProviderBilling("second", 0, "created", "as typed at registration"),
 }
 
@@ -313,6 +328,29 @@ def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
     storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
     _, storage_micros = storage_totals(instance, storage_s)
     values.update(storage_carried_s=storage_s, storage_carried_micros=storage_micros)
+    return values
+
+
+def storage_micros_per_hour(instance: BilledInstance) -> int:
+    """What the instance's disk costs per hour, in micros (rounded up): what a stopped
+    instance still costs."""
+    return storage_cost_s(rules_for(instance), SECONDS_PER_HOUR)
+
+
+def restart(instance: BilledInstance, at: datetime) -> dict[str, object]:
+    """The fields to store when a stopped instance runs again from ``at``: the compute sessions
+    before it are closed (their increment and minimum applied) and carried, together with the
+    seconds up to ``at``, so billing goes on from ``at`` at the instance's price and the time it
+    stood stopped costs nothing. Charges already written stay right: what is owed just before
+    ``at`` and just after it is the same. (The carried seconds include the stopped time, so the
+    billed seconds the ledger records for the first bucket after a restart count it too.)"""
+    start = billing_start(instance)
+    end = compute_end(instance)
+    values: dict[str, object] = {"stopped_at": None}
+    if start is None or end is None:
+        return values
+    owed = compute_totals(instance, elapsed_seconds(start, end), final=True)[1]
+    values.update(compute_carried_s=elapsed_seconds(start, at), compute_carried_micros=owed)
     return values
 
 

@@ -24,10 +24,18 @@ from types import FrameType
 from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
-from bot.app import build_app, build_runtime, make_client, start_clock
+from bot.app import build_app, build_health, build_ops, build_runtime, make_client, start_clock
 from bot.errors import ConfigError, GpubotError
-from bot.http_server import DRAIN_TIMEOUT_S, REQUEST_TIMEOUT_S, THREADS, SlackHttpServer
-from bot.logging_setup import configure_logging
+from bot.health import Health
+from bot.http_server import (
+    DRAIN_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    THREADS,
+    OpsEndpoints,
+    SlackHttpServer,
+    ops_server,
+)
+from bot.logging_setup import LEVELS, configure_logging
 from bot.runtime import Runtime
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
@@ -77,7 +85,13 @@ def cli_parser() -> argparse.ArgumentParser:
         description="Slack chat-ops for rented GPU instances. With no command: Socket Mode "
         "when SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, otherwise the local console.",
     )
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LEVELS,
+        default=None,
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default GPUBOT_LOG_LEVEL, else INFO)",
+    )
     sub = parser.add_subparsers(dest="mode", metavar="COMMAND")
     console = sub.add_parser("console", help="chat with the bot locally, without Slack")
     console.add_argument("--user", default="console-user", help="who speaks first")
@@ -136,7 +150,7 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
 def _console(settings: Settings, args: argparse.Namespace) -> int:
     from bot.console import run_console
 
-    configure_logging(args.log_level, file=settings.data_dir / "console.log")
+    _configure_logging(settings, args, file=settings.data_dir / "console.log")
     user = getattr(args, "user", "console-user")
     return run_console(settings, user=user, clock=getattr(args, "clock", None))
 
@@ -152,12 +166,14 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         "SLACK_SIGNING_SECRET",
         "the app's signing secret (Basic Information > App Credentials)",
     )
-    configure_logging(args.log_level)
+    _configure_logging(settings, args)
     _check_bot_token(settings)
     rt, client = _runtime(settings)
     app = build_app(settings, client, runtime=rt)
+    health = build_health(rt)
     server = SlackHttpServer(
         app,
+        ops=build_ops(rt, health),
         host=args.host,
         port=args.port,
         threads=args.threads,
@@ -165,7 +181,7 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
     )
     log.info("serving Slack requests at %s", server.url)
-    return _run_until_signal(rt, start=server.serve_forever, stop=server.shutdown)
+    return _run_until_signal(rt, start=server.serve_forever, stop=server.shutdown, health=health)
 
 
 def _socket(settings: Settings, args: argparse.Namespace) -> int:
@@ -177,11 +193,13 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
         "SLACK_APP_TOKEN",
         "an app-level token (xapp-...) with connections:write",
     )
-    configure_logging(args.log_level)
+    _configure_logging(settings, args)
     _check_bot_token(settings)
     rt, client = _runtime(settings)
     app = build_app(settings, client, runtime=rt)
     handler = SocketModeHandler(app, settings.slack_app_token)
+    health = build_health(rt, slack_connected=handler.client.is_connected)
+    ops = _ops_server(settings, build_ops(rt, health))
     stopped = threading.Event()
 
     def start() -> None:
@@ -201,11 +219,30 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
         stopped.set()
         handler.close()  # type: ignore[no-untyped-call]
 
-    return _run_until_signal(rt, start=start, stop=stop)
+    try:
+        return _run_until_signal(rt, start=start, stop=stop, health=health)
+    finally:
+        ops.shutdown()
+
+
+def _ops_server(settings: Settings, ops: OpsEndpoints) -> SlackHttpServer:
+    """Socket Mode's /metrics, /healthz and /readyz on GPUBOT_METRICS_HOST:PORT, serving in the
+    background. Raises ConfigError when that address cannot be bound."""
+    try:
+        server = ops_server(ops, host=settings.metrics_host, port=settings.metrics_port)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot serve metrics and health on {settings.metrics_host}:"
+            f"{settings.metrics_port}: {exc.strerror or exc}.",
+            hint="Set GPUBOT_METRICS_PORT to a free port (0 picks one) and GPUBOT_METRICS_HOST "
+            "to an address of this machine.",
+        ) from exc
+    log.info("serving metrics and health at %s (/metrics, /healthz, /readyz)", server.base_url)
+    return server.start()
 
 
 def _migrate(settings: Settings, args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
+    _configure_logging(settings, args)
     db = Database(settings.effective_database_url)
     try:
         db.migrate()
@@ -220,15 +257,30 @@ def _runtime(settings: Settings) -> tuple[Runtime, WebClient]:
     return build_runtime(settings, notifier=SlackNotifier(client)), client
 
 
-def _run_until_signal(rt: Runtime, *, start: Callable[[], None], stop: Callable[[], None]) -> int:
-    """Start the clock, run ``start`` until SIGTERM/SIGINT calls ``stop``, then clean up."""
+def _configure_logging(
+    settings: Settings, args: argparse.Namespace, *, file: Path | None = None
+) -> None:
+    """Logging at --log-level (else GPUBOT_LOG_LEVEL) in GPUBOT_LOG_FORMAT."""
+    level = args.log_level or settings.log_level
+    configure_logging(level, file=file, json_format=settings.log_format == "json")
+
+
+def _run_until_signal(
+    rt: Runtime,
+    *,
+    start: Callable[[], None],
+    stop: Callable[[], None],
+    health: Health | None = None,
+) -> int:
+    """Start the clock (reporting its ticks to ``health``), run ``start`` until SIGTERM/SIGINT
+    calls ``stop``, then clean up."""
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signum)
         threading.Thread(target=stop, name="gpubot-stop").start()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    clock = start_clock(rt)
+    clock = start_clock(rt, health=health)
     try:
         start()
     finally:

@@ -2,9 +2,11 @@
 
 ``POST /slack/events`` goes through Bolt's WSGI adapter to ``app.dispatch`` (which checks the
 signature and the timestamp, and through bot.replay answers a signature it already accepted
-without running anything); ``GET /healthz`` answers ``ok`` for load balancers and container
-health checks. A form body that merely contains the word "payload", which Bolt alone reads as
-an empty request, keeps its fields.
+without running anything). :class:`OpsEndpoints` answers probes and Prometheus: ``GET /healthz``
+(liveness: ``ok``), ``GET /readyz`` (readiness, bot.health: 200 or 503 with one line per check)
+and ``GET /metrics`` (bot.metrics). In Socket Mode the same endpoints are served alone, on a
+port of their own (:func:`ops_server`). A form body that merely contains the word "payload",
+which Bolt alone reads as an empty request, keeps its fields.
 
 Limits, so that no client can hold the bot:
 
@@ -28,8 +30,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 from wsgiref.types import StartResponse, WSGIEnvironment
 
@@ -43,10 +45,15 @@ from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
+if TYPE_CHECKING:
+    from bot.health import Health
+
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
 FORM_TYPE = "application/x-www-form-urlencoded"
 #: The largest request body accepted (bytes); Slack's payloads are a few kB.
 MAX_BODY_BYTES = 1024 * 1024
@@ -64,17 +71,74 @@ CONNECTION_LIMIT = 100
 MAX_LOG_MESSAGE_CHARS = 1000
 #: Seconds the worker threads get to exit once the drain is over.
 _THREADS_EXIT_S = 1
+#: Worker threads, connections and request timeout of the Socket Mode's endpoints server.
+OPS_THREADS = 2
+OPS_CONNECTION_LIMIT = 16
+OPS_REQUEST_TIMEOUT_S = 10.0
 
 
-class SlackHttpServer:
-    """Serves ``app`` on ``host:port`` (port 0 picks a free one; a name binds its first
-    address). The socket is bound and listening once constructed. Raises OSError when the
-    address cannot be bound, ValueError when a limit is not positive."""
+class OpsEndpoints:
+    """``GET``/``HEAD`` of ``/healthz`` (200 ``ok`` while the process answers), ``/readyz``
+    (``health.ready()``: 200, or 503 when a check fails; 404 without ``health``) and
+    ``/metrics`` (``metrics()`` gives the body and its content type; 404 without it)."""
 
     def __init__(
         self,
-        app: App,
         *,
+        health: Health | None = None,
+        metrics: Callable[[], tuple[bytes, str]] | None = None,
+    ) -> None:
+        self.health = health
+        self.metrics = metrics
+
+    def serves(self, environ: WSGIEnvironment) -> bool:
+        """Whether the request is a probe or a scrape this answers."""
+        if environ.get("REQUEST_METHOD") not in {"GET", "HEAD"}:
+            return False
+        path = environ.get("PATH_INFO")
+        return (
+            path == HEALTH_PATH
+            or (path == READY_PATH and self.health is not None)
+            or (path == METRICS_PATH and self.metrics is not None)
+        )
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """The WSGI answer; anything :meth:`serves` does not take is 404."""
+        path = environ.get("PATH_INFO")
+        if not self.serves(environ):
+            status, body, kind = "404 Not Found", b"not found\n", "text/plain; charset=utf-8"
+        elif path == READY_PATH and self.health is not None:
+            verdict = self.health.ready()
+            status = "200 OK" if verdict.ok else "503 Service Unavailable"
+            body, kind = verdict.text().encode(), "text/plain; charset=utf-8"
+        elif path == METRICS_PATH and self.metrics is not None:
+            body, kind = self.metrics()
+            status = "200 OK"
+        else:
+            status, body, kind = "200 OK", b"ok", "text/plain"
+        start_response(
+            status,
+            [
+                ("content-type", kind),
+                ("content-length", str(len(body))),
+                ("cache-control", "no-store"),
+            ],
+        )
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else [body]
+
+
+class SlackHttpServer:
+    """Serves ``app`` and the ``ops`` endpoints on ``host:port`` (port 0 picks a free one; a
+    name binds its first address); with ``app`` None, the endpoints alone. Without ``ops``,
+    ``/healthz`` alone answers ``ok``. The socket is bound and listening once constructed.
+    Raises OSError when the address cannot be bound, ValueError when a limit is not
+    positive."""
+
+    def __init__(
+        self,
+        app: App | None,
+        *,
+        ops: OpsEndpoints | None = None,
         host: str = "127.0.0.1",
         port: int = 3000,
         threads: int = THREADS,
@@ -93,7 +157,11 @@ class SlackHttpServer:
         self.drain_timeout_s = drain_timeout_s
         # The loop wakes at least this often (seconds) to enforce the deadlines.
         self._tick_s = max(0.01, min(0.25, request_timeout_s / 10, drain_timeout_s / 10))
-        keep_bodies_out_of_logs(app)
+        self.ops = ops if ops is not None else OpsEndpoints()
+        wsgi: Callable[[WSGIEnvironment, StartResponse], Iterable[bytes]] = self.ops
+        if app is not None:
+            keep_bodies_out_of_logs(app)
+            wsgi = _BoltWsgi(app, path=EVENTS_PATH, ops=self.ops)
         adj = Adjustments(
             host=host,
             port=port,
@@ -109,7 +177,7 @@ class SlackHttpServer:
         self._map: dict[int, Any] = {}
         self._dispatcher = ThreadedTaskDispatcher()
         self._server = _Server(
-            _BoltWsgi(app, path=EVENTS_PATH),
+            wsgi,
             map=self._map,
             dispatcher=self._dispatcher,
             adj=adj,  # binds the first address of adj.listen
@@ -128,10 +196,15 @@ class SlackHttpServer:
         return self._port
 
     @property
+    def base_url(self) -> str:
+        """``http://HOST:PORT`` of the bound address."""
+        shown = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{shown}:{self.port}"
+
+    @property
     def url(self) -> str:
         """The request URL to give Slack (``http://HOST:PORT/slack/events``)."""
-        shown = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{shown}:{self.port}{EVENTS_PATH}"
+        return f"{self.base_url}{EVENTS_PATH}"
 
     def serve_forever(self) -> None:
         """Serve in this thread until :meth:`shutdown` (from another thread) has drained the
@@ -282,17 +355,32 @@ class _Server(TcpWSGIServer):
         super().add_task(task)
 
 
+def ops_server(ops: OpsEndpoints, *, host: str, port: int) -> SlackHttpServer:
+    """A server of the ``ops`` endpoints alone (Socket Mode's), with few threads and
+    connections. Raises OSError when the address cannot be bound."""
+    return SlackHttpServer(
+        None,
+        ops=ops,
+        host=host,
+        port=port,
+        threads=OPS_THREADS,
+        connection_limit=OPS_CONNECTION_LIMIT,
+        request_timeout_s=OPS_REQUEST_TIMEOUT_S,
+        drain_timeout_s=OPS_REQUEST_TIMEOUT_S,
+    )
+
+
 class _BoltWsgi(SlackRequestHandler):
-    """Bolt's WSGI adapter with ``GET /healthz``; a body that is not UTF-8 is decoded with
+    """Bolt's WSGI adapter with the ops endpoints; a body that is not UTF-8 is decoded with
     replacement characters (its signature then fails: 401) rather than raising."""
 
+    def __init__(self, app: App, *, path: str, ops: OpsEndpoints) -> None:
+        super().__init__(app, path=path)
+        self.ops = ops
+
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == HEALTH_PATH and environ.get("REQUEST_METHOD") in {
-            "GET",
-            "HEAD",
-        }:
-            start_response("200 OK", [("content-type", "text/plain"), ("content-length", "2")])
-            return [b"ok"]
+        if self.ops.serves(environ):
+            return self.ops(environ, start_response)
         return super().__call__(environ, start_response)
 
     def dispatch(self, request: WsgiHttpRequest) -> BoltResponse:

@@ -904,8 +904,9 @@ class _WebSocket:
                 on_text(data.decode("utf-8", errors="replace"))
 
     def close(self) -> None:
-        """Close the connection (the reading side then ends)."""
-        with contextlib.suppress(OSError):
+        """Close the connection (the reading side then ends); one the peer closed already is
+        left as it is."""
+        with contextlib.suppress(OSError, ValueError):  # ValueError: its file is closed
             self._send(_CLOSE, (1001).to_bytes(2, "big"))
         with contextlib.suppress(OSError):
             self._conn.shutdown(socket.SHUT_RDWR)

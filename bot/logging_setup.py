@@ -1,24 +1,54 @@
-"""Logging for the bot's processes: one format, to stderr or to a file."""
+"""Logging for the bot's processes: text or JSON lines, to stderr or to a file, and the ids of
+what a line is about.
+
+A line about an instance, a job or a release carries their ids as record attributes
+(:data:`ID_FIELDS`): given one call at a time with ``extra=log_ids(release_id=7)``, or for
+everything logged in a block (on this thread) with ``with log_context(release_id=7):``. The
+text format appends them as ``[instance_id=3 release_id=7]``; the JSON format (one object per
+line: ``time``, ``level``, ``logger``, ``thread``, ``message``, the ids, ``exception``) has them
+as fields.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
+#: Log formats GPUBOT_LOG_FORMAT accepts.
+FORMATS = ("text", "json")
+#: Levels GPUBOT_LOG_LEVEL and --log-level accept.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: The ids a line may carry, in the order they are shown.
+ID_FIELDS = ("instance_id", "instance", "job_id", "release_id", "launch_id")
+
+#: The ids of the current :func:`log_context`, as (name, value) pairs.
+_CONTEXT: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
+    "gpubot_log_ids", default=()
+)
 
 
-def configure_logging(level: str | int = "INFO", *, file: Path | None = None) -> None:
+def configure_logging(
+    level: str | int = "INFO", *, file: Path | None = None, json_format: bool = False
+) -> None:
     """Send the root logger's records at ``level`` and above to ``file`` (appending; its
-    directory is created) or to stderr. Quietens the chattiest libraries to warnings."""
+    directory is created) or to stderr, as text or (``json_format``) JSON lines. Quietens the
+    chattiest libraries to warnings."""
     handler: logging.Handler
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
         handler = logging.FileHandler(file, encoding="utf-8")
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.setFormatter(JsonFormatter() if json_format else TextFormatter(FORMAT))
+    handler.addFilter(ContextIds())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -26,3 +56,84 @@ def configure_logging(level: str | int = "INFO", *, file: Path | None = None) ->
     root.setLevel(level)
     for noisy in ("paramiko", "apscheduler", "slack_sdk", "urllib3", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def log_ids(**ids: object) -> dict[str, object]:
+    """``extra=`` for one logging call: the ids of what the line is about (None values are
+    left out). Raises ValueError for a name not in :data:`ID_FIELDS`."""
+    _check_names(ids)
+    return {name: value for name, value in ids.items() if value is not None}
+
+
+@contextmanager
+def log_context(**ids: object) -> Iterator[None]:
+    """Every line logged in the block, on this thread (and in contexts copied from it), carries
+    ``ids`` unless the call gives its own. Raises ValueError for a name not in
+    :data:`ID_FIELDS`."""
+    token = _CONTEXT.set(tuple({**dict(_CONTEXT.get()), **log_ids(**ids)}.items()))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def record_ids(record: logging.LogRecord) -> dict[str, object]:
+    """The ids a record carries, in :data:`ID_FIELDS` order."""
+    return {
+        name: getattr(record, name) for name in ID_FIELDS if getattr(record, name, None) is not None
+    }
+
+
+class ContextIds(logging.Filter):
+    """Stamps the ids of the current :func:`log_context` on each record that lacks them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONTEXT.get():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        return True
+
+
+class TextFormatter(logging.Formatter):
+    """The text format, with the record's ids appended in brackets."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        ids = record_ids(record)
+        if not ids:
+            return text
+        shown = " ".join(f"{name}={value}" for name, value in ids.items())
+        head, newline, rest = text.partition("\n")  # keep a traceback below the ids
+        return f"{head} [{shown}]{newline}{rest}"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (ISO 8601 UTC), ``level``, ``logger``, ``thread``,
+    ``message``, the ids and, with an exception, ``exception`` (its traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "thread": record.threadName,
+            "message": record.getMessage(),
+        }
+        entry.update({name: _plain(value) for name, value in record_ids(record).items()})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def _plain(value: object) -> object:
+    return value if isinstance(value, (int, float, str, bool)) else str(value)
+
+
+def _check_names(ids: dict[str, object]) -> None:
+    unknown = sorted(set(ids) - set(ID_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown log id(s) {', '.join(unknown)}; use {', '.join(ID_FIELDS)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -11,6 +12,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bot.errors import ConfigError
+from bot.logging_setup import FORMATS, LEVELS
 
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
 
@@ -37,12 +39,17 @@ class Settings:
     agent_zipapp: Path = Path("dist/gpu-agent.pyz")
     aws_endpoint_url: str | None = None
     aws_region: str = "us-east-1"
-    lambda_api_url: str = "https://cloud.lambdalabs.com/api/v1"
+    lambda_api_url: str = "https://cloud.lambda.ai/api/v1"
     lambda_api_key: str | None = None
     runpod_api_url: str = "https://rest.runpod.io/v1"
     runpod_api_key: str | None = None
     vast_api_url: str = "https://console.vast.ai"
     vast_api_key: str | None = None
+    compshare_api_url: str = "https://api.compshare.cn"
+    compshare_public_key: str | None = None
+    compshare_private_key: str | None = None
+    compshare_region: str = "cn-wlcb"
+    compshare_project_id: str | None = None
     tick_interval_s: float = 30.0
     poll_interval_s: float = 60.0
     warning_offsets_s: tuple[int, ...] = (1800, 600)
@@ -54,6 +61,31 @@ class Settings:
     command_queue_max: int = 64
     #: Commands one person may have queued or running at once.
     commands_per_user: int = 4
+    #: DEBUG, INFO, WARNING, ERROR or CRITICAL; ``text`` or ``json`` lines.
+    log_level: str = "INFO"
+    log_format: str = "text"
+    #: Where Socket Mode serves /metrics, /healthz and /readyz (port 0: any free port).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464
+
+    def __post_init__(self) -> None:
+        """Check every numeric setting's range and the named choices; normalise the currency
+        and the log level and format. Raises ConfigError naming the variable and what it
+        accepts."""
+        for spec in NUMBERS:
+            object.__setattr__(self, spec.field, spec.check(getattr(self, spec.field)))
+        _check_offsets(self.warning_offsets_s)
+        for name, var, choices, hint in _CHOICES:
+            raw = getattr(self, name)
+            value = str(raw).strip().upper() if name != "log_format" else str(raw).strip().lower()
+            if value not in choices:
+                raise ConfigError(f"{var}={raw!r} is not accepted.", hint=hint)
+            object.__setattr__(self, name, value)
+        if not self.metrics_host.strip():
+            raise ConfigError(
+                "GPUBOT_METRICS_HOST is empty.",
+                hint="Give the address to serve metrics on, such as 127.0.0.1 or 0.0.0.0.",
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -78,6 +110,11 @@ class Settings:
         _put(values, "runpod_api_key", env.get("GPUBOT_RUNPOD_API_KEY"))
         _put(values, "vast_api_url", env.get("GPUBOT_VAST_API_URL"))
         _put(values, "vast_api_key", env.get("GPUBOT_VAST_API_KEY"))
+        _put(values, "compshare_api_url", env.get("GPUBOT_COMPSHARE_API_URL"))
+        _put(values, "compshare_public_key", env.get("GPUBOT_COMPSHARE_PUBLIC_KEY"))
+        _put(values, "compshare_private_key", env.get("GPUBOT_COMPSHARE_PRIVATE_KEY"))
+        _put(values, "compshare_region", env.get("GPUBOT_COMPSHARE_REGION"))
+        _put(values, "compshare_project_id", env.get("GPUBOT_COMPSHARE_PROJECT_ID"))
         if env.get("GPUBOT_DATA_DIR"):
             values["data_dir"] = Path(env["GPUBOT_DATA_DIR"]).expanduser()
         if env.get("GPUBOT_SSH_KEY"):
@@ -92,17 +129,12 @@ class Settings:
             )
         if env.get("GPUBOT_TIMEZONE"):
             values["timezone"] = env["GPUBOT_TIMEZONE"]
-        for name, var in (
-            ("tick_interval_s", "GPUBOT_TICK_INTERVAL_S"),
-            ("poll_interval_s", "GPUBOT_POLL_INTERVAL_S"),
-            ("idle_threshold_pct", "GPUBOT_IDLE_THRESHOLD_PCT"),
-        ):
-            if env.get(var):
-                values[name] = _number(var, env[var])
-        if env.get("GPUBOT_IDLE_WINDOW_S"):
-            values["idle_window_s"] = int(
-                _number("GPUBOT_IDLE_WINDOW_S", env["GPUBOT_IDLE_WINDOW_S"])
-            )
+        for spec in NUMBERS:
+            if env.get(spec.var):
+                values[spec.field] = _number(spec.var, env[spec.var])
+        _put(values, "log_level", env.get("GPUBOT_LOG_LEVEL"))
+        _put(values, "log_format", env.get("GPUBOT_LOG_FORMAT"))
+        _put(values, "metrics_host", env.get("GPUBOT_METRICS_HOST"))
         values.update(overrides)
         settings = cls(**values)
         settings.tz()  # fail early on an unknown zone
@@ -158,12 +190,12 @@ class Settings:
 
 #: What a secret shows as in the repr of Settings.
 MASK = "***"
-_SECRET_SUFFIXES = ("_token", "_secret", "_api_key", "_password")
+_SECRET_SUFFIXES = ("_token", "_secret", "_api_key", "_private_key", "_password")
 
 
 def is_secret_field(name: str) -> bool:
     """Whether a Settings field holds a secret, by its name (``*_token``, ``*_secret``,
-    ``*_api_key``, ``*_password``)."""
+    ``*_api_key``, ``*_private_key``, ``*_password``)."""
     return name.endswith(_SECRET_SUFFIXES)
 
 
@@ -187,4 +219,143 @@ def _number(var: str, raw: str) -> float:
     try:
         return float(raw)
     except ValueError as exc:
-        raise ConfigError(f"{var}={raw!r} is not a number") from exc
+        raise ConfigError(
+            f"{var}={raw!r} is not a number.", hint=f"Give {NUMBERS_BY_VAR[var].accepts()}."
+        ) from exc
+
+
+@dataclass(frozen=True)
+class NumberSetting:
+    """A numeric setting: the field, its variable, the range it accepts (``low`` excluded when
+    ``low_open``) in ``unit``, and whether it takes whole numbers only."""
+
+    field: str
+    var: str
+    low: float
+    high: float
+    unit: str
+    whole: bool = False
+    low_open: bool = False
+    #: What it accepts in words, where the unit alone does not say it well.
+    words: str = ""
+
+    def accepts(self) -> str:
+        """What the setting accepts, in words."""
+        if self.words:
+            return self.words
+        kind = "a whole number of" if self.whole else "a number of"
+        low = f"above {_figure(self.low)}" if self.low_open else f"from {_figure(self.low)}"
+        return f"{kind} {self.unit} {low} to {_figure(self.high)}"
+
+    def check(self, value: object) -> float | int:
+        """``value`` when in range (as an int for whole numbers). Raises ConfigError."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self._refused(value)
+        number = float(value)
+        if not math.isfinite(number) or number > self.high:
+            raise self._refused(value)
+        if number < self.low or (self.low_open and number == self.low):
+            raise self._refused(value)
+        if self.whole:
+            if not number.is_integer():
+                raise self._refused(value)
+            return int(number)
+        return value
+
+    def _refused(self, value: object) -> ConfigError:
+        shown = _shown(value)
+        return ConfigError(f"{self.var}={shown} is not accepted.", hint=f"Give {self.accepts()}.")
+
+
+_DAY_S = 86400
+#: Every numeric setting, its variable and its range.
+NUMBERS = (
+    NumberSetting("slack_timeout_s", "GPUBOT_SLACK_TIMEOUT_S", 1, 300, "seconds"),
+    NumberSetting(
+        "ssh_connect_timeout_s", "GPUBOT_SSH_CONNECT_TIMEOUT_S", 0, 300, "seconds", low_open=True
+    ),
+    NumberSetting(
+        "ssh_command_timeout_s", "GPUBOT_SSH_COMMAND_TIMEOUT_S", 0, 3600, "seconds", low_open=True
+    ),
+    NumberSetting("tick_interval_s", "GPUBOT_TICK_INTERVAL_S", 0.1, 3600, "seconds"),
+    # The top is about 30 years: polling that seldom is never, which a setting may ask for.
+    NumberSetting("poll_interval_s", "GPUBOT_POLL_INTERVAL_S", 1, 10**9, "seconds"),
+    NumberSetting(
+        "idle_threshold_pct",
+        "GPUBOT_IDLE_THRESHOLD_PCT",
+        0,
+        100,
+        "percent",
+        words="a GPU utilisation in percent from 0 to 100",
+    ),
+    NumberSetting("idle_window_s", "GPUBOT_IDLE_WINDOW_S", 60, 30 * _DAY_S, "seconds", whole=True),
+    NumberSetting(
+        "default_release_in_s",
+        "GPUBOT_DEFAULT_RELEASE_IN_S",
+        60,
+        30 * _DAY_S,
+        "seconds",
+        whole=True,
+    ),
+    NumberSetting("executor_workers", "GPUBOT_EXECUTOR_WORKERS", 1, 1024, "threads", whole=True),
+    NumberSetting(
+        "command_queue_max", "GPUBOT_COMMAND_QUEUE_MAX", 0, 100_000, "commands", whole=True
+    ),
+    NumberSetting("commands_per_user", "GPUBOT_COMMANDS_PER_USER", 1, 1000, "commands", whole=True),
+    NumberSetting(
+        "metrics_port",
+        "GPUBOT_METRICS_PORT",
+        0,
+        65535,
+        "port",
+        whole=True,
+        words="a TCP port number from 1 to 65535 (or 0 for any free port)",
+    ),
+)
+NUMBERS_BY_VAR = {spec.var: spec for spec in NUMBERS}
+#: A warning goes out this many seconds before a deadline, at least and at most.
+WARNING_OFFSET_RANGE_S = (60, 7 * _DAY_S)
+
+_ISO_4217_CODES = """
+    AED AFN ALL AMD ANG AOA ARS AUD AWG AZN BAM BBD BDT BGN BHD BIF BMD BND BOB BRL BSD BTN
+    BWP BYN BZD CAD CDF CHF CLP CNY COP CRC CUP CVE CZK DJF DKK DOP DZD EGP ERN ETB EUR FJD
+    FKP GBP GEL GHS GIP GMD GNF GTQ GYD HKD HNL HTG HUF IDR ILS INR IQD IRR ISK JMD JOD JPY
+    KES KGS KHR KMF KPW KRW KWD KYD KZT LAK LBP LKR LRD LSL LYD MAD MDL MGA MKD MMK MNT MOP
+    MRU MUR MVR MWK MXN MYR MZN NAD NGN NIO NOK NPR NZD OMR PAB PEN PGK PHP PKR PLN PYG QAR
+    RON RSD RUB RWF SAR SBD SCR SDG SEK SGD SHP SLE SOS SRD SSP STN SVC SYP SZL THB TJS TMT
+    TND TOP TRY TTD TWD TZS UAH UGX USD UYU UZS VED VES VND VUV WST XAF XCD XCG XOF XPF YER
+    ZAR ZMW ZWG
+"""
+#: Active ISO 4217 currency codes (funds, metals and test codes left out).
+ISO_4217 = frozenset(_ISO_4217_CODES.split())
+#: Settings that take one of a few names: field, variable, the names, and the hint.
+_CHOICES: tuple[tuple[str, str, frozenset[str], str], ...] = (
+    ("currency", "GPUBOT_CURRENCY", ISO_4217, "Use an ISO 4217 code such as USD, EUR, GBP or CNY."),
+    ("log_level", "GPUBOT_LOG_LEVEL", frozenset(LEVELS), f"Use one of {', '.join(LEVELS)}."),
+    ("log_format", "GPUBOT_LOG_FORMAT", frozenset(FORMATS), f"Use {' or '.join(FORMATS)}."),
+)
+
+
+def _check_offsets(offsets: tuple[int, ...]) -> None:
+    low, high = WARNING_OFFSET_RANGE_S
+    ok = bool(offsets) and all(
+        isinstance(offset, int) and not isinstance(offset, bool) and low <= offset <= high
+        for offset in offsets
+    )
+    if not ok:
+        raise ConfigError(
+            f"warning_offsets_s={offsets!r} is not accepted.",
+            hint=f"Give one or more whole numbers of seconds from {low} to {high}.",
+        )
+
+
+def _figure(number: float) -> str:
+    """A bound as people read it: ``2,592,000``, ``0.1``."""
+    return f"{int(number):,}" if float(number).is_integer() else f"{number:g}"
+
+
+def _shown(value: object) -> str:
+    """A value as the person typed it: a float that is whole without its ``.0``."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return repr(str(int(value)))
+    return repr(str(value))

@@ -16,8 +16,12 @@ from slack_sdk.http_retry.builtin_handlers import (
     ConnectionErrorRetryHandler,
     RateLimitErrorRetryHandler,
 )
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 
 from bot.errors import SlackError
+from bot.metrics import METRICS
 from bot.notify import MessageRef
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,7 @@ class SlackNotifier:
         ]
         if not any(isinstance(h, RateLimitErrorRetryHandler) for h in client.retry_handlers):
             client.retry_handlers.append(
-                RateLimitErrorRetryHandler(max_retry_count=max_rate_limit_retries)
+                CountedRateLimitRetryHandler(max_retry_count=max_rate_limit_retries)
             )
 
     def post(
@@ -161,13 +165,32 @@ class SlackNotifier:
             return call()
         except SlackApiError as exc:
             code = str(exc.response.get("error", "unknown_error"))
+            METRICS.slack_error(method, code)
             raise SlackError(
                 f"Slack refused {method}: {code}", error=code, hint=_HINTS.get(code, "")
             ) from exc
         except (SlackClientError, urllib.error.URLError, OSError) as exc:
+            METRICS.slack_error(method, "unreachable")
             raise SlackError(
                 f"Could not reach Slack for {method}: {exc}",
                 error="unreachable",
                 hint="Check the network and GPUBOT_SLACK_API_URL.",
                 outcome_unknown=outcome_unknown(exc),
             ) from exc
+
+
+class CountedRateLimitRetryHandler(RateLimitErrorRetryHandler):
+    """slack_sdk's retry after HTTP 429, counting every 429 answer (the last one, no longer
+    retried, too) in bot.metrics by API method."""
+
+    def can_retry(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if response is not None and response.status_code == 429:
+            METRICS.slack_rate_limited(request.url.rstrip("/").rsplit("/", 1)[-1] or "unknown")
+        return super().can_retry(state=state, request=request, response=response, error=error)

@@ -27,6 +27,7 @@ RELEASE_CONFIRM = "deadline_release_confirm"
 IDLE_KEEP = "idle_keep"
 IDLE_RELEASE = "idle_release"
 RELEASE_DONE = "instance_release_done"
+STOP_DONE = "instance_stop_done"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class InstanceView:
     provider: str
     price_micros_per_hour: int
     currency: str = "USD"
+    #: What its disk costs per hour (what it still costs while stopped).
+    storage_micros_per_hour: int = 0
 
 
 def mention(user_id: str) -> str:
@@ -165,30 +168,49 @@ def jobs_done_prompt(
     return text, (section(text), actions(f"jobs-done-{prompt_id}", buttons))
 
 
-def manual_release_request(inst: InstanceView, *, instance_id: int, reason: str) -> Message:
-    """Ask the owner to release a manual instance on its platform and confirm here."""
+def manual_release_request(
+    inst: InstanceView, *, instance_id: int, reason: str, mode: str = "terminate"
+) -> Message:
+    """Ask the owner to release (or stop) a manual instance on its platform and say which
+    they did: released (the meter stops, disk and all) or only stopped (its disk keeps
+    billing)."""
     cost = per_hour(inst)
+    verb = "stop" if mode == "stop" else "release"
     text = (
-        f":warning: Please release *{inst.name}* on its platform now ({reason_text(reason)}); "
-        f"it costs {cost} until you do. Press the button once it is released; "
-        "the meter stops then."
+        f":warning: Please {verb} *{inst.name}* on its platform now ({reason_text(reason)}); "
+        f"it costs {cost} until you do. Press the button for what you did: "
+        "*Released* stops the meter, *Stopped* stops it for compute while its disk bills on."
     )
-    done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
-    return text, (section(text), actions(f"release-done-{instance_id}", [done]))
+    return text, (section(text), actions(f"release-done-{instance_id}", _done_buttons(instance_id)))
 
 
 def manual_release_reminder(
-    inst: InstanceView, *, instance_id: int, asked_at: datetime, now: datetime
+    inst: InstanceView,
+    *,
+    instance_id: int,
+    asked_at: datetime,
+    now: datetime,
+    mode: str = "terminate",
 ) -> Message:
-    """A reminder that a manual instance still waits to be released."""
+    """A reminder that a manual instance still waits to be released (or stopped)."""
     waited = format_duration(now - asked_at)
     cost = per_hour(inst)
+    verb = "stopped" if mode == "stop" else "released"
     text = (
-        f":warning: Reminder: *{inst.name}* was due to be released {waited} ago and still "
-        f"costs {cost}. Release it on its platform, then press the button."
+        f":warning: Reminder: *{inst.name}* was due to be {verb} {waited} ago and still "
+        f"costs {cost}. Do it on its platform, then press the button for what you did."
     )
-    done = button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary")
-    return text, (section(text), actions(f"release-remind-{instance_id}", [done]))
+    return text, (
+        section(text),
+        actions(f"release-remind-{instance_id}", _done_buttons(instance_id)),
+    )
+
+
+def _done_buttons(instance_id: int) -> list[Block]:
+    return [
+        button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary"),
+        button("Stopped on the platform (disk kept)", STOP_DONE, str(instance_id)),
+    ]
 
 
 def release_escalation(
@@ -218,23 +240,41 @@ def released_notice(
     """Released (or stopped), confirmed by the platform or the owner."""
     verb = "stopped" if mode == "stop" else "released"
     who = f" by {mention(by)}" if by else ""
-    text = (
-        f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(reason)}). "
-        "The meter stopped."
-    )
+    meter = "Its compute meter stopped." if mode == "stop" else "The meter stopped."
+    text = f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(reason)}). {meter}"
     if mode == "stop" and storage_bills:
-        text += " Its storage keeps billing while it is stopped; terminate it to stop that too."
+        text += " " + _storage_note(inst)
     return text, (section(text),)
 
 
 def released_outside(inst: InstanceView, *, state: str) -> Message:
-    """Reconcile found the instance gone (or stopped) on the platform without the bot."""
-    verb = "stopped" if state == "stopped" else "released"
-    text = (
-        f":information_source: *{inst.name}* was {verb} on {inst.provider} outside the bot; "
-        "its meter is stopped."
-    )
+    """Reconcile found the instance gone, stopped, or running again on the platform, without
+    the bot: ``state`` terminated, stopped or started."""
+    if state == "started":
+        text = (
+            f":information_source: *{inst.name}* was started again on {inst.provider} outside "
+            f"the bot; its meter runs again ({per_hour(inst)})."
+        )
+    elif state == "stopped":
+        text = (
+            f":information_source: *{inst.name}* was stopped on {inst.provider} outside the "
+            f"bot; its compute meter is stopped. {_storage_note(inst)}"
+        )
+    else:
+        text = (
+            f":information_source: *{inst.name}* was released on {inst.provider} outside the "
+            "bot; its meter is stopped."
+        )
     return text, (section(text),)
+
+
+def _storage_note(inst: InstanceView) -> str:
+    """What a stopped instance still costs, and how to stop that."""
+    release = f"`/gpu release {inst.name}` terminates it, disk and all."
+    if inst.storage_micros_per_hour <= 0:
+        return f"Its disk may still bill on the platform while it is stopped; {release}"
+    cost = format_money(inst.storage_micros_per_hour, inst.currency)
+    return f"Its disk keeps billing ({cost}/h) while it is stopped; {release}"
 
 
 def released_unwarned(inst: InstanceView) -> Message:

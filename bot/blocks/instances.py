@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from bot.blocks.common import (
@@ -36,7 +36,7 @@ from bot.blocks.common import (
     time_left,
     when,
 )
-from bot.commands.values import format_money
+from bot.commands.values import format_duration, format_money
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -49,12 +49,15 @@ from bot.services.views import (
     RegisterResult,
     ReleaseAsk,
     ReleaseView,
+    UnregisteredView,
 )
 
 RELEASE_ASK = "instance_release_ask"
 RELEASE_CONFIRM = "instance_release_confirm"
+STOP_CONFIRM = "instance_stop_confirm"
 RELEASE_CANCEL = "instance_release_cancel"
 RELEASE_DONE = "instance_release_done"
+STOP_DONE = "instance_stop_done"
 
 #: Up to this many instances the overview gives each its own section; beyond, rows share.
 ROWS_AS_SECTIONS = MAX_BLOCKS - 4
@@ -157,6 +160,7 @@ def instance_detail(detail: InstanceDetail) -> Message:
         f"*Price*\n{_price(inst)}",
         f"*Deadline*\n{_deadline(inst, detail.now, tz)}",
         f"*Cost so far*\n{cost}",
+        *([f"*Stopped*\n{_stopped(inst, detail.now)}"] if inst.is_stopped else []),
         f"*Host key*\n{_host_key(inst)}",
         f"*Software*\n{escape(_software(detail))}",
     ]
@@ -175,7 +179,7 @@ def instance_detail(detail: InstanceDetail) -> Message:
             for p in detail.processes
         ]
         blocks.extend(_listing("*Processes on the GPUs*", lines, "processes"))
-    if inst.state == "active":
+    if inst.state == "active" or inst.is_stopped:
         blocks.append(
             actions(
                 [button("Release…", RELEASE_ASK, str(inst.id), style="danger")],
@@ -218,12 +222,15 @@ def extended(inst: InstanceView, *, now: datetime, timezone: str) -> Message:
 
 
 def release_ask(ask: ReleaseAsk) -> Message:
-    """Before a release: what it cost and what runs, with Yes / Cancel buttons."""
+    """Before a release (or a stop): what it cost and what runs, with Yes / Cancel buttons."""
     inst = ask.instance
+    stop = ask.mode == "stop"
+    verb = "Stop" if stop else "Release"
+    now_costs = inst.burn_micros_per_hour
     lines = [
-        f"Release *{inst.name}* ({escape(inst.address)})? It has cost "
+        f"{verb} *{inst.name}* ({escape(inst.address)})? It has cost "
         f"{format_money(ask.cost_micros, inst.currency)} so far"
-        + (f" and costs {_price(inst)}." if inst.price_micros_per_hour else ".")
+        + (f" and costs {format_money(now_costs, inst.currency)}/h." if now_costs else ".")
     ]
     if ask.running_jobs:
         lines.append(
@@ -232,30 +239,44 @@ def release_ask(ask: ReleaseAsk) -> Message:
         )
     if ask.manual:
         lines.append(
-            "The bot cannot release it itself: after you confirm, release it on its platform "
-            "and press *Released on the platform*; the meter stops then."
+            f"The bot cannot {verb.lower()} it itself: after you confirm, do it on its platform "
+            "and press *Released on the platform* or *Stopped on the platform*; the meter "
+            "stops then."
         )
+    elif stop:
+        lines.append(f"The bot will stop it on {escape(inst.provider)}.")
     else:
         lines.append(f"The bot will terminate it on {escape(inst.provider)}.")
-    lines.append("Anything not saved off the instance is lost.")
+    if stop:
+        lines.append(_kept_disk(inst))
+    else:
+        lines.append("Anything not saved off the instance is lost.")
     text = "\n".join(lines)
+    confirm = STOP_CONFIRM if stop else RELEASE_CONFIRM
     buttons = [
-        button(f"Yes, release {inst.name}", RELEASE_CONFIRM, str(inst.id), style="danger"),
+        button(f"Yes, {verb.lower()} {inst.name}", confirm, str(inst.id), style="danger"),
         button("Cancel", RELEASE_CANCEL, str(inst.id)),
     ]
     return fallback(text), (section(text), actions(buttons, block_id=f"release-ask-{inst.id}"))
 
 
 def release_result(view: ReleaseView) -> Message:
-    """After the release was confirmed: where it stands."""
+    """After the release (or stop) was confirmed: where it stands."""
     inst = view.instance
-    if view.state == "confirmed":
+    stop = view.mode == "stop"
+    if view.state == "confirmed" and stop:
+        text = (
+            f":white_check_mark: *{inst.name}* is stopped. Its compute meter stopped. "
+            + _kept_disk(inst)
+        )
+    elif view.state == "confirmed":
         text = f":white_check_mark: *{inst.name}* is released. The meter stopped."
     elif view.state == "awaiting_owner" or (view.manual and view.state != "escalated"):
+        verb = "Stop" if stop else "Release"
         text = (
-            f":hourglass: Release *{inst.name}* on its platform now, then press "
-            "*Released on the platform* in the direct message the bot sent to "
-            f"{mention(inst.owner_id)}; the meter runs until then."
+            f":hourglass: {verb} *{inst.name}* on its platform now, then press "
+            "*Released on the platform* (or *Stopped on the platform*) in the direct message "
+            f"the bot sent to {mention(inst.owner_id)}; the meter runs until then."
         )
     elif view.state == "escalated":
         error = f" Last error: {escape(view.last_error)}" if view.last_error else ""
@@ -275,6 +296,44 @@ def release_result(view: ReleaseView) -> Message:
 def release_cancelled(inst: InstanceView) -> Message:
     """The release question answered with Cancel: nothing changed."""
     text = f"Release of *{inst.name}* cancelled; nothing changed."
+    return fallback(text), (section(text),)
+
+
+# --- platform accounts ------------------------------------------------------------------------
+
+
+def unregistered_notice(view: UnregisteredView) -> Message:
+    """For the ops channel: an instance the platform account holds that nobody registered, so
+    nobody is reminded of it; what it costs, how long it runs, whose it may be, and how to take
+    it over."""
+    tz = ZoneInfo(view.timezone)
+    what = f"`{escape(clip(view.provider_id, 100))}`"
+    if view.name:
+        what += f" ({escape(clip(view.name, 80))})"
+    gpus = f"{view.gpu_count or 1}x {view.gpu_model}" if view.gpu_model else "GPUs not stated"
+    if view.price_micros_per_hour is None:
+        cost = "its price is not reported"
+    else:
+        cost = f"costs {format_money(view.price_micros_per_hour, view.currency)}/h"
+    if view.launched_at is None:
+        age = "running since it was started"
+    else:
+        ran = format_duration(max(view.now - view.launched_at, timedelta(0)))
+        age = f"running for {ran} (since {when(view.launched_at, tz)})"
+    state = escape(view.raw_state or view.state)
+    lines = [
+        f":warning: *{escape(view.provider)}* instance {what} is {state} on the team's account, "
+        f"but nobody registered it: {escape(gpus)}, {cost}, {age}.",
+    ]
+    if view.tags:
+        shown = ", ".join(f"{escape(clip(k, 40))}={escape(clip(v, 80))}" for k, v in view.tags[:10])
+        lines.append(f"Tags: {shown}")
+    lines.append(
+        f"Take it over with `/gpu adopt {escape(view.provider)} "
+        f"{escape(clip(view.provider_id, 100))} NAME` (reminders and a deadline then apply), or "
+        "release it on the platform if nobody needs it."
+    )
+    text = "\n".join(lines)
     return fallback(text), (section(text),)
 
 
@@ -330,9 +389,11 @@ def _row_text(row: InstanceRow, now: datetime) -> str:
     first = f"*{inst.name}* · {mention(inst.owner_id)} · {escape(_rented(inst))} · {_price(inst)}"
     if inst.state != "active":
         first += f" · _{_state(inst.state)}_"
-    lines = [first, _live_line(row, now)]
+    second = f":zzz: {_stopped(inst, now)}" if inst.is_stopped else None
+    lines = [first, second or _live_line(row, now)]
     spent = format_money(row.cost_micros, inst.currency)
-    third = f":hourglass_flowing_sand: {time_left(inst.deadline_at, now)} · {spent} so far"
+    left = "no deadline while stopped" if inst.is_stopped else time_left(inst.deadline_at, now)
+    third = f":hourglass_flowing_sand: {left} · {spent} so far"
     if row.running_jobs:
         job = row.running_jobs[0]
         more = f" (+{len(row.running_jobs) - 1})" if len(row.running_jobs) > 1 else ""
@@ -425,6 +486,25 @@ def _price(inst: InstanceView) -> str:
     if inst.price_micros_per_hour == 0:
         return "no price"
     return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
+
+
+def _stopped(inst: InstanceView, now: datetime) -> str:
+    """Since when a stopped instance is stopped and what its disk still costs."""
+    since = f"stopped {ago(inst.stopped_at, now)}" if inst.stopped_at else "stopped"
+    if inst.storage_micros_per_hour <= 0:
+        return f"{since}; no storage price recorded (its disk may still bill on the platform)"
+    return f"{since}; storage {format_money(inst.storage_micros_per_hour, inst.currency)}/h"
+
+
+def _kept_disk(inst: InstanceView) -> str:
+    if inst.storage_micros_per_hour > 0:
+        cost = f" ({format_money(inst.storage_micros_per_hour, inst.currency)}/h)"
+    else:
+        cost = ""
+    return (
+        f"Its disk is kept and keeps billing{cost} while it is stopped; "
+        f"`/gpu release {inst.name}` terminates it, disk and all."
+    )
 
 
 def _deadline(inst: InstanceView, now: datetime, tz: ZoneInfo) -> str:

@@ -30,7 +30,14 @@ from bot.blocks.common import (
     section,
 )
 from bot.commands.values import format_duration, format_money
-from bot.services.job_views import AccessChange, JobListView, JobView, LogView, WhoView
+from bot.services.job_views import (
+    AccessChange,
+    JobListView,
+    JobView,
+    LogView,
+    WhoReservation,
+    WhoView,
+)
 
 #: The button that asks to release the instance (registered by the instance commands).
 RELEASE_ASK = "instance_release_ask"
@@ -142,27 +149,56 @@ def log_message(view: LogView) -> Message:
 
 
 def who_message(view: WhoView) -> Message:
-    """``/gpu who NAME``: every GPU and who holds it."""
+    """``/gpu who NAME``: every GPU, who holds it and whether it is busy; queued jobs."""
     title = f"Who uses the GPUs of {view.instance_name}"
     if not view.gpus:
         return f"{escape(title)}: no GPUs.", (section(f"*{escape(title)}*: no GPUs."),)
     lines = []
     for gpu in view.gpus:
-        lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}")
-        if not gpu.processes:
+        busy = f" · {gpu.util_gpu_pct}% busy" if gpu.util_gpu_pct is not None else ""
+        lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}{busy}")
+        if gpu.held_by is not None:
+            starting = " (starting)" if gpu.held_by.starting else ""
+            lines.append(f"    held by {_reservation_text(gpu.held_by)}{starting}")
+        if not gpu.processes and gpu.held_by is None:
             lines.append("    free")
         for proc in gpu.processes:
             who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or "unknown")
             job = f" · job {code(proc.job_ref)}" if proc.job_ref else ""
             mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
+            use = _process_use(proc.sm_util_pct, proc.cpu_pct, proc.elapsed_s)
             cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
-            lines.append(f"    pid {proc.pid} · {who}{job}{mem}{cmd}")
+            lines.append(f"    pid {proc.pid} · {who}{job}{mem}{use}{cmd}")
+        for waiting in gpu.waiting:
+            lines.append(f"    waiting: {_reservation_text(waiting)}")
+    for waiting in view.waiting_any:
+        wanted = f" for {escape(waiting.wanted)}" if waiting.wanted else ""
+        lines.append(f"Queued{wanted}: {_reservation_text(waiting)}")
     blocks: list[Block] = [header(title)]
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
     text = f"{escape(title)}: " + "; ".join(
-        f"GPU {g.index}: {len(g.processes)} process(es)" for g in view.gpus
+        f"GPU {g.index}: {len(g.processes)} process(es)"
+        + (" (reserved)" if g.held_by is not None and not g.processes else "")
+        for g in view.gpus
     )
     return fallback(text), fit(blocks)
+
+
+def _reservation_text(job: WhoReservation) -> str:
+    who = mention(job.slack_user) if job.slack_user else escape(job.user or "unknown")
+    return f"job {code(job.job_ref)} · {who}"
+
+
+def _process_use(sm_pct: int | None, cpu_pct: float | None, elapsed_s: float | None) -> str:
+    """ " · SM 87% · CPU 101% · up 1h 2m" for what is known ("" for nothing)."""
+    parts = []
+    if sm_pct is not None:
+        parts.append(f"SM {sm_pct}%")
+    if cpu_pct is not None:
+        parts.append(f"CPU {cpu_pct:.0f}%")
+    if elapsed_s is not None:
+        parts.append(f"up {format_duration(timedelta(seconds=elapsed_s))}")
+    return "".join(f" · {p}" for p in parts)
 
 
 def cancel_message(job: JobView) -> Message:

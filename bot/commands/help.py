@@ -27,6 +27,7 @@ HELP_ORDER = (
     "extend",
     "release",
     "rent",
+    "adopt",
     "policy",
     "cap",
     "run",

@@ -23,6 +23,7 @@ from bot.commands.values import (
 from bot.errors import UsageError
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.services import instances as service
+from bot.services import reconcile
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -30,15 +31,20 @@ if TYPE_CHECKING:
 REGISTER_USAGE = (
     "/gpu register NAME USER@HOST[:PORT] --gpu MODEL [--count N] --price 2.10/h "
     "[--release-in 3h | --release-at 18:00] "
-    "[--provider manual|aws|lambda|runpod|vast --provider-id ID] "
+    "[--provider manual|aws|lambda|runpod|vast|compshare --provider-id ID] "
     "[--billing second|minute|hour] [--min-charge 1m] [--disk 200 --storage 0.10/GB-month] "
     "[--project P] [--python PATH] [--key NAME]"
+)
+ADOPT_USAGE = (
+    "/gpu adopt PROVIDER ID NAME [--user root] [--key NAME] "
+    "[--release-in 3h | --release-at 18:00] [--price 2.10/h] [--gpu MODEL] [--count N] "
+    "[--project P] [--python PATH]"
 )
 STATUS_USAGE = "/gpu status [NAME]"
 LIST_USAGE = "/gpu list"
 HEALTH_USAGE = "/gpu health NAME [--full]"
 EXTEND_USAGE = "/gpu extend NAME DURATION"
-RELEASE_USAGE = "/gpu release NAME"
+RELEASE_USAGE = "/gpu release NAME [--stop]"
 
 _STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
 
@@ -97,6 +103,47 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     return Reply(text=text, blocks=body, ephemeral=False)
 
 
+# --- adopt ------------------------------------------------------------------------------------
+
+
+def _configure_adopt(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("provider", type=str.lower, choices=KNOWN_PROVIDERS, metavar="PROVIDER")
+    parser.add_argument("provider_id", metavar="ID")
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("--user", default="root", metavar="USER")
+    parser.add_argument("--key", metavar="NAME")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--release-in", type=parse_duration, metavar="3h")
+    when.add_argument("--release-at", metavar="18:00")
+    parser.add_argument("--price", type=parse_price, metavar="2.10/h")
+    parser.add_argument("--gpu", metavar="MODEL")
+    parser.add_argument("--count", type=parse_count, metavar="N")
+    parser.add_argument("--project", metavar="P")
+    parser.add_argument("--python", metavar="PATH")
+
+
+def _adopt(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    release_at = None
+    if args.release_at is not None:
+        release_at = parse_when(args.release_at, now_utc=rt.now(), tz=rt.settings.tz())
+    request = reconcile.AdoptRequest(
+        provider=args.provider,
+        provider_id=args.provider_id,
+        name=args.name,
+        ssh_user=args.user,
+        key_name=args.key,
+        release_in=args.release_in,
+        release_at=release_at,
+        price_micros_per_hour=args.price,
+        gpu_model=args.gpu,
+        gpu_count=args.count,
+        project=args.project,
+        python_path=args.python,
+    )
+    text, body = blocks.register_result(reconcile.adopt(rt, caller, request))
+    return Reply(text=text, blocks=body, ephemeral=False)
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 
@@ -147,10 +194,11 @@ def _extend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def _configure_release(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME")
+    parser.add_argument("--stop", action="store_true")
 
 
 def _release(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    text, body = blocks.release_ask(service.ask_release(rt, caller, args.name))
+    text, body = blocks.release_ask(service.ask_release(rt, caller, args.name, stop=args.stop))
     return Reply(text=text, blocks=body)
 
 
@@ -168,6 +216,12 @@ def _release_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     return Reply(text=text, blocks=body, replace_original=True)
 
 
+def _stop_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    view = service.release(rt, caller, instance_id(value), mode="stop")
+    text, body = blocks.release_result(view)
+    return Reply(text=text, blocks=body, replace_original=True)
+
+
 def _release_cancel_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     text, body = blocks.release_cancelled(service.instance_by_id(rt, instance_id(value)))
     return Reply(text=text, blocks=body, replace_original=True)
@@ -175,6 +229,12 @@ def _release_cancel_button(rt: Runtime, caller: Caller, value: str) -> Reply:
 
 def _release_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     text, body = blocks.release_result(service.confirm_released(rt, caller, instance_id(value)))
+    return Reply(text=text, blocks=body, replace_original=True, ephemeral=False)
+
+
+def _stop_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    view = service.confirm_released(rt, caller, instance_id(value), stopped=True)
+    text, body = blocks.release_result(view)
     return Reply(text=text, blocks=body, replace_original=True, ephemeral=False)
 
 
@@ -228,6 +288,20 @@ REGISTER = REGISTRY.command(
         handler=_register,
     )
 )
+ADOPT = REGISTRY.command(
+    CommandSpec(
+        name="adopt",
+        summary="Take over an instance of a platform account that nobody registered (the ops "
+        "channel is told of each): its address, GPUs and price come from the platform",
+        usage=ADOPT_USAGE,
+        examples=(
+            "/gpu adopt runpod abc123xyz rp1 --release-in 3h",
+            "/gpu adopt compshare uhost-1a2b3c cs1 --user ubuntu --price 13.50/h",
+        ),
+        configure=_configure_adopt,
+        handler=_adopt,
+    )
+)
 STATUS = REGISTRY.command(
     CommandSpec(
         name="status",
@@ -273,9 +347,10 @@ EXTEND = REGISTRY.command(
 RELEASE = REGISTRY.command(
     CommandSpec(
         name="release",
-        summary="Release an instance (asks for confirmation first)",
+        summary="Release an instance, or only stop it (its disk kept and billed); asks for "
+        "confirmation first",
         usage=RELEASE_USAGE,
-        examples=("/gpu release box1",),
+        examples=("/gpu release box1", "/gpu release box1 --stop"),
         configure=_configure_release,
         handler=_release,
     )
@@ -284,3 +359,5 @@ REGISTRY.action(ActionSpec(blocks.RELEASE_ASK, _release_ask_button))
 REGISTRY.action(ActionSpec(blocks.RELEASE_CONFIRM, _release_confirm_button))
 REGISTRY.action(ActionSpec(blocks.RELEASE_CANCEL, _release_cancel_button))
 REGISTRY.action(ActionSpec(blocks.RELEASE_DONE, _release_done_button))
+REGISTRY.action(ActionSpec(blocks.STOP_CONFIRM, _stop_confirm_button))
+REGISTRY.action(ActionSpec(blocks.STOP_DONE, _stop_done_button))

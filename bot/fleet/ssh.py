@@ -47,6 +47,7 @@ from bot.fleet.base import (
     output_too_large,
 )
 from bot.fleet.hostkeys import algorithms_for, host_key_from_blob
+from bot.metrics import METRICS, error_kind
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,7 @@ class SshTransport:
         try:
             return dial(self.target, timeout_s=timeout_s, key=key)
         except FleetError as exc:
+            METRICS.ssh_error(error_kind(exc))
             if exc.instance is None:
                 exc.instance = self.target.name
             if isinstance(exc, Unreachable):
@@ -424,6 +426,7 @@ class SshTransport:
                 buffer += recv(_READ_CHUNK)
                 if len(buffer) > cap:
                     chan.close()
+                    METRICS.ssh_error("output_too_large")
                     raise output_too_large(self.target.name, stream, cap)
 
     def _upload(
@@ -444,6 +447,7 @@ class SshTransport:
             sftp.close()
 
     def _timeout(self, timeout_s: float) -> CommandTimeout:
+        METRICS.ssh_error("command_timeout")
         return CommandTimeout(
             f"{self.target.name}: the command did not finish within {timeout_s:g} s",
             instance=self.target.name,
@@ -451,6 +455,7 @@ class SshTransport:
         )
 
     def _lost(self, exc: BaseException) -> Unreachable:
+        METRICS.ssh_error("command_timeout" if isinstance(exc, TimeoutError) else "connection_lost")
         if isinstance(exc, TimeoutError):
             return CommandTimeout(
                 f"{self.target.name}: SSH timed out ({exc})", instance=self.target.name

@@ -1,3 +1,4 @@
-"""GPU platforms behind one Protocol: manual, aws (boto3), lambda, runpod and vast (REST)."""
+"""GPU platforms behind one Protocol: manual, aws (boto3), lambda, runpod, vast and compshare
+(REST)."""
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ are given at rent time or registration.
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -238,7 +239,15 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
 
 def _instance(item: dict[str, Any]) -> ProviderInstance:
     raw = str(item.get("State", {}).get("Name", "pending"))
-    name = next((t["Value"] for t in item.get("Tags", []) if t.get("Key") == "Name"), None)
+    tags = tuple(
+        (str(t.get("Key")), str(t.get("Value", "")))
+        for t in item.get("Tags", [])
+        if isinstance(t, dict) and t.get("Key")
+    )
+    name = next((value for key, value in tags if key == "Name"), None)
+    launched = item.get("LaunchTime")
+    if isinstance(launched, datetime) and launched.tzinfo is not None:
+        launched = launched.astimezone(UTC).replace(tzinfo=None)
     return ProviderInstance(
         provider_id=str(item["InstanceId"]),
         state=_STATES.get(raw, "pending"),
@@ -247,6 +256,8 @@ def _instance(item: dict[str, Any]) -> ProviderInstance:
         name=name,
         host=item.get("PublicIpAddress") or item.get("PrivateIpAddress"),
         ssh_port=22,
+        launched_at=launched if isinstance(launched, datetime) else None,
+        tags=tags,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 from bot.errors import ConfigError, NotFound, ProviderError
@@ -16,10 +17,23 @@ from bot.errors import ConfigError, NotFound, ProviderError
 if TYPE_CHECKING:
     from bot.settings import Settings
 
-#: Normalised instance states, whatever the platform calls them.
-PROVIDER_STATES = ("pending", "running", "stopping", "stopped", "terminating", "terminated")
+#: Normalised instance states, whatever the platform calls them. ``stopped``: compute stopped on
+#: purpose, the disk kept (it may still bill); ``crashed``: the workload died on its own (a
+#: container that exited) while the machine stays allocated, so the platform may still bill
+#: compute; ``terminated``: gone.
+PROVIDER_STATES = (
+    "pending",
+    "running",
+    "stopping",
+    "stopped",
+    "crashed",
+    "terminating",
+    "terminated",
+)
 #: States in which the platform no longer bills compute.
 COMPUTE_OFF_STATES = frozenset({"stopped", "terminated"})
+#: States in which an instance holds compute the account pays for.
+COMPUTE_ON_STATES = frozenset({"pending", "running", "stopping", "crashed"})
 RELEASE_MODES = ("terminate", "stop")
 
 
@@ -46,7 +60,11 @@ class ProviderCapabilities:
 @dataclass(frozen=True)
 class ProviderInstance:
     """One instance as the platform reports it. ``state`` is one of PROVIDER_STATES and
-    ``raw_state`` the platform's own word; ``host`` is the address to reach SSH on."""
+    ``raw_state`` the platform's own word; ``host`` is the address to reach SSH on.
+
+    ``price_micros_per_hour`` is in ``currency`` (the platform's, ISO 4217); ``launched_at`` is
+    naive UTC where the platform says when it started; ``tags`` are the platform's labels that
+    say whose it is (AWS tags, a Vast label, a Compshare business group), as (key, value)."""
 
     provider_id: str
     state: str
@@ -58,11 +76,19 @@ class ProviderInstance:
     gpu_model: str | None = None
     gpu_count: int | None = None
     price_micros_per_hour: int | None = None
+    currency: str = "USD"
+    launched_at: datetime | None = None
+    tags: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_gone(self) -> bool:
         """True when the platform says the instance is terminated."""
         return self.state == "terminated"
+
+    @property
+    def bills_compute(self) -> bool:
+        """True while the platform holds compute for it (pending, running, stopping, crashed)."""
+        return self.state in COMPUTE_ON_STATES
 
 
 @dataclass(frozen=True)
@@ -145,16 +171,22 @@ class ProviderRegistry:
     """The configured providers by name; ``manual`` is always there."""
 
     def __init__(
-        self, providers: Sequence[Provider] = (), *, missing: dict[str, str] | None = None
+        self,
+        providers: Sequence[Provider] = (),
+        *,
+        missing: dict[str, str] | None = None,
+        implicit: Sequence[str] = (),
     ) -> None:
         self._providers: dict[str, Provider] = {p.name: p for p in providers}
         self._missing = dict(missing or {})
+        self._implicit = frozenset(implicit)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ProviderRegistry:
         """Build every provider the settings allow. REST platforms need their API key; a platform
         without one is listed as missing, and ``get`` says which variable to set."""
         from bot.providers.aws import AwsProvider
+        from bot.providers.compshare import CompshareProvider
         from bot.providers.lambda_cloud import LambdaProvider
         from bot.providers.manual import ManualProvider
         from bot.providers.runpod import RunpodProvider
@@ -162,6 +194,7 @@ class ProviderRegistry:
 
         providers: list[Provider] = [ManualProvider(), AwsProvider.from_settings(settings)]
         missing: dict[str, str] = {}
+        compshare_keys = settings.compshare_public_key and settings.compshare_private_key
         factories: tuple[tuple[str, str | None, str, Callable[[Settings], Provider]], ...] = (
             (
                 "lambda",
@@ -176,13 +209,22 @@ class ProviderRegistry:
                 RunpodProvider.from_settings,
             ),
             ("vast", settings.vast_api_key, "GPUBOT_VAST_API_KEY", VastProvider.from_settings),
+            (
+                "compshare",
+                settings.compshare_private_key if compshare_keys else None,
+                "GPUBOT_COMPSHARE_PUBLIC_KEY and GPUBOT_COMPSHARE_PRIVATE_KEY",
+                CompshareProvider.from_settings,
+            ),
         )
         for name, key, var, factory in factories:
             if key:
                 providers.append(factory(settings))
             else:
                 missing[name] = var
-        return cls(providers, missing=missing)
+        # AWS is there without any setting (boto3 finds credentials itself): its account is
+        # looked at only once the team uses it, or its endpoint is set.
+        implicit = () if settings.aws_endpoint_url else ("aws",)
+        return cls(providers, missing=missing, implicit=implicit)
 
     def get(self, name: str) -> Provider:
         """The provider called ``name``. Raises ConfigError when it needs configuring,
@@ -208,6 +250,16 @@ class ProviderRegistry:
         """The configured providers."""
         return [self._providers[name] for name in self.names()]
 
+    def accounts(self, in_use: set[str] | frozenset[str] = frozenset()) -> list[Provider]:
+        """The providers whose account the bot looks at (for instances nobody registered):
+        those that can list, configured on purpose or named in ``in_use`` (the providers of
+        registered instances)."""
+        return [
+            p
+            for p in self.all()
+            if p.capabilities.can_list and (p.name not in self._implicit or p.name in in_use)
+        ]
+
     def add(self, provider: Provider) -> None:
         """Add or replace a provider (used when building a registry by hand)."""
         self._providers[provider.name] = provider
@@ -215,7 +267,7 @@ class ProviderRegistry:
 
 
 #: Every provider module the bot ships.
-KNOWN_PROVIDERS = ("manual", "aws", "lambda", "runpod", "vast")
+KNOWN_PROVIDERS = ("manual", "aws", "lambda", "runpod", "vast", "compshare")
 
 
 def check_mode(provider: Provider, mode: str) -> None:

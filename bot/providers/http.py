@@ -6,6 +6,9 @@ ProviderError(retryable=True), any other 4xx ProviderError(retryable=False).
 
 Redirects are followed only within the API's own scheme, host and port: the API key must never
 reach another host, so a redirect elsewhere is not followed and raises ProviderError.
+
+Every request names the bot in its User-Agent (``USER_AGENT``): APIs behind Cloudflare often
+refuse urllib's default ``Python-urllib/3.x`` with 403.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from email.utils import parsedate_to_datetime
 from http.client import HTTPMessage
 from typing import IO, Any
 
+from bot import __version__
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
 
 DEFAULT_TIMEOUT_S = 30.0
+#: What every request says it is (never urllib's default, which Cloudflare-fronted APIs refuse).
+USER_AGENT = f"gpubot/{__version__}"
 _DETAIL_CHARS = 300
 
 
@@ -83,7 +89,7 @@ class JsonApi:
                 hint="Fix the provider's API URL in the bot's environment.",
             )
         data = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json", **self.headers}
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **self.headers}
         if data is not None:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310

@@ -3,7 +3,11 @@
 Endpoints (relative to ``settings.lambda_api_url``): ``GET /instances``, ``GET /instances/{id}``,
 ``GET /instance-types``, ``POST /instance-operations/launch``,
 ``POST /instance-operations/terminate``. Lambda cannot stop instances, only terminate them;
-it bills per minute.
+it bills per minute. The documented API host is ``https://cloud.lambda.ai/api/v1`` (formerly
+``cloud.lambdalabs.com``).
+
+States: Lambda's ``InstanceStatus`` is booting, active, unhealthy (running, billed),
+terminating, terminated and preempted (taken back by Lambda: gone, like terminated).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ _STATES = {
     "unhealthy": "running",
     "terminating": "terminating",
     "terminated": "terminated",
+    "preempted": "terminated",
 }
 CENTS_TO_MICROS = 10_000
 

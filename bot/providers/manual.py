@@ -1,6 +1,7 @@
 """The manual provider: any platform, with or without an API. The bot cannot list or release
-these instances itself; releasing means asking the owner to release on the platform and to
-confirm (see bot.services.releases)."""
+these instances itself; releasing (or stopping) means asking the owner to do it on the platform
+and to confirm which they did (see bot.services.releases). A stopped one bills its disk at the
+storage price its owner gave."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ class ManualProvider:
 
     name = "manual"
     capabilities = ProviderCapabilities(
-        can_stop=False,
-        storage_bills_when_stopped=False,
+        can_stop=True,
+        storage_bills_when_stopped=True,
         billing_increment="second",
         min_charge_s=0,
         can_launch=False,

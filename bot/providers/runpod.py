@@ -3,10 +3,18 @@
 Endpoints (relative to ``settings.runpod_api_url``): ``GET /pods``, ``GET /pods/{id}``,
 ``POST /pods``, ``POST /pods/{id}/stop``, ``DELETE /pods/{id}``. A stopped pod keeps billing
 for its volume disk; billing is per second.
+
+States: REST v1 documents ``desiredStatus`` RUNNING, EXITED (stopped: the pod is halted, its
+volume kept) and TERMINATED; the older GraphQL schema adds CREATED, RESTARTING, PAUSED and
+DEAD, and REST v2 PROVISIONING, STARTING and ERROR (an unrecoverable container error). DEAD and
+ERROR are ``crashed``: the pod is not stopped on purpose and may still hold its GPU.
+``costPerHr`` is documented both as a number and as a string ("0.74"); both are read.
 """
 
 from __future__ import annotations
 
+import math
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -31,8 +39,9 @@ _STATES = {
     "EXITED": "stopped",
     "STOPPED": "stopped",
     "PAUSED": "stopped",
+    "DEAD": "crashed",
+    "ERROR": "crashed",
     "TERMINATED": "terminated",
-    "DEAD": "terminated",
 }
 DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
 
@@ -124,20 +133,47 @@ def _pod(item: Any) -> ProviderInstance:
     gpu = item.get("gpu") if isinstance(item.get("gpu"), dict) else {}
     ports = item.get("portMappings") if isinstance(item.get("portMappings"), dict) else {}
     ssh_port = ports.get("22") if ports else None
-    cost = item.get("costPerHr")
+    name = item.get("name")
     return ProviderInstance(
         provider_id=str(item["id"]),
         state=_STATES.get(raw.upper(), "pending"),
         raw_state=raw,
         instance_type=gpu.get("id") if gpu else None,
-        name=item.get("name"),
+        name=name,
         host=item.get("publicIp") or None,
         ssh_port=int(ssh_port)
         if isinstance(ssh_port, int | str) and str(ssh_port).isdigit()
         else 22,
         gpu_model=gpu.get("displayName") if gpu else None,
         gpu_count=gpu.get("count") if gpu and isinstance(gpu.get("count"), int) else None,
-        price_micros_per_hour=round(float(cost) * 1_000_000)
-        if isinstance(cost, int | float)
-        else None,
+        price_micros_per_hour=_micros(item.get("costPerHr")),
+        launched_at=_iso(item.get("lastStartedAt")),
+        tags=(("name", name),) if isinstance(name, str) and name else (),
     )
+
+
+def _micros(value: Any) -> int | None:
+    """Dollars (a number, or a number as text) as micro-units; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return round(float(value) * 1_000_000)
+
+
+def _iso(value: Any) -> datetime | None:
+    """An ISO 8601 time as naive UTC; None when absent or unreadable."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        return at
+    return at.astimezone(UTC).replace(tzinfo=None)

@@ -1,13 +1,23 @@
 """Vast.ai (REST, Bearer key): instances listed, stopped or destroyed.
 
-Endpoints (relative to ``settings.vast_api_url``): ``GET /api/v1/instances/``,
+Endpoints (relative to ``settings.vast_api_url``): ``GET /api/v1/instances/`` (paged: ``limit``
+at most 25, and the ``next_token`` of the previous page until it is empty),
 ``GET /api/v0/instances/{id}/``, ``PUT /api/v0/instances/{id}/`` with ``{"state": "stopped"}``,
 ``DELETE /api/v0/instances/{id}/``. Storage keeps billing while an instance is stopped; renting
 goes through Vast's offers, so ``launch`` is not offered here (rent there, then register).
+
+States, from Vast's instance documents: ``actual_status`` is the container (``null`` and
+``loading`` while it starts, ``running``, ``frozen`` (paused, GPU still charged), ``stopped``
+(disk charges only), ``exited`` (the process exited unexpectedly: a crash, not a stop),
+``rebooting``, ``unknown``, ``offline``); ``intended_status`` is what the user asked for and
+``cur_state`` the machine contract (``running``, ``stopped``, or ``unloaded`` once destroyed).
+An ``exited`` container whose contract still runs is ``crashed``: the GPU stays allocated, so
+the meter keeps running.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -24,7 +34,7 @@ from bot.providers.base import (
 from bot.providers.http import JsonApi
 from bot.settings import Settings
 
-_STATES = {
+_ACTUAL = {
     None: "pending",
     "created": "pending",
     "loading": "pending",
@@ -33,11 +43,16 @@ _STATES = {
     "rebooting": "running",
     "unknown": "running",
     "offline": "running",
-    "exited": "stopped",
     "stopped": "stopped",
+    "exited": "crashed",
     "destroyed": "terminated",
     "deleted": "terminated",
 }
+#: Vast's largest page of the instance list.
+PAGE_LIMIT = 25
+#: The most pages read for one list (25 000 instances): a platform that keeps answering with a
+#: next page is not followed for ever.
+MAX_PAGES = 1000
 
 
 class VastProvider:
@@ -62,12 +77,27 @@ class VastProvider:
         return cls(JsonApi.bearer("vast", settings.vast_api_url, settings.vast_api_key))
 
     def list_instances(self) -> list[ProviderInstance]:
-        """Every instance of the account."""
-        answer = self.api.get("/api/v1/instances/")
-        items = answer.get("instances") if isinstance(answer, dict) else None
-        if not isinstance(items, list):
-            raise ProviderError("vast: the instance list has no 'instances'")
-        return [_instance(item) for item in items]
+        """Every instance of the account, page by page. Raises ProviderError when a page has
+        no instance list, or the pages never end (a token seen before, or ``MAX_PAGES``)."""
+        found: list[ProviderInstance] = []
+        token: str | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_PAGES):
+            query = {"limit": str(PAGE_LIMIT)}
+            if token:
+                query["next_token"] = token
+            answer = self.api.get("/api/v1/instances/", query=query)
+            items = answer.get("instances") if isinstance(answer, dict) else None
+            if not isinstance(items, list):
+                raise ProviderError("vast: the instance list has no 'instances'")
+            found.extend(_instance(item) for item in items)
+            token = _next_token(answer)
+            if token is None:
+                return found
+            if token in seen:
+                raise ProviderError("vast: the instance list repeats a page token", retryable=True)
+            seen.add(token)
+        raise ProviderError(f"vast: the instance list has more than {MAX_PAGES} pages")
 
     def get(self, provider_id: str) -> ProviderInstance:
         """One instance; ProviderNotFound when Vast does not know it."""
@@ -123,17 +153,15 @@ def _instance(item: Any) -> ProviderInstance:
     if not isinstance(item, dict) or "id" not in item:
         raise ProviderError("vast: an instance without an id in the answer")
     raw = item.get("actual_status")
-    state = _STATES.get(raw, "running") if raw is None or isinstance(raw, str) else "running"
-    if item.get("intended_status") == "stopped" and state == "running":
-        state = "stopping"
     host, port = _ssh_address(item)
     dph = item.get("dph_total")
+    label = item.get("label")
     return ProviderInstance(
         provider_id=str(item["id"]),
-        state=state,
+        state=state_of(item),
         raw_state=str(raw),
         instance_type=item.get("gpu_name"),
-        name=item.get("label"),
+        name=label if isinstance(label, str) else None,
         host=host,
         ssh_port=port,
         gpu_model=item.get("gpu_name"),
@@ -141,7 +169,39 @@ def _instance(item: Any) -> ProviderInstance:
         price_micros_per_hour=round(float(dph) * 1_000_000)
         if isinstance(dph, int | float)
         else None,
+        launched_at=_epoch(item.get("start_date")),
+        tags=(("label", label),) if isinstance(label, str) and label else (),
     )
+
+
+def state_of(item: dict[str, Any]) -> str:
+    """The normalised state of one instance document (see the module docstring)."""
+    raw = item.get("actual_status")
+    contract = item.get("cur_state")
+    intended = item.get("intended_status")
+    if contract == "unloaded":
+        return "terminated"
+    state = _ACTUAL.get(raw, "running") if raw is None or isinstance(raw, str) else "running"
+    if state == "crashed" and contract == "stopped":
+        return "stopped"
+    if intended == "stopped" and state in ("pending", "running", "crashed"):
+        return "stopping"
+    return state
+
+
+def _next_token(answer: dict[str, Any]) -> str | None:
+    token = answer.get("next_token")
+    return token if isinstance(token, str) and token else None
+
+
+def _epoch(value: Any) -> datetime | None:
+    """Seconds since the epoch as naive UTC; None for anything else."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _ssh_address(item: dict[str, Any]) -> tuple[str | None, int]:

@@ -25,7 +25,7 @@ from sqlmodel import col, delete, select
 
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
 from bot.services import audit, ledger, outbox
-from bot.store.models import Budget, BudgetAlert, Charge, Instance, Person
+from bot.store.models import Budget, BudgetAlert, Instance, Person
 
 if TYPE_CHECKING:
     from bot.commands.registry import Caller
@@ -204,13 +204,10 @@ def list_budgets(rt: Runtime, now: datetime) -> list[BudgetStatus]:
 def month_to_date(db: Database, now: datetime, tz: ZoneInfo) -> Spent:
     """This month's spend per owner and per project, up to ``now`` (after accruing charges)."""
     ledger.accrue(db, now, tz)
-    start, _ = ledger.month_bounds(ledger.month_of(now, tz), tz)
+    month = ledger.month_of(now, tz)
+    start, _ = ledger.month_bounds(month, tz)
     with db.session() as session:
-        month_rows = session.exec(
-            select(Charge.instance_id, func.sum(Charge.amount_micros))
-            .where(Charge.start_at >= start)
-            .group_by(col(Charge.instance_id))
-        ).all()
+        month_rows = list(ledger.month_charged_micros(session, month, tz).items())
         open_instances = list(
             session.exec(
                 select(Instance).where(

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import and_, or_
 from sqlmodel import Session, col, func, select
 
 from bot.blocks import deadlines as blocks
@@ -34,13 +35,12 @@ from bot.errors import (
     Conflict,
     GpubotError,
     NotAuthorized,
-    ProviderError,
-    ProviderNotFound,
     UsageError,
 )
-from bot.providers.base import ProviderInstance
+from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, prompts, releases
+from bot.services import reconcile as platform_reconcile
 from bot.services.instances import get_live_instance
 from bot.store.models import Instance, Job, Prompt, Release, UtilSample
 
@@ -56,8 +56,6 @@ KIND_UNWARNED = "release_unwarned"
 JOBS_DONE_GRACE_S = 600
 #: The grace after a late warning when no offsets are configured.
 DEFAULT_NOTICE_S = 600
-#: Reconcile leaves alone instances younger than this (platform lists lag behind launches).
-RECONCILE_MIN_AGE_S = 300
 
 ACTIVE_JOB_STATES = ("queued", "running")
 
@@ -98,17 +96,32 @@ def notice_s(rt: Runtime) -> int:
 
 # --- deadlines --------------------------------------------------------------------------------
 
+#: Instances whose deadline is watched: running, and stopped (their disk still bills).
+DEADLINE_STATES = ("active", "stopped")
+
 
 def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
-    """Create due warnings and request the releases that came due; returns the instance ids
-    whose release was requested."""
+    """Create due warnings and request the releases that came due, for running and for stopped
+    instances (a stopped one still bills its disk: at its deadline it is released for good);
+    returns the instance ids whose release was requested."""
     due: list[tuple[int, str, Deadline, tuple[datetime | None, datetime | None]]] = []
+    # Only deadlines close enough to need a warning or a release (indexed ranges): the cost
+    # follows what is due, not the size of the fleet.
+    horizon = now + timedelta(seconds=max((*rt.settings.warning_offsets_s, 0)))
     with rt.db.session() as session:
         instances = session.exec(
             select(Instance).where(
-                Instance.state == "active",
                 access.visible_clause(rt),
-                col(Instance.deadline_at).is_not(None) | col(Instance.lifetime_cap_at).is_not(None),
+                or_(
+                    and_(
+                        col(Instance.state).in_(DEADLINE_STATES),
+                        col(Instance.deadline_at) <= horizon,
+                    ),
+                    and_(
+                        col(Instance.state).in_(DEADLINE_STATES),
+                        col(Instance.lifetime_cap_at) <= horizon,
+                    ),
+                ),
             )
         ).all()
         for inst in instances:
@@ -276,7 +289,12 @@ def _request(
     except Conflict:
         return False
     except GpubotError as exc:
-        log.warning("instance %s: cannot request its release: %s", instance_id, exc)
+        log.warning(
+            "instance %s: cannot request its release: %s",
+            instance_id,
+            exc,
+            extra=log_ids(instance_id=instance_id),
+        )
         return False
     return True
 
@@ -331,8 +349,18 @@ def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
     Returns the instance ids whose release was requested."""
     due: list[int] = []
     with rt.db.session() as session:
+        # Only instances that asked to be released when done, or have a job that asked: one
+        # query, whatever the fleet's size.
+        flagged_jobs = select(Job.instance_id).where(col(Job.release_when_done).is_(True))
+        active = col(Instance.state) == "active"
         instances = session.exec(
-            select(Instance).where(Instance.state == "active", access.visible_clause(rt))
+            select(Instance).where(
+                access.visible_clause(rt),
+                or_(
+                    and_(active, col(Instance.release_when_done).is_(True)),
+                    and_(active, col(Instance.id).in_(flagged_jobs)),
+                ),
+            )
         ).all()
         for inst in instances:
             assert inst.id is not None
@@ -424,96 +452,11 @@ def _stale_outcome(
 
 
 def reconcile(rt: Runtime, now: datetime) -> list[int]:
-    """Compare each provider's own list with the bot's instances: those terminated (or stopped)
-    outside the bot get their meter stopped, an audit entry and a message to the owner.
-    Instances with a release under way are left to the release engine. Returns the ids."""
-    by_provider: dict[str, list[tuple[int, str]]] = {}
-    with rt.db.session() as session:
-        rows = session.exec(
-            select(Instance.id, Instance.provider, Instance.provider_instance_id).where(
-                col(Instance.state).in_(("active", "registering", "lost")),
-                col(Instance.provider_instance_id).is_not(None),
-                col(Instance.created_at) <= now - timedelta(seconds=RECONCILE_MIN_AGE_S),
-            )
-        ).all()
-        for iid, provider, pid in rows:
-            if iid is not None and pid:
-                by_provider.setdefault(provider, []).append((iid, pid))
-    changed: list[int] = []
-    for name, members in sorted(by_provider.items()):
-        for iid, state in _outside_changes(rt, name, members):
-            if _record_outside(rt, iid, state, now):
-                changed.append(iid)
-    return changed
-
-
-def _outside_changes(
-    rt: Runtime, provider_name: str, members: list[tuple[int, str]]
-) -> list[tuple[int, str]]:
-    try:
-        provider = rt.providers.get(provider_name)
-        if not provider.capabilities.can_list:
-            return []
-        listed = {p.provider_id: p for p in provider.list_instances()}
-    except GpubotError as exc:
-        log.warning("reconcile with %s skipped: %s", provider_name, exc)
-        return []
-    found: list[tuple[int, str]] = []
-    for iid, pid in members:
-        seen: ProviderInstance | None = listed.get(pid)
-        if seen is None:
-            try:
-                seen = provider.get(pid)
-            except ProviderNotFound:
-                found.append((iid, "terminated"))
-                continue
-            except ProviderError as exc:
-                log.warning("reconcile: %s %s: %s", provider_name, pid, exc)
-                continue
-        if seen.state in ("terminated", "stopped"):
-            found.append((iid, seen.state))
-    return found
-
-
-def _record_outside(rt: Runtime, instance_id: int, state: str, now: datetime) -> bool:
-    mode = "stop" if state == "stopped" else "terminate"
-    with rt.db.session() as session:
-        if releases.open_release(session, instance_id) is not None:
-            return False
-        inst = session.get(Instance, instance_id)
-        if inst is None or inst.state not in ("active", "registering", "lost"):
-            return False
-        if not releases.mark_instance_released(session, instance_id, now=now, mode=mode):
-            return False
-        session.add(
-            Release(
-                instance_id=instance_id,
-                reason="reconcile",
-                mode=mode,
-                requested_by="gpubot",
-                requested_at=now,
-                state="confirmed",
-                confirmed_at=now,
-            )
-        )
-        prompts.ensure_prompt(
-            session,
-            instance_id=instance_id,
-            kind=KIND_OUTSIDE,
-            key=state,
-            recipient=inst.owner_id,
-            due_at=now,
-        )
-        prompts.audit(
-            session,
-            at=now,
-            actor="gpubot",
-            action="released_outside",
-            instance_id=instance_id,
-            provider=inst.provider,
-            provider_state=state,
-        )
-    return True
+    """Compare each platform account with the bot's registrations (bot.services.reconcile):
+    instances stopped, started or terminated outside the bot are recorded so and their owners
+    told; instances nobody registered are reported to the ops channel once. Instances with a
+    release under way are left to the release engine. Returns the ids that changed."""
+    return platform_reconcile.reconcile(rt, now)
 
 
 # --- rendering ------------------------------------------------------------------------------------

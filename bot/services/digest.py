@@ -206,7 +206,7 @@ def top_jobs(
 ) -> tuple[JobSpend, ...]:
     """The most expensive jobs that finished in ``[start, end)``: their recorded cost, or their
     share of the instance's price while they ran."""
-    with db.session() as session:
+    with db.read_session() as session:
         rows = session.exec(
             select(Job, Instance)
             .join(Instance, col(Instance.id) == col(Job.instance_id))

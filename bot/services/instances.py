@@ -48,7 +48,7 @@ from bot.errors import (
 )
 from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
-from bot.providers.base import KNOWN_PROVIDERS
+from bot.providers.base import KNOWN_PROVIDERS, check_mode
 from bot.runtime import Runtime
 from bot.services import access, audit, budgets, ledger, prompts, releases
 from bot.services.views import (
@@ -412,33 +412,51 @@ def extend(
         return instance_view(inst)
 
 
-def ask_release(rt: Runtime, caller: Caller, name: str) -> ReleaseAsk:
-    """What releasing would mean (cost so far, running jobs); changes nothing. Owner or admin.
-    Raises NotFound, NotAuthorized, Conflict (already being released)."""
+def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -> ReleaseAsk:
+    """What releasing (or, with ``stop``, stopping) would mean: cost so far, running jobs, and
+    for a stop what the disk goes on costing; changes nothing. Owner or admin. A stopped
+    instance can be released (terminated), not stopped again.
+
+    Raises NotFound, NotAuthorized, Conflict (being released, or already stopped),
+    ProviderError (the platform cannot stop) and ConfigError (it is not configured)."""
     now = rt.now()
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
-        access.require_owner_or_admin(rt, caller, inst, action="release")
-        _require_active(inst, "released again")
+        access.require_owner_or_admin(rt, caller, inst, action="stop" if stop else "release")
+        if inst.state != releases.STOPPED:
+            _require_active(inst, "released again")
+        elif stop:
+            raise Conflict(
+                f"{inst.name} is already stopped.",
+                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
+            )
         jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
+    if stop:
+        check_mode(rt.providers.get(inst.provider), "stop")
     return ReleaseAsk(
         instance=instance_view(inst),
         manual=_is_manual(rt, inst),
         cost_micros=billing.cost_so_far(inst, now),
         running_jobs=jobs.get(inst.id or 0, ()),
+        mode="stop" if stop else "terminate",
     )
 
 
-def release(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
-    """The confirmed release: open a Release (reason ``user``) and work on it now. A platform
-    with an API is asked to terminate; a manual one gets the owner asked to release it there.
-    Raises NotFound, NotAuthorized, Conflict (already released), ProviderError/ConfigError."""
+def release(
+    rt: Runtime, caller: Caller, instance_id: int, *, mode: str = "terminate"
+) -> ReleaseView:
+    """The confirmed release (or stop): open a Release (reason ``user``) and work on it now. A
+    platform with an API is asked to terminate (or stop); a manual one gets the owner asked to
+    do it there. Raises NotFound, NotAuthorized, Conflict (already released, or already
+    stopped), UsageError (a mode that is not one), ProviderError/ConfigError."""
     with rt.db.session() as session:
         inst = _by_id(rt, session, instance_id)
         access.require_owner_or_admin(rt, caller, inst, action="release")
     if inst.state == "released":
         raise Conflict(f"{inst.name} is already released.")
-    opened = releases.request_release(rt, instance_id, reason="user", requested_by=caller.user_id)
+    opened = releases.request_release(
+        rt, instance_id, reason="user", requested_by=caller.user_id, mode=mode
+    )
     assert opened.id is not None
     done = releases.process_release(rt, opened.id)
     rt.fleet.forget(inst.name)
@@ -450,13 +468,17 @@ def release(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
         state=done.state,
         manual=_is_manual(rt, inst),
         last_error=done.last_error,
+        mode=done.mode,
     )
 
 
-def confirm_released(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseView:
-    """The owner (or an admin) says a manual instance is released on its platform: the meter
-    stops now. Idempotent. Raises NotFound, NotAuthorized."""
-    done = releases.confirm_manual_release(rt, caller, instance_id)
+def confirm_released(
+    rt: Runtime, caller: Caller, instance_id: int, *, stopped: bool = False
+) -> ReleaseView:
+    """The owner (or an admin) says a manual instance is released on its platform, or only
+    ``stopped`` there (its disk kept and billed): the meter stops now (for compute only when
+    stopped). Idempotent. Raises NotFound, NotAuthorized, Conflict."""
+    done = releases.confirm_manual_release(rt, caller, instance_id, stopped=stopped)
     with rt.db.session() as session:
         inst = _by_id(rt, session, instance_id)
     rt.fleet.forget(inst.name)
@@ -467,6 +489,7 @@ def confirm_released(rt: Runtime, caller: Caller, instance_id: int) -> ReleaseVi
         state=done.state,
         manual=True,
         last_error=done.last_error,
+        mode=done.mode,
     )
 
 
@@ -570,6 +593,8 @@ def instance_view(inst: Instance) -> InstanceView:
         python_path=inst.python_path,
         agent_version=inst.agent_version,
         channel_id=inst.channel_id,
+        stopped_at=inst.stopped_at if inst.state == releases.STOPPED else None,
+        storage_micros_per_hour=billing.storage_micros_per_hour(inst),
     )
 
 

@@ -93,7 +93,8 @@ class LogView:
 @dataclass(frozen=True)
 class WhoProcess:
     """A process on a GPU: its account on the instance, and the Slack user and job behind it
-    where the bot knows them."""
+    where the bot knows them; its share of the GPU's SMs, its host CPU use (100 = one core)
+    and how long it has run, where the agent could tell."""
 
     pid: int
     user: str | None
@@ -101,23 +102,42 @@ class WhoProcess:
     job_ref: str | None
     command: str | None
     used_mem_bytes: int | None
+    sm_util_pct: int | None = None
+    cpu_pct: float | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WhoReservation:
+    """An agent job that holds a GPU (``starting``: none of its processes is on it yet) or
+    waits for GPUs (``wanted`` says which, e.g. "any 2 GPUs")."""
+
+    job_ref: str
+    slack_user: str | None
+    user: str | None
+    starting: bool = False
+    wanted: str | None = None
 
 
 @dataclass(frozen=True)
 class WhoGpuView:
-    """One GPU and its processes."""
+    """One GPU, its processes, the job holding it and the jobs waiting for it."""
 
     index: int
     name: str
     processes: tuple[WhoProcess, ...]
+    util_gpu_pct: int | None = None
+    held_by: WhoReservation | None = None
+    waiting: tuple[WhoReservation, ...] = ()
 
 
 @dataclass(frozen=True)
 class WhoView:
-    """``/gpu who NAME``."""
+    """``/gpu who NAME``; ``waiting_any`` are queued jobs that asked for a count of GPUs."""
 
     instance_name: str
     gpus: tuple[WhoGpuView, ...]
+    waiting_any: tuple[WhoReservation, ...] = ()
 
 
 @dataclass(frozen=True)

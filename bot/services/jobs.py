@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import CursorResult, or_, update
 from sqlmodel import Session, col, select
 
-from agents.protocol import JobList, JobRecord, ProtocolError, dumps, loads
+from agents.protocol import JobList, JobRecord, ProtocolError, WhoJob, dumps, loads
 from agents.runner import JobRequestError, parse_gpus
 from bot import billing
 from bot.blocks import jobs as blocks
@@ -46,6 +46,7 @@ from bot.errors import (
     UsageError,
 )
 from bot.fleet.base import Target
+from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, audit, outbox
 from bot.services.instances import get_live_instance, handle_fleet_error, target_for
@@ -58,6 +59,7 @@ from bot.services.job_views import (
     SubmitResult,
     WhoGpuView,
     WhoProcess,
+    WhoReservation,
     WhoView,
 )
 from bot.store.models import MAX_ROW_ID, Instance, Job
@@ -150,7 +152,12 @@ def submit(
     try:
         ref = rt.notifier.post(channel, text, body)
     except GpubotError:
-        log.warning("posting the message of job %s failed", job_id, exc_info=True)
+        log.warning(
+            "posting the message of job %s failed",
+            job_id,
+            exc_info=True,
+            extra=log_ids(job_id=job_id, instance_id=inst.id, instance=inst.name),
+        )
     with rt.db.session() as session:
         job = _job(session, job_id)
         if ref is not None:
@@ -257,7 +264,8 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
 
 def who(rt: Runtime, name: str) -> WhoView:
     """Every GPU of the instance and its processes, shown as Slack users where the process
-    belongs to a job the bot ran. Raises NotFound, FleetError."""
+    belongs to a job the bot ran, with the agent's reservations: the job each GPU is assigned
+    to (also while it starts) and the queued jobs waiting. Raises NotFound, FleetError."""
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         target = target_for(rt, inst)
@@ -266,7 +274,10 @@ def who(rt: Runtime, name: str) -> WhoView:
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         raise
+    held = [g.held_by for g in report.gpus if g.held_by is not None]
+    queued = [j for g in report.gpus for j in g.waiting] + list(report.waiting_any)
     job_ids = {p.job_id for g in report.gpus for p in g.processes if p.job_id}
+    job_ids |= {j.job_id for j in held + queued}
     with rt.db.session() as session:
         rows = {
             row.agent_job_id: row
@@ -274,26 +285,62 @@ def who(rt: Runtime, name: str) -> WhoView:
                 select(Job).where(Job.instance_id == inst.id, col(Job.agent_job_id).in_(job_ids))
             ).all()
         }
+
+    def ref_of(agent_job_id: str) -> str:
+        row = rows.get(agent_job_id)
+        return str(row.id) if row is not None else f"{inst.name}:{agent_job_id}"
+
+    def reservation(job: WhoJob, starting: bool = False) -> WhoReservation:
+        row = rows.get(job.job_id)
+        wanted = None
+        if not job.gpus and job.gpus_requested:
+            count = job.gpus_requested
+            wanted = (
+                "all GPUs" if count == "all" else f"any {count} GPU{'' if count == '1' else 's'}"
+            )
+        return WhoReservation(
+            job_ref=ref_of(job.job_id),
+            slack_user=row.requested_by if row is not None else None,
+            user=job.user,
+            starting=starting,
+            wanted=wanted,
+        )
+
     gpus = []
     for gpu in report.gpus:
         procs = []
         for proc in gpu.processes:
             row = rows.get(proc.job_id or "")
-            ref = None
-            if proc.job_id:
-                ref = str(row.id) if row is not None else f"{inst.name}:{proc.job_id}"
             procs.append(
                 WhoProcess(
                     pid=proc.pid,
                     user=proc.user,
                     slack_user=row.requested_by if row is not None else None,
-                    job_ref=ref,
+                    job_ref=ref_of(proc.job_id) if proc.job_id else None,
                     command=proc.command,
                     used_mem_bytes=proc.used_mem_bytes,
+                    sm_util_pct=proc.sm_util_pct,
+                    cpu_pct=proc.cpu_pct,
+                    elapsed_s=proc.elapsed_s,
                 )
             )
-        gpus.append(WhoGpuView(index=gpu.index, name=gpu.name, processes=tuple(procs)))
-    return WhoView(instance_name=inst.name, gpus=tuple(gpus))
+        holder = gpu.held_by
+        started = holder is not None and any(p.job_id == holder.job_id for p in gpu.processes)
+        gpus.append(
+            WhoGpuView(
+                index=gpu.index,
+                name=gpu.name,
+                processes=tuple(procs),
+                util_gpu_pct=gpu.util_gpu_pct,
+                held_by=None if holder is None else reservation(holder, starting=not started),
+                waiting=tuple(reservation(j) for j in gpu.waiting),
+            )
+        )
+    return WhoView(
+        instance_name=inst.name,
+        gpus=tuple(gpus),
+        waiting_any=tuple(reservation(j) for j in report.waiting_any),
+    )
 
 
 # --- polling and replies ------------------------------------------------------------------

@@ -27,18 +27,21 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import and_, func, insert, or_
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from bot import billing
-from bot.store.models import Charge, Instance
+from bot.store.models import Charge, Instance, LedgerState, UtilHour
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
     from bot.store.db import Database
 
 log = logging.getLogger(__name__)
+
+#: Instances charged per transaction when many are due at once (the hour's turn).
+ACCRUE_BATCH = 500
 
 COMPUTE = "compute"
 STORAGE = "storage"
@@ -70,22 +73,32 @@ class PlannedCharge:
 
 
 def accrue(db: Database, now: datetime, tz: ZoneInfo) -> int:
-    """Write every charge that is due up to ``now`` for every instance; returns how many.
+    """Write every charge that is due up to ``now``; returns how many.
 
-    One read finds the instances with something due (two queries, whatever the fleet's
-    history); only those are charged, each in its own transaction. Safe to run concurrently
-    with itself: a bucket another process wrote first is skipped.
-    Raises StoreError when the database fails.
+    One query finds the instances with something due (their ``ledger_due_at`` has come, or
+    they were stopped or released since the ledger last looked); their ledger states come in
+    one more; their charges and states are written in batches of ``ACCRUE_BATCH`` per
+    transaction. A batch that clashes with another process writing the same buckets is redone
+    one instance at a time, skipping what the other process wrote. Raises StoreError when the
+    database fails.
     """
     with db.session() as session:
-        instances = list(session.exec(select(Instance).order_by(col(Instance.id))).all())
-        states = _all_states(session)
-    due = [
-        instance.id
-        for instance in instances
-        if instance.id is not None and plan_charges(instance, states.get(instance.id, {}), now, tz)
-    ]
-    return sum(accrue_instance(db, instance_id, now, tz) for instance_id in due)
+        due = [
+            int(instance_id)
+            for instance_id in session.exec(
+                select(Instance.id).where(_due_clause(now)).order_by(col(Instance.id))
+            ).all()
+            if instance_id is not None
+        ]
+    written = 0
+    for start in range(0, len(due), ACCRUE_BATCH):
+        batch = due[start : start + ACCRUE_BATCH]
+        try:
+            written += _accrue_batch(db, batch, now, tz)
+        except sa_exc.IntegrityError:
+            log.info("ledger: a batch was charged concurrently; charging it one by one")
+            written += sum(accrue_instance(db, instance_id, now, tz) for instance_id in batch)
+    return written
 
 
 def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo) -> int:
@@ -93,20 +106,11 @@ def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo)
     finalise at once); returns how many were written. Raises StoreError when the database fails.
     """
     try:
-        with db.session() as session:
-            instance = session.get(Instance, instance_id)
-            if instance is None:
-                return 0
-            states = _states(session, instance_id)
-            planned = plan_charges(instance, states, now, tz)
-            for charge in planned:
-                session.add(_charge_row(instance, charge, now))
-            session.flush()
+        return _accrue_batch(db, [instance_id], now, tz)
     except sa_exc.IntegrityError:
         # Another process wrote these buckets first; the next run continues from theirs.
         log.info("ledger: instance %s was charged concurrently; skipped", instance_id)
         return 0
-    return len(planned)
 
 
 def plan_charges(
@@ -158,9 +162,9 @@ def close_charges(session: Session, instance: Instance, at: datetime, tz: ZoneIn
     change there); returns how many. A bucket another process wrote first raises
     IntegrityError when the session flushes: the caller's change should then be tried again."""
     assert instance.id is not None
-    planned = plan_charges(instance, _states(session, instance.id), at, tz, close_at=at)
-    for charge in planned:
-        session.add(_charge_row(instance, charge, at))
+    states = _load_states(session, [instance.id]).get(instance.id, {})
+    planned = plan_charges(instance, _kind_states(states), at, tz, close_at=at)
+    _write(session, instance, planned, states, at, tz)
     session.flush()
     return len(planned)
 
@@ -220,16 +224,40 @@ def next_month(month: str) -> str:
 
 
 def charged_micros(session: Session, instance_ids: Iterable[int]) -> dict[int, int]:
-    """Total charged so far per instance (all kinds, all months)."""
+    """Total charged so far per instance (all kinds, all months), from the ledger states."""
     ids = list(instance_ids)
     if not ids:
         return {}
     rows = session.exec(
-        select(Charge.instance_id, func.sum(Charge.amount_micros))
-        .where(col(Charge.instance_id).in_(ids))
-        .group_by(col(Charge.instance_id))
+        select(LedgerState.instance_id, func.sum(LedgerState.charged_micros))
+        .where(col(LedgerState.instance_id).in_(ids))
+        .group_by(col(LedgerState.instance_id))
     ).all()
     return {instance_id: int(total or 0) for instance_id, total in rows}
+
+
+def month_charged_micros(session: Session, month: str, tz: ZoneInfo) -> dict[int, int]:
+    """What the charges starting in ``month`` (``YYYY-MM`` in ``tz``) add up to per instance,
+    for the instances whose latest charge is in that month (the current month, once the
+    ledger has run): from the ledger states, in one indexed query. States written before the
+    ledger kept months (``month`` empty) are added up from their charges."""
+    rows = session.exec(
+        select(LedgerState.instance_id, func.sum(LedgerState.month_micros))
+        .where(LedgerState.month == month)
+        .group_by(col(LedgerState.instance_id))
+    ).all()
+    totals = {instance_id: int(total or 0) for instance_id, total in rows}
+    start, end = month_bounds(month, tz)
+    unknown = select(LedgerState.instance_id).where(LedgerState.month == "")
+    for instance_id, total in session.exec(
+        select(Charge.instance_id, func.sum(Charge.amount_micros))
+        .where(
+            col(Charge.instance_id).in_(unknown), Charge.start_at >= start, Charge.start_at < end
+        )
+        .group_by(col(Charge.instance_id))
+    ).all():
+        totals[instance_id] = totals.get(instance_id, 0) + int(total or 0)
+    return totals
 
 
 def unaccrued_micros(instance: Instance, charged: int, now: datetime) -> int:
@@ -238,23 +266,136 @@ def unaccrued_micros(instance: Instance, charged: int, now: datetime) -> int:
     return max(0, billing.cost_so_far(instance, now) - charged)
 
 
+def bucket_start(instance: Instance, at: datetime, tz: ZoneInfo) -> datetime:
+    """The start of the compute charge that holds ``at``: the last bucket boundary at or before
+    it, not before billing starts (the hour when billing has not started by then)."""
+    start = billing.billing_start(instance)
+    if start is None or start > at:
+        return at.replace(minute=0, second=0, microsecond=0)
+    return _last_boundary(start, at, tz)
+
+
 def ledger_tick(rt: Runtime, now: datetime) -> None:
     """Tick hook: accrue every due charge."""
     accrue(rt.db, now, rt.settings.tz())
 
 
-def _charge_row(instance: Instance, charge: PlannedCharge, now: datetime) -> Charge:
-    assert instance.id is not None
-    return Charge(
-        instance_id=instance.id,
-        kind=charge.kind,
-        start_at=charge.start_at,
-        end_at=charge.end_at,
-        billed_s=charge.billed_s,
-        amount_micros=charge.amount_micros,
-        currency=instance.currency,
-        created_at=now,
+def _due_clause(now: datetime) -> Any:
+    """Instances the ledger must look at: not settled, and due by their schedule, never looked
+    at, or released since (each an indexed range). A stop or a deleted disk is charged at the
+    next bucket boundary, or at once by the caller (:func:`accrue_instance`)."""
+    unsettled = col(Instance.ledger_settled).is_(False)
+    return or_(
+        and_(unsettled, col(Instance.ledger_due_at) <= now),
+        and_(unsettled, col(Instance.ledger_due_at).is_(None)),
+        and_(unsettled, col(Instance.released_at).is_not(None)),
     )
+
+
+def _accrue_batch(db: Database, instance_ids: list[int], now: datetime, tz: ZoneInfo) -> int:
+    """Charge ``instance_ids`` up to ``now`` in one transaction; returns how many charges were
+    written. Raises IntegrityError when another process wrote one of the buckets first."""
+    written = 0
+    with db.session() as session:
+        instances = session.exec(select(Instance).where(col(Instance.id).in_(instance_ids))).all()
+        states = _load_states(session, instance_ids)
+        for instance in instances:
+            assert instance.id is not None
+            mine = states.get(instance.id, {})
+            planned = plan_charges(instance, _kind_states(mine), now, tz)
+            _write(session, instance, planned, mine, now, tz)
+            _schedule(instance, now, tz)
+            written += len(planned)
+        session.flush()
+    return written
+
+
+def _schedule(instance: Instance, now: datetime, tz: ZoneInfo) -> None:
+    """After charging up to ``now``: a released instance is settled (every charge written);
+    one whose billing has not started is looked at again on every run; any other is next due
+    at the next bucket boundary."""
+    instance.ledger_checked_at = now
+    if instance.released_at is not None and instance.released_at <= now:
+        instance.ledger_settled = True
+        instance.ledger_due_at = None
+        return
+    if billing.billing_start(instance) is None:
+        instance.ledger_due_at = None
+        return
+    instance.ledger_due_at = next_boundary(now, tz)
+
+
+def _write(
+    session: Session,
+    instance: Instance,
+    planned: list[PlannedCharge],
+    states: dict[str, LedgerState],
+    now: datetime,
+    tz: ZoneInfo,
+) -> None:
+    """Insert the charges (one statement for all) and bring the instance's ledger states up to
+    date with them."""
+    assert instance.id is not None
+    rows: list[dict[str, Any]] = []
+    polls = _bucket_polls(session, instance.id, planned)
+    for charge in planned:
+        month = month_of(charge.start_at, tz)
+        state = states.get(charge.kind)
+        if state is None:
+            state = LedgerState(
+                instance_id=instance.id, kind=charge.kind, last_end_at=charge.end_at, month=month
+            )
+            states[charge.kind] = state
+        if state.month != month:
+            known = bool(state.month)  # empty: a state from before months were kept
+            state.month_micros = (
+                0 if known else _charged_in_month(session, instance.id, charge.kind, month, tz)
+            )
+            state.month = month
+        state.last_end_at = max(state.last_end_at, charge.end_at)
+        state.charged_micros += charge.amount_micros
+        state.billed_s += charge.billed_s
+        state.month_micros += charge.amount_micros
+        session.add(state)
+        rows.append(_charge_row(instance, charge, now, polls.get(charge.start_at)))
+    if rows:
+        session.execute(insert(Charge), rows)
+
+
+def _charge_row(
+    instance: Instance, charge: PlannedCharge, now: datetime, bucket: UtilHour | None
+) -> dict[str, Any]:
+    compute = charge.kind == COMPUTE and charge.end_at > charge.start_at
+    return {
+        "instance_id": instance.id,
+        "kind": charge.kind,
+        "start_at": charge.start_at,
+        "end_at": charge.end_at,
+        "billed_s": charge.billed_s,
+        "amount_micros": charge.amount_micros,
+        "currency": instance.currency,
+        "created_at": now,
+        "polls": (bucket.polls if bucket else 0) if compute else None,
+        "bad_polls": (bucket.bad_polls if bucket else 0) if compute else None,
+        "max_util_pct": bucket.max_util_pct if compute and bucket else None,
+    }
+
+
+def _bucket_polls(
+    session: Session, instance_id: int, planned: list[PlannedCharge]
+) -> dict[datetime, UtilHour]:
+    """The poll roll-ups of the planned compute buckets, by bucket start (one query)."""
+    starts = [c.start_at for c in planned if c.kind == COMPUTE and c.end_at > c.start_at]
+    if not starts:
+        return {}
+    rows = session.exec(
+        select(UtilHour).where(
+            UtilHour.instance_id == instance_id,
+            col(UtilHour.bucket_start) >= min(starts),
+            col(UtilHour.bucket_start) <= max(starts),
+        )
+    ).all()
+    return {row.bucket_start: row for row in rows}
 
 
 def _plan_kind(
@@ -321,38 +462,35 @@ def _last_boundary(start: datetime, now: datetime, tz: ZoneInfo) -> datetime:
     return max(start, hour, month)
 
 
-def _states(session: Session, instance_id: int) -> dict[str, KindState]:
-    return _all_states(session, instance_id).get(instance_id, {})
-
-
-def _all_states(
-    session: Session, instance_id: int | None = None
-) -> dict[int, dict[str, KindState]]:
-    query = select(
-        Charge.instance_id,
-        Charge.kind,
-        func.max(Charge.end_at),
-        func.sum(Charge.amount_micros),
-    )
-    if instance_id is not None:
-        query = query.where(Charge.instance_id == instance_id)
-    rows = session.exec(query.group_by(col(Charge.instance_id), col(Charge.kind))).all()
-    billed = dict(
-        ((owner, kind), int(total or 0))
-        for owner, kind, total in session.exec(
-            _billed_query(instance_id).group_by(col(Charge.instance_id), col(Charge.kind))
-        ).all()
-    )
-    states: dict[int, dict[str, KindState]] = {}
-    for owner, kind, last, amount in rows:
-        states.setdefault(owner, {})[kind] = KindState(
-            last_end_at=last, charged_micros=int(amount or 0), billed_s=billed.get((owner, kind), 0)
+def _charged_in_month(
+    session: Session, instance_id: int, kind: str, month: str, tz: ZoneInfo
+) -> int:
+    start, end = month_bounds(month, tz)
+    total = session.exec(
+        select(func.sum(Charge.amount_micros)).where(
+            Charge.instance_id == instance_id,
+            Charge.kind == kind,
+            Charge.start_at >= start,
+            Charge.start_at < end,
         )
+    ).one()
+    return int(total or 0)
+
+
+def _load_states(session: Session, instance_ids: list[int]) -> dict[int, dict[str, LedgerState]]:
+    rows = session.exec(
+        select(LedgerState).where(col(LedgerState.instance_id).in_(instance_ids))
+    ).all()
+    states: dict[int, dict[str, LedgerState]] = {}
+    for row in rows:
+        states.setdefault(row.instance_id, {})[row.kind] = row
     return states
 
 
-def _billed_query(instance_id: int | None) -> Any:
-    query = select(Charge.instance_id, Charge.kind, func.sum(Charge.billed_s))
-    if instance_id is not None:
-        query = query.where(Charge.instance_id == instance_id)
-    return query
+def _kind_states(states: dict[str, LedgerState]) -> dict[str, KindState]:
+    return {
+        kind: KindState(
+            last_end_at=row.last_end_at, charged_micros=row.charged_micros, billed_s=row.billed_s
+        )
+        for kind, row in states.items()
+    }

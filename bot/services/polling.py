@@ -16,15 +16,16 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import and_, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
 from bot.errors import FleetError, HostKeyChanged
 from bot.fleet.base import Target
 from bot.fleet.fleet import FAN_OUT_WORKERS
+from bot.logging_setup import log_ids
 from bot.runtime import Runtime
-from bot.services import access
+from bot.services import access, samples
 from bot.services.instances import handle_fleet_error, target_for
 from bot.store.models import Instance, Job, UtilSample
 from bot.timebox import Timebox, expired
@@ -127,10 +128,19 @@ def _due(rt: Runtime, now: datetime) -> list[tuple[int, datetime | None]]:
         rows = session.exec(
             select(Instance.id, Instance.last_polled_at)
             .where(
-                col(Instance.state).in_(POLLED_STATES),
                 access.visible_clause(rt),
-                col(Instance.last_polled_at).is_(None)
-                | (col(Instance.last_polled_at) < due_before),
+                # Each branch an indexed range (state, last poll): released instances never
+                # weigh on the clock.
+                or_(
+                    and_(
+                        col(Instance.state).in_(POLLED_STATES),
+                        col(Instance.last_polled_at).is_(None),
+                    ),
+                    and_(
+                        col(Instance.state).in_(POLLED_STATES),
+                        col(Instance.last_polled_at) < due_before,
+                    ),
+                ),
             )
             .order_by(col(Instance.last_polled_at).asc().nulls_first(), col(Instance.id))
         ).all()
@@ -175,12 +185,19 @@ def _record(
     inst = session.get(Instance, instance_id)
     assert inst is not None
     if isinstance(answer, FleetError):
-        session.add(UtilSample(instance_id=instance_id, at=now, ok=False))
+        samples.record(
+            session, UtilSample(instance_id=instance_id, at=now, ok=False), rt.settings.tz()
+        )
         inst.last_poll_ok = False
         inst.last_error = answer.user_text()[:2000]
         inst.idle_since = None
         session.add(inst)
-        log.info("poll %s failed: %s", inst.name, answer)
+        log.info(
+            "poll %s failed: %s",
+            inst.name,
+            answer,
+            extra=log_ids(instance_id=instance_id, instance=inst.name),
+        )
         return PollResult(
             instance_id, ok=False, idle=False, util_avg_pct=None, error=inst.last_error
         )
@@ -189,7 +206,8 @@ def _record(
         running_jobs=_active_jobs(session, instance_id),
         threshold_pct=rt.settings.idle_threshold_pct,
     )
-    session.add(
+    samples.record(
+        session,
         UtilSample(
             instance_id=instance_id,
             at=now,
@@ -197,7 +215,8 @@ def _record(
             util_avg_pct=util,
             gpu_procs=procs,
             running_jobs=jobs,
-        )
+        ),
+        rt.settings.tz(),
     )
     gap = timedelta(seconds=rt.settings.poll_interval_s * GAP_FACTOR)
     continuous = previous_poll is not None and now - previous_poll <= gap and inst.last_poll_ok

@@ -11,8 +11,12 @@
   platform's pool, or without pools is worked on in turn until the caller's time budget
   (a ``bot.timebox.Timebox``) is spent; the rest stay due for the next tick.
 - Manual instances (no API): the owner is asked to release on the platform and press
-  "Released on the platform"; reminded every ``MANUAL_REMIND_S`` and escalated to the channel
-  after ``MANUAL_ESCALATE_AFTER_REMINDERS`` reminders. ``confirm_manual_release`` stops the meter.
+  "Released on the platform", or "Stopped on the platform" where they only stopped it;
+  reminded every ``MANUAL_REMIND_S`` and escalated to the channel after
+  ``MANUAL_ESCALATE_AFTER_REMINDERS`` reminders. ``confirm_manual_release`` stops the meter.
+- A stop (mode ``stop``, on a platform that can stop, or a manual one) leaves the instance
+  ``stopped``: still registered, its compute meter stopped, its disk still billing. It can be
+  released from there (a terminate), and reconcile notices when it runs again.
 
 Release states: pending, in_progress (claimed), escalated (failing, still retried),
 awaiting_owner (manual), confirmed. Every message goes out as a Prompt row (see
@@ -21,6 +25,7 @@ bot.services.prompts), so none is lost or doubled by a crash.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,6 +35,7 @@ from typing import Any
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
+from bot import billing
 from bot.blocks import deadlines as blocks
 from bot.commands.registry import Caller
 from bot.errors import (
@@ -40,6 +46,7 @@ from bot.errors import (
     ProviderRateLimited,
     UsageError,
 )
+from bot.logging_setup import log_context, log_ids
 from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
 from bot.services import access, prompts
@@ -51,6 +58,8 @@ log = logging.getLogger(__name__)
 OPEN_STATES = ("pending", "in_progress", "escalated", "awaiting_owner")
 #: Instance states in which a release is under way or done.
 RELEASING_STATES = ("releasing", "awaiting_confirmation", "released")
+#: The state of an instance stopped on its platform: compute off, its disk kept (and billed).
+STOPPED = "stopped"
 #: How long a claim on a Release holds before another process may take it over.
 CLAIM_LEASE_S = 300
 #: When the platform accepted a release but has not finished it: look again after this.
@@ -97,6 +106,11 @@ def request_release(
             return existing
         if inst.state == "released":
             raise Conflict(f"{inst.name} is already released.")
+        if inst.state == STOPPED and mode == "stop":
+            raise Conflict(
+                f"{inst.name} is already stopped.",
+                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
+            )
         check_mode(rt.providers.get(inst.provider), mode)
         guard = [col(Instance.id) == instance_id, col(Instance.state).not_in(RELEASING_STATES)]
         if seen_deadline is not None:
@@ -206,23 +220,32 @@ def process_due_releases(
 
 
 def _process_logged(rt: Runtime, release_id: int, now: datetime) -> None:
-    try:
-        process_release(rt, release_id, now=now)
-    except GpubotError as exc:  # a store hiccup on one release must not stop the others
-        log.warning("release %s: %s", release_id, exc)
+    with log_context(release_id=release_id):
+        try:
+            process_release(rt, release_id, now=now)
+        except GpubotError as exc:  # a store hiccup on one release must not stop the others
+            log.warning("release %s: %s", release_id, exc)
 
 
 def confirm_manual_release(
-    rt: Runtime, caller: Caller, instance_id: int, *, now: datetime | None = None
+    rt: Runtime,
+    caller: Caller,
+    instance_id: int,
+    *,
+    stopped: bool = False,
+    now: datetime | None = None,
 ) -> Release:
-    """The owner (or an admin) says a manual instance is released on its platform: the meter
-    stops. Only a manual instance with an open release (awaiting this answer) can be confirmed;
-    an API platform's meter stops when the platform says so.
+    """The owner (or an admin) says a manual instance is released on its platform, or only
+    ``stopped`` there (its disk kept): the meter stops, for the disk too unless it was only
+    stopped. The Release records what happened, whatever was asked. Only a manual instance
+    with an open release (awaiting this answer) can be confirmed; an API platform's meter stops
+    when the platform says so.
 
     Idempotent: confirming twice returns the confirmed Release. Raises NotFound for an unknown
     instance, NotAuthorized for anyone but its owner or an admin, Conflict when nothing awaits
     the confirmation."""
     now = now or rt.now()
+    mode = "stop" if stopped else "terminate"
     to_update: list[Prompt] = []
     with rt.db.session() as session:
         inst = access.visible(rt, session.get(Instance, instance_id))
@@ -232,19 +255,19 @@ def confirm_manual_release(
         release = open_release(session, instance_id)
         if release is None:
             done = _latest_confirmed(session, instance_id)
-            if inst.state == "released" and done is not None:
+            if inst.state in ("released", STOPPED) and done is not None:
                 return done
         access.require_awaiting_confirmation(inst, _is_manual(rt, inst), release is not None)
         assert release is not None
         won = session.exec(
             update(Release)
             .where(col(Release.id) == release.id, col(Release.state).in_(OPEN_STATES))
-            .values(state="confirmed", confirmed_at=now, next_attempt_at=None)
+            .values(state="confirmed", confirmed_at=now, next_attempt_at=None, mode=mode)
         ).rowcount
         session.refresh(release)
         if won != 1:
             return release
-        mark_instance_released(session, instance_id, now=now, mode=release.mode)
+        mark_instance_released(session, instance_id, now=now, mode=mode)
         to_update = _resolve_release_prompts(session, instance_id, by=caller.user_id, now=now)
         prompts.audit(
             session,
@@ -254,15 +277,11 @@ def confirm_manual_release(
             instance_id=instance_id,
             release_id=release.id,
             manual=True,
+            mode=mode,
         )
         view = instance_view(inst)
-    text, body = blocks.decided(
-        view,
-        what="Confirmed released on the platform",
-        by=caller.user_id,
-        at=now,
-        tz=rt.settings.tz(),
-    )
+    what = "Confirmed stopped on the platform" if stopped else "Confirmed released on the platform"
+    text, body = blocks.decided(view, what=what, by=caller.user_id, at=now, tz=rt.settings.tz())
     for prompt in to_update:
         prompts.update_message(rt, prompt, text, body)
     return release
@@ -287,9 +306,12 @@ def open_release(session: Session, instance_id: int) -> Release | None:
 
 
 def mark_instance_released(session: Session, instance_id: int, *, now: datetime, mode: str) -> bool:
-    """Stop the meter: the instance is released (terminate) or stopped with storage kept (stop).
+    """Stop the meter: the instance is released (terminate: compute and disk), or only stopped
+    (stop: see :func:`mark_instance_stopped`).
 
-    Returns False when it was already marked released."""
+    Returns False when it was already marked released (or, for a stop, stopped)."""
+    if mode == "stop":
+        return mark_instance_stopped(session, instance_id, now=now)
     values: dict[str, object] = {
         "state": "released",
         "released_at": now,
@@ -310,6 +332,24 @@ def mark_instance_released(session: Session, instance_id: int, *, now: datetime,
     return bool(result.rowcount == 1)
 
 
+def mark_instance_stopped(session: Session, instance_id: int, *, now: datetime) -> bool:
+    """Stop the compute meter and keep the registration: the instance is ``stopped`` from
+    ``now``, its disk still billing. Returns False when it was already stopped or released."""
+    result = session.exec(
+        update(Instance)
+        .where(
+            col(Instance.id) == instance_id,
+            col(Instance.released_at).is_(None),
+            col(Instance.state) != STOPPED,
+        )
+        .values(state=STOPPED, stopped_at=now, release_mode="stop")
+    )
+    inst = session.get(Instance, instance_id)
+    if inst is not None:
+        session.refresh(inst)
+    return bool(result.rowcount == 1)
+
+
 def instance_view(inst: Instance) -> blocks.InstanceView:
     """What the renderers need of an instance."""
     return blocks.InstanceView(
@@ -318,6 +358,7 @@ def instance_view(inst: Instance) -> blocks.InstanceView:
         provider=inst.provider,
         price_micros_per_hour=hourly_cost_micros(inst),
         currency=inst.currency,
+        storage_micros_per_hour=billing.storage_micros_per_hour(inst),
     )
 
 
@@ -494,7 +535,7 @@ def _record_failure(
     now = rt.now()
     attempts = claim.attempts + 1
     retryable = bool(getattr(error, "retryable", True))
-    delay = backoff_s(attempts) if retryable else BACKOFF_MAX_S
+    delay = backoff_s(attempts, key=claim.release_id) if retryable else BACKOFF_MAX_S
     if retry_after_s is not None:
         # Honoured, but never past the longest back-off: a platform asking for a day would
         # otherwise keep a deadline release (and its billing) waiting that long.
@@ -508,7 +549,13 @@ def _record_failure(
     }
     if escalate:
         values["escalated_at"] = now
-    log.warning("release %s attempt %s failed: %s", claim.release_id, attempts, error)
+    log.warning(
+        "release %s attempt %s failed: %s",
+        claim.release_id,
+        attempts,
+        error,
+        extra=log_ids(release_id=claim.release_id, instance_id=claim.instance_id),
+    )
     with rt.db.session() as session:
         won = session.exec(
             update(Release).where(*_still_ours(claim)).values(**values)  # type: ignore[arg-type]
@@ -655,9 +702,15 @@ def _instance_state(session: Session, instance_id: int) -> str | None:
     return session.exec(select(Instance.state).where(Instance.id == instance_id)).first()
 
 
-def backoff_s(attempts: int) -> int:
-    """Seconds before retry number ``attempts``: 60, 120, 240 ... at most an hour."""
-    return int(min(BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), BACKOFF_MAX_S))
+def backoff_s(attempts: int, *, key: int = 0) -> int:
+    """Seconds before retry number ``attempts`` of release ``key``: a doubling step (60, 120,
+    240 ... at most an hour) with jitter, somewhere in its upper half. The jitter is drawn from
+    the release and the attempt, so releases that failed together (one platform's outage) spread
+    out instead of retrying together, and one release's schedule can be worked out again."""
+    step = int(min(BACKOFF_BASE_S * 2 ** max(attempts - 1, 0), BACKOFF_MAX_S))
+    digest = hashlib.blake2b(f"{key}:{attempts}".encode(), digest_size=8).digest()
+    share = int.from_bytes(digest, "big") / 2**64  # in [0, 1)
+    return step - int(step / 2 * share)
 
 
 # --- messages ---------------------------------------------------------------------------------
@@ -673,12 +726,18 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
     if prompt.kind == KIND_MANUAL_ASK:
         if release.state == "confirmed":
             return None
-        return blocks.manual_release_request(view, instance_id=inst.id or 0, reason=release.reason)
+        return blocks.manual_release_request(
+            view, instance_id=inst.id or 0, reason=release.reason, mode=release.mode
+        )
     if prompt.kind == KIND_MANUAL_REMINDER:
         if release.state == "confirmed":
             return None
         return blocks.manual_release_reminder(
-            view, instance_id=inst.id or 0, asked_at=release.requested_at, now=rt.now()
+            view,
+            instance_id=inst.id or 0,
+            asked_at=release.requested_at,
+            now=rt.now(),
+            mode=release.mode,
         )
     if prompt.kind == KIND_ESCALATION:
         if release.state == "confirmed":

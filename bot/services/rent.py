@@ -204,6 +204,45 @@ def recover_orphans(rt: Runtime, now: datetime) -> list[str]:
     return recovered
 
 
+@dataclass(frozen=True)
+class RecentLaunches:
+    """What `/gpu rent` launched within ``ORPHAN_LOOKBACK``, which its own recovery looks after:
+    (provider, provider id) of every launched instance, and (provider, platform name) of every
+    launch (what a launch whose answer never came named its instances)."""
+
+    ids: frozenset[tuple[str, str]]
+    names: frozenset[tuple[str, str]]
+
+    def holds(self, provider: str, instance: ProviderInstance) -> bool:
+        """Whether ``instance`` on ``provider`` is one of these launches."""
+        if (provider, instance.provider_id) in self.ids:
+            return True
+        name = instance.name or ""
+        return any(p == provider and name.startswith(n) for p, n in self.names if n)
+
+
+def recent_launches(rt: Runtime, now: datetime) -> RecentLaunches:
+    """The launches of the last ``ORPHAN_LOOKBACK`` and those this process is adopting now."""
+    with rt.db.session() as session:
+        rows = session.exec(
+            select(AuditLog).where(
+                AuditLog.action.in_(("rent_launching", "rent_launched")),  # type: ignore[attr-defined]
+                AuditLog.at >= now - ORPHAN_LOOKBACK,
+            )
+        ).all()
+    ids: set[tuple[str, str]] = set()
+    names: set[tuple[str, str]] = set()
+    for row in rows:
+        details = _details(row)
+        provider = str(details.get("provider"))
+        ids.update((provider, str(i)) for i in details.get("ids") or ())
+        if details.get("platform_name"):
+            names.add((provider, str(details["platform_name"])))
+    with _adopting_lock:
+        ids.update(_adopting)
+    return RecentLaunches(frozenset(ids), frozenset(names))
+
+
 def wait_running(provider: Provider, provider_id: str, waiting: Waiting) -> ProviderInstance:
     """Poll the platform until the instance runs with an address. Raises ProviderError when it
     ends up stopped or terminated, or after ``waiting.running_s``."""

@@ -16,15 +16,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, case, func
+from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
 from bot.services import ledger
 from bot.store.db import Database
-from bot.store.models import MICROS, Charge, Instance, UtilSample
+from bot.store.models import MICROS, Charge, Instance
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
 NO_PROJECT = "(no project)"
@@ -164,15 +166,15 @@ def spend_report(
     """
     ledger.accrue(db, now, tz)
     start, end = ledger.month_bounds(month, tz)
-    with db.session() as session:
-        rows = _charges(session, start, end)
-        idle_ids, polled_ids = _polled_charge_ids(session, start, end, idle_threshold_pct)
-        instance_ids = {row.instance_id for row in rows}
+    with db.read_session() as session:
+        classified = _classified(start, end, idle_threshold_pct)
+        sums = _instance_sums(session, classified)
         instances = {
             item.id: item
-            for item in session.exec(select(Instance).where(col(Instance.id).in_(instance_ids)))
+            for item in session.exec(select(Instance).where(col(Instance.id).in_(list(sums))))
         }
-    spends = _per_instance(rows, idle_ids, polled_ids, instances)
+        hours = _hour_sums(session, classified)
+    spends = _per_instance(sums, instances)
     return SpendReport(
         month=month,
         start_at=start,
@@ -182,7 +184,7 @@ def spend_report(
         complete=now >= end,
         instances=spends,
         groups=group_lines(spends, by),
-        days=_per_day(rows, idle_ids, start, end, tz),
+        days=_per_day(hours, start, end, tz),
     )
 
 
@@ -254,77 +256,78 @@ def spend_csv(report: SpendReport) -> bytes:
     return buffer.getvalue().encode("utf-8")
 
 
-@dataclass(frozen=True)
-class _ChargeRow:
-    id: int
-    instance_id: int
-    kind: str
-    start_at: datetime
-    billed_s: int
-    amount_micros: int
-
-
-def _charges(session: Session, start: datetime, end: datetime) -> list[_ChargeRow]:
-    result = session.exec(select(Charge).where(Charge.start_at >= start, Charge.start_at < end))
-    return [
-        _ChargeRow(
-            row.id or 0, row.instance_id, row.kind, row.start_at, row.billed_s, row.amount_micros
-        )
-        for row in result
-    ]
-
-
-def _polled_charge_ids(
-    session: Session, start: datetime, end: datetime, threshold_pct: float
-) -> tuple[set[int], set[int]]:
-    """(idle, polled): compute charges whose every poll succeeded below the threshold (with at
-    least one poll), and compute charges with at least one poll."""
-    idle_poll = case(
+def _classified(start: datetime, end: datetime, threshold_pct: float) -> Any:
+    """The month's charges, each with 1/0 flags: ``idle`` (compute whose bucket was polled, no
+    poll bad, every reading under ``threshold_pct``) and ``unmeasured`` (compute without a
+    single poll), from the polls each compute charge carries: no join."""
+    compute = col(Charge.kind) == ledger.COMPUTE
+    polls = func.coalesce(col(Charge.polls), 0)
+    idle = case(
         (
             and_(
-                col(UtilSample.ok).is_(True),
-                col(UtilSample.util_avg_pct).is_not(None),
-                col(UtilSample.util_avg_pct) < threshold_pct,
+                compute,
+                polls > 0,
+                func.coalesce(col(Charge.bad_polls), 0) == 0,
+                col(Charge.max_util_pct) < threshold_pct,
             ),
             1,
         ),
         else_=0,
     )
-    rows = session.exec(
-        select(Charge.id, func.count(col(UtilSample.id)), func.sum(idle_poll))
-        .join(
-            UtilSample,
-            and_(
-                col(UtilSample.instance_id) == col(Charge.instance_id),
-                col(UtilSample.at) >= col(Charge.start_at),
-                col(UtilSample.at) < col(Charge.end_at),
-            ),
+    unmeasured = case((and_(compute, polls == 0), 1), else_=0)
+    return (
+        sql_select(
+            col(Charge.instance_id).label("instance_id"),
+            col(Charge.kind).label("kind"),
+            col(Charge.start_at).label("start_at"),
+            col(Charge.billed_s).label("billed_s"),
+            col(Charge.amount_micros).label("amount"),
+            idle.label("idle"),
+            unmeasured.label("unmeasured"),
         )
-        .where(Charge.kind == ledger.COMPUTE, Charge.start_at >= start, Charge.start_at < end)
-        .group_by(col(Charge.id))
+        .where(col(Charge.start_at) >= start, col(Charge.start_at) < end)
+        .subquery()
+    )
+
+
+def _instance_sums(session: Session, classified: Any) -> dict[int, tuple[int, ...]]:
+    """Per instance: (compute, storage and other, idle, compute seconds, unmeasured), one
+    GROUP BY in the database."""
+    c = classified.c
+    compute = c.kind == ledger.COMPUTE
+
+    def total(expr: Any) -> Any:
+        return func.coalesce(func.sum(expr), 0)
+
+    rows = session.execute(
+        sql_select(
+            c.instance_id,
+            total(case((compute, c.amount), else_=0)),
+            total(case((compute, 0), else_=c.amount)),
+            total(c.amount * c.idle),
+            total(case((compute, c.billed_s), else_=0)),
+            total(c.amount * c.unmeasured),
+        ).group_by(c.instance_id)
     ).all()
-    polled = {int(id_): (polls, idle) for id_, polls, idle in rows if id_ is not None and polls}
-    return {id_ for id_, (polls, idle) in polled.items() if idle == polls}, set(polled)
+    return {int(row[0]): tuple(int(value) for value in row[1:]) for row in rows}
+
+
+def _hour_sums(session: Session, classified: Any) -> list[tuple[datetime, int, int]]:
+    """Per charge start (at most a month of hours): (start, active, idle) micros."""
+    c = classified.c
+    rows = session.execute(
+        sql_select(
+            c.start_at,
+            func.coalesce(func.sum(c.amount * (1 - c.idle)), 0),
+            func.coalesce(func.sum(c.amount * c.idle), 0),
+        ).group_by(c.start_at)
+    ).all()
+    return [(row[0], int(row[1]), int(row[2])) for row in rows]
 
 
 def _per_instance(
-    rows: list[_ChargeRow],
-    idle_ids: set[int],
-    polled_ids: set[int],
-    instances: dict[int | None, Instance],
+    sums: dict[int, tuple[int, ...]], instances: dict[int | None, Instance]
 ) -> tuple[InstanceSpend, ...]:
-    sums: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    for row in rows:
-        entry = sums[row.instance_id]
-        if row.kind == ledger.COMPUTE:
-            entry[0] += row.amount_micros
-            entry[3] += row.billed_s
-            if row.id in idle_ids:
-                entry[2] += row.amount_micros
-            if row.id not in polled_ids:
-                entry[4] += row.amount_micros
-        else:
-            entry[1] += row.amount_micros
     spends = []
     for instance_id, (compute, other, idle, seconds, unmeasured) in sums.items():
         instance = instances.get(instance_id)
@@ -351,7 +354,7 @@ def _per_instance(
 
 
 def _per_day(
-    rows: list[_ChargeRow], idle_ids: set[int], start: datetime, end: datetime, tz: ZoneInfo
+    hours: list[tuple[datetime, int, int]], start: datetime, end: datetime, tz: ZoneInfo
 ) -> tuple[tuple[date, int, int], ...]:
     first = start.replace(tzinfo=UTC).astimezone(tz).date()
     last = end.replace(tzinfo=UTC).astimezone(tz).date()
@@ -360,10 +363,11 @@ def _per_day(
     while day < last:
         days[day] = [0, 0]
         day = date.fromordinal(day.toordinal() + 1)
-    for row in rows:
-        local = row.start_at.replace(tzinfo=UTC).astimezone(tz).date()
+    for at, active, idle in hours:
+        local = at.replace(tzinfo=UTC).astimezone(tz).date()
         entry = days.setdefault(local, [0, 0])
-        entry[1 if row.id in idle_ids else 0] += row.amount_micros
+        entry[0] += active
+        entry[1] += idle
     return tuple((day, active, idle) for day, (active, idle) in sorted(days.items()))
 
 

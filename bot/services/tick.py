@@ -37,7 +37,7 @@ from typing import TypeVar
 from sqlalchemy import exc as sa_exc
 
 from bot.runtime import Runtime
-from bot.services import deadlines, outbox, polling, prompts, releases, rent
+from bot.services import deadlines, outbox, polling, prompts, releases, rent, samples
 from bot.store.models import StepClaim
 from bot.timebox import Timebox
 
@@ -56,6 +56,8 @@ TICK_HOOKS: list[str] = [
 
 #: How often the providers' lists are compared with the store.
 RECONCILE_EVERY_S = 300
+#: How often raw utilisation samples past their retention are pruned (one process per slot).
+PRUNE_EVERY_S = 3600
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
 
@@ -113,6 +115,10 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     due = partial(releases.process_due_releases, rt, now)
     processed = _run(report, "releases", lambda: due(timebox=_box(report, "releases")))
     report.releases_processed = len(processed or ())
+    if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and claim_step(
+        rt, "prune", _slot(now, PRUNE_EVERY_S)
+    ):
+        _run(report, "prune", lambda: samples.prune(rt, now))
     if _reconcile_due(rt, now) and claim_step(rt, "reconcile", _slot(now, _reconcile_every(rt))):
         if rt.platform_work is None:
             _reconcile(rt, now, report)
@@ -160,6 +166,11 @@ def claim_step(rt: Runtime, step: str, slot: int) -> bool:
     except sa_exc.IntegrityError:
         return False
     return True
+
+
+def _previous(rt: Runtime, now: datetime) -> datetime:
+    """When the tick before this one ran (by the interval)."""
+    return now - timedelta(seconds=rt.settings.tick_interval_s)
 
 
 def _reconcile_due(rt: Runtime, now: datetime) -> bool:

@@ -37,6 +37,20 @@ class InstanceView:
     python_path: str | None
     agent_version: str | None
     channel_id: str | None
+    #: When compute stopped on the platform (a ``stopped`` instance); its disk may still bill.
+    stopped_at: datetime | None = None
+    #: What its disk costs per hour: all a stopped instance still costs.
+    storage_micros_per_hour: int = 0
+
+    @property
+    def is_stopped(self) -> bool:
+        """Stopped on its platform: compute off, the disk kept."""
+        return self.state == "stopped"
+
+    @property
+    def burn_micros_per_hour(self) -> int:
+        """What it costs per hour now: its price, or only its disk while stopped."""
+        return self.storage_micros_per_hour if self.is_stopped else self.price_micros_per_hour
 
     @property
     def is_local(self) -> bool:
@@ -113,8 +127,8 @@ class FleetOverview:
 
     @property
     def hourly_burn_micros(self) -> int:
-        """What the listed instances cost per hour together."""
-        return sum(row.instance.price_micros_per_hour for row in self.rows)
+        """What the listed instances cost per hour together (a stopped one its disk)."""
+        return sum(row.instance.burn_micros_per_hour for row in self.rows)
 
     @property
     def cost_micros(self) -> int:
@@ -204,6 +218,8 @@ class ReleaseAsk:
     manual: bool
     cost_micros: int
     running_jobs: tuple[JobBrief, ...]
+    #: ``terminate`` (release) or ``stop`` (the disk kept).
+    mode: str = "terminate"
 
 
 @dataclass(frozen=True)
@@ -216,3 +232,25 @@ class ReleaseView:
     state: str
     manual: bool
     last_error: str | None
+    mode: str = "terminate"
+
+
+@dataclass(frozen=True)
+class UnregisteredView:
+    """An instance a platform account holds that no registration holds: what the platform says
+    about it. ``price_micros_per_hour`` is in ``currency`` (the platform's); ``launched_at``
+    None where the platform does not say; ``tags`` (key, value) say whose it may be."""
+
+    provider: str
+    provider_id: str
+    name: str | None
+    state: str
+    raw_state: str
+    gpu_model: str | None
+    gpu_count: int | None
+    price_micros_per_hour: int | None
+    currency: str
+    launched_at: datetime | None
+    tags: tuple[tuple[str, str], ...]
+    now: datetime
+    timezone: str

@@ -1,8 +1,10 @@
 """The database: engine, sessions and migrations, for SQLite (default) and PostgreSQL.
 
-SQLite runs in WAL mode with foreign keys on and a busy timeout; every transaction starts with
-``BEGIN IMMEDIATE`` so that concurrent writers from the bot's many threads queue up instead of
-failing half-way. PostgreSQL is reached through psycopg 3. Times are naive UTC.
+SQLite runs in WAL mode with foreign keys on and a busy timeout; every transaction of
+:meth:`Database.session` starts with ``BEGIN IMMEDIATE`` so that concurrent writers from the
+bot's many threads queue up instead of failing half-way; :meth:`Database.read_session` (reports)
+starts deferred and reads a snapshot without the write lock. PostgreSQL is reached through
+psycopg 3. Times are naive UTC.
 
 Connection-level failures (``OperationalError``, ``InterfaceError``) become
 :class:`bot.errors.StoreError`; an ``IntegrityError`` (a unique key hit) is left to the caller,
@@ -65,6 +67,23 @@ class Database:
                 except BaseException:
                     session.rollback()
                     raise
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise StoreError(f"the database failed: {_reason(exc)}") from exc
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A session for reading only (reports): on SQLite its transaction starts deferred, so
+        it reads a WAL snapshot without taking the write lock and never holds a writer back.
+        Writing in it fails on SQLite once another connection writes. Raises StoreError when
+        the database fails."""
+        try:
+            with Session(
+                self.engine.execution_options(gpubot_read_only=True), expire_on_commit=False
+            ) as session:
+                try:
+                    yield session
+                finally:
+                    session.close()  # ends the transaction; what was read stays readable
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreError(f"the database failed: {_reason(exc)}") from exc
 
@@ -199,7 +218,8 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(connection: Connection) -> None:
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    read_only = connection.get_execution_options().get("gpubot_read_only", False)
+    connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _reason(exc: sa_exc.DBAPIError) -> str:

@@ -73,6 +73,15 @@ class Instance(SQLModel, table=True):
             "provider_instance_id",
             where=f"{LIVE} AND provider_instance_id IS NOT NULL",
         ),
+        # What the clock looks for, by state first, so that released instances never weigh
+        # on it (bot.services.tick): deadlines and caps near, idle since, polls due.
+        Index("ix_instance_state_deadline", "state", "deadline_at"),
+        Index("ix_instance_state_cap", "state", "lifetime_cap_at"),
+        Index("ix_instance_state_idle", "state", "idle_since"),
+        Index("ix_instance_state_polled", "state", "last_polled_at"),
+        Index("ix_instance_state_when_done", "state", "release_when_done"),
+        Index("ix_instance_ledger_due", "ledger_settled", "ledger_due_at"),
+        Index("ix_instance_ledger_released", "ledger_settled", "released_at"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -123,7 +132,7 @@ class Instance(SQLModel, table=True):
     )
 
     # Life cycle (UTC).
-    created_at: NaiveDatetime = Field(default_factory=utcnow)
+    created_at: NaiveDatetime = Field(default_factory=utcnow, index=True)
     ssh_ready_at: NaiveDatetime | None = None
     stopped_at: NaiveDatetime | None = None  # compute stopped, storage may still bill
     storage_deleted_at: NaiveDatetime | None = None
@@ -134,12 +143,18 @@ class Instance(SQLModel, table=True):
     deadline_at: NaiveDatetime | None = Field(default=None, index=True)
     deadline_policy: str = Field(default="release", max_length=16)  # release, wait-for-jobs
     max_grace_s: int = 3600
-    lifetime_cap_at: NaiveDatetime | None = None  # set by an admin; only an admin lifts it
+    # Set by an admin; only an admin lifts it.
+    lifetime_cap_at: NaiveDatetime | None = None
     idle_release_after_s: int | None = None
     release_when_done: bool = False
 
     # Last poll of the agent.
     last_polled_at: NaiveDatetime | None = None
+    # The ledger's schedule (bot.services.ledger): when a charge may next be due (None: look
+    # now), when it last looked, and whether every charge of a released instance is written.
+    ledger_due_at: NaiveDatetime | None = None
+    ledger_checked_at: NaiveDatetime | None = None
+    ledger_settled: bool = Field(default=False, sa_column_kwargs={"server_default": text("false")})
     last_poll_ok: bool | None = None
     last_status_json: str | None = Field(default=None, sa_column=Column(Text))
     last_status_at: NaiveDatetime | None = None  # when last_status_json was taken
@@ -171,7 +186,12 @@ class Prompt(SQLModel, table=True):
     been posted, so it is not posted again); ``attempts`` counts the tries.
     """
 
-    __table_args__ = (UniqueConstraint("instance_id", "kind", "key"),)
+    __table_args__ = (
+        UniqueConstraint("instance_id", "kind", "key"),
+        # The open prompts, by when they are due: what the clock reads, however many were
+        # answered before.
+        Index("ix_prompt_open", "resolved_at", "due_at"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
@@ -216,7 +236,10 @@ class Job(SQLModel, table=True):
     finished job gets exactly one reply.
     """
 
-    __table_args__ = (UniqueConstraint("instance_id", "agent_job_id"),)
+    __table_args__ = (
+        UniqueConstraint("instance_id", "agent_job_id"),
+        Index("ix_job_when_done", "release_when_done", "instance_id"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
@@ -243,7 +266,10 @@ class Job(SQLModel, table=True):
 class Charge(SQLModel, table=True):
     """Money owed for one instance over [start_at, end_at): ``kind`` compute, storage or egress.
 
-    Unique per (instance, kind, start_at), so re-running the ledger never charges twice.
+    Unique per (instance, kind, start_at), so re-running the ledger never charges twice. A
+    compute charge carries the polls of its bucket as they stood when it was written (how many,
+    how many bad, the highest utilisation %), so that reports tell idle from busy hours with a
+    plain GROUP BY; None where nothing was recorded.
     """
 
     __table_args__ = (UniqueConstraint("instance_id", "kind", "start_at"),)
@@ -257,11 +283,31 @@ class Charge(SQLModel, table=True):
     amount_micros: int = Field(default=0, sa_type=BigInteger)
     currency: str = Field(default="USD", max_length=8)
     created_at: NaiveDatetime = Field(default_factory=utcnow)
+    polls: int | None = None
+    bad_polls: int | None = None
+    max_util_pct: float | None = None
+
+
+class LedgerState(SQLModel, table=True):
+    """What the ledger holds for one instance and kind (compute, storage), kept with the charges
+    in the same transaction so that no run has to add the charges up again: where the last
+    charge ended, the totals charged, and the total of the charges starting in ``month``
+    (``YYYY-MM`` in the configured zone), the month of the last charge."""
+
+    instance_id: int = Field(foreign_key="instance.id", primary_key=True)
+    kind: str = Field(max_length=16, primary_key=True)
+    last_end_at: NaiveDatetime
+    charged_micros: int = Field(default=0, sa_type=BigInteger)
+    billed_s: int = Field(default=0, sa_type=BigInteger)
+    month: str = Field(max_length=7, index=True)
+    month_micros: int = Field(default=0, sa_type=BigInteger)
 
 
 class UtilSample(SQLModel, table=True):
     """One poll of an instance: mean GPU utilisation %; ``ok`` False when the poll failed
     (a failed poll counts as active, never idle)."""
+
+    __table_args__ = (Index("ix_utilsample_instance_at", "instance_id", "at"),)
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
@@ -270,6 +316,21 @@ class UtilSample(SQLModel, table=True):
     util_avg_pct: float | None = None
     gpu_procs: int = 0
     running_jobs: int = 0
+
+
+class UtilHour(SQLModel, table=True):
+    """The polls of one instance in one ledger bucket (the charge that starts at
+    ``bucket_start``: an hour, cut at billing start, month starts and the end), rolled up as they
+    are recorded (bot.services.samples), so that reports join charges to one row each and never
+    read raw samples: how many polls, how many failed or read no utilisation, and the highest
+    utilisation % read. A bucket was idle under a threshold when it had polls, none bad, and its
+    highest reading is below the threshold."""
+
+    instance_id: int = Field(foreign_key="instance.id", primary_key=True)
+    bucket_start: NaiveDatetime = Field(primary_key=True)
+    polls: int = 0
+    bad_polls: int = 0
+    max_util_pct: float | None = None
 
 
 class Budget(SQLModel, table=True):

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agents.probe import Measurement, ProbeDevice, ProbeOutcome, TorchFacts
+from agents.probe import (
+    Measurement,
+    NcclOutcome,
+    NcclSize,
+    PairMeasurement,
+    ProbeDevice,
+    ProbeOutcome,
+    TorchFacts,
+)
 from agents.protocol import (
     DriverInfo,
     GpuSnapshot,
@@ -20,6 +28,7 @@ from agents.protocol import (
     ProcessSnapshot,
     StatusSnapshot,
 )
+from agents.topology import GpuLinks, GpuPair, NvLink, Topology
 
 GIB = 1024**3
 MIB = 1024**2
@@ -213,17 +222,106 @@ def make_measurements(values: Sequence[float | None], **extra: Any) -> tuple[Mea
     )
 
 
+def make_pairs(
+    count: int, gbps: float = 370.0, peer_access: bool = True, **per_pair: float | None
+) -> tuple[PairMeasurement, ...]:
+    """Copy bandwidth between every ordered pair of ``count`` GPUs: ``gbps`` each, except
+    pairs named like ``p0_1=12.5`` (src 0, dst 1)."""
+    return tuple(
+        PairMeasurement(
+            src=a,
+            dst=b,
+            gbps=per_pair.get(f"p{a}_{b}", gbps),
+            peer_access=peer_access,
+            error=None,
+        )
+        for a in range(count)
+        for b in range(count)
+        if a != b
+    )
+
+
+def make_nvswitch_topology(count: int, links: int = 18, **down: int) -> Topology:
+    """``count`` GPUs, each with ``links`` NVLink 4 links to NVSwitches, all up except
+    ``down`` (``g3=6`` takes 6 links of GPU 3 down); peer-to-peer ok everywhere."""
+    gpus = []
+    for index in range(count):
+        off = down.get(f"g{index}", 0)
+        gpus.append(
+            GpuLinks(
+                index=index,
+                pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+                nvlinks=tuple(
+                    NvLink(
+                        link=i,
+                        active=i >= off,
+                        version=4,
+                        remote_bus_id=None if i < off else "00000000:C0:00.0",
+                        remote_type=None if i < off else "nvswitch",
+                    )
+                    for i in range(links)
+                ),
+            )
+        )
+    pairs = tuple(
+        GpuPair(a, b, "SYS", 0, True, "ok", "ok") for a in range(count) for b in range(a + 1, count)
+    )
+    return Topology(gpus=tuple(gpus), pairs=pairs)
+
+
+def make_pcie_topology(count: int, level: str = "PHB", p2p: str = "ok") -> Topology:
+    """``count`` GPUs without NVLink, every pair over PCIe at ``level`` with ``p2p`` read."""
+    gpus = tuple(
+        GpuLinks(index=i, pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", nvlinks=None)
+        for i in range(count)
+    )
+    pairs = tuple(
+        GpuPair(a, b, level, 0, False, p2p, "not_supported")
+        for a in range(count)
+        for b in range(a + 1, count)
+    )
+    return Topology(gpus=gpus, pairs=pairs)
+
+
+def make_nccl(world_size: int = 8, busbw_gbps: float = 380.0, **overrides: Any) -> NcclOutcome:
+    """An all-reduce run that reached ``busbw_gbps`` at 256 MiB."""
+    factor = 2 * (world_size - 1) / world_size
+    sizes = tuple(
+        NcclSize(
+            bytes=nbytes,
+            seconds_per_op=nbytes / (busbw_gbps / factor * 1e9),
+            algbw_gbps=busbw_gbps / factor,
+            busbw_gbps=busbw_gbps * share,
+        )
+        for nbytes, share in ((1 << 20, 0.1), (1 << 25, 0.8), (1 << 28, 1.0))
+    )
+    fields: dict[str, Any] = {
+        "python": "python3",
+        "world_size": world_size,
+        "sizes": sizes,
+        "nccl_version": "2.21.5",
+        "elapsed_s": 4.0,
+    }
+    fields.update(overrides)
+    return NcclOutcome(**fields)
+
+
 def make_full_probe(
     *,
     matmul: Sequence[float | None] | None = None,
     bandwidth: Sequence[float | None] | None = None,
     gemm: Sequence[float | None] | None = None,
     gemm_dtype: str = "bfloat16",
+    p2p: tuple[PairMeasurement, ...] | None = None,
     **fact_overrides: Any,
 ) -> ProbeOutcome:
-    """A --full probe run with the given per-GPU results (defaults: healthy H100 figures)."""
+    """A --full probe run with the given per-GPU results (defaults: healthy H100 figures, and
+    with two or more GPUs 370 GB/s between every pair)."""
     count = fact_overrides.get("device_count", 1)
+    if p2p is None and count >= 2:
+        p2p = make_pairs(count)
     facts = make_facts(
+        p2p=p2p,
         matmul=make_measurements(matmul if matmul is not None else [2e-6] * count, n=4096),
         bandwidth=make_measurements(
             bandwidth if bandwidth is not None else [3000.0] * count, seconds=0.02

@@ -213,6 +213,11 @@ def test_version_json_and_text(capsys):
         (["health", "--timeout", "nan"], "'nan' must be a positive number of seconds"),
         (["health", "--timeout", "soon"], "'soon' is not a number of seconds"),
         (["health", "--python"], "expected one argument"),
+        (["health", "--stress", "4.9"], "'4.9' must be between 5 s and 4 h"),
+        (["health", "--stress", "4h1s"], "'4h1s' must be between 5 s and 4 h"),
+        (["health", "--stress", "soon"], "'soon' is not a duration: write it like 90s, 5m"),
+        (["health", "--stress", "5 m"], "'5 m' is not a duration"),
+        (["health", "--stress", "5x"], "'5x' is not a duration"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(capsys, argv, message):
@@ -221,6 +226,16 @@ def test_usage_errors_exit_2_with_a_message(capsys, argv, message):
     assert out == ""
     assert message in err
     assert err.startswith("usage: gpu-agent")
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"),
+    [("5", 5.0), ("90s", 90.0), ("5m", 300.0), ("1h30m", 5400.0), ("2.5m", 150.0), ("4h", 14400.0)],
+)
+def test_stress_durations(raw, seconds):
+    from agents import arguments
+
+    assert arguments.stress_duration(raw) == seconds
 
 
 def test_help_exits_zero(capsys):
@@ -319,12 +334,21 @@ def test_status_fast_path_prints_what_the_parser_path_prints(fake_nvml, capsys):
     """``status --json`` skips argparse; an abbreviation goes through it: same document."""
     fake_nvml.gpus(3, processes=[{"pid": os.getpid(), "used_memory": GIB}])
     fixed = {"collected_at": "x", "host": None}
+    moving = {"cpu_pct", "rss_bytes", "elapsed_s"}  # this process's, a moment apart
+
+    def steady(doc: dict) -> dict:
+        doc["processes"] = [
+            {k: v for k, v in p.items() if k not in moving} for p in doc["processes"]
+        ]
+        return doc | fixed
+
     assert cli.main(["status", "--json"]) == 0
-    fast = json.loads(capsys.readouterr().out) | fixed
+    fast = steady(json.loads(capsys.readouterr().out))
     assert cli.main(["status", "--js"]) == 0
-    parsed = json.loads(capsys.readouterr().out) | fixed
+    parsed = steady(json.loads(capsys.readouterr().out))
     assert fast == parsed
     assert len(fast["gpus"]) == 3
+    assert len(fast["processes"]) == 3
 
 
 def test_usage_error_in_a_subprocess():
@@ -392,13 +416,52 @@ def test_format_duration(seconds, text):
     assert render.format_duration(seconds) == text
 
 
-def test_process_table_marks_agent_jobs():
+def test_process_table_marks_agent_jobs_and_shows_use():
     procs = [
-        protocol.ProcessSnapshot(0, 42, "alice", "python train.py", 2 * GIB, job_id="j-1"),
+        protocol.ProcessSnapshot(
+            0,
+            42,
+            "alice",
+            "python train.py",
+            2 * GIB,
+            job_id="j-1",
+            sm_util_pct=87,
+            mem_bw_util_pct=41,
+            cpu_pct=312.4,
+            rss_bytes=6 * GIB,
+            elapsed_s=3725,
+        ),
         protocol.ProcessSnapshot(1, 43, None, None, None),
     ]
     text = render.process_table(procs)
     lines = text.splitlines()
-    assert lines[0].split() == ["GPU", "PID", "User", "Memory", "Command"]
+    assert lines[0].split() == [
+        "GPU",
+        "PID",
+        "User",
+        "GPU",
+        "mem",
+        "SM",
+        "Mem",
+        "BW",
+        "CPU",
+        "RSS",
+        "Time",
+        "Command",
+    ]
+    assert lines[1].split()[:12] == [
+        "0",
+        "42",
+        "alice",
+        "2.0",
+        "GiB",
+        "87%",
+        "41%",
+        "312%",
+        "6.0",
+        "GiB",
+        "1h02m",
+        "[job",
+    ]
     assert "[job j-1] python train.py" in lines[1]
-    assert lines[2].split() == ["1", "43", "-", "-", "-"]
+    assert lines[2].split() == ["1", "43", "-", "-", "-", "-", "-", "-", "-", "-"]

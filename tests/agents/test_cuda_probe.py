@@ -288,6 +288,170 @@ def test_guarded_turns_exceptions_into_errors():
     }
 
 
+def test_stress_gemm_reports_each_window_on_the_cpu(torch):
+    result = cuda_probe.stress_gemm(torch, ["cpu"], 0.3, 0.1, 64, "float32")
+    assert result["errors"] == {}
+    assert (result["n"], result["dtype"]) == (64, "float32")
+    windows = result["windows"]
+    assert len(windows) >= 2
+    assert all(w["tflops"]["0"] > 0 for w in windows)
+    assert windows[-1]["t_s"] >= 0.3
+    assert all(0.09 < w["seconds"] < 0.3 for w in windows[:-1])  # the last one may be cut short
+
+
+def test_stress_gemm_reports_a_device_that_cannot_be_used(torch):
+    result = cuda_probe.stress_gemm(torch, ["cpu", "cuda:7"], 0.05, 0.05, 32, "float32")
+    assert set(result["errors"]) == {"7"}
+    assert all(set(w["tflops"]) == {"0"} for w in result["windows"])
+
+
+def test_options_of_the_probe_command_line():
+    argv = ["--nccl-rank", "1", "--nccl-world", "8", "--full", "--nccl-init", "/tmp/x"]
+    assert cuda_probe._options(argv) == {
+        "--nccl-rank": "1",
+        "--nccl-world": "8",
+        "--full": "",
+        "--nccl-init": "/tmp/x",
+    }
+
+
+def test_parse_output_reads_peer_to_peer_pairs():
+    doc = {
+        "python_version": "3.10.12",
+        "python_executable": "/usr/bin/python3",
+        "torch_installed": True,
+        "cuda_available": True,
+        "device_count": 2,
+        "arch_list": [],
+        "devices": [],
+        "full": {
+            "matmul": [],
+            "bandwidth": [],
+            "gemm": [],
+            "p2p": [
+                {"src": 0, "dst": 1, "gbps": 371.5, "peer_access": True, "seconds": 0.01},
+                {"src": 1, "dst": 0, "error": "RuntimeError: peer access is not supported"},
+            ],
+        },
+    }
+    facts = probe.parse_output(probe.MARKER + json.dumps(doc))
+    assert facts is not None
+    assert facts.p2p == (
+        probe.PairMeasurement(0, 1, 371.5, True, None),
+        probe.PairMeasurement(1, 0, None, None, "RuntimeError: peer access is not supported"),
+    )
+
+
+# --- the stress run and the all-reduce run, as the agent starts them ----------------------------
+
+STRESS_OUTPUT = (
+    "import json, sys, time\n"
+    "time.sleep(0.3)\n"
+    'doc = {"python_version": "3.11.7", "python_executable": sys.executable,\n'
+    '       "torch_installed": True, "torch_version": "2.4.0+cu124", "cuda_available": True,\n'
+    '       "device_count": 1, "arch_list": [], "devices": [],\n'
+    '       "stress": {"n": 8192, "dtype": "bfloat16", "errors": {},\n'
+    '                  "windows": [{"t_s": 0.1, "seconds": 0.1, "tflops": {"0": 700.0}}]}}\n'
+    'print("torch says hello")\n'
+    'print("GPU_AGENT_PROBE " + json.dumps(doc))\n'
+)
+
+
+def test_run_stress_samples_while_the_load_runs(tmp_path):
+    script = tmp_path / "stress.py"
+    script.write_text(STRESS_OUTPUT)
+    python = fake_python(tmp_path, "python-stress", f'exec "{sys.executable}" "{script}"')
+    calls: list[int] = []
+
+    def sample() -> list[dict]:
+        calls.append(1)
+        return [{"index": 0, "sm_clock_mhz": 1980}]
+
+    outcome = probe.run_stress(python, 5.0, sample=sample, timeout_s=10, interval_s=0.05)
+    assert outcome.failure is None, outcome.message
+    assert len(calls) >= 3  # sampled every 0.05 s for about 0.3 s
+    assert len(outcome.samples) == len(calls)
+    assert outcome.samples[0]["gpus"] == [{"index": 0, "sm_clock_mhz": 1980}]
+    assert [s["t_s"] for s in outcome.samples] == sorted(s["t_s"] for s in outcome.samples)
+    assert outcome.windows[0]["tflops"] == {"0": 700.0}
+    assert (outcome.dtype, outcome.n) == ("bfloat16", 8192)
+    assert outcome.facts is not None
+    assert outcome.facts.cuda_available
+
+
+def test_run_stress_kills_a_load_that_never_ends(tmp_path):
+    python = fake_python(tmp_path, "python-hangs", "exec sleep 60")
+    began = time.monotonic()
+    outcome = probe.run_stress(
+        python, 5.0, sample=list, timeout_s=0.0, interval_s=0.05, clock=_fast_clock()
+    )
+    assert time.monotonic() - began < 10
+    assert outcome.failure == probe.TIMEOUT
+    assert "did not end within 5 s" in outcome.message
+    assert outcome.samples
+
+
+def _fast_clock():
+    """A clock that runs a second per look, so a 5 s run is over after a few samples."""
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    return clock
+
+
+def test_run_stress_with_a_python_that_prints_nothing(tmp_path):
+    python = fake_python(tmp_path, "python-quiet", "echo boom >&2; exit 3")
+    outcome = probe.run_stress(python, 5.0, sample=list, timeout_s=5, interval_s=0.05)
+    assert outcome.failure == probe.CRASHED
+    assert "exited with status 3: boom" in outcome.message
+    missing = probe.run_stress("/nonexistent/python3", 5.0, sample=list, timeout_s=5)
+    assert missing.failure == probe.PYTHON_NOT_FOUND
+
+
+@pytest.mark.integration
+def test_run_nccl_runs_every_rank_and_reports_bus_bandwidth():
+    """Two ranks of the real probe in this environment's torch, over gloo on the CPU (the
+    same code path as NCCL on GPUs, rendezvous and timing included)."""
+    outcome = probe.run_nccl(
+        sys.executable, 2, timeout_s=120, backend="gloo", sizes=[1 << 16, 1 << 20]
+    )
+    assert outcome.failure is None, outcome.message
+    assert outcome.error is None
+    assert [s.bytes for s in outcome.sizes] == [1 << 16, 1 << 20]
+    for size in outcome.sizes:
+        assert size.seconds_per_op > 0
+        assert size.algbw_gbps == pytest.approx(size.bytes / size.seconds_per_op / 1e9)
+        assert size.busbw_gbps == pytest.approx(size.algbw_gbps * 2 * (2 - 1) / 2)
+    assert outcome.busbw_gbps == outcome.sizes[-1].busbw_gbps
+
+
+def test_run_nccl_kills_ranks_that_hang(tmp_path):
+    python = fake_python(tmp_path, "python-hangs", "exec sleep 60")
+    began = time.monotonic()
+    outcome = probe.run_nccl(python, 3, timeout_s=0.5)
+    assert time.monotonic() - began < 15
+    assert outcome.failure == probe.TIMEOUT
+    assert "did not finish within 0.5 s" in outcome.message
+
+
+def test_run_nccl_reports_a_rank_that_crashed(tmp_path):
+    python = fake_python(tmp_path, "python-crash", "echo 'NCCL WARN oops' >&2; exit 1")
+    outcome = probe.run_nccl(python, 2, timeout_s=10)
+    assert outcome.failure == probe.CRASHED
+    assert "NCCL WARN oops" in outcome.message
+    assert probe.run_nccl("/nonexistent/python3", 2, timeout_s=1).failure == probe.PYTHON_NOT_FOUND
+
+
+def test_probes_number_cuda_devices_as_nvml_does(tmp_path):
+    python = fake_python(tmp_path, "python-env", 'echo "order=$CUDA_DEVICE_ORDER"')
+    proc = probe._start([python])
+    out, _ = proc.communicate(timeout=10)
+    assert out == b"order=PCI_BUS_ID\n"
+
+
 # --- a real GPU -------------------------------------------------------------------------------
 
 

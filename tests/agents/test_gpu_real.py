@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,70 @@ def test_text_table_lists_every_gpu(status):
     for gpu in status.gpus:
         assert gpu.name in text
     assert "NVML error" not in text
+
+
+def test_cooling_clocks_and_video_fields_are_sensible(status):
+    for gpu in status.gpus:
+        assert gpu.fan_speed_pct is None or 0 <= gpu.fan_speed_pct <= 100
+        assert gpu.pstate is None or 0 <= gpu.pstate <= 15
+        assert gpu.mem_clock_mhz is None or 0 < gpu.mem_clock_mhz <= 40000
+        if gpu.mem_clock_mhz is not None and gpu.mem_clock_max_mhz is not None:
+            assert gpu.mem_clock_mhz <= gpu.mem_clock_max_mhz * 1.1
+        for value in (gpu.enc_util_pct, gpu.dec_util_pct):
+            assert value is None or 0 <= value <= 100
+
+
+def test_topology_and_xid_watch_on_the_real_driver(status):
+    doc = nvml.collect_topology()
+    assert doc["error"] is None
+    assert [g["index"] for g in doc["gpus"]] == [g.index for g in status.gpus]
+    n = len(status.gpus)
+    assert len(doc["pairs"]) == n * (n - 1) // 2
+    for pair in doc["pairs"]:
+        assert pair["level"] in (None, "BOARD", "PIX", "PXB", "PHB", "NODE", "SYS")
+    with nvml.XidWatch() as watch:
+        assert isinstance(watch.available, bool)
+        assert watch.available or watch.reason
+        assert all(event["xid"] > 0 for event in watch.events())
+
+
+def _cuda_torch() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def test_a_busy_torch_process_shows_its_sm_and_cpu_use():
+    if not _cuda_torch():
+        pytest.skip("this environment's torch cannot use the GPU")
+    code = (
+        "import time, torch\n"
+        "a = torch.randn(8192, 8192, device='cuda', dtype=torch.float16)\n"
+        "print('go', flush=True)\n"
+        "t = time.time()\n"
+        "while time.time() - t < 30:\n"
+        "    a @ a\n"
+        "    torch.cuda.synchronize()\n"
+    )
+    job = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"go\n"
+        found = None
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            found = next((p for p in nvml.collect_status().processes if p.pid == job.pid), None)
+            if found is not None and (found.sm_util_pct or 0) > 0:
+                break
+    finally:
+        job.kill()
+        job.wait()
+    assert found is not None, "the torch process never appeared among the GPU processes"
+    assert found.sm_util_pct is not None
+    assert found.sm_util_pct > 0
+    assert found.cpu_pct is not None
+    assert found.elapsed_s is not None
+    assert found.rss_bytes is not None

@@ -13,12 +13,22 @@ import pytest
 
 from agents import health, protocol
 from agents.protocol import HealthCheck, HealthReport
-from agents.system import SystemPaths, read_sshd_config, scan_dev_nodes
+from agents.system import (
+    FilesystemFacts,
+    KernelLogFacts,
+    ShmFacts,
+    SystemPaths,
+    read_sshd_config,
+    scan_dev_nodes,
+)
 from tests.agents.factories import (
+    GIB,
     make_driver,
     make_full_probe,
     make_gpu,
+    make_nccl,
     make_nvml_error,
+    make_nvswitch_topology,
     make_probe,
     make_status,
 )
@@ -44,7 +54,20 @@ def healthy_paths(tmp_path: Path) -> SystemPaths:
     proc = tmp_path / "proc"
     (proc / "net").mkdir(parents=True)
     (proc / "net" / "tcp").write_text("  sl  local_address rem_address   st\n")
-    return SystemPaths(dev_dir=str(dev), sshd_config=str(ssh / "sshd_config"), proc_dir=str(proc))
+    (proc / "uptime").write_text("3600.00 7000.00\n")
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("6,1,1000000,-;Linux version 6.8.0\n")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    return SystemPaths(
+        dev_dir=str(dev),
+        sshd_config=str(ssh / "sshd_config"),
+        proc_dir=str(proc),
+        shm_dir=str(shm),
+        kmsg=str(kmsg),
+        kernel_logs=(),
+        disk_dirs=(("home", str(tmp_path)),),
+    )
 
 
 def fake_python(tmp_path: Path, name: str, body: str) -> str:
@@ -99,10 +122,13 @@ def test_run_health_with_this_environments_torch(healthy_paths):
         "temperature",
         "power_cap",
         "pcie",
+        "xid",
         "ssh_password_login",
         "exposed_ports",
     ):
         assert checks[passing].status == "pass", (passing, checks[passing].summary)
+    assert checks["disk"].details["filesystems"][0]["path"] == str(healthy_paths.disk_dirs[0][1])
+    assert checks["shm"].details["path"] == healthy_paths.shm_dir
 
 
 @pytest.mark.integration
@@ -161,16 +187,36 @@ def test_run_health_on_this_machine_as_it_is(tmp_path):
 # --- evaluate ---------------------------------------------------------------------------------
 
 
-def facts_for(status, probe=None, full_probe=None, paths: SystemPaths | None = None):
+HEALTHY_DISKS = (
+    FilesystemFacts(
+        "/home/me", ("home", "jobs", "temp"), 500 * GIB, 200 * GIB, 10**7, 9 * 10**6, False
+    ),
+)
+HEALTHY_SHM = ShmFacts("/dev/shm", True, 64 * GIB, 64 * GIB, "tmpfs")
+
+
+def facts_for(status, probe=None, full_probe=None, paths: SystemPaths | None = None, **extra):
+    """Facts of a healthy machine around ``status``: files under ``paths``, plenty of disk and
+    /dev/shm, a kernel log without Xids and, with ``full_probe``, NVSwitch links and a fast
+    all-reduce; ``extra`` replaces any of them."""
     where = paths or SystemPaths()
-    return health.HealthFacts(
-        status=status,
-        dev_nodes=scan_dev_nodes(where.dev_dir),
-        probe=probe or make_probe(device_count=len(status.gpus)),
-        sshd=read_sshd_config(where.sshd_config),
-        listeners=(),
-        full_probe=full_probe,
-    )
+    count = len(status.gpus)
+    fields = {
+        "status": status,
+        "dev_nodes": scan_dev_nodes(where.dev_dir),
+        "probe": probe or make_probe(device_count=count),
+        "sshd": read_sshd_config(where.sshd_config),
+        "listeners": (),
+        "full_probe": full_probe,
+        "disks": HEALTHY_DISKS,
+        "shm": HEALTHY_SHM,
+        "kernel_log": KernelLogFacts("/dev/kmsg", ()),
+        "xid_watching": True,
+        "topology": make_nvswitch_topology(count) if full_probe and count > 1 else None,
+        "nccl": make_nccl(count) if full_probe and count > 1 else None,
+    }
+    fields.update(extra)
+    return health.HealthFacts(**fields)
 
 
 def test_evaluate_a_healthy_machine_passes_everything(healthy_paths):

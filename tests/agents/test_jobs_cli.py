@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from agents import cli, jobs_cli, protocol
-from agents.protocol import JobList, JobRecord, JobSummary, ProcessSnapshot, WhoGpu, WhoReport
+from agents.protocol import (
+    JobList,
+    JobRecord,
+    JobSummary,
+    ProcessSnapshot,
+    WhoGpu,
+    WhoJob,
+    WhoReport,
+)
 from agents.runner import JobStore
 
 WRITE_ARGV = (
@@ -151,28 +159,72 @@ def test_render_jobs_table():
     assert len(lines[2].split("  ")[-1]) <= 60
 
 
+def _who_job(job_id: str, state: str, gpus: tuple[int, ...], requested: str) -> WhoJob:
+    return WhoJob(
+        job_id=job_id,
+        name="train" if job_id == "j-1" else None,
+        user="alice",
+        state=state,
+        gpus=gpus,
+        gpus_requested=requested,
+        since="2026-03-01T12:00:00.000+00:00",
+    )
+
+
 def test_render_who():
+    running = _who_job("j-1", "running", (0,), "0,")
+    starting = _who_job("j-2", "running", (1,), "1,")
     report = WhoReport(
         gpus=(
             WhoGpu(
                 index=0,
                 name="NVIDIA H100 80GB HBM3",
                 processes=(
-                    ProcessSnapshot(0, 42, "alice", "python train.py", 2 * 1024**3, "j-1"),
+                    ProcessSnapshot(
+                        0,
+                        42,
+                        "alice",
+                        "python train.py",
+                        2 * 1024**3,
+                        "j-1",
+                        sm_util_pct=87,
+                        mem_bw_util_pct=40,
+                        cpu_pct=101.2,
+                        rss_bytes=1024**3,
+                        elapsed_s=3725,
+                    ),
                     ProcessSnapshot(0, 43, None, None, None, None),
                 ),
+                util_gpu_pct=93,
+                mem_used_bytes=3 * 1024**3,
+                mem_total_bytes=80 * 1024**3,
+                held_by=running,
             ),
-            WhoGpu(index=1, name="NVIDIA H100 80GB HBM3", processes=()),
-        )
+            WhoGpu(index=1, name="NVIDIA H100 80GB HBM3", processes=(), held_by=starting),
+            WhoGpu(
+                index=2,
+                name="NVIDIA H100 80GB HBM3",
+                processes=(),
+                waiting=(_who_job("j-3", "queued", (2,), "2,"),),
+            ),
+        ),
+        waiting_any=(_who_job("j-4", "queued", (), "2"),),
     )
     text = jobs_cli.render_who(report)
     assert text.splitlines() == [
-        "GPU 0  NVIDIA H100 80GB HBM3",
-        "  pid 42  alice  2048 MiB  job j-1  python train.py",
-        "  pid 43  ?  ?  not an agent job",
+        "GPU 0  NVIDIA H100 80GB HBM3  93% busy, 3.0 GiB of 80.0 GiB",
+        "  held by job j-1 (train), alice",
+        "  pid 42  alice  2048 MiB  SM 87%  CPU 101%  up 1h02m  job j-1  python train.py",
+        "  pid 43  ?  ?  SM ?  CPU ?  up -  not an agent job",
         "GPU 1  NVIDIA H100 80GB HBM3",
+        "  held by job j-2, alice (starting)",
+        "GPU 2  NVIDIA H100 80GB HBM3",
         "  free",
+        "  waited for by job j-3, alice",
+        "queued: job j-4, alice waits for any 2 GPUs",
     ]
+    assert not report.gpus[1].free
+    assert report.gpus[2].free
     assert jobs_cli.render_who(WhoReport(gpus=())) == "no GPUs"
 
 

@@ -216,14 +216,20 @@ UNSUPPORTED = {
     "mig_mode": ("mig_mode",),
     "compute_capability": ("compute_capability",),
     "multiprocessor_count": ("sm_count",),
+    "fan_speed": ("fan_speed_pct",),
+    "pstate": ("pstate",),
+    "mem_clock": ("mem_clock_mhz",),
+    "mem_clock_max": ("mem_clock_max_mhz",),
+    "enc_util": ("enc_util_pct",),
+    "dec_util": ("dec_util_pct",),
 }
 
 
 @pytest.mark.parametrize("field", sorted(UNSUPPORTED))
 def test_an_unsupported_field_is_null_and_nothing_else_changes(fake_nvml, field):
-    fake_nvml.gpus(2)
+    fake_nvml.gpus(2, fan_speed=40)  # an H100 has no fan of its own: give it one here
     baseline = protocol.to_dict(nvml.collect_status().gpus[1])
-    fake_nvml.gpus(2, per_gpu={1: {field: "unsupported"}})
+    fake_nvml.gpus(2, fan_speed=40, per_gpu={1: {field: "unsupported"}})
     status = nvml.collect_status()
     assert status.nvml_error is None
     got = protocol.to_dict(status.gpus[1])
@@ -563,3 +569,345 @@ def test_nvml_unavailable_carries_the_document_and_the_typed_error():
     error = nvml.NvmlUnavailable({"code": "gpu_lost", "message": "gone", "hint": "reboot"})
     assert str(error) == "gone"
     assert error.error == NvmlError(code="gpu_lost", message="gone", hint="reboot")
+
+
+# --- fan, performance state, memory clock, video engines ---------------------------------------
+
+
+def test_maps_cooling_and_video_fields(fake_nvml):
+    fake_nvml.gpus(
+        1,
+        model="NVIDIA GeForce RTX 4090",
+        fan_speed=63,
+        pstate=2,
+        mem_clock=10251,
+        mem_clock_max=10501,
+        enc_util=35,
+        dec_util=4,
+    )
+    gpu = nvml.collect_status().gpus[0]
+    assert (gpu.fan_speed_pct, gpu.pstate) == (63, 2)
+    assert (gpu.mem_clock_mhz, gpu.mem_clock_max_mhz) == (10251, 10501)
+    assert (gpu.enc_util_pct, gpu.dec_util_pct) == (35, 4)
+
+
+def test_a_passively_cooled_card_has_no_fan_and_an_unknown_pstate_is_null(fake_nvml):
+    fake_nvml.gpus(1, pstate=32)  # an H100: no fan of its own; NVML_PSTATE_UNKNOWN
+    gpu = nvml.collect_status().gpus[0]
+    assert gpu.fan_speed_pct is None
+    assert gpu.pstate is None
+    assert gpu.mem_clock_mhz == 2619
+
+
+@pytest.mark.parametrize(
+    "symbol",
+    [
+        "nvmlDeviceGetFanSpeed",
+        "nvmlDeviceGetPerformanceState",
+        "nvmlDeviceGetEncoderUtilization",
+        "nvmlDeviceGetDecoderUtilization",
+    ],
+)
+def test_a_driver_lacking_a_new_call_gives_null_for_it_only(fake_nvml, symbol):
+    fake_nvml.gpus(1, fan_speed=40, pstate=0, enc_util=1, dec_util=2)
+    full = protocol.to_dict(nvml.collect_status().gpus[0])
+    fake_nvml.gpus(1, fan_speed=40, pstate=0, enc_util=1, dec_util=2, missing_functions=[symbol])
+    lacking = protocol.to_dict(nvml.collect_status().gpus[0])
+    changed = {k for k in full if full[k] != lacking[k]}
+    assert len(changed) == 1
+    assert lacking[changed.pop()] is None
+
+
+# --- per-process utilisation and the /proc join --------------------------------------------------
+
+
+def _spinning_child() -> subprocess.Popen[bytes]:
+    code = "import sys\nprint('go', flush=True)\nwhile True: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"go\n"
+    return child
+
+
+def test_processes_carry_sm_use_and_the_proc_view(fake_nvml, monkeypatch):
+    monkeypatch.setenv("GPU_AGENT_CPU_WINDOW_S", "0.3")
+    child = _spinning_child()
+    idle = os.getpid()
+    try:
+        fake_nvml.gpus(
+            1,
+            processes=[
+                {"pid": child.pid, "used_memory": 3 * GIB},
+                {"pid": idle, "used_memory": GIB},
+            ],
+            process_utilization=[
+                {"pid": child.pid, "sm": 97, "mem": 41, "age_s": 5.0},
+                {"pid": child.pid, "sm": 88, "mem": 30, "age_s": 0.2},  # the newest counts
+                {"pid": _unused_pid(), "sm": 50, "mem": 5},  # not on the GPU any more
+            ],
+        )
+        status = nvml.collect_status()
+    finally:
+        child.kill()
+        child.wait()
+    procs = {p.pid: p for p in status.processes}
+    busy, quiet = procs[child.pid], procs[idle]
+    assert (busy.sm_util_pct, busy.mem_bw_util_pct) == (88, 30)
+    assert (quiet.sm_util_pct, quiet.mem_bw_util_pct) == (0, 0)  # no sample: no use
+    assert busy.cpu_pct is not None
+    assert busy.cpu_pct > 30
+    assert busy.rss_bytes is not None
+    assert busy.rss_bytes > MIB
+    assert busy.elapsed_s is not None
+    assert 0 <= busy.elapsed_s < 60
+    assert quiet.elapsed_s is not None
+    assert set(procs) == {child.pid, idle}
+
+
+def test_no_samples_means_no_use_and_an_old_sample_is_dropped(fake_nvml):
+    me = os.getpid()
+    fake_nvml.gpus(1, processes=[{"pid": me, "used_memory": GIB}])  # NVML: "not found"
+    (proc,) = nvml.collect_status().processes
+    assert (proc.sm_util_pct, proc.mem_bw_util_pct) == (0, 0)
+    old = nvml.PROCESS_SAMPLE_MAX_AGE_S + 1
+    fake_nvml.gpus(
+        1,
+        processes=[{"pid": me, "used_memory": GIB}],
+        process_utilization=[{"pid": me, "sm": 90, "mem": 50, "age_s": old}],
+    )
+    (proc,) = nvml.collect_status().processes
+    assert proc.sm_util_pct == 0
+    fresh = nvml.PROCESS_SAMPLE_MAX_AGE_S - 1
+    fake_nvml.gpus(
+        1,
+        processes=[{"pid": me, "used_memory": GIB}],
+        process_utilization=[{"pid": me, "sm": 90, "mem": 50, "age_s": fresh}],
+    )
+    (proc,) = nvml.collect_status().processes
+    assert proc.sm_util_pct == 90
+
+
+def test_a_sample_stamped_by_another_clock_is_kept(fake_nvml):
+    me = os.getpid()
+    fake_nvml.gpus(
+        1,
+        processes=[{"pid": me, "used_memory": GIB}],
+        process_utilization=[{"pid": me, "sm": 12, "mem": 3, "timestamp_us": 5_000_000}],
+    )
+    (proc,) = nvml.collect_status().processes
+    assert proc.sm_util_pct == 12
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"process_utilization": "unsupported"},  # MIG, vGPU, pre-Maxwell
+        {"missing_functions": ["nvmlDeviceGetProcessUtilization"]},  # an older driver
+        {"process_utilization": {"error": "NoPermission"}},
+    ],
+    ids=["not-supported", "old-driver", "no-permission"],
+)
+def test_per_process_use_is_null_where_the_driver_cannot_say(fake_nvml, config):
+    me = os.getpid()
+    fake_nvml.gpus(1, processes=[{"pid": me, "used_memory": GIB}], **config)
+    status = nvml.collect_status()
+    (proc,) = status.processes
+    assert (proc.sm_util_pct, proc.mem_bw_util_pct) == (None, None)
+    assert proc.used_mem_bytes == GIB
+    assert status.nvml_error is None
+
+
+def test_an_idle_status_asks_nothing_about_processes(fake_nvml):
+    fake_nvml.gpus(2)
+    nvml.collect_status()
+    assert "nvmlDeviceGetProcessUtilization" not in fake_nvml.calls()
+
+
+def test_the_status_document_carries_every_process_field(fake_nvml):
+    from agents.schema import PROCESS_FIELDS
+
+    fake_nvml.gpus(1, processes=[{"pid": os.getpid(), "used_memory": GIB}])
+    doc = nvml.collect_status_document()
+    assert tuple(doc["processes"][0]) == PROCESS_FIELDS
+
+
+# --- topology ------------------------------------------------------------------------------------
+
+
+def _switch_links(n: int = 18, down: int = 0) -> list[dict]:
+    return [
+        {
+            "active": 0 if i < down else 1,
+            "version": 4,
+            "remote_bus_id": "00000000:C0:00.0",
+            "remote_type": 2,
+        }
+        for i in range(n)
+    ]
+
+
+def test_topology_of_an_nvswitch_box(fake_nvml):
+    fake_nvml.gpus(
+        4,
+        nvlinks=_switch_links(),
+        per_gpu={3: {"nvlinks": _switch_links(down=6)}},
+        topology={"0-1": 40, "0-2": 50},
+        p2p={"0-1": {"nvlink": 0}, "2-3": {"read": 4}},
+    )
+    doc = nvml.collect_topology()
+    assert doc["error"] is None
+    gpus = {g["index"]: g for g in doc["gpus"]}
+    assert len(gpus[0]["nvlinks"]) == 18
+    assert sum(link["active"] for link in gpus[3]["nvlinks"]) == 12
+    assert gpus[0]["nvlinks"][0] == {
+        "link": 0,
+        "active": True,
+        "version": 4,
+        "remote_bus_id": "00000000:C0:00.0",
+        "remote_type": "nvswitch",
+    }
+    assert gpus[3]["nvlinks"][0]["remote_type"] is None  # a link that is down names nothing
+    pairs = {(p["a"], p["b"]): p for p in doc["pairs"]}
+    assert len(pairs) == 6
+    assert pairs[(0, 1)]["level"] == "NODE"
+    assert pairs[(0, 2)]["level"] == "SYS"
+    assert pairs[(1, 2)]["level"] == "PHB"  # the fake's default
+    assert pairs[(0, 1)]["via_nvswitch"] is True
+    assert (pairs[(0, 1)]["p2p_read"], pairs[(0, 1)]["p2p_nvlink"]) == ("ok", "ok")
+    assert pairs[(2, 3)]["p2p_read"] == "disabled_by_regkey"
+    assert pairs[(1, 2)]["p2p_nvlink"] == "not_supported"
+
+
+def test_topology_counts_direct_nvlinks_between_a_pair(fake_nvml):
+    bus = [f"00000000:{0x18 + i * 0x10:02X}:00.0" for i in range(2)]
+    fake_nvml.gpus(
+        2,
+        per_gpu={
+            0: {"nvlinks": [{"remote_bus_id": bus[1], "remote_type": 0}] * 4},
+            1: {"nvlinks": [{"remote_bus_id": bus[0], "remote_type": 0}] * 4},
+        },
+    )
+    (pair,) = nvml.collect_topology()["pairs"]
+    assert (pair["nvlinks"], pair["via_nvswitch"]) == (4, False)
+
+
+def test_topology_without_nvlink_or_without_the_calls(fake_nvml):
+    fake_nvml.gpus(2, model="NVIDIA GeForce RTX 4090")  # no NVLink: "not supported"
+    doc = nvml.collect_topology()
+    assert [g["nvlinks"] for g in doc["gpus"]] == [None, None]
+    assert doc["pairs"][0]["level"] == "PHB"
+    fake_nvml.gpus(
+        2,
+        missing_functions=[
+            "nvmlDeviceGetNvLinkState",
+            "nvmlDeviceGetTopologyCommonAncestor",
+            "nvmlDeviceGetP2PStatus",
+        ],
+    )
+    doc = nvml.collect_topology()
+    assert [g["nvlinks"] for g in doc["gpus"]] == [None, None]
+    assert doc["pairs"] == [
+        {
+            "a": 0,
+            "b": 1,
+            "level": None,
+            "nvlinks": 0,
+            "via_nvswitch": False,
+            "p2p_read": None,
+            "p2p_nvlink": None,
+        }
+    ]
+
+
+def test_topology_without_nvml(fake_nvml):
+    fake_nvml.init_error("DriverNotLoaded")
+    doc = nvml.collect_topology()
+    assert (doc["gpus"], doc["pairs"]) == ([], [])
+    assert doc["error"]["code"] == "driver_not_loaded"
+
+
+@pytest.mark.parametrize(
+    ("bus_id", "key"),
+    [
+        ("00000000:3B:00.0", (0, 0x3B, 0)),
+        ("0000:3b:00", (0, 0x3B, 0)),
+        ("0001:c1:1f.0", (1, 0xC1, 0x1F)),
+        ("garbage", (-1, -1, -1)),
+        (None, (-1, -1, -1)),
+    ],
+)
+def test_bus_key(bus_id, key):
+    assert nvml.bus_key(bus_id) == key
+
+
+# --- Xid events ----------------------------------------------------------------------------------
+
+
+def test_xid_watch_reports_events_per_gpu(fake_nvml):
+    fake_nvml.gpus(3, per_gpu={1: {"xid_events": [79]}, 2: {"xid_events": [48, 63]}})
+    with nvml.XidWatch(clock=lambda: 1_767_225_600.0) as watch:
+        assert watch.available
+        assert watch.watched == [0, 1, 2]
+        events = watch.events()
+        assert watch.events() == events  # collected once, kept
+    assert [(e["gpu_index"], e["xid"]) for e in events] == [(1, 79), (2, 48), (2, 63)]
+    assert {e["seen_at"] for e in events} == {"2026-01-01T00:00:00+00:00"}
+    calls = fake_nvml.calls()
+    assert calls.count("nvmlEventSetFree") == 1
+    assert calls[-1] == "nvmlShutdown"
+
+
+def test_xid_watch_skips_gpus_without_the_event(fake_nvml):
+    fake_nvml.gpus(2, per_gpu={0: {"supported_events": 0x3}, 1: {"xid_events": "unsupported"}})
+    with nvml.XidWatch() as watch:
+        assert not watch.available
+        assert "no GPU" in watch.reason
+        assert watch.events() == []
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        lambda fake: fake.init_error("NoPermission"),
+        lambda fake: fake.gpus(1, missing_functions=["nvmlEventSetCreate"]),
+        lambda fake: fake.no_library(),
+    ],
+    ids=["no-permission", "old-driver", "no-driver"],
+)
+def test_xid_watch_never_raises(fake_nvml, setup):
+    setup(fake_nvml)
+    with nvml.XidWatch() as watch:
+        assert not watch.available
+        assert watch.reason
+        assert watch.events() == []
+
+
+# --- load samples for the stress check -----------------------------------------------------------
+
+
+def test_sample_load_has_clocks_temperature_power_and_reasons(fake_nvml):
+    fake_nvml.gpus(
+        2,
+        util_gpu=100,
+        sm_clock=1755,
+        mem_clock=2619,
+        temperature=78,
+        power_usage=690_000,
+        clocks_event_reasons=0x4,
+        per_gpu={1: {"clocks_event_reasons": 0x80, "temperature": "unsupported"}},
+    )
+    with nvml.GpuSampler() as sampler:
+        first, second = sampler.sample_load()
+    assert first == {
+        "index": 0,
+        "util_gpu_pct": 100,
+        "sm_clock_mhz": 1755,
+        "sm_clock_max_mhz": 1980,
+        "mem_clock_mhz": 2619,
+        "temp_c": 78,
+        "power_draw_w": 690.0,
+        "power_limit_w": 700.0,
+        "clock_event_reasons": ["sw_power_cap"],
+    }
+    assert second["temp_c"] is None
+    assert second["clock_event_reasons"] == ["hw_power_brake_slowdown"]

@@ -414,6 +414,77 @@ def test_who_maps_gpu_processes_to_jobs(gpu_agent: Agent, fake_nvml):
     assert gpu_agent.cli("cancel", record.id).returncode == 0
 
 
+def test_who_counts_gpus_the_agent_reserved(gpu_agent: Agent, fake_nvml):
+    """A running job holds its GPUs before any of its processes opens them; queued jobs wait
+    for named GPUs or for any N; who shows all of it with each process's use."""
+    holder = gpu_agent.submit("sleep", "30", options=["--gpus", "0,2"])
+    gpu_agent.running(holder.id)
+    named = gpu_agent.submit("sleep", "30", options=["--gpus", "2,"])
+    three = gpu_agent.submit("sleep", "30", options=["--gpus", "3"])
+    outsider = os.getpid()
+    fake_nvml.gpus(
+        4,
+        util_gpu=10,
+        per_gpu={1: {"processes": [{"pid": outsider, "used_memory": 1024**3}]}},
+        process_utilization=[{"pid": outsider, "sm": 64, "mem": 12}],
+    )
+    done = gpu_agent.cli("who", "--json")
+    assert done.returncode == 0, done.stderr
+    report = protocol.loads(WhoReport, done.stdout)
+    gpus = {g.index: g for g in report.gpus}
+    assert gpus[0].held_by is not None
+    assert (gpus[0].held_by.job_id, gpus[0].held_by.state) == (holder.id, "running")
+    assert gpus[0].held_by.gpus == (0, 2)
+    assert gpus[0].held_by.since is not None
+    assert not gpus[0].free
+    assert [w.job_id for w in gpus[2].waiting] == [named.id]
+    assert [(w.job_id, w.gpus, w.gpus_requested) for w in report.waiting_any] == [
+        (three.id, (), "3")
+    ]
+    assert gpus[3].free
+    (proc,) = gpus[1].processes
+    assert (proc.sm_util_pct, proc.mem_bw_util_pct, proc.job_id) == (64, 12, None)
+    assert proc.elapsed_s is not None
+    assert gpus[1].util_gpu_pct == 10
+    text = gpu_agent.cli("who").stdout
+    assert f"held by job {holder.id}" in text
+    assert "(starting)" in text
+    assert f"queued: job {three.id}" in text
+    assert "SM 64%" in text
+    for job in (three, named, holder):
+        assert gpu_agent.cli("cancel", job.id).returncode == 0
+
+
+def test_reservations_are_worked_out_from_the_job_metadata():
+    metas = [
+        {
+            "id": "c",
+            "seq": 3,
+            "state": "queued",
+            "want_count": 2,
+            "want_indices": [],
+            "gpus_requested": "2",
+        },
+        {"id": "a", "seq": 1, "state": "running", "gpus_assigned": [0, 1], "started_at": "T1"},
+        {
+            "id": "b",
+            "seq": 2,
+            "state": "queued",
+            "want_count": 1,
+            "want_indices": [1],
+            "created_at": "T0",
+        },
+        {"id": "d", "seq": 4, "state": "queued", "want_count": 0, "want_indices": []},
+        {"id": "e", "seq": 5, "state": "running", "gpus_assigned": []},
+    ]
+    held, waiting, waiting_any = runner.reservations(metas)
+    assert {i: j.job_id for i, j in held.items()} == {0: "a", 1: "a"}
+    assert held[0].since == "T1"
+    assert {i: [j.job_id for j in js] for i, js in waiting.items()} == {1: ["b"]}
+    assert waiting[1][0].since == "T0"
+    assert [j.job_id for j in waiting_any] == ["c"]
+
+
 def test_status_and_health_tag_gpu_processes_with_their_job(gpu_agent: Agent, fake_nvml):
     record = gpu_agent.submit("sleep", "30", options=["--gpus", "1,"])
     job_pid = gpu_agent.running(record.id)["job_pid"]

@@ -248,3 +248,68 @@ def test_a_broken_data_file_is_reported(monkeypatch):
     monkeypatch.setattr(pkgutil, "get_data", lambda _pkg, _name: b'{"gpus": [{"key": 1}]}')
     with pytest.raises(specs.CatalogueError, match="row"):
         specs.load_catalogue()
+
+
+# --- interconnect figures -----------------------------------------------------------------------
+
+
+def test_every_gpu_has_interconnect_figures_with_a_source():
+    for spec in specs.load_catalogue():
+        assert spec.pcie_gen in (3, 4, 5), spec.key
+        assert spec.pcie_lanes == 16, spec.key
+        assert spec.interconnect_source, spec.key
+        assert specs.pcie_gbps(spec.pcie_gen) is not None, spec.key
+        if spec.nvlink_links:
+            assert spec.nvlink_gen in (2, 3, 4, 5), spec.key
+            assert spec.nvlink_total_gbps is not None, spec.key
+            assert "NVLink" in spec.interconnect_source, spec.key
+        else:
+            assert spec.nvlink_gen is None, spec.key
+            assert spec.nvlink_total_gbps is None, spec.key
+        assert (spec.nvlink_bridge_gbps is not None) == (
+            spec.nvlink_bridge and spec.nvlink_links > 0
+        )
+
+
+def test_nvlink_totals_are_links_times_the_generation_rate_both_ways():
+    """The datasheet totals agree with the per-link rates of their NVLink generation; the
+    RTX 3090's GA102 runs its four links slower (112.5 GB/s in all, per the whitepaper)."""
+    for spec in specs.load_catalogue():
+        if not spec.nvlink_links:
+            continue
+        rate = specs.nvlink_generation_gbps(spec.nvlink_gen)
+        assert rate is not None, spec.key
+        if spec.key == "rtx-3090":
+            assert spec.nvlink_link_gbps == 112.5 / 8
+            continue
+        assert spec.nvlink_total_gbps == spec.nvlink_links * 2 * rate, spec.key
+        assert spec.nvlink_link_gbps == rate, spec.key
+
+
+@pytest.mark.parametrize(
+    ("generation", "lanes", "gbps"),
+    [
+        (3, 16, 15.75),
+        (4, 16, 31.5),
+        (5, 16, 63.0),
+        (4, 8, 15.75),
+        (5, 4, 15.75),
+        (2, 16, None),
+        (None, 16, None),
+        (4, None, None),
+    ],
+)
+def test_pcie_rates(generation, lanes, gbps):
+    assert specs.pcie_gbps(generation, lanes) == gbps
+
+
+def test_link_rates_carry_their_sources():
+    for kind, generations in (("pcie", (3, 4, 5, 6)), ("nvlink", (2, 3, 4, 5))):
+        for generation in generations:
+            rate = specs.link_rate(kind, generation)
+            assert rate is not None
+            assert rate.source.startswith(("PCI-SIG", "NVIDIA"))
+    assert specs.link_rate("nvlink", 1) is None
+    h100 = specs.by_key("h100-sxm")
+    assert h100 is not None
+    assert (h100.pcie_gen, h100.nvlink_gen, h100.nvlink_links) == (5, 4, 18)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -220,3 +221,176 @@ def test_a_real_loopback_socket_is_not_on_all_interfaces():
         port = server.getsockname()[1]
         found = [s for s in system.listening_sockets(owners=False) if s.port == port]
     assert [(s.address, s.all_interfaces, s.pid) for s in found] == [("127.0.0.1", False, None)]
+
+
+# --- disk space ---------------------------------------------------------------------------------
+
+
+def test_disk_facts_group_directories_by_filesystem(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    facts = system.disk_facts(
+        [("home", str(home)), ("jobs", str(home / "not" / "yet")), ("temp", str(tmp_path))]
+    )
+    (only,) = facts  # one filesystem holds all three
+    assert only.roles == ("home", "jobs", "temp")
+    assert only.path == str(home)
+    vfs = os.statvfs(tmp_path)
+    assert only.total_bytes == vfs.f_blocks * vfs.f_frsize
+    assert only.free_bytes is not None
+    assert 0 < only.free_bytes <= only.total_bytes
+    assert only.read_only is False
+    assert only.error is None
+
+
+def test_disk_facts_of_separate_filesystems(tmp_path):
+    facts = system.disk_facts([("temp", str(tmp_path)), ("shm", "/dev/shm"), ("proc", "/proc")])
+    assert [f.roles for f in facts] == [("temp",), ("shm",), ("proc",)]
+    assert facts[2].read_only or facts[2].total_bytes == 0  # /proc holds no data
+
+
+def test_default_disk_dirs_follow_the_agent_home(monkeypatch, tmp_path):
+    dirs = dict(system.default_disk_dirs({"GPU_AGENT_HOME": str(tmp_path / "agent")}))
+    assert dirs["jobs"] == str(tmp_path / "agent")
+    assert dirs["home"] == os.path.expanduser("~")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert dict(system.default_disk_dirs({}))["temp"] == str(tmp_path)
+    assert dict(system.default_disk_dirs({}))["jobs"].endswith(".gpu-agent")
+
+
+# --- /dev/shm -----------------------------------------------------------------------------------
+
+
+def test_shm_facts_of_a_directory_and_its_mount_type(tmp_path):
+    shm = tmp_path / "my shm"
+    shm.mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "tmpfs /dev/shm tmpfs rw,nosuid,nodev,size=65536k 0 0\n"
+        f"tmpfs {str(shm).replace(' ', chr(92) + '040')} tmpfs rw,size=1024k 0 0\n"
+    )
+    facts = system.shm_facts(str(shm), str(mounts))
+    assert facts.exists
+    assert facts.fs_type == "tmpfs"
+    assert facts.total_bytes is not None
+    assert facts.free_bytes is not None
+    assert system.shm_facts(str(shm), str(tmp_path / "nothing")).fs_type is None
+
+
+def test_no_shm_at_all(tmp_path):
+    facts = system.shm_facts(str(tmp_path / "missing"))
+    assert not facts.exists
+    assert facts.total_bytes is None
+    assert "does not exist" in (facts.error or "")
+
+
+SMALL_SHM_CODE = """
+import json, os
+from agents import system
+from agents.checks.resources import check_shm
+from agents.protocol import HostInfo
+host = HostInfo("box", "Linux", "6.8", "3.11", "0", 8, None, None, True, False)
+before = system.shm_facts()
+with open("/dev/shm/batch", "wb") as fh:
+    fh.write(b"x" * (40 * 2**20))
+after = system.shm_facts()
+check = check_shm(before, host, 1)
+print(json.dumps({"before": [before.total_bytes, before.free_bytes, before.fs_type],
+                  "after_free": after.free_bytes, "status": check.status,
+                  "summary": check.summary, "hint": check.hint}))
+"""
+
+
+def test_a_real_small_dev_shm_fails_the_check(tmp_path):
+    """A 64 MiB tmpfs, Docker's default size, mounted over /dev/shm in a mount namespace of
+    its own (nothing outside it changes): the check fails and says how to fix it."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to mount a tmpfs in a private mount namespace")
+    user_ns = [] if os.geteuid() == 0 else ["--map-root-user"]
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1"'
+    argv = ["unshare", "--mount", "--propagation", "private", *user_ns]
+    argv += ["sh", "-c", script, sys.executable, SMALL_SHM_CODE]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=str(Path(__file__).resolve().parents[2]),
+        check=False,
+    )
+    if done.returncode != 0 and not done.stdout:
+        pytest.skip(f"mounting a tmpfs is not allowed here: {done.stderr.strip()[-300:]}")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["before"] == [64 * 2**20, 64 * 2**20, "tmpfs"]
+    assert result["after_free"] == 24 * 2**20
+    assert result["status"] == "fail"
+    assert "64 MiB free of 64 MiB" in result["summary"]
+    assert "bus error" in result["summary"]
+    assert "--shm-size" in result["hint"]
+    assert not os.path.exists("/dev/shm/batch")  # it was written to the private tmpfs only
+
+
+# --- Xid errors in the kernel log ---------------------------------------------------------------
+
+KMSG = (
+    "6,1,1000000,-;Linux version 6.8.0\n"
+    "4,812,3000000,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=0, GPU has fallen off the bus.\n"
+    " SUBSYSTEM=pci\n"
+    " DEVICE=+pci:0000:3b:00.0\n"
+    "4,900,3500000000,-;NVRM: Xid (PCI:0000:5e:00): 13, pid='<unknown>', name=python, "
+    "Graphics SM Warp Exception\n"
+    "6,901,3500000001,-;nvidia-modeset: not an Xid\n"
+)
+
+
+def test_kernel_xids_from_a_kmsg_stream_with_ages(tmp_path):
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(KMSG)
+    uptime = tmp_path / "uptime"
+    uptime.write_text("3600.00 100.00\n")
+    facts = system.kernel_xids(str(kmsg), (), str(uptime))
+    assert facts.readable
+    assert facts.source == str(kmsg)
+    assert [(x.pci_bus_id, x.xid, x.age_s) for x in facts.xids] == [
+        ("0000:3b:00", 79, 3597.0),
+        ("0000:5e:00", 13, 100.0),
+    ]
+    assert facts.xids[0].message == "pid=0, GPU has fallen off the bus."
+
+
+def test_kernel_xids_fall_back_to_a_log_file(tmp_path):
+    log = tmp_path / "kern.log"
+    log.write_text(
+        "Mar  1 10:00:00 box kernel: [ 12.5] NVRM: loading NVIDIA UNIX x86_64 Kernel Module\n"
+        "Mar  1 11:00:00 box kernel: [3612.5] NVRM: Xid (PCI:0000:18:00): 48, pid=77, "
+        "name=python, DBE (0x1)\n"
+    )
+    missing = tmp_path / "no-kmsg"
+    facts = system.kernel_xids(str(missing), (str(tmp_path / "absent.log"), str(log)))
+    assert facts.source == str(log)
+    assert [(x.xid, x.age_s) for x in facts.xids] == [(48, None)]
+    assert str(missing) in facts.unreadable[0]
+
+
+def test_kernel_xids_when_nothing_can_be_read(tmp_path):
+    facts = system.kernel_xids(str(tmp_path / "kmsg"), (str(tmp_path / "kern.log"),))
+    assert not facts.readable
+    assert facts.xids == ()
+    assert len(facts.unreadable) == 1  # a missing log file is not worth naming
+
+
+def test_the_real_kernel_log_reads_or_says_why():
+    facts = system.kernel_xids()
+    if facts.readable:
+        assert all(x.xid > 0 for x in facts.xids)
+    else:
+        assert facts.unreadable

@@ -287,3 +287,53 @@ def test_missing_nvidia_ml_py_is_a_clear_error(monkeypatch, tmp_path, capsys):
     assert builder.main([str(tmp_path / "x.pyz")]) == 1
     assert "pip install nvidia-ml-py" in capsys.readouterr().err
     assert not (tmp_path / "x.pyz").exists()
+
+
+def _python_3_9() -> str | None:
+    """A working ``python3.9`` on PATH (a version-manager shim that cannot run it is none)."""
+    found = shutil.which("python3.9")
+    if found is None:
+        return None
+    try:
+        done = subprocess.run(
+            [found, "-I", "-c", "import sys; print(sys.version_info[:2] == (3, 9))"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except OSError:
+        return None
+    return found if done.stdout.strip() == "True" else None
+
+
+def test_status_and_health_run_under_python_3_9(pyz, tmp_path):
+    """The oldest Python the agent supports runs the archive (extracting it, as the bytecode
+    is another Python's): status with the new fields, and health with its new checks."""
+    python = _python_3_9()
+    if python is None:
+        pytest.skip("no working python3.9 on PATH")
+    env = dict(clean_env(), GPU_AGENT_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [python, "-I", str(pyz), "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    status = protocol.loads(StatusSnapshot, done.stdout)
+    assert status.host.python_version.startswith("3.9.")
+    health = subprocess.run(
+        [python, "-I", str(pyz), "health", "--json", "--python", python],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert health.returncode in (0, 1), health.stderr
+    checks = {c["id"]: c for c in json.loads(health.stdout)["checks"]}
+    assert {"xid", "disk", "shm"} <= set(checks)
+    assert checks["disk"]["status"] in ("pass", "warn", "fail")

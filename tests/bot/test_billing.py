@@ -220,3 +220,47 @@ def test_parse_increment() -> None:
     assert parse_increment("second") == "second"
     with pytest.raises(UsageError, match="not a billing increment"):
         parse_increment("fortnight")
+
+
+def test_a_stopped_instance_costs_its_disk_per_hour() -> None:
+    from bot.billing import storage_micros_per_hour
+
+    # 730 GB at $0.10 a GB-month: $0.10 an hour, whatever the month.
+    inst = _instance(disk_gb=730.0, storage_micros_per_gb_month=100_000)
+    assert storage_micros_per_hour(inst) == 100_000
+    assert storage_micros_per_hour(_instance()) == 0
+    # A stop ends compute, not the disk.
+    inst.stopped_at = T0 + timedelta(hours=1)
+    later = cost_breakdown(inst, T0 + timedelta(hours=5))
+    assert (later.compute_micros, later.storage_micros) == (2 * USD, 5 * 100_000)
+
+
+def test_a_restart_bills_from_the_start_and_not_the_stopped_time() -> None:
+    from bot.billing import restart
+
+    inst = _instance(price_micros=3_600_000, provider="vast")  # per second, $0.001 a second
+    inst.stopped_at = T0 + timedelta(hours=1)
+    started = T0 + timedelta(hours=4)
+    before = cost_so_far(inst, started)
+    values = restart(inst, started)
+    assert values == {
+        "stopped_at": None,
+        "compute_carried_s": 4 * 3600,
+        "compute_carried_micros": 3_600_000,
+    }
+    for name, value in values.items():
+        setattr(inst, name, value)
+    assert cost_so_far(inst, started) == before  # nothing jumps at the restart
+    assert cost_so_far(inst, started + timedelta(minutes=30)) == before + 1_800_000
+    # A second stop and restart carry both sessions.
+    inst.stopped_at = started + timedelta(hours=1)
+    again = T0 + timedelta(hours=10)
+    for name, value in restart(inst, again).items():
+        setattr(inst, name, value)
+    assert cost_so_far(inst, again + timedelta(hours=1)) == 3 * 3_600_000
+
+
+def test_restarting_what_never_stopped_changes_only_the_stop() -> None:
+    from bot.billing import restart
+
+    assert restart(_instance(), T0 + timedelta(hours=1)) == {"stopped_at": None}

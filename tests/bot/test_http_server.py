@@ -23,7 +23,8 @@ from slack_bolt import Ack, App
 from slack_sdk import WebClient
 
 from bot.cli import cli_parser
-from bot.http_server import EVENTS_PATH, MAX_BODY_BYTES, SlackHttpServer
+from bot.health import Health
+from bot.http_server import EVENTS_PATH, MAX_BODY_BYTES, OpsEndpoints, SlackHttpServer, ops_server
 from bot.local_slack import LocalSlack, signed_headers, slash_command_body
 from tests.bot.test_cli import gpubot
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET, SlackBot
@@ -401,3 +402,75 @@ def test_the_unit_drains_well_within_its_stop_timeout() -> None:
     args = cli_parser().parse_args(shlex.split(service["ExecStart"])[1:])
     # The rest of the stop (the scheduler, the bot's work queue, the store) needs time too.
     assert args.drain_timeout + 5 <= float(service["TimeoutStopSec"])
+
+
+# --- probes and metrics --------------------------------------------------------------------------
+
+
+def _fetch(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (names in lower case) and body of one request."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            status, headers, body = int(response.status), response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        status, headers, body = int(exc.code), exc.headers, exc.read()
+    return status, {name.lower(): value for name, value in headers.items()}, body
+
+
+def test_probes_and_metrics_beside_slacks_requests(slow_app: SlowApp, local_slack: LocalSlack):
+    ready = [True]
+    health = Health(
+        tick_interval_s=30,
+        database=lambda: None,
+        slack_connected=lambda: ready[0],
+    )
+    scrapes: list[int] = []
+
+    def metrics() -> tuple[bytes, str]:
+        scrapes.append(1)
+        return b"gpubot_up 1\n", "text/plain; version=0.0.4; charset=utf-8"
+
+    server = SlackHttpServer(
+        slow_app.app, ops=OpsEndpoints(health=health, metrics=metrics), port=0
+    ).start()
+    try:
+        base = server.base_url
+        assert _fetch(f"{base}/healthz")[::2] == (200, b"ok")
+        status, headers, body = _fetch(f"{base}/readyz")
+        assert status == 200
+        assert b"ok slack: the Socket Mode connection is up" in body
+        assert headers["cache-control"] == "no-store"
+        ready[0] = False
+        status, _, body = _fetch(f"{base}/readyz")
+        assert status == 503
+        assert b"FAIL slack" in body
+        status, headers, body = _fetch(f"{base}/metrics")
+        assert (status, body) == (200, b"gpubot_up 1\n")
+        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        status, headers, body = _fetch(f"{base}/metrics", method="HEAD")
+        assert (status, body, headers["content-length"]) == (200, b"", "12")
+        assert len(scrapes) == 2
+        # Slack's own path still reaches the app.
+        assert post_slow(server, local_slack)[0] == 200
+    finally:
+        server.shutdown()
+
+
+def test_without_health_or_metrics_only_liveness_answers(slow_app: SlowApp) -> None:
+    with serving(slow_app.app) as server:
+        assert _fetch(f"{server.base_url}/healthz")[::2] == (200, b"ok")
+        assert _fetch(f"{server.base_url}/readyz")[0] == 404
+        assert _fetch(f"{server.base_url}/metrics")[0] == 404
+
+
+def test_the_endpoints_server_alone_serves_nothing_of_slack() -> None:
+    health = Health(tick_interval_s=30, database=lambda: None)
+    server = ops_server(OpsEndpoints(health=health), host="127.0.0.1", port=0).start()
+    try:
+        assert server.threads == 2
+        assert _fetch(f"{server.base_url}/readyz")[0] == 200
+        assert _fetch(f"{server.base_url}/slack/events", method="POST")[0] == 404
+        assert _fetch(f"{server.base_url}/metrics")[0] == 404
+    finally:
+        server.shutdown()

@@ -163,6 +163,9 @@ def test_service_units_keep_the_data_private() -> None:
 
 def test_dockerfile_entrypoint_is_the_cli() -> None:
     text = (DEPLOY / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["gpubot"]' in text
+    # The entrypoint script (tests/bot/test_deploy.py runs it) ends by running the CLI.
+    assert 'ENTRYPOINT ["gpubot-entrypoint"]' in text
+    assert "COPY deploy/entrypoint.sh /usr/local/bin/gpubot-entrypoint" in text
+    assert 'exec gpubot "$@"' in (DEPLOY / "entrypoint.sh").read_text()
     (cmd,) = re.findall(r"^CMD (\[.*\])$", text, flags=re.M)
     cli_parser().parse_args(yaml.safe_load(cmd))

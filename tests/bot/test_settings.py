@@ -1,13 +1,20 @@
-"""Settings keep their secrets out of repr() and str(), wherever they came from."""
+"""Settings keep their secrets out of repr() and str(), wherever they came from; every numeric
+setting has a range and every named one its choices, and a bad value stops `gpubot` with exit
+status 2 and a message naming the variable and what it accepts."""
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 
-from bot.settings import MASK, Settings, is_secret_field, mask_url_password
+from bot.errors import ConfigError
+from bot.settings import MASK, NUMBERS, Settings, is_secret_field, mask_url_password
 
 SECRET_FIELDS = {
     "slack_bot_token",
@@ -87,3 +94,147 @@ def test_unset_secrets_say_so() -> None:
 )
 def test_mask_url_password(url: str, masked: str) -> None:
     assert mask_url_password(url) == masked
+
+
+# --- ranges and names -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "accepts"),
+    [
+        ("GPUBOT_TICK_INTERVAL_S", "-5", "a number of seconds from 0.1 to 3,600"),
+        ("GPUBOT_TICK_INTERVAL_S", "nan", "a number of seconds from 0.1 to 3,600"),
+        ("GPUBOT_TICK_INTERVAL_S", "30000", "a number of seconds from 0.1 to 3,600"),
+        ("GPUBOT_POLL_INTERVAL_S", "0", "a number of seconds from 1 to 1,000,000,000"),
+        ("GPUBOT_POLL_INTERVAL_S", "inf", "a number of seconds from 1 to 1,000,000,000"),
+        ("GPUBOT_IDLE_THRESHOLD_PCT", "150", "a GPU utilisation in percent from 0 to 100"),
+        ("GPUBOT_IDLE_THRESHOLD_PCT", "-1", "a GPU utilisation in percent from 0 to 100"),
+        ("GPUBOT_IDLE_WINDOW_S", "inf", "a whole number of seconds from 60 to 2,592,000"),
+        ("GPUBOT_IDLE_WINDOW_S", "1800.5", "a whole number of seconds from 60 to 2,592,000"),
+        ("GPUBOT_DEFAULT_RELEASE_IN_S", "0", "a whole number of seconds from 60 to 2,592,000"),
+        ("GPUBOT_SLACK_TIMEOUT_S", "0.5", "a number of seconds from 1 to 300"),
+        ("GPUBOT_SSH_CONNECT_TIMEOUT_S", "0", "a number of seconds above 0 to 300"),
+        ("GPUBOT_SSH_COMMAND_TIMEOUT_S", "-inf", "a number of seconds above 0 to 3,600"),
+        ("GPUBOT_EXECUTOR_WORKERS", "0", "a whole number of threads from 1 to 1,024"),
+        ("GPUBOT_COMMAND_QUEUE_MAX", "-1", "a whole number of commands from 0 to 100,000"),
+        ("GPUBOT_COMMANDS_PER_USER", "2.5", "a whole number of commands from 1 to 1,000"),
+        (
+            "GPUBOT_METRICS_PORT",
+            "70000",
+            "a TCP port number from 1 to 65535 (or 0 for any free port)",
+        ),
+    ],
+)
+def test_a_number_out_of_range_names_the_variable_and_its_range(
+    var: str, raw: str, accepts: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({var: raw})
+    assert refused.value.message == f"{var}={raw!r} is not accepted."
+    assert refused.value.hint == f"Give {accepts}."
+
+
+def test_text_where_a_number_belongs_says_so_and_what_to_give() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"GPUBOT_TICK_INTERVAL_S": "30s"})
+    assert refused.value.user_text() == (
+        "GPUBOT_TICK_INTERVAL_S='30s' is not a number.\nGive a number of seconds from 0.1 to 3,600."
+    )
+
+
+@pytest.mark.parametrize(
+    ("var", "raw", "hint"),
+    [
+        ("GPUBOT_CURRENCY", "XYZ", "Use an ISO 4217 code such as USD, EUR, GBP or CNY."),
+        ("GPUBOT_CURRENCY", "dollars", "Use an ISO 4217 code such as USD, EUR, GBP or CNY."),
+        ("GPUBOT_LOG_LEVEL", "loud", "Use one of DEBUG, INFO, WARNING, ERROR, CRITICAL."),
+        ("GPUBOT_LOG_FORMAT", "xml", "Use text or json."),
+    ],
+)
+def test_an_unknown_name_is_refused_with_what_is_accepted(var: str, raw: str, hint: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({var: raw})
+    assert refused.value.message == f"{var}={raw!r} is not accepted."
+    assert refused.value.hint == hint
+
+
+def test_edges_of_the_ranges_and_spellings_are_accepted() -> None:
+    settings = Settings.from_env(
+        {
+            "GPUBOT_IDLE_THRESHOLD_PCT": "100",
+            "GPUBOT_IDLE_WINDOW_S": "600.0",
+            "GPUBOT_TICK_INTERVAL_S": "0.1",
+            "GPUBOT_COMMAND_QUEUE_MAX": "0",
+            "GPUBOT_METRICS_PORT": "0",
+            "GPUBOT_CURRENCY": " eur ",
+            "GPUBOT_LOG_LEVEL": "debug",
+            "GPUBOT_LOG_FORMAT": "JSON",
+        }
+    )
+    assert settings.idle_threshold_pct == 100
+    assert settings.idle_window_s == 600
+    assert isinstance(settings.idle_window_s, int)
+    assert settings.tick_interval_s == 0.1
+    assert (settings.command_queue_max, settings.metrics_port) == (0, 0)
+    assert (settings.currency, settings.log_level, settings.log_format) == ("EUR", "DEBUG", "json")
+
+
+def test_every_numeric_field_has_a_range_and_a_variable() -> None:
+    numeric = {
+        item.name
+        for item in fields(Settings)
+        if item.type in ("float", "int") and item.name not in {"warning_offsets_s"}
+    }
+    assert numeric == {spec.field for spec in NUMBERS}
+    assert len({spec.var for spec in NUMBERS}) == len(NUMBERS)
+    defaults = Settings()
+    for spec in NUMBERS:  # the defaults are inside their own ranges
+        assert spec.check(getattr(defaults, spec.field)) == getattr(defaults, spec.field)
+
+
+def test_values_given_in_code_are_checked_too() -> None:
+    with pytest.raises(ConfigError, match=r"GPUBOT_IDLE_THRESHOLD_PCT='150' is not accepted"):
+        Settings(idle_threshold_pct=150.0)
+    with pytest.raises(ConfigError, match=r"GPUBOT_TICK_INTERVAL_S"):
+        Settings().with_(tick_interval_s=float("nan"))
+    with pytest.raises(ConfigError, match=r"warning_offsets_s=\(\) is not accepted"):
+        Settings(warning_offsets_s=())
+    with pytest.raises(ConfigError, match=r"warning_offsets_s=\(1800, -600\)"):
+        Settings(warning_offsets_s=(1800, -600))
+    with pytest.raises(ConfigError, match=r"GPUBOT_METRICS_HOST is empty"):
+        Settings(metrics_host=" ")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"GPUBOT_IDLE_WINDOW_S": "inf"},
+            "gpubot: GPUBOT_IDLE_WINDOW_S='inf' is not accepted.\n"
+            "Give a whole number of seconds from 60 to 2,592,000.\n",
+        ),
+        (
+            {"GPUBOT_CURRENCY": "XBT"},
+            "gpubot: GPUBOT_CURRENCY='XBT' is not accepted.\n"
+            "Use an ISO 4217 code such as USD, EUR, GBP or CNY.\n",
+        ),
+    ],
+    ids=["idle-window-inf", "unknown-currency"],
+)
+def test_the_installed_gpubot_exits_2_naming_the_setting(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    script = Path(sys.executable).with_name("gpubot")
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    full.update({"GPUBOT_DATA_DIR": str(tmp_path / "data"), **env})
+    done = subprocess.run(
+        [str(script), "migrate"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stderr, done.stdout) == (2, message, "")
+    assert not (tmp_path / "data" / "gpubot.sqlite3").exists()  # nothing was touched

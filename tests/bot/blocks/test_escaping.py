@@ -43,6 +43,7 @@ from bot.services.views import (
     RegisterResult,
     ReleaseAsk,
     ReleaseView,
+    UnregisteredView,
 )
 from tests.bot.blocks.test_instances import NOW, gpus, inst, overview, row
 from tests.bot.blocks.test_jobs import job
@@ -194,6 +195,23 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         ReleaseView(_HOSTILE_INST, 1, "escalated", False, HOSTILE)
     ),
     "release_cancelled": lambda: instances.release_cancelled(_HOSTILE_INST),
+    "unregistered_notice": lambda: instances.unregistered_notice(
+        UnregisteredView(
+            provider="vast",
+            provider_id=HOSTILE,
+            name=HOSTILE,
+            state="running",
+            raw_state=HOSTILE,
+            gpu_model=HOSTILE,
+            gpu_count=2,
+            price_micros_per_hour=712_000,
+            currency="USD",
+            launched_at=NOW - timedelta(hours=3),
+            tags=((HOSTILE, HOSTILE),),
+            now=NOW,
+            timezone="UTC",
+        )
+    ),
     # deadlines
     "deadline_warning": lambda: deadlines.deadline_warning(
         _LAMBDA, deadline_at=NOW + timedelta(minutes=30), now=NOW, tz=UTC, prompt_id=1

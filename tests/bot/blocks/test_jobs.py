@@ -20,6 +20,7 @@ from bot.services.job_views import (
     LogView,
     WhoGpuView,
     WhoProcess,
+    WhoReservation,
     WhoView,
 )
 
@@ -265,6 +266,57 @@ def test_who_message_shows_slack_users_and_other_processes() -> None:
     assert "pid 12 · root" in shown
     assert "free" in shown
     assert blocks.who_message(WhoView("box1", ()))[0].endswith("no GPUs.")
+
+
+def test_who_message_shows_use_reservations_and_queued_jobs() -> None:
+    view = WhoView(
+        "box1",
+        (
+            WhoGpuView(
+                0,
+                "NVIDIA H100 80GB HBM3",
+                (
+                    WhoProcess(
+                        11,
+                        "ubuntu",
+                        "U0ALICE",
+                        "42",
+                        "python train.py",
+                        30 * GIB,
+                        sm_util_pct=87,
+                        cpu_pct=101.4,
+                        elapsed_s=3725,
+                    ),
+                ),
+                util_gpu_pct=93,
+                held_by=WhoReservation("42", "U0ALICE", "ubuntu"),
+            ),
+            WhoGpuView(
+                1,
+                "NVIDIA H100 80GB HBM3",
+                (),
+                util_gpu_pct=0,
+                held_by=WhoReservation("43", "U0BOB", "ubuntu", starting=True),
+                waiting=(WhoReservation("44", None, "carol"),),
+            ),
+            WhoGpuView(2, "NVIDIA H100 80GB HBM3", ()),
+        ),
+        waiting_any=(WhoReservation("45", "U0DAN", "ubuntu", wanted="any 2 GPUs"),),
+    )
+    text, body = blocks.who_message(view)
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    assert "*GPU 0* NVIDIA H100 80GB HBM3 · 93% busy" in shown
+    assert "held by job `42` · <@U0ALICE>\\n" in shown  # not starting: no mark
+    assert (
+        "pid 11 · <@U0ALICE> · job `42` · 30.0 GiB · SM 87% · CPU 101% · up 1h 2m · "
+        "`python train.py`" in shown
+    )
+    assert "held by job `43` · <@U0BOB> (starting)" in shown
+    assert "waiting: job `44` · carol" in shown
+    assert "Queued for any 2 GPUs: job `45` · <@U0DAN>" in shown
+    assert shown.count("    free") == 1  # GPU 2 only: GPU 1 is reserved though empty
+    assert "GPU 1: 0 process(es) (reserved)" in text
 
 
 @pytest.mark.parametrize("state", ["cancelled", "succeeded"])

@@ -63,7 +63,16 @@ def test_the_commands_and_buttons_are_registered() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec", [commands.REGISTER, commands.STATUS, commands.LIST, commands.HEALTH, commands.EXTEND]
+    "spec",
+    [
+        commands.REGISTER,
+        commands.ADOPT,
+        commands.STATUS,
+        commands.LIST,
+        commands.HEALTH,
+        commands.EXTEND,
+        commands.RELEASE,
+    ],
 )
 def test_every_example_parses(spec: Any) -> None:
     for example in spec.examples:
@@ -76,12 +85,12 @@ def test_usage_lines_follow_the_design() -> None:
     assert commands.REGISTER.usage.startswith(
         "/gpu register NAME USER@HOST[:PORT] --gpu MODEL [--count N] --price 2.10/h "
         "[--release-in 3h | --release-at 18:00] "
-        "[--provider manual|aws|lambda|runpod|vast --provider-id ID] "
+        "[--provider manual|aws|lambda|runpod|vast|compshare --provider-id ID] "
         "[--billing second|minute|hour] [--min-charge 1m] [--disk 200 --storage 0.10/GB-month] "
         "[--project P] [--python PATH]"
     )
     assert commands.EXTEND.usage == "/gpu extend NAME DURATION"
-    assert commands.RELEASE.usage == "/gpu release NAME"
+    assert commands.RELEASE.usage == "/gpu release NAME [--stop]"
     assert commands.HEALTH.usage == "/gpu health NAME [--full]"
     assert commands.STATUS.usage == "/gpu status [NAME]"
 

@@ -33,3 +33,15 @@ def test_manual_cannot_be_listed_launched_or_stopped():
     with pytest.raises(ProviderError, match="cannot rent") as caught:
         manual.launch(None)  # type: ignore[arg-type]
     assert "/gpu register" in caught.value.hint
+
+
+def test_compshare_needs_both_keys():
+    registry = ProviderRegistry.from_settings(Settings(compshare_public_key="pub"))
+    with pytest.raises(ConfigError) as caught:
+        registry.get("compshare")
+    assert "GPUBOT_COMPSHARE_PUBLIC_KEY and GPUBOT_COMPSHARE_PRIVATE_KEY" in caught.value.hint
+    both = ProviderRegistry.from_settings(
+        Settings(compshare_public_key="pub", compshare_private_key="pk-7f3a9c")
+    )
+    assert "compshare" in both.names()
+    assert "pk-7f3a9c" not in repr(Settings(compshare_private_key="pk-7f3a9c"))

@@ -1,10 +1,13 @@
-"""The contract every provider passes: aws against moto in server mode, lambda, runpod and vast
-against their HTTP stand-ins."""
+"""The contract every provider passes: aws against moto in server mode; lambda, runpod, vast and
+compshare against their HTTP stand-ins (which refuse urllib's default User-Agent, as Cloudflare
+does, so every test here also checks the bot's own)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import boto3
 import pytest
@@ -15,9 +18,18 @@ from bot.errors import (
     ProviderNotFound,
     ProviderRateLimited,
 )
+from bot.providers import aws
 from bot.providers.aws import AwsProvider
-from bot.providers.base import PROVIDER_STATES, Provider, ProviderRegistry
+from bot.providers.base import (
+    PROVIDER_STATES,
+    Provider,
+    ProviderInstance,
+    ProviderRegistry,
+    ReleaseOutcome,
+)
+from bot.providers.http import USER_AGENT
 from bot.settings import Settings
+from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, StandIn
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +38,19 @@ UNKNOWN_IDS = {
     "lambda": "ffffffffffffffffffffffffffffffff",
     "runpod": "nosuchpod",
     "vast": "424242",
+    "compshare": "uhost-nosuch",
 }
+REST = ["lambda", "runpod", "vast", "compshare"]
+#: The request that changes a running instance when it is released, by platform: (method, a
+#: fragment of its path). Compshare stops first (it terminates only stopped instances).
+RELEASE_CALLS = {
+    "lambda": ("POST", "terminate"),
+    "runpod": ("DELETE", ""),
+    "vast": ("DELETE", ""),
+    "compshare": ("POST", "StopCompShareInstance"),
+}
+#: A release may take this many calls: Compshare stops, then terminates.
+MOST_RELEASE_CALLS = 3
 
 
 @dataclass
@@ -36,19 +60,21 @@ class Platform:
     provider: Provider
     create: Callable[[], str]
     terminate_outside: Callable[[str], None]
-    fail_next: Callable[..., None] | None
+    stop_outside: Callable[[str], None] | None
+    start_outside: Callable[[str], None] | None
+    standin: StandIn | None
 
 
 def _settings(**kwargs: object) -> Settings:
     return Settings(**kwargs)  # type: ignore[arg-type]
 
 
-@pytest.fixture(params=["aws", "lambda", "runpod", "vast"])
+@pytest.fixture(params=["aws", *REST])
 def platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     yield from _platform(request, request.param)
 
 
-@pytest.fixture(params=["lambda", "runpod", "vast"])
+@pytest.fixture(params=REST)
 def rest_platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     """The REST platforms, whose stand-ins can be told to fail (AWS: see test_aws.py)."""
     yield from _platform(request, request.param)
@@ -62,7 +88,13 @@ def _platform(request: pytest.FixtureRequest, name: str) -> Iterator[Platform]:
 
         def create() -> str:
             answer = ec2.run_instances(
-                ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1
+                ImageId=image,
+                InstanceType="g5.xlarge",
+                MinCount=1,
+                MaxCount=1,
+                TagSpecifications=[
+                    {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": "trainer"}]}
+                ],
             )
             return answer["Instances"][0]["InstanceId"]
 
@@ -71,16 +103,42 @@ def _platform(request: pytest.FixtureRequest, name: str) -> Iterator[Platform]:
             provider,
             create,
             lambda iid: ec2.terminate_instances(InstanceIds=[iid]),
+            lambda iid: ec2.stop_instances(InstanceIds=[iid]),
+            lambda iid: ec2.start_instances(InstanceIds=[iid]),
             None,
         )
         return
     standin = request.getfixturevalue(f"{name}_cloud")
-    settings = _settings(
-        **{f"{name}_api_url": standin.url + ("/api/v1" if name == "lambda" else "")},
-        **{f"{name}_api_key": standin.api_key},
-    )
+    if name == "compshare":
+        settings = _settings(
+            compshare_api_url=standin.url,
+            compshare_public_key=standin.api_key,
+            compshare_private_key=COMPSHARE_PRIVATE_KEY,
+        )
+    else:
+        settings = _settings(
+            **{f"{name}_api_url": standin.url + ("/api/v1" if name == "lambda" else "")},
+            **{f"{name}_api_key": standin.api_key},
+        )
     registry = ProviderRegistry.from_settings(settings)
-    yield Platform(registry.get(name), standin.add, standin.terminate_outside, standin.fail_next)
+    yield Platform(
+        registry.get(name),
+        standin.add,
+        standin.terminate_outside,
+        getattr(standin, "stop_outside", None),
+        getattr(standin, "start_outside", None),
+        standin,
+    )
+
+
+def _release(provider: Provider, iid: str, mode: str) -> list[ReleaseOutcome]:
+    """Call ``release`` until the platform confirms it (at most ``MOST_RELEASE_CALLS`` times);
+    every answer but the last is work under way."""
+    outcomes = [provider.release(iid, mode)]
+    while not outcomes[-1].confirmed and len(outcomes) < MOST_RELEASE_CALLS:
+        assert outcomes[-1].state in ("terminating", "stopping", "running"), outcomes[-1]
+        outcomes.append(provider.release(iid, mode))
+    return outcomes
 
 
 def test_capabilities_are_sane(platform):
@@ -89,6 +147,7 @@ def test_capabilities_are_sane(platform):
     assert caps.min_charge_s >= 0
     assert caps.api_release
     assert caps.can_list
+    assert caps.can_stop == (platform.stop_outside is not None)
 
 
 def test_lists_and_gets_a_running_instance(platform):
@@ -99,7 +158,10 @@ def test_lists_and_gets_a_running_instance(platform):
     assert got.provider_id == iid
     assert got.state in ("pending", "running")
     assert got.state in PROVIDER_STATES
+    assert got.bills_compute
     assert listed[iid].state in ("pending", "running")
+    # Whose it is: every platform gives a name or a label to show the ops channel.
+    assert got.name == "trainer" or dict(got.tags).get("label") == "trainer"
 
 
 def test_get_unknown_is_not_found(platform):
@@ -109,9 +171,8 @@ def test_get_unknown_is_not_found(platform):
 
 def test_terminate_is_confirmed_and_idempotent(platform):
     iid = platform.create()
-    first = platform.provider.release(iid, "terminate")
-    if not first.confirmed:  # the platform is still shutting it down: look again
-        assert first.state in ("terminating", "running")
+    outcomes = _release(platform.provider, iid, "terminate")
+    if not outcomes[-1].confirmed:  # the platform is still shutting it down: look again
         assert platform.provider.get(iid).is_gone
     again = platform.provider.release(iid, "terminate")
     assert again.confirmed
@@ -147,8 +208,131 @@ def test_stop_where_the_platform_can(platform):
     outcome = platform.provider.release(iid, "stop")
     if not outcome.confirmed:
         assert outcome.state == "stopping"
-    assert platform.provider.get(iid).state == "stopped"
+    stopped = platform.provider.get(iid)
+    assert stopped.state == "stopped"
+    assert not stopped.bills_compute
     assert platform.provider.release(iid, "stop").confirmed
+
+
+def test_a_stopped_instance_terminates(platform):
+    if not platform.provider.capabilities.can_stop:
+        pytest.skip(f"{platform.provider.name} cannot stop")
+    iid = platform.create()
+    _release(platform.provider, iid, "stop")
+    assert _release(platform.provider, iid, "terminate")[-1].confirmed
+    with contextlib.suppress(ProviderNotFound):
+        assert platform.provider.get(iid).is_gone
+
+
+def test_stopped_and_started_outside_the_bot(platform):
+    if platform.stop_outside is None or platform.start_outside is None:
+        pytest.skip(f"{platform.provider.name} cannot stop")
+    iid = platform.create()
+    platform.stop_outside(iid)
+    seen = platform.provider.get(iid)
+    if seen.state == "stopping":  # EC2 takes a moment
+        seen = platform.provider.get(iid)
+    assert seen.state == "stopped"
+    platform.start_outside(iid)
+    assert platform.provider.get(iid).state in ("pending", "running")
+
+
+#: Each platform's own words for its states, and what they mean for the bot (from its
+#: documents; see each provider module). A value is the fields to set on the stand-in's record.
+STATE_DOCUMENTS: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "lambda": [  # (booting: the stand-in boots an instance at the first look)
+        ({"status": "active"}, "running"),
+        ({"status": "unhealthy"}, "running"),
+        ({"status": "terminating"}, "terminating"),
+        ({"status": "preempted"}, "terminated"),
+    ],
+    "runpod": [
+        ({"desiredStatus": "RUNNING"}, "running"),
+        ({"desiredStatus": "EXITED"}, "stopped"),
+        ({"desiredStatus": "DEAD"}, "crashed"),
+        ({"desiredStatus": "TERMINATED"}, "terminated"),
+    ],
+    "vast": [
+        ({"actual_status": None, "intended_status": "running"}, "pending"),
+        ({"actual_status": "loading"}, "pending"),
+        ({"actual_status": "running"}, "running"),
+        ({"actual_status": "frozen", "intended_status": "frozen"}, "running"),
+        (
+            {"actual_status": "stopped", "intended_status": "stopped", "cur_state": "stopped"},
+            "stopped",
+        ),
+        ({"actual_status": "running", "intended_status": "stopped"}, "stopping"),
+        # A container that exited on its own is not a stop: its machine still bills.
+        (
+            {"actual_status": "exited", "intended_status": "running", "cur_state": "running"},
+            "crashed",
+        ),
+        (
+            {"actual_status": "exited", "intended_status": "stopped", "cur_state": "stopped"},
+            "stopped",
+        ),
+        ({"actual_status": "offline"}, "running"),
+        ({"cur_state": "unloaded"}, "terminated"),
+    ],
+    "compshare": [
+        ({"State": "Initializing"}, "pending"),
+        ({"State": "Starting"}, "pending"),
+        ({"State": "Running"}, "running"),
+        ({"State": "Rebooting"}, "running"),
+        ({"State": "Stopped"}, "stopped"),
+        ({"State": "Install Fail"}, "crashed"),
+        ({"State": ""}, "running"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", REST)
+def test_states_map_from_the_platforms_documents(request, name):
+    standin = request.getfixturevalue(f"{name}_cloud")
+    provider = next(_platform(request, name)).provider
+    for fields, expected in STATE_DOCUMENTS[name]:
+        iid = standin.add()
+        with standin.lock:
+            standin.instances[iid].update(fields)
+        listed = {i.provider_id: i for i in provider.list_instances()}
+        if iid in listed:  # Lambda leaves terminated instances out of its list
+            assert (fields, listed[iid].state) == (fields, expected)
+        with standin.lock:  # a platform moves on between looks (Starting, then Running)
+            standin.instances[iid].update(fields)
+        assert (fields, provider.get(iid).state) == (fields, expected)
+
+
+def test_ec2_states_map_from_its_documents():
+    for raw, expected in [
+        ("pending", "pending"),
+        ("running", "running"),
+        ("stopping", "stopping"),
+        ("stopped", "stopped"),
+        ("shutting-down", "terminating"),
+        ("terminated", "terminated"),
+    ]:
+        found = aws._instance({"InstanceId": "i-1", "State": {"Name": raw}})
+        assert found.state == expected
+
+
+def test_every_request_names_the_bot(rest_platform):
+    platform = rest_platform
+    iid = platform.create()
+    platform.provider.list_instances()
+    platform.provider.get(iid)
+    _release(platform.provider, iid, "terminate")
+    assert platform.standin is not None
+    assert platform.standin.user_agents
+    assert set(platform.standin.user_agents) == {USER_AGENT}
+
+
+def test_what_the_platform_says_about_whose_and_since_when(platform):
+    iid = platform.create()
+    got: ProviderInstance = platform.provider.get(iid)
+    if platform.provider.name != "lambda":  # Lambda's instances carry no start time
+        assert got.launched_at is not None
+    if got.price_micros_per_hour is not None:
+        assert got.currency == ("CNY" if platform.provider.name == "compshare" else "USD")
 
 
 @pytest.mark.parametrize(
@@ -164,8 +348,8 @@ def test_stop_where_the_platform_can(platform):
 )
 def test_http_errors_are_translated(rest_platform, status, error):
     platform = rest_platform
-    assert platform.fail_next is not None
-    platform.fail_next(status, retry_after="7" if status == 429 else None)
+    assert platform.standin is not None
+    platform.standin.fail_next(status, retry_after="7" if status == 429 else None)
     with pytest.raises(error) as caught:
         platform.provider.list_instances()
     assert f"HTTP {status}" in str(caught.value)
@@ -180,12 +364,37 @@ def test_http_errors_are_translated(rest_platform, status, error):
 
 def test_a_failing_release_raises_and_retrying_succeeds(rest_platform):
     platform = rest_platform
-    assert platform.fail_next is not None
+    assert platform.standin is not None
     iid = platform.create()
-    platform.fail_next(500, method="DELETE")
-    platform.fail_next(500, method="POST", path="terminate")
+    method, fragment = RELEASE_CALLS[platform.provider.name]
+    platform.standin.fail_next(500, method=method, path=fragment)
     with pytest.raises(ProviderError) as caught:
         platform.provider.release(iid, "terminate")
     assert caught.value.retryable
-    outcome = platform.provider.release(iid, "terminate")
-    assert outcome.confirmed
+    assert _release(platform.provider, iid, "terminate")[-1].confirmed
+
+
+def test_a_slow_platform_times_out_as_retryable(rest_platform):
+    platform = rest_platform
+    assert platform.standin is not None
+    api = platform.provider.api
+    http = getattr(api, "api", api)  # Compshare signs on top of the same HTTP client
+    http.timeout_s = 0.2
+    platform.standin.holds["GET"] = platform.standin.holds["POST"] = 1.0
+    with pytest.raises(ProviderError, match="cannot reach") as caught:
+        platform.provider.list_instances()
+    assert caught.value.retryable
+
+
+def test_the_stand_ins_refuse_urllib_s_own_user_agent(rest_platform):
+    """What the User-Agent protects against: without it, Cloudflare (and the stand-ins) answer
+    403 before looking at the key."""
+    import urllib.error
+    import urllib.request
+
+    assert rest_platform.standin is not None
+    request = urllib.request.Request(rest_platform.standin.url + "/", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=5)
+    assert caught.value.code == 403
+    assert rest_platform.standin.user_agents[-1].startswith("Python-urllib")

@@ -394,7 +394,7 @@ def test_manual_instance_at_its_deadline_asks_the_owner(rt, clock):
     assert get_instance(rt.db, iid).state == "awaiting_confirmation"
     ask = rt.notifier.containing("Please release *box* on its platform")
     assert len(ask) == 1
-    assert ask[0].action_ids() == ["instance_release_done"]
+    assert ask[0].action_ids() == ["instance_release_done", "instance_stop_done"]
     with rt.db.session() as session:
         release = releases.open_release(session, iid)
         assert release is not None

@@ -452,6 +452,36 @@ def test_logs_jobs_and_who(world: World, fake_nvml: FakeNvml):
     assert svc.cancel(world.rt, OWNER, str(job.id)).state == "cancelled"
 
 
+def test_who_counts_the_agents_reservations(world: World, fake_nvml: FakeNvml):
+    starting = run(world, OWNER, ["sleep", "30"], gpus="0,")
+    world.wait_agent(starting.agent_job_id, ("running",))
+    waiting = run(world, OWNER, ["sleep", "30"], gpus="0,")
+    any_two = run(world, OWNER, ["sleep", "30"], gpus="2")
+    pid = world.store.read(starting.agent_job_id)["job_pid"]
+    fake_nvml.gpus(
+        2,
+        per_gpu={1: {"processes": [{"pid": pid, "used_memory": 1024**3}]}},
+        process_utilization=[{"pid": pid, "sm": 55, "mem": 20}],
+    )
+    view = svc.who(world.rt, "box")
+    first, second = view.gpus
+    assert first.processes == ()
+    assert first.held_by is not None
+    assert (first.held_by.job_ref, first.held_by.slack_user, first.held_by.starting) == (
+        str(starting.id),
+        "UOWNER",
+        True,
+    )
+    assert [w.job_ref for w in first.waiting] == [str(waiting.id)]
+    assert [(w.job_ref, w.wanted) for w in view.waiting_any] == [(str(any_two.id), "any 2 GPUs")]
+    (proc,) = second.processes  # the job's process, seen on the other GPU
+    assert (proc.job_ref, proc.sm_util_pct) == (str(starting.id), 55)
+    assert proc.elapsed_s is not None
+    assert second.held_by is None
+    for job in (any_two, waiting, starting):
+        assert svc.cancel(world.rt, OWNER, str(job.id)).state == "cancelled"
+
+
 def test_unfinished_jobs_of_a_released_instance_are_lost(world: World):
     job = run(world, OWNER, ["sleep", "30"])
     with world.db.session() as session:

@@ -5,9 +5,9 @@ RunPod answers every request with HTTP 500 for half an hour, then with 429 and a
 40 minutes for another half hour. What the owner sees: both warnings for each of their three
 instances, as usual; at the deadlines (during the outage) the two on Lambda are released on
 time, each with its "is released" message. The pod on RunPod cannot be released: the bot tries
-again after 1, 2, 4, 8 minutes and so on (never every tick), waits as long as RunPod's
-Retry-After asks, and after the third failed try the owner and the ops channel get one message
-each ("Releasing *pod* (@owner) on runpod failed 3 times; it may still cost $2.10/h. The bot
+again after about 1, 2, 4, 8 minutes and so on, jittered (never every tick), waits as long as
+RunPod's Retry-After asks, and after the third failed try the owner and the ops channel get one
+message each ("Releasing *pod* (@owner) on runpod failed 3 times; it may still cost $2.10/h. The bot
 keeps trying; ... Last error: ... HTTP 500 ..."), and nothing more during the outage. At the
 first try after RunPod is back the pod is terminated, once, and the owner gets one "is
 released. The meter stopped." message; the pod is billed up to that moment and not after. The
@@ -43,6 +43,7 @@ OUTAGE = T0 + timedelta(minutes=55)  # RunPod answers 500 from here
 RATE_LIMITED = OUTAGE + timedelta(minutes=30)  # then 429 with Retry-After
 RECOVERED = OUTAGE + timedelta(hours=1)  # and answers again from here
 RETRY_AFTER_S = 2400
+END = RECOVERED + timedelta(hours=1)  # the last tick
 
 
 @pytest.fixture
@@ -122,7 +123,7 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
             status = 429 if "HTTP 429" in (release.last_error or "") else 500
             tries.append((now, status, release.last_error or "", release.next_attempt_at - now))
 
-    reports = _ticks(rt, RECOVERED + timedelta(minutes=30), watch)
+    reports = _ticks(rt, END, watch)
 
     # The other platform's instances were released on time, during the outage, once each.
     assert get_instance(rt.db, on_lambda).released_at == D
@@ -131,15 +132,25 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
     assert lambda_cloud.instances[second]["status"] == "terminated"
     assert len(lambda_cloud.answered_to("POST", "terminate")) == 2
 
-    # The pod: tried at the deadline, then after 1, 2, 4, 8, 16 minutes (500s), then after the
-    # 40 minutes RunPod's Retry-After asked for (longer than the 32-minute back-off).
-    assert [t[1] for t in tries] == [500, 500, 500, 500, 500, 429]
-    assert all("HTTP 500" in t[2] for t in tries[:5])
+    # The pod: tried at the deadline, then after the jittered back-off (the upper half of 1, 2,
+    # 4, 8, 16 minutes) for the 500s, then after the 40 minutes RunPod's Retry-After asked for
+    # (longer than the back-off's at most 32 minutes).
+    failed_500 = len(tries) - 1
+    assert [t[1] for t in tries] == [500] * failed_500 + [429]
+    assert failed_500 >= 4  # half an hour of 500s: at least 1 + 2 + 4 + 8 minutes of waits
+    pod_release_id = _pod_release(rt, on_runpod).id
+    assert all("HTTP 500" in t[2] for t in tries[:failed_500])
     assert [t[3] for t in tries] == [
-        *(timedelta(seconds=releases.backoff_s(n)) for n in range(1, 6)),
-        timedelta(seconds=RETRY_AFTER_S),
+        *(
+            timedelta(seconds=releases.backoff_s(n, key=pod_release_id))
+            for n in range(1, failed_500 + 1)
+        ),
+        # Retry-After is honoured; a longer back-off (the jitter can make it so) wins.
+        max(
+            timedelta(seconds=RETRY_AFTER_S),
+            timedelta(seconds=releases.backoff_s(len(tries), key=pod_release_id)),
+        ),
     ]
-    assert releases.backoff_s(6) < RETRY_AFTER_S
     assert tries[0][0] == D
     # Never every tick: one request per try (each failed at its first call), and the list
     # RunPod is asked for when reconciling, which stops once the pod is being released.
@@ -149,10 +160,15 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
     assert pod_requests[: len(tries)] == [("GET", t[1]) for t in tries]
 
     # Released at the first try after RunPod came back (the one Retry-After set), once.
-    done_at = tries[-1][0] + timedelta(seconds=RETRY_AFTER_S)
+    due = tries[-1][0] + tries[-1][3]
+    done_at = due + timedelta(seconds=-(due - T0).total_seconds() % INTERVAL_S)  # its next tick
     assert done_at > RECOVERED
     release = _pod_release(rt, on_runpod)
-    assert (release.state, release.attempts, release.confirmed_at) == ("confirmed", 6, done_at)
+    assert (release.state, release.attempts, release.confirmed_at) == (
+        "confirmed",
+        len(tries),
+        done_at,
+    )
     assert pod not in runpod_cloud.instances
     assert runpod_cloud.answered_to("DELETE", pod) == [204]  # terminated exactly once
     inst = get_instance(rt.db, on_runpod)
@@ -176,6 +192,6 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
 
     # The clock kept its cadence: every tick ran every step, within its budgets and well
     # inside its interval.
-    assert len(reports) == int((RECOVERED + timedelta(minutes=30) - T0).total_seconds()) // 30 + 1
+    assert len(reports) == int((END - T0).total_seconds()) // 30 + 1
     assert all(r.over_budget == [] for r in reports)
     assert max(sum(r.durations_s.values()) for r in reports) < INTERVAL_S / 3

@@ -18,6 +18,7 @@ from bot.errors import (
     ProviderRateLimited,
 )
 from bot.platform_work import PlatformWork
+from bot.providers.base import ProviderCapabilities
 from bot.services import releases
 from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Prompt, Release
@@ -113,7 +114,9 @@ def test_failures_back_off_then_escalate_once_to_owner_and_channel(rt, clock, pl
         after = releases.process_release(rt, rel.id)
         delays.append(after.next_attempt_at - clock.now)
         clock.set(after.next_attempt_at)
-    assert delays == [timedelta(seconds=s) for s in (60, 120, 240, 480)]
+    assert delays == [timedelta(seconds=releases.backoff_s(n, key=rel.id)) for n in (1, 2, 3, 4)]
+    for delay, step in zip(delays, (60, 120, 240, 480), strict=True):  # doubling, jittered
+        assert timedelta(seconds=step / 2) <= delay <= timedelta(seconds=step)
     after = _release(rt, rel.id)
     assert after.state == "escalated"
     assert after.attempts == 4
@@ -154,23 +157,83 @@ def test_auth_error_escalates_at_once(rt, platform):
     assert len(rt.notifier.containing("failed 1 times")) == 2
 
 
-def test_stop_mode_keeps_storage_billing(rt, platform):
+def test_stop_mode_keeps_the_registration_and_storage_billing(rt, clock, platform):
     iid = _api_instance(rt)
+    with rt.db.session() as session:
+        inst = session.get(Instance, iid)
+        inst.disk_gb, inst.storage_micros_per_gb_month = 730, 100_000  # $0.10/h
     rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
     platform.answers.append("stopped")
     assert releases.process_release(rt, rel.id).state == "confirmed"
     inst = get_instance(rt.db, iid)
-    assert inst.release_mode == "stop"
-    assert inst.stopped_at is not None
+    assert (inst.state, inst.release_mode) == ("stopped", "stop")
+    assert inst.stopped_at == clock.now
+    assert inst.released_at is None
     assert inst.storage_deleted_at is None
-    assert "storage keeps billing" in rt.notifier.containing("is stopped")[0].text
+    notice = rt.notifier.containing("is stopped")[0].text
+    assert "Its compute meter stopped" in notice
+    assert "keeps billing ($0.10/h)" in notice
+    with pytest.raises(Conflict, match="already stopped"):
+        releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
 
 
-def test_stop_refused_where_the_platform_cannot_stop(rt):
-    iid = add_instance(rt.db)
+def test_a_stopped_instance_is_released_from_there(rt, clock, platform):
+    iid = _api_instance(rt)
+    stop = releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
+    platform.answers.append("stopped")
+    releases.process_release(rt, stop.id)
+    stopped_at = clock.now
+    clock.advance(hours=5)
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    assert releases.process_release(rt, rel.id).state == "confirmed"
+    assert platform.release_calls == [("i-1", "stop"), ("i-1", "terminate")]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.release_mode) == ("released", "terminate")
+    assert inst.stopped_at == stopped_at  # compute ended at the stop
+    assert inst.released_at == inst.storage_deleted_at == clock.now  # the disk at the release
+
+
+class _CannotStop(ScriptedPlatform):
+    name = "nostop"
+    capabilities = ProviderCapabilities(
+        can_stop=False,
+        storage_bills_when_stopped=False,
+        billing_increment="minute",
+        min_charge_s=0,
+        can_launch=False,
+    )
+
+
+def test_stop_refused_where_the_platform_cannot_stop(db, clock):
+    rt = make_runtime(db, clock, providers=[_CannotStop()])
+    iid = add_instance(rt.db, provider="nostop", provider_instance_id="i-1")
     with pytest.raises(ProviderError, match="cannot stop"):
         releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
     assert get_instance(rt.db, iid).state == "active"
+
+
+def test_a_manual_instance_s_owner_confirms_it_stopped(rt, clock):
+    iid = add_instance(rt.db, disk_gb=100, storage_micros_per_gb_month=73_000)  # $0.01/h
+    rel = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    releases.process_release(rt, rel.id)
+    ask = rt.notifier.containing("Please release *box*")[0]
+    assert ask.action_ids() == ["instance_release_done", "instance_stop_done"]
+    owner = Caller(user_id="UOWNER", channel_id="D1")
+    done = releases.confirm_manual_release(rt, owner, iid, stopped=True)
+    assert (done.state, done.mode) == ("confirmed", "stop")
+    inst = get_instance(rt.db, iid)
+    assert inst.state == "stopped"
+    assert inst.stopped_at == clock.now
+    assert inst.storage_deleted_at is None
+    assert "Confirmed stopped on the platform" in ask.current_text
+    # Confirming again changes nothing; releasing it later asks the owner again.
+    assert releases.confirm_manual_release(rt, owner, iid, stopped=True).id == done.id
+    clock.advance(hours=1)
+    again = releases.request_release(rt, iid, reason="user", requested_by="UOWNER")
+    releases.process_release(rt, again.id)
+    releases.confirm_manual_release(rt, owner, iid)
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.storage_deleted_at) == ("released", clock.now)
 
 
 def test_two_workers_call_the_platform_once(rt, platform):
@@ -361,3 +424,24 @@ def _until(predicate, timeout_s: float = 10.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def test_releases_that_failed_together_retry_apart(rt, clock, platform):
+    """One platform's outage fails many releases at once; their retries spread out."""
+    ids = [
+        add_instance(rt.db, name=f"box{n}", provider="scripted", provider_instance_id=f"i-{n}")
+        for n in range(20)
+    ]
+    opened = [
+        releases.request_release(rt, iid, reason="deadline", requested_by="gpubot") for iid in ids
+    ]
+    platform.answers.extend(ProviderError("HTTP 503") for _ in opened)
+    retries = {releases.process_release(rt, rel.id).next_attempt_at for rel in opened}
+    assert len(retries) >= 10  # not one instant for all twenty (31 whole seconds to pick from)
+    assert max(retries) - min(retries) >= timedelta(seconds=15)
+    assert all(
+        clock.now + timedelta(seconds=30) <= at <= clock.now + timedelta(seconds=60)
+        for at in retries
+    )
+    # The same release's schedule is the same every time it is worked out.
+    assert releases.backoff_s(3, key=opened[0].id) == releases.backoff_s(3, key=opened[0].id)

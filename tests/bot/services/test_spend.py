@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from bot.errors import UsageError
-from bot.services import spend
+from bot.services import samples, spend
 from bot.store.db import Database
 from bot.store.models import UtilSample
 from tests.bot.services.test_ledger import add_instance, update_instance
@@ -27,10 +27,12 @@ def add_samples(
         for quarter in range(hours * 4):
             values: dict[str, object] = {"ok": True, "util_avg_pct": 50.0}
             values.update(fields)
-            session.add(
+            samples.record(
+                session,
                 UtilSample(
                     instance_id=instance_id, at=start + timedelta(minutes=15 * quarter), **values
-                )
+                ),
+                UTC_TZ,
             )
 
 
@@ -80,7 +82,11 @@ def fleet(db: Database) -> dict[str, int]:
     # One failed poll in bob's first hour makes that hour active although util reads 0 elsewhere.
     add_samples(db, ids["rtx"], march, 2, util_avg_pct=0.0)
     with db.session() as session:
-        session.add(UtilSample(instance_id=ids["rtx"], at=march + timedelta(minutes=20), ok=False))
+        samples.record(
+            session,
+            UtilSample(instance_id=ids["rtx"], at=march + timedelta(minutes=20), ok=False),
+            UTC_TZ,
+        )
     return ids
 
 

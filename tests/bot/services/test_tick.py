@@ -85,7 +85,7 @@ def test_reconcile_runs_once_per_slot_and_notes_a_stop_outside(sqlite_db):
     clock.set(T0 + timedelta(seconds=3 * RECONCILE_EVERY_S))
     assert tick(rt, clock.now).reconciled == [iid]
     inst = get_instance(rt.db, iid)
-    assert inst.state == "released"
+    assert inst.state == "stopped"  # still registered: its disk bills on
     assert inst.release_mode == "stop"
     assert inst.stopped_at == clock.now
     assert inst.storage_deleted_at is None

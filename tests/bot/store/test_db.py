@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from bot.errors import StoreError
 from bot.settings import Settings
 from bot.store.db import Database, normalize_url
 from bot.store.models import MICROS, Charge, Instance, Person
+from tests.bot.services.support import add_instance
 
 
 def _instance(name: str = "box", *, state: str = "active", owner: str = "U1") -> Instance:
@@ -248,3 +250,20 @@ def test_postgresql_is_reached_through_psycopg_3(db: Database) -> None:
     assert (db.engine.dialect.name, db.engine.dialect.driver) == expected
     with db.engine.connect() as connection:
         assert connection.execute(text("select 1")).scalar() == 1
+
+
+def test_a_report_reading_never_holds_a_writer_back(sqlite_db: Database) -> None:
+    """A read session takes no write lock on SQLite: a writer commits while a report is still
+    reading (with ``session()`` the writer would wait the busy timeout out)."""
+    add_instance(sqlite_db)
+    with sqlite_db.read_session() as reading:
+        assert len(reading.exec(select(Instance)).all()) == 1
+        started = time.monotonic()
+        writer = threading.Thread(target=add_instance, args=(sqlite_db,), kwargs={"name": "two"})
+        writer.start()
+        writer.join(timeout=10)
+        assert not writer.is_alive()
+        assert time.monotonic() - started < 5  # the busy timeout is 30 s
+        assert len(reading.exec(select(Instance)).all()) == 1  # its own snapshot
+    with sqlite_db.read_session() as reading:
+        assert len(reading.exec(select(Instance)).all()) == 2

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, col, select
 
+from bot.services import ledger
 from bot.store.db import MIGRATIONS_DIR, Database, alembic_config
 from bot.store.migrations import schema_diff
 from bot.store.migrations.autogen import next_revision_id
+from bot.store.models import Charge, LedgerState, UtilHour, UtilSample
+from tests.bot.services.support import add_instance
 
 
 def _head() -> str:
@@ -74,3 +79,60 @@ def test_a_fresh_database_reports_no_revision(empty_db: Database) -> None:
 
 def test_next_revision_id_follows_the_numbered_revisions() -> None:
     assert next_revision_id() == f"{int(_head()) + 1:04d}"
+
+
+def test_ledger_states_are_filled_in_from_the_charges_written_before(db: Database) -> None:
+    start = datetime(2026, 3, 1, 0, 0)
+    iid = add_instance(db, created_at=start, price_micros=1_000_000)
+    with db.session() as session:
+        for hour in range(3):
+            session.add(
+                Charge(
+                    instance_id=iid,
+                    kind="compute",
+                    start_at=start + timedelta(hours=hour),
+                    end_at=start + timedelta(hours=hour + 1),
+                    billed_s=3600,
+                    amount_micros=1_000_000,
+                )
+            )
+        for minute in (5, 35, 65):
+            session.add(
+                UtilSample(
+                    instance_id=iid,
+                    at=start + timedelta(minutes=minute),
+                    ok=minute != 35,
+                    util_avg_pct=2.5 * minute,
+                )
+            )
+    with db.engine.connect() as connection:  # back to before the states, charges kept
+        command.downgrade(alembic_config(db, connection), "0003")
+        connection.commit()
+    db.migrate()
+    with db.session() as session:
+        (state,) = session.exec(select(LedgerState)).all()
+        hours = session.exec(select(UtilHour).order_by(col(UtilHour.bucket_start))).all()
+    assert (state.charged_micros, state.billed_s, state.month) == (3_000_000, 3 * 3600, "")
+    assert [(h.bucket_start, h.polls, h.bad_polls, h.max_util_pct) for h in hours] == [
+        (start, 2, 1, 12.5),
+        (start + timedelta(hours=1), 1, 0, 162.5),
+    ]
+    with db.session() as session:
+        charges = session.exec(select(Charge).order_by(col(Charge.start_at))).all()
+    assert [(c.polls, c.bad_polls, c.max_util_pct) for c in charges] == [
+        (2, 1, 12.5),
+        (1, 0, 162.5),
+        (0, 0, None),
+    ]
+    assert state.last_end_at == start + timedelta(hours=3)
+    utc = ZoneInfo("UTC")
+    ledger.accrue(db, start + timedelta(hours=5, minutes=10), utc)
+    with db.session() as session:
+        (state,) = session.exec(select(LedgerState)).all()
+        month = ledger.month_charged_micros(session, "2026-03", utc)
+    assert (state.charged_micros, state.month, state.month_micros) == (
+        5_000_000,
+        "2026-03",
+        5_000_000,
+    )
+    assert month == {iid: 5_000_000}

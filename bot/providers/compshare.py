@@ -1,0 +1,364 @@
+"""优云智算 Compshare (UCloud), through its documented HTTP API: list, stop and terminate.
+
+Every call is a POST of JSON to ``settings.compshare_api_url`` (``https://api.compshare.cn``)
+carrying ``Action``, ``Region``, ``PublicKey`` and ``Signature``: the SHA1 hex digest of every
+parameter sorted by name, written ``NameValue`` one after another (booleans as true/false,
+whole floats without their decimals, lists as ``Name.0``, ``Name.1`` ...), followed by the
+private key (UCloud's signature document). Answers carry ``RetCode`` (0: success) and
+``Message``; HTTP errors from the gateway become the usual provider errors (bot.providers.http).
+
+Actions: ``DescribeCompShareInstance`` (paged by ``Offset`` and ``Limit``, at most 100, and an
+``Offset`` past ``TotalCount`` is an error), ``StopCompShareInstance`` (only a Running instance;
+it goes Stopping, then Stopped) and ``TerminateCompShareInstance`` (only a Stopped instance;
+``ReleaseUDisk`` true deletes its data disks too). Terminating a running instance therefore
+takes two steps: the first release call stops it and reports ``terminating``, a later one
+(the release engine looks again) terminates it once it is Stopped. One instance takes one
+operation at a time (a second one answers ``InstanceOperationInProgress``): a refused stop or
+terminate is looked up again, and counts as under way when the instance moved on.
+
+States (``State``): Initializing, Install and Starting are pending; Running, Rebooting and
+Resizing running; Stopping; Stopped; ``Install Fail`` crashed (the machine exists, and may
+bill); an empty state (the platform timed out asking) counts as running.
+
+Prices are in CNY: ``InstancePrice`` is read as the hourly price of instances billed by the
+hour (``ChargeType`` Dynamic or Postpay) and left out for monthly and yearly ones. Billing
+while stopped: the documents list ``PostPayPowerOffBillingResource`` (disks billed while
+powered off), so storage keeps billing while an instance is stopped.
+
+Why the HTTP API and not the official SDK (``ucloud-sdk-python3``): its typed
+``terminate_comp_share_instance`` drops ``ReleaseUDisk``, which the current documents list;
+its HTTP errors keep the status but not ``Retry-After``; it logs every answer at INFO level,
+instance passwords included, through a handler it adds at import; and it ships no type
+information. The signature is a documented dozen lines, and this way Compshare shares the
+bot's HTTP client with the other platforms (User-Agent, redirects kept on the API's host,
+error translation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
+from bot.providers.base import (
+    InstanceTypeInfo,
+    LaunchRequest,
+    ProviderCapabilities,
+    ProviderInstance,
+    ReleaseOutcome,
+    check_mode,
+    no_launch,
+)
+from bot.providers.http import JsonApi
+from bot.settings import Settings
+
+_STATES = {
+    "Initializing": "pending",
+    "Install": "pending",
+    "Starting": "pending",
+    "Running": "running",
+    "Rebooting": "running",
+    "Resizing": "running",
+    "Stopping": "stopping",
+    "Stopped": "stopped",
+    "Install Fail": "crashed",
+    "": "running",
+}
+#: The largest page of DescribeCompShareInstance.
+PAGE_LIMIT = 100
+#: The most pages read for one list (10 000 instances).
+MAX_PAGES = 100
+#: Charge types whose ``InstancePrice`` is an hourly price.
+HOURLY_CHARGE_TYPES = frozenset({"Dynamic", "Postpay"})
+CURRENCY = "CNY"
+#: UCloud's common return codes (its API overview), by what they mean for the bot.
+_RATE_LIMITED = frozenset({153})
+_TRY_AGAIN = frozenset({110, 130, 150})
+_AUTH = frozenset({170, 171, 172, 174, 294, 295, 299})
+#: Codes above this are the service's own; UCloud's SDK treats those as worth retrying.
+_MAX_COMMON_CODE = 2000
+_SSH_PORT = re.compile(r"(?:^|\s)-p\s*(\d{1,5})(?:\s|$)")
+
+
+class CompshareApi:
+    """Signed calls to the Compshare API: ``call(action, params)`` returns the answer when its
+    RetCode is 0 and raises the provider errors otherwise."""
+
+    def __init__(
+        self,
+        api: JsonApi,
+        *,
+        public_key: str,
+        private_key: str,
+        region: str,
+        project_id: str | None = None,
+    ) -> None:
+        self.api = api
+        self.public_key = public_key
+        self._private_key = private_key
+        self.region = region
+        self.project_id = project_id
+
+    def __repr__(self) -> str:
+        return f"CompshareApi(base_url={self.api.base_url!r}, region={self.region!r})"
+
+    def call(self, action: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Send one action. Raises ProviderAuthError (bad keys), ProviderRateLimited (RetCode
+        153), ProviderError (any other refusal; ``retryable`` as UCloud's SDK judges it)."""
+        body: dict[str, Any] = {"Action": action, "Region": self.region}
+        if self.project_id:
+            body["ProjectId"] = self.project_id
+        body.update(flatten(params or {}))
+        body["PublicKey"] = self.public_key
+        body["Signature"] = signature(body, self._private_key)
+        answer = self.api.post("/", body)
+        if not isinstance(answer, dict):
+            raise ProviderError(f"compshare: {action} answered with something that is not JSON")
+        return _checked(action, answer)
+
+
+def signature(params: Mapping[str, Any], private_key: str) -> str:
+    """UCloud's request signature: SHA1 over the sorted ``NameValue`` pairs and the private
+    key (``Signature`` itself left out)."""
+    text = "".join(
+        f"{name}{encode_value(value)}"
+        for name, value in sorted(params.items())
+        if name != "Signature"
+    )
+    return hashlib.sha1((text + private_key).encode()).hexdigest()  # noqa: S324 (UCloud's scheme)
+
+
+def encode_value(value: Any) -> str:
+    """A parameter as the signature writes it: true/false, whole floats as integers."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isfinite(value) and value == int(value):
+        return str(int(value))
+    return str(value)
+
+
+def flatten(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Lists as ``Name.0``, ``Name.1`` ... as UCloud's API takes them."""
+    flat: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                flat[f"{name}.{index}"] = item
+        elif value is not None:
+            flat[name] = value
+    return flat
+
+
+class CompshareProvider:
+    """Compshare GPU instances in one region."""
+
+    name = "compshare"
+    capabilities = ProviderCapabilities(
+        can_stop=True,
+        storage_bills_when_stopped=True,
+        billing_increment="hour",
+        min_charge_s=0,
+        can_launch=False,
+        reports_instance_price=True,
+    )
+
+    def __init__(self, api: CompshareApi) -> None:
+        self.api = api
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CompshareProvider:
+        """Built from GPUBOT_COMPSHARE_API_URL, _PUBLIC_KEY, _PRIVATE_KEY, _REGION and
+        _PROJECT_ID."""
+        return cls(
+            CompshareApi(
+                JsonApi("compshare", settings.compshare_api_url, headers={}),
+                public_key=settings.compshare_public_key or "",
+                private_key=settings.compshare_private_key or "",
+                region=settings.compshare_region,
+                project_id=settings.compshare_project_id,
+            )
+        )
+
+    def list_instances(self) -> list[ProviderInstance]:
+        """Every instance in the region, page by page (``Offset`` never past ``TotalCount``)."""
+        found: list[ProviderInstance] = []
+        offset = 0
+        for _ in range(MAX_PAGES):
+            answer = self.api.call(
+                "DescribeCompShareInstance", {"Offset": offset, "Limit": PAGE_LIMIT}
+            )
+            items = _items(answer)
+            found.extend(_instance(item) for item in items)
+            offset += len(items)
+            total = answer.get("TotalCount")
+            if not items or not isinstance(total, int) or offset >= total:
+                return found
+        raise ProviderError(f"compshare: the instance list has more than {MAX_PAGES} pages")
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        """One instance; ProviderNotFound when Compshare does not list it."""
+        return _instance(self._describe(provider_id))
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        """Stop, or terminate with its data disks: a running instance is stopped first and
+        reported ``terminating`` until a later call finds it Stopped and terminates it.
+        Already stopped (for stop), or unknown, counts as done."""
+        check_mode(self, mode)
+        try:
+            item = self._describe(provider_id)
+        except ProviderNotFound:
+            return ReleaseOutcome(
+                provider_id, mode, confirmed=True, already_gone=True, state="terminated"
+            )
+        current = _instance(item)
+        if mode == "stop" and current.state == "stopped":
+            return ReleaseOutcome(provider_id, mode, confirmed=True, state="stopped")
+        try:
+            if mode == "terminate" and current.state == "stopped":
+                self._act("TerminateCompShareInstance", item, ReleaseUDisk=True)
+            elif current.state != "stopping":
+                self._act("StopCompShareInstance", item)
+            after = self.get(provider_id)
+        except ProviderNotFound:
+            return ReleaseOutcome(provider_id, mode, confirmed=True, state="terminated")
+        if mode == "stop":
+            done = after.state == "stopped"
+            return ReleaseOutcome(provider_id, mode, confirmed=done, state=after.state)
+        return ReleaseOutcome(
+            provider_id,
+            mode,
+            confirmed=False,
+            state="terminating",
+            detail=f"{after.raw_state}: Compshare terminates an instance only once it is stopped",
+        )
+
+    def price(self, instance_type: str) -> int | None:
+        """Not looked up by type: each instance reports its own price."""
+        return None
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        """None listed here."""
+        return []
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        """Not offered: rent on Compshare, then adopt the instance."""
+        raise no_launch(self.name)
+
+    def _describe(self, provider_id: str) -> dict[str, Any]:
+        answer = self.api.call("DescribeCompShareInstance", {"UHostIds": [provider_id], "Limit": 1})
+        for item in _items(answer):
+            if str(item.get("UHostId")) == provider_id:
+                return item
+        raise ProviderNotFound(f"compshare: no instance {provider_id}")
+
+    def _act(self, action: str, item: dict[str, Any], **params: Any) -> None:
+        """Stop or terminate one instance. A refusal (not of the keys or the rate) is looked up
+        again: when the instance is gone or its state moved on, the operation is under way
+        (one already running answers InstanceOperationInProgress) and this returns."""
+        provider_id = str(item.get("UHostId"))
+        body = {"UHostId": provider_id, "Zone": item.get("Zone"), **params}
+        try:
+            self.api.call(action, body)
+        except (ProviderAuthError, ProviderRateLimited, ProviderNotFound):
+            raise
+        except ProviderError:
+            before = item.get("State")
+            if _instance(self._describe(provider_id)).raw_state == str(before or ""):
+                raise
+
+
+def _checked(action: str, answer: dict[str, Any]) -> dict[str, Any]:
+    code = answer.get("RetCode")
+    if code == 0:
+        return answer
+    message = str(answer.get("Message") or "no message")[:300]
+    text = f"compshare: {action} refused (RetCode {code}): {message}"
+    number = code if isinstance(code, int) else -1
+    if number in _AUTH:
+        raise ProviderAuthError(
+            text,
+            hint="Check GPUBOT_COMPSHARE_PUBLIC_KEY and GPUBOT_COMPSHARE_PRIVATE_KEY (the API key "
+            "pair from the Compshare console) and the API's IP allow-list.",
+        )
+    if number in _RATE_LIMITED:
+        raise ProviderRateLimited(text)
+    if number in _TRY_AGAIN:
+        raise ProviderError(text, retryable=True)
+    raise ProviderError(text, retryable=number > _MAX_COMMON_CODE)
+
+
+def _items(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    items = answer.get("UHostSet")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ProviderError("compshare: the instance list has no 'UHostSet'")
+    return [item for item in items if isinstance(item, dict)]
+
+
+def _instance(item: dict[str, Any]) -> ProviderInstance:
+    provider_id = item.get("UHostId")
+    if not provider_id:
+        raise ProviderError("compshare: an instance without a UHostId in the answer")
+    raw = item.get("State")
+    raw_state = raw if isinstance(raw, str) else ""
+    gpu_type = item.get("GpuType")
+    gpus = item.get("GPU")
+    name = item.get("Name")
+    return ProviderInstance(
+        provider_id=str(provider_id),
+        state=_STATES.get(raw_state, "running"),
+        raw_state=raw_state,
+        instance_type=item.get("MachineType") or None,
+        name=name if isinstance(name, str) and name else None,
+        host=_public_ip(item.get("IPSet")),
+        ssh_port=_ssh_port(item.get("SshLoginCommand")),
+        gpu_model=str(gpu_type) if gpu_type else None,
+        gpu_count=gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None,
+        price_micros_per_hour=_hourly_price(item),
+        currency=CURRENCY,
+        launched_at=_epoch(item.get("CreateTime")),
+        tags=tuple(
+            (key.lower(), str(item[key]))
+            for key in ("Name", "Tag", "Remark")
+            if isinstance(item.get(key), str) and item[key]
+        ),
+    )
+
+
+def _public_ip(ip_set: Any) -> str | None:
+    """The first public IPv4 address of ``IPSet``, else the first address at all."""
+    entries = [e for e in ip_set if isinstance(e, dict) and e.get("IP")] if ip_set else []
+    for entry in entries:
+        if entry.get("Type") != "Private" and entry.get("IPMode", "IPv4") == "IPv4":
+            return str(entry["IP"])
+    return str(entries[0]["IP"]) if entries else None
+
+
+def _ssh_port(command: Any) -> int:
+    """The port of ``SshLoginCommand`` (``ssh -p 2222 root@...``), else 22."""
+    match = _SSH_PORT.search(command) if isinstance(command, str) else None
+    port = int(match.group(1)) if match else 22
+    return port if 1 <= port <= 65535 else 22
+
+
+def _hourly_price(item: dict[str, Any]) -> int | None:
+    price = item.get("InstancePrice")
+    if item.get("ChargeType") not in HOURLY_CHARGE_TYPES or isinstance(price, bool):
+        return None
+    if not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
+        return None
+    return round(float(price) * 1_000_000)
+
+
+def _epoch(value: Any) -> datetime | None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(float(value), UTC).replace(tzinfo=None)
+    except (OverflowError, OSError, ValueError):
+        return None

@@ -1,0 +1,136 @@
+"""Compshare beyond the shared contract: UCloud's signature, paging, the two-step terminate,
+refusals by RetCode, and prices in CNY (against the stand-in written from its documents)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.errors import ProviderAuthError, ProviderError, ProviderRateLimited
+from bot.providers.base import ProviderRegistry
+from bot.providers.compshare import CompshareProvider, flatten, signature
+from bot.settings import Settings
+from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def provider(compshare_cloud: CompshareStandIn) -> CompshareProvider:
+    found = ProviderRegistry.from_settings(
+        Settings(
+            compshare_api_url=compshare_cloud.url,
+            compshare_public_key=compshare_cloud.api_key,
+            compshare_private_key=COMPSHARE_PRIVATE_KEY,
+        )
+    ).get("compshare")
+    assert isinstance(found, CompshareProvider)
+    return found
+
+
+def test_the_signature_matches_ucloud_s_worked_example():
+    # UCloud's signature document: these parameters and keys sign to this digest.
+    params = {
+        "Action": "DescribeUHostInstance",
+        "Region": "cn-bj2",
+        "Limit": 10,
+        "PublicKey": "ucloudsomeone@example.com1296235120854146120",
+    }
+    private_key = "46f09bb9fab4f12dfc160dae12273d5332b5debe"
+    assert signature(params, private_key) == "cba5cf5ec4d4233d206b1b54951e3787350a642f"
+    assert signature({**params, "Signature": "ignored"}, private_key) == signature(
+        params, private_key
+    )
+
+
+def test_lists_become_numbered_parameters():
+    assert flatten({"UHostIds": ["a", "b"], "Limit": 1, "Zone": None}) == {
+        "UHostIds.0": "a",
+        "UHostIds.1": "b",
+        "Limit": 1,
+    }
+
+
+def test_a_wrong_private_key_is_an_auth_error(compshare_cloud: CompshareStandIn):
+    wrong = ProviderRegistry.from_settings(
+        Settings(
+            compshare_api_url=compshare_cloud.url,
+            compshare_public_key=compshare_cloud.api_key,
+            compshare_private_key="not-the-key",
+        )
+    ).get("compshare")
+    with pytest.raises(ProviderAuthError, match="RetCode 171") as caught:
+        wrong.list_instances()
+    assert "GPUBOT_COMPSHARE_PRIVATE_KEY" in caught.value.hint
+    assert "not-the-key" not in caught.value.user_text()
+
+
+def test_the_list_is_read_page_by_page(provider, compshare_cloud: CompshareStandIn):
+    ids = {compshare_cloud.add() for _ in range(230)}
+    listed = provider.list_instances()
+    assert {i.provider_id for i in listed} == ids
+    assert len(listed) == 230
+    assert len(compshare_cloud.answered_to("POST", "DescribeCompShareInstance")) == 3
+
+
+def test_an_empty_account_lists_nothing(provider):
+    assert provider.list_instances() == []
+
+
+def test_what_an_instance_says(provider, compshare_cloud: CompshareStandIn):
+    uid = compshare_cloud.add()
+    monthly = compshare_cloud.add(charge_type="Month")
+    got = provider.get(uid)
+    assert (got.host, got.ssh_port) == (compshare_cloud.ssh_host, compshare_cloud.ssh_port)
+    assert (got.gpu_model, got.gpu_count) == ("4090", 2)
+    assert (got.price_micros_per_hour, got.currency) == (3_960_000, "CNY")
+    assert got.launched_at is not None
+    assert got.launched_at.isoformat() == "2026-12-02T11:00:00"
+    assert dict(got.tags) == {"name": "trainer", "tag": "Default", "remark": "lab-a"}
+    # A monthly instance's InstancePrice is not an hourly price.
+    assert provider.get(monthly).price_micros_per_hour is None
+
+
+def test_terminate_stops_first_and_deletes_the_disks(provider, compshare_cloud: CompshareStandIn):
+    uid = compshare_cloud.add()
+    first = provider.release(uid, "terminate")
+    assert (first.confirmed, first.state) == (False, "terminating")
+    assert "only once it is stopped" in first.detail
+    assert uid in compshare_cloud.instances
+    second = provider.release(uid, "terminate")
+    assert second.confirmed
+    assert not second.already_gone
+    assert uid not in compshare_cloud.instances
+    assert compshare_cloud.released_disks == {uid: True}
+    actions = [p.rsplit("/", 1)[-1] for m, p, s in compshare_cloud.answered]
+    assert actions.count("StopCompShareInstance") == 1
+    assert actions.count("TerminateCompShareInstance") == 1
+
+
+def test_an_operation_under_way_is_not_an_error(provider, compshare_cloud: CompshareStandIn):
+    uid = compshare_cloud.add()
+    with compshare_cloud.lock:
+        compshare_cloud.instances[uid]["State"] = "Starting"  # someone started it meanwhile
+    # Starting answers InstanceOperationInProgress to a stop; the next look sees it Running.
+    outcome = provider.release(uid, "stop")
+    assert not outcome.confirmed
+    assert provider.release(uid, "stop").state in ("stopping", "stopped")
+
+
+def test_a_refusal_that_changed_nothing_is_raised(provider, compshare_cloud: CompshareStandIn):
+    uid = compshare_cloud.add(state="Install Fail")
+    with pytest.raises(ProviderError, match="Running") as caught:
+        provider.release(uid, "stop")
+    assert caught.value.retryable  # a service's own refusal may pass: UCloud's SDK retries those
+    assert compshare_cloud.instances[uid]["State"] == "Install Fail"
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "retryable"),
+    [(153, ProviderRateLimited, True), (150, ProviderError, True), (292, ProviderError, False)],
+)
+def test_refusals_by_retcode(provider, compshare_cloud: CompshareStandIn, code, error, retryable):
+    compshare_cloud.retcode_next(code, "no")
+    with pytest.raises(error, match=f"RetCode {code}") as caught:
+        provider.list_instances()
+    assert caught.value.retryable is retryable
+    assert provider.list_instances() == []  # the next call goes through

@@ -1,0 +1,350 @@
+"""Reconciling with the platforms, against their stand-ins (and moto for AWS): an instance
+stopped outside the bot and started again, one terminated while stopped, and instances that
+nobody registered, reported once to the ops channel and adopted over a real sshd."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import boto3
+import pytest
+from sqlmodel import select
+
+from bot import billing
+from bot.commands.registry import Caller
+from bot.errors import UsageError
+from bot.providers.aws import AwsProvider
+from bot.providers.base import Provider, ProviderRegistry
+from bot.runtime import Runtime
+from bot.services import ledger, outbox, reconcile
+from bot.settings import Settings
+from bot.store.models import AuditLog, Charge, Instance, OutboxMessage, Release
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    RecordingNotifier,
+    add_instance,
+    get_instance,
+    make_runtime,
+)
+from tests.fixtures.providers import (
+    COMPSHARE_PRIVATE_KEY,
+    CompshareStandIn,
+    RunpodStandIn,
+    VastStandIn,
+)
+from tests.fixtures.sshd import SshServer
+
+pytestmark = pytest.mark.integration
+
+OWNER = Caller("UOWNER", channel_id="CTEAM")
+#: 730 GB at $0.10 per GB-month: $0.10 an hour.
+DISK = {"disk_gb": 730.0, "storage_micros_per_gb_month": 100_000}
+
+
+@dataclass
+class Account:
+    """A platform account: the provider the bot uses, and the platform's own console."""
+
+    provider: Provider
+    create: Callable[[], str]
+    stop_outside: Callable[[str], None]
+    start_outside: Callable[[str], None]
+    terminate_outside: Callable[[str], None]
+
+
+def _rest(name: str, standin: VastStandIn | CompshareStandIn) -> Account:
+    if name == "compshare":
+        settings = Settings(
+            compshare_api_url=standin.url,
+            compshare_public_key=standin.api_key,
+            compshare_private_key=COMPSHARE_PRIVATE_KEY,
+        )
+    else:
+        settings = Settings(vast_api_url=standin.url, vast_api_key=standin.api_key)
+    provider = ProviderRegistry.from_settings(settings).get(name)
+    return Account(
+        provider,
+        standin.add,
+        standin.stop_outside,
+        standin.start_outside,
+        standin.terminate_outside,
+    )
+
+
+@pytest.fixture(params=["vast", "compshare", "aws"])
+def account(request: pytest.FixtureRequest) -> Iterator[Account]:
+    if request.param != "aws":
+        yield _rest(request.param, request.getfixturevalue(f"{request.param}_cloud"))
+        return
+    url = request.getfixturevalue("aws_endpoint")
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+
+    def create() -> str:
+        answer = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)
+        return answer["Instances"][0]["InstanceId"]
+
+    yield Account(
+        AwsProvider.from_settings(Settings(aws_endpoint_url=url)),
+        create,
+        lambda iid: ec2.stop_instances(InstanceIds=[iid]),
+        lambda iid: ec2.start_instances(InstanceIds=[iid]),
+        lambda iid: ec2.terminate_instances(InstanceIds=[iid]),
+    )
+
+
+def _runtime(db, *providers: Provider, **settings) -> Runtime:
+    return make_runtime(db, Clock(T0), providers=list(providers), **settings)
+
+
+def _registered(rt: Runtime, account: Account) -> tuple[int, str]:
+    provider_id = account.create()
+    iid = add_instance(
+        rt.db,
+        provider=account.provider.name,
+        provider_instance_id=provider_id,
+        created_at=T0 - timedelta(hours=2),
+        price_micros=3_600_000,  # $3.60/h: $0.001 a second
+        **DISK,
+    )
+    return iid, provider_id
+
+
+def _outbox(rt: Runtime) -> list[OutboxMessage]:
+    with rt.db.session() as session:
+        return list(session.exec(select(OutboxMessage).order_by(OutboxMessage.id)).all())
+
+
+def test_stopped_outside_the_bot_then_started_again(db, account: Account):
+    rt = _runtime(db, account.provider)
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    iid, provider_id = _registered(rt, account)
+    assert reconcile.reconcile(rt, clock.now) == []  # running, as registered
+
+    account.stop_outside(provider_id)
+    stopped_at = clock.advance(minutes=20)
+    assert reconcile.reconcile(rt, clock.now) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.stopped_at, inst.released_at) == ("stopped", stopped_at, None)
+    stopped_cost = billing.cost_breakdown(inst, stopped_at)
+    # Stopped for three hours: compute stays where it was, the disk bills on.
+    later = billing.cost_breakdown(inst, stopped_at + timedelta(hours=3))
+    assert later.compute_micros == stopped_cost.compute_micros
+    assert later.storage_micros == stopped_cost.storage_micros + 3 * 100_000
+    assert reconcile.reconcile(rt, clock.advance(minutes=5)) == []  # nothing new
+
+    account.start_outside(provider_id)
+    started_at = clock.advance(hours=3)
+    assert reconcile.reconcile(rt, clock.now) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.stopped_at) == ("active", None)
+    # Billed again from the start on, not for the three hours it stood stopped: exactly on a
+    # per-second platform, within one increment where a platform rounds (see bot.billing).
+    slack = billing.rules_for(inst).increment_s * 1_000  # $0.001 a second
+    hour_later = billing.cost_breakdown(inst, started_at + timedelta(hours=1)).compute_micros
+    at_start = billing.cost_breakdown(inst, started_at).compute_micros
+    assert 0 <= hour_later - (stopped_cost.compute_micros + 3_600_000) <= slack - 1_000
+    assert 0 <= at_start - stopped_cost.compute_micros <= slack - 1_000
+
+    told = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
+    assert len(told) == 2
+    assert f"was stopped on {account.provider.name} outside the bot" in told[0]
+    assert "keeps billing ($0.10/h)" in told[0]
+    assert "started again" in told[1]
+    with rt.db.session() as session:
+        assert session.exec(select(Release.reason, Release.mode, Release.state)).all() == [
+            ("reconcile", "stop", "confirmed")
+        ]
+        actions = session.exec(select(AuditLog.action).order_by(AuditLog.id)).all()
+    assert actions == ["stopped_outside", "started_outside"]
+
+
+def test_the_ledger_charges_nothing_for_the_stopped_hours(db, vast_cloud: VastStandIn):
+    account = _rest("vast", vast_cloud)
+    rt = _runtime(db, account.provider)
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    iid, provider_id = _registered(rt, account)
+    tz = rt.settings.tz()
+    account.stop_outside(provider_id)
+    reconcile.reconcile(rt, clock.set(T0 + timedelta(minutes=30)))
+    ledger.accrue(rt.db, clock.now, tz)
+    account.start_outside(provider_id)
+    reconcile.reconcile(rt, clock.set(T0 + timedelta(hours=3)))
+    end = T0 + timedelta(hours=5)
+    ledger.accrue(rt.db, end, tz)
+    with rt.db.session() as session:
+        charges = session.exec(select(Charge).where(Charge.instance_id == iid)).all()
+    compute = sum(c.amount_micros for c in charges if c.kind == "compute")
+    storage = sum(c.amount_micros for c in charges if c.kind == "storage")
+    # Ran 2h30m before the stop and 2h after the start, at $3.60/h; the disk all 7 hours.
+    assert compute == round(4.5 * 3_600_000)
+    assert storage == 7 * 100_000
+    assert compute + storage == billing.cost_so_far(get_instance(rt.db, iid), end)
+
+
+def test_terminated_while_stopped_ends_the_disk_too(db, compshare_cloud: CompshareStandIn):
+    account = _rest("compshare", compshare_cloud)
+    rt = _runtime(db, account.provider)
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    iid, provider_id = _registered(rt, account)
+    account.stop_outside(provider_id)
+    reconcile.reconcile(rt, clock.now)
+    account.terminate_outside(provider_id)
+    gone_at = clock.advance(hours=1)
+    assert reconcile.reconcile(rt, clock.now) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.stopped_at) == ("released", T0)
+    assert inst.released_at == inst.storage_deleted_at == gone_at
+    assert "was released on compshare outside the bot" in _outbox(rt)[-1].text
+
+
+def test_a_release_under_way_is_left_to_the_release_engine(db, vast_cloud: VastStandIn):
+    account = _rest("vast", vast_cloud)
+    rt = _runtime(db, account.provider)
+    iid, provider_id = _registered(rt, account)
+    with rt.db.session() as session:
+        session.add(Release(instance_id=iid, reason="user", requested_by="UOWNER", requested_at=T0))
+    account.stop_outside(provider_id)
+    assert reconcile.reconcile(rt, T0) == []
+    assert get_instance(rt.db, iid).state == "active"
+
+
+# --- instances nobody registered --------------------------------------------------------------
+
+
+def test_an_instance_started_outside_the_bot_is_reported_once(db, runpod_cloud: RunpodStandIn):
+    provider = ProviderRegistry.from_settings(
+        Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+    ).get("runpod")
+    rt = _runtime(db, provider)
+    stray = runpod_cloud.add()
+    registered = runpod_cloud.add()
+    add_instance(rt.db, provider="runpod", provider_instance_id=registered)
+    stopped = runpod_cloud.add(status="EXITED")  # holds no compute
+    now = T0 + timedelta(hours=2)  # the pods started 11:00, an hour before T0
+    assert reconcile.reconcile(rt, now) == []
+    assert reconcile.reconcile(rt, now + timedelta(minutes=5)) == []
+    [notice] = [m for m in _outbox(rt) if m.recipient == "COPS"]
+    assert notice.key == f"unregistered:runpod:{stray}"
+    assert f"`{stray}` (trainer)" in notice.text
+    assert "$0.69/h" in notice.text
+    assert "running for 3h (since Wed 02 Dec 11:00 UTC)" in notice.text
+    assert f"/gpu adopt runpod {stray} NAME" in notice.text
+    assert registered not in notice.text
+    assert stopped not in notice.text
+    with rt.db.session() as session:
+        found = session.exec(select(AuditLog).where(AuditLog.action == "unregistered_found"))
+        assert len(found.all()) == 1
+
+
+def test_young_instances_and_rentals_are_left_alone(db, vast_cloud: VastStandIn):
+    provider = _rest("vast", vast_cloud).provider
+    rt = _runtime(db, provider)
+    young = vast_cloud.add()
+    launched = vast_cloud.add()
+    named = vast_cloud.add()
+    with vast_cloud.lock:
+        vast_cloud.instances[named]["label"] = "box-1-ab12cd34"  # a launch cut short named it
+    with rt.db.session() as session:
+        for action, details in (
+            ("rent_launched", f'{{"provider": "vast", "ids": ["{launched}"]}}'),
+            ("rent_launching", '{"provider": "vast", "platform_name": "box-1-ab12cd34"}'),
+        ):
+            session.add(AuditLog(at=T0, actor="UOWNER", action=action, details_json=details))
+    just_started = vast_cloud.instances[young]["start_date"] + 60  # a minute after it started
+    from datetime import UTC, datetime
+
+    now = datetime.fromtimestamp(just_started, UTC).replace(tzinfo=None)
+    reconcile.reconcile(rt, now)
+    assert _outbox(rt) == []
+    reconcile.reconcile(rt, now + timedelta(minutes=10))
+    assert [m.key for m in _outbox(rt)] == [f"unregistered:vast:{young}"]
+
+
+def test_nobody_to_tell_reports_nothing(db, vast_cloud: VastStandIn):
+    rt = _runtime(db, _rest("vast", vast_cloud).provider, channel=None, admins=frozenset())
+    vast_cloud.add()
+    reconcile.reconcile(rt, T0 + timedelta(hours=2))
+    assert _outbox(rt) == []
+
+
+def test_a_platform_that_fails_is_skipped_until_the_next_run(db, vast_cloud: VastStandIn):
+    rt = _runtime(db, _rest("vast", vast_cloud).provider)
+    vast_cloud.add()
+    vast_cloud.outage(503)
+    assert reconcile.reconcile(rt, T0 + timedelta(hours=2)) == []
+    vast_cloud.outage(None)
+    reconcile.reconcile(rt, T0 + timedelta(hours=2, minutes=5))
+    assert len(_outbox(rt)) == 1
+
+
+def test_reported_then_adopted(local_rt: Runtime, sshd: SshServer, tmp_path: Path):
+    rt = local_rt
+    standin = CompshareStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
+    standin.start()
+    try:
+        account = _rest("compshare", standin)
+        rt.providers.add(account.provider)
+        rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+        provider_id = standin.add()
+        clock = rt.clock
+        assert isinstance(clock, Clock)
+        clock.set(T0 + timedelta(hours=1))
+        reconcile.reconcile(rt, clock.now)
+        outbox.deliver_due(rt, clock.now)
+        notifier = rt.notifier
+        assert isinstance(notifier, RecordingNotifier)
+        [notice] = notifier.to("COPS")
+        assert "3.96 CNY/h" in notice.text
+        assert "running for 2h (since Wed 02 Dec 11:00 UTC)" in notice.text
+        assert "name=trainer, tag=Default, remark=lab-a" in notice.text
+
+        request = reconcile.AdoptRequest(
+            provider="compshare",
+            provider_id=provider_id,
+            name="cs1",
+            ssh_user=sshd.user,
+            key_name=sshd.client_key_path.name,
+            release_in=timedelta(hours=3),
+            agent_home=str(tmp_path / "remote-home"),
+        )
+        # The platform prices it in CNY, the bot counts in USD: a price is needed, and
+        # nothing is stored without one.
+        with pytest.raises(UsageError, match="in CNY") as caught:
+            reconcile.adopt(rt, OWNER, request)
+        assert "--price" in caught.value.hint
+        with rt.db.session() as session:
+            assert session.exec(select(Instance)).all() == []
+
+        from dataclasses import replace
+
+        result = reconcile.adopt(rt, OWNER, replace(request, price_micros_per_hour=550_000))
+        assert result.instance.name == "cs1"
+        inst = get_instance(rt.db, result.instance.id)
+        assert (inst.provider, inst.provider_instance_id) == ("compshare", provider_id)
+        assert (inst.host, inst.port) == (sshd.host, sshd.port)
+        assert (inst.gpu_model, inst.gpu_count, inst.price_micros) == ("4090", 2, 550_000)
+        assert inst.host_key_fingerprint == sshd.host_key.fingerprint
+        assert inst.deadline_at == clock.now + timedelta(hours=3)
+
+        # Once held by a registration, it is never reported again.
+        reconcile.reconcile(rt, clock.advance(hours=1))
+        outbox.deliver_due(rt, clock.now)
+        assert [p for p in notifier.to("COPS") if "nobody registered" in p.text] == [notice]
+    finally:
+        standin.close()
+
+
+def test_aws_is_looked_at_once_the_team_uses_it():
+    registry = ProviderRegistry.from_settings(Settings(vast_api_key="k"))
+    assert [p.name for p in registry.accounts()] == ["vast"]
+    assert [p.name for p in registry.accounts({"aws"})] == ["aws", "vast"]
+    explicit = ProviderRegistry.from_settings(Settings(aws_endpoint_url="http://127.0.0.1:9"))
+    assert [p.name for p in explicit.accounts()] == ["aws"]

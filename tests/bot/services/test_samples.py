@@ -1,0 +1,114 @@
+"""Utilisation samples: rolled up by hour as they are recorded, pruned after their retention."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlmodel import col, func, select
+
+from bot.services import samples
+from bot.services.tick import PRUNE_EVERY_S, tick
+from bot.store.db import Database
+from bot.store.models import UtilHour, UtilSample
+from tests.bot.services.support import Clock, add_instance, make_runtime
+
+HOUR = datetime(2026, 3, 5, 8, 0)
+UTC = ZoneInfo("UTC")
+
+
+def _record(db: Database, iid: int, at: datetime, **fields: object) -> None:
+    with db.session() as session:
+        samples.record(session, UtilSample(instance_id=iid, at=at, **fields), UTC)
+
+
+def _hours(db: Database, iid: int) -> list[UtilHour]:
+    with db.session() as session:
+        return list(
+            session.exec(
+                select(UtilHour)
+                .where(UtilHour.instance_id == iid)
+                .order_by(col(UtilHour.bucket_start))
+            ).all()
+        )
+
+
+def test_each_sample_counts_in_its_hour(db: Database) -> None:
+    iid = add_instance(db, created_at=HOUR - timedelta(days=1))
+    _record(db, iid, HOUR + timedelta(minutes=1), ok=True, util_avg_pct=3.0)
+    _record(db, iid, HOUR + timedelta(minutes=59, seconds=59), ok=True, util_avg_pct=12.5)
+    _record(db, iid, HOUR + timedelta(hours=1), ok=True, util_avg_pct=0.0)
+    _record(db, iid, HOUR + timedelta(hours=1, minutes=30), ok=False)
+    _record(db, iid, HOUR + timedelta(hours=1, minutes=31), ok=True, util_avg_pct=None)
+    first, second = _hours(db, iid)
+    assert first.bucket_start == HOUR
+    assert second.bucket_start == HOUR + timedelta(hours=1)
+    assert (first.polls, first.bad_polls, first.max_util_pct) == (2, 0, 12.5)
+    assert (second.polls, second.bad_polls, second.max_util_pct) == (3, 2, 0.0)
+
+
+def test_pruning_deletes_only_samples_past_retention_and_keeps_the_hours(db: Database) -> None:
+    iid = add_instance(db)
+    for minute in range(10):
+        _record(db, iid, HOUR + timedelta(minutes=minute), ok=True, util_avg_pct=1.0)
+    rt = make_runtime(db, Clock(HOUR + timedelta(seconds=samples.RETENTION_S, minutes=5)))
+    assert samples.prune(rt, rt.now()) == 5  # minutes 0-4 are past the retention
+    with db.session() as session:
+        left = session.exec(select(func.count()).select_from(UtilSample)).one()
+    assert left == 5
+    (hour,) = _hours(db, iid)
+    assert hour.polls == 10  # what reports read stays whole
+
+
+def test_pruning_is_bounded_per_call(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    iid = add_instance(db)
+    monkeypatch.setattr(samples, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(samples, "PRUNE_BATCHES_PER_CALL", 2)
+    for minute in range(10):
+        _record(db, iid, HOUR + timedelta(minutes=minute), ok=True, util_avg_pct=1.0)
+    rt = make_runtime(db, Clock(HOUR + timedelta(days=100)))
+    assert samples.prune(rt, rt.now()) == 6
+    assert samples.prune(rt, rt.now()) == 4
+    assert samples.prune(rt, rt.now()) == 0
+
+
+def test_the_clock_prunes_once_an_hour_whatever_the_processes(db: Database) -> None:
+    iid = add_instance(db, last_polled_at=HOUR + timedelta(days=200))
+    _record(db, iid, HOUR, ok=True, util_avg_pct=1.0)
+    start = HOUR + timedelta(days=100)
+    clock = Clock(
+        start - timedelta(seconds=(start - datetime(1970, 1, 1)).total_seconds() % PRUNE_EVERY_S)
+    )
+    first, second = (make_runtime(db, clock, poll_interval_s=10**7) for _ in range(2))
+    assert "prune" in tick(first, clock.now).durations_s
+    assert "prune" not in tick(second, clock.now).durations_s  # the same slot: claimed
+    clock.advance(seconds=30)
+    assert "prune" not in tick(first, clock.now).durations_s
+    with db.session() as session:
+        assert session.exec(select(func.count()).select_from(UtilSample)).one() == 0
+
+
+def test_samples_go_to_the_bucket_of_the_charge_they_fall_in(db: Database) -> None:
+    # Billing starts at 08:20 and Kolkata's month starts at 18:30 UTC: buckets split there.
+    kolkata = ZoneInfo("Asia/Kolkata")
+    iid = add_instance(db, created_at=HOUR + timedelta(minutes=20))
+    month_start = datetime(2026, 3, 31, 18, 30)  # April 1st, 00:00 in Kolkata
+    for at in (
+        HOUR + timedelta(minutes=10),  # before billing: the hour, matching no charge
+        HOUR + timedelta(minutes=25),
+        HOUR + timedelta(minutes=55),
+        month_start - timedelta(minutes=1),
+        month_start + timedelta(minutes=1),
+    ):
+        with db.session() as session:
+            samples.record(
+                session, UtilSample(instance_id=iid, at=at, ok=True, util_avg_pct=1), kolkata
+            )
+    starts = [(h.bucket_start, h.polls) for h in _hours(db, iid)]
+    assert starts == [
+        (HOUR, 1),
+        (HOUR + timedelta(minutes=20), 2),
+        (datetime(2026, 3, 31, 18, 0), 1),
+        (month_start, 1),
+    ]
