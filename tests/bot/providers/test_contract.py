@@ -74,6 +74,15 @@ def platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     yield from _platform(request, request.param)
 
 
+#: The platforms that can stop an instance (Lambda cannot).
+STOPPABLE = ["aws", *(name for name in REST if name != "lambda")]
+
+
+@pytest.fixture(params=STOPPABLE)
+def stoppable_platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
+    yield from _platform(request, request.param)
+
+
 @pytest.fixture(params=REST)
 def rest_platform(request: pytest.FixtureRequest) -> Iterator[Platform]:
     """The REST platforms, whose stand-ins can be told to fail (AWS: see test_aws.py)."""
@@ -214,9 +223,12 @@ def test_stop_where_the_platform_can(platform):
     assert platform.provider.release(iid, "stop").confirmed
 
 
-def test_a_stopped_instance_terminates(platform):
-    if not platform.provider.capabilities.can_stop:
-        pytest.skip(f"{platform.provider.name} cannot stop")
+def test_the_stoppable_platforms_say_they_can_stop(platform):
+    assert platform.provider.capabilities.can_stop == (platform.provider.name in STOPPABLE)
+
+
+def test_a_stopped_instance_terminates(stoppable_platform):
+    platform = stoppable_platform
     iid = platform.create()
     _release(platform.provider, iid, "stop")
     assert _release(platform.provider, iid, "terminate")[-1].confirmed
@@ -224,9 +236,10 @@ def test_a_stopped_instance_terminates(platform):
         assert platform.provider.get(iid).is_gone
 
 
-def test_stopped_and_started_outside_the_bot(platform):
-    if platform.stop_outside is None or platform.start_outside is None:
-        pytest.skip(f"{platform.provider.name} cannot stop")
+def test_stopped_and_started_outside_the_bot(stoppable_platform):
+    platform = stoppable_platform
+    assert platform.stop_outside is not None
+    assert platform.start_outside is not None
     iid = platform.create()
     platform.stop_outside(iid)
     seen = platform.provider.get(iid)
