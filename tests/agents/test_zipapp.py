@@ -290,21 +290,31 @@ def test_missing_nvidia_ml_py_is_a_clear_error(monkeypatch, tmp_path, capsys):
 
 
 def _python_3_9() -> str | None:
-    """A working ``python3.9`` on PATH (a version-manager shim that cannot run it is none)."""
-    found = shutil.which("python3.9")
-    if found is None:
-        return None
+    """A working Python 3.9: ``python3.9`` on PATH, else one that pyenv installed (its shim on
+    PATH may point at another version); None when there is none."""
+    pyenv_root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    candidates = [
+        shutil.which("python3.9"),
+        *map(str, pyenv_root.glob("versions/3.9*/bin/python3.9")),
+    ]
+    for candidate in candidates:
+        if candidate is not None and _runs_3_9(candidate):
+            return candidate
+    return None
+
+
+def _runs_3_9(python: str) -> bool:
     try:
         done = subprocess.run(
-            [found, "-I", "-c", "import sys; print(sys.version_info[:2] == (3, 9))"],
+            [python, "-I", "-c", "import sys; print(sys.version_info[:2] == (3, 9))"],
             capture_output=True,
             text=True,
             timeout=30,
             check=False,
         )
     except OSError:
-        return None
-    return found if done.stdout.strip() == "True" else None
+        return False
+    return done.stdout.strip() == "True"
 
 
 def test_status_and_health_run_under_python_3_9(pyz, tmp_path):
@@ -312,7 +322,7 @@ def test_status_and_health_run_under_python_3_9(pyz, tmp_path):
     is another Python's): status with the new fields, and health with its new checks."""
     python = _python_3_9()
     if python is None:
-        pytest.skip("no working python3.9 on PATH")
+        pytest.skip("no working Python 3.9 (on PATH or installed by pyenv)")
     env = dict(clean_env(), GPU_AGENT_HOME=str(tmp_path / "home"))
     done = subprocess.run(
         [python, "-I", str(pyz), "status", "--json"],
