@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, func, insert, or_
+from sqlalchemy import and_, func, insert, or_, tuple_
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
 
@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Instances charged per transaction when many are due at once (the hour's turn).
 ACCRUE_BATCH = 500
+#: Buckets whose polls are read per query when charges are written.
+POLLS_CHUNK = 1000
 
 COMPUTE = "compute"
 STORAGE = "storage"
@@ -164,7 +166,8 @@ def close_charges(session: Session, instance: Instance, at: datetime, tz: ZoneIn
     assert instance.id is not None
     states = _load_states(session, [instance.id]).get(instance.id, {})
     planned = plan_charges(instance, _kind_states(states), at, tz, close_at=at)
-    _write(session, instance, planned, states, at, tz)
+    polls = _bucket_polls(session, [(instance, planned)])
+    _insert(session, _apply(session, instance, planned, states, polls, at, tz))
     session.flush()
     return len(planned)
 
@@ -293,21 +296,29 @@ def _due_clause(now: datetime) -> Any:
 
 
 def _accrue_batch(db: Database, instance_ids: list[int], now: datetime, tz: ZoneInfo) -> int:
-    """Charge ``instance_ids`` up to ``now`` in one transaction; returns how many charges were
-    written. Raises IntegrityError when another process wrote one of the buckets first."""
-    written = 0
+    """Charge ``instance_ids`` up to ``now`` in one transaction, with one query for their
+    states, one for their buckets' polls and one INSERT for all their charges; returns how many
+    charges were written. Raises IntegrityError when another process wrote a bucket first."""
     with db.session() as session:
         instances = session.exec(select(Instance).where(col(Instance.id).in_(instance_ids))).all()
         states = _load_states(session, instance_ids)
-        for instance in instances:
+        plans = [
+            (
+                instance,
+                plan_charges(instance, _kind_states(states.get(instance.id or 0, {})), now, tz),
+            )
+            for instance in instances
+        ]
+        polls = _bucket_polls(session, plans)
+        rows: list[dict[str, Any]] = []
+        for instance, planned in plans:
             assert instance.id is not None
-            mine = states.get(instance.id, {})
-            planned = plan_charges(instance, _kind_states(mine), now, tz)
-            _write(session, instance, planned, mine, now, tz)
+            mine = states.setdefault(instance.id, {})
+            rows += _apply(session, instance, planned, mine, polls, now, tz)
             _schedule(instance, now, tz)
-            written += len(planned)
+        _insert(session, rows)
         session.flush()
-    return written
+    return len(rows)
 
 
 def _schedule(instance: Instance, now: datetime, tz: ZoneInfo) -> None:
@@ -325,19 +336,19 @@ def _schedule(instance: Instance, now: datetime, tz: ZoneInfo) -> None:
     instance.ledger_due_at = next_boundary(now, tz)
 
 
-def _write(
+def _apply(
     session: Session,
     instance: Instance,
     planned: list[PlannedCharge],
     states: dict[str, LedgerState],
+    polls: dict[tuple[int, datetime], UtilHour],
     now: datetime,
     tz: ZoneInfo,
-) -> None:
-    """Insert the charges (one statement for all) and bring the instance's ledger states up to
-    date with them."""
+) -> list[dict[str, Any]]:
+    """Bring the instance's ledger states up to date with ``planned`` and return its charge
+    rows, each compute charge with its bucket's polls, for :func:`_insert`."""
     assert instance.id is not None
     rows: list[dict[str, Any]] = []
-    polls = _bucket_polls(session, instance.id, planned)
     for charge in planned:
         month = month_of(charge.start_at, tz)
         state = states.get(charge.kind)
@@ -357,7 +368,13 @@ def _write(
         state.billed_s += charge.billed_s
         state.month_micros += charge.amount_micros
         session.add(state)
-        rows.append(_charge_row(instance, charge, now, polls.get(charge.start_at)))
+        bucket = polls.get((instance.id, charge.start_at))
+        rows.append(_charge_row(instance, charge, now, bucket))
+    return rows
+
+
+def _insert(session: Session, rows: list[dict[str, Any]]) -> None:
+    """The charges, in one INSERT."""
     if rows:
         session.execute(insert(Charge), rows)
 
@@ -382,20 +399,26 @@ def _charge_row(
 
 
 def _bucket_polls(
-    session: Session, instance_id: int, planned: list[PlannedCharge]
-) -> dict[datetime, UtilHour]:
-    """The poll roll-ups of the planned compute buckets, by bucket start (one query)."""
-    starts = [c.start_at for c in planned if c.kind == COMPUTE and c.end_at > c.start_at]
-    if not starts:
-        return {}
-    rows = session.exec(
-        select(UtilHour).where(
-            UtilHour.instance_id == instance_id,
-            col(UtilHour.bucket_start) >= min(starts),
-            col(UtilHour.bucket_start) <= max(starts),
-        )
-    ).all()
-    return {row.bucket_start: row for row in rows}
+    session: Session, plans: list[tuple[Instance, list[PlannedCharge]]]
+) -> dict[tuple[int, datetime], UtilHour]:
+    """The poll roll-ups of the planned compute buckets, by (instance, bucket start): one query
+    per ``POLLS_CHUNK`` buckets."""
+    keys = [
+        (instance.id, charge.start_at)
+        for instance, planned in plans
+        for charge in planned
+        if instance.id is not None and charge.kind == COMPUTE and charge.end_at > charge.start_at
+    ]
+    found: dict[tuple[int, datetime], UtilHour] = {}
+    for start in range(0, len(keys), POLLS_CHUNK):
+        chunk = keys[start : start + POLLS_CHUNK]
+        rows = session.exec(
+            select(UtilHour).where(
+                tuple_(col(UtilHour.instance_id), col(UtilHour.bucket_start)).in_(chunk)
+            )
+        ).all()
+        found.update({(row.instance_id, row.bucket_start): row for row in rows})
+    return found
 
 
 def _plan_kind(
