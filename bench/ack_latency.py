@@ -40,9 +40,10 @@ from slack_bolt import Ack, App, Respond  # noqa: E402
 from slack_sdk import WebClient  # noqa: E402
 
 from bot.app import build_app, build_runtime  # noqa: E402
-from bot.commands.registry import Caller, CommandSpec, Registry, Reply  # noqa: E402
+from bot.commands.registry import CommandSpec, Registry, Reply  # noqa: E402
 from bot.http_server import SlackHttpServer  # noqa: E402
 from bot.local_slack import LocalSlack, signed_headers, slash_command_body  # noqa: E402
+from bot.services.access import Caller  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.db import Database  # noqa: E402
 

@@ -54,12 +54,12 @@ from sqlmodel import select  # noqa: E402
 from agents.protocol import StatusSnapshot, loads  # noqa: E402
 from agents.zipapp import build  # noqa: E402
 from bot.app import build_runtime  # noqa: E402
-from bot.commands.registry import Caller  # noqa: E402
 from bot.fleet.base import Target  # noqa: E402
 from bot.fleet.fleet import Fleet  # noqa: E402
 from bot.notify import MessageRef  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from bot.services import instances  # noqa: E402
+from bot.services.access import Caller  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.models import Instance  # noqa: E402
 from tests.fixtures.sshd import SshServer, start_sshd  # noqa: E402

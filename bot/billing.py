@@ -46,8 +46,8 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from bot.errors import UsageError
+from bot.values import MICROS
 
-MICROS = 1_000_000
 SECONDS_PER_HOUR = 3600
 #: A storage month: 730 hours (365 days * 24 h / 12).
 STORAGE_MONTH_S = 730 * SECONDS_PER_HOUR

@@ -17,9 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from bot.commands.values import format_money
+from bot.values import MICROS, format_money
 
-MICROS = 1_000_000
 WIDTH_IN = 8.0
 DPI = 100
 MAX_BARS = 15

@@ -26,7 +26,6 @@ from slack_bolt import App, BoltRequest
 
 from bot.app import BotExecutor, build_app, build_runtime, start_clock
 from bot.commands.registry import Registry
-from bot.commands.values import format_duration, parse_duration
 from bot.errors import GpubotError, UsageError
 from bot.local_slack import (
     Event,
@@ -43,6 +42,7 @@ from bot.services.instances import ensure_local_instance
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.store.models import utcnow
+from bot.values import format_duration, parse_duration
 
 log = logging.getLogger(__name__)
 

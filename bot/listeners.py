@@ -21,9 +21,10 @@ from slack_bolt import Ack, App, Respond
 
 from bot.commands.help import usage_text
 from bot.commands.parser import parse
-from bot.commands.registry import Caller, Registry, Reply
+from bot.commands.registry import Registry, Reply
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
+from bot.services.access import Caller
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

@@ -31,13 +31,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from bot.errors import GpubotError
+from bot.values import MICROS
 
 log = logging.getLogger(__name__)
 
 #: The content type of :meth:`Metrics.exposition` (Prometheus text format 0.0.4).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 #: Micro-units in one unit of a currency.
-MICROS = 1_000_000
 #: Release states reported even when no release is in them.
 RELEASE_STATES = ("pending", "in_progress", "escalated", "awaiting_owner", "failed")
 #: Kinds of due work whose lateness is reported, even when nothing is due.

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.commands.values import format_duration
+from bot.values import format_duration
 
 Block = dict[str, Any]
 Message = tuple[str, tuple[Block, ...]]

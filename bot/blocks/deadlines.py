@@ -13,7 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot.blocks.common import escape
-from bot.commands.values import format_duration, format_money
+from bot.values import format_duration, format_money
 
 Block = dict[str, Any]
 Message = tuple[str, tuple[Block, ...]]

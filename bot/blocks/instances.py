@@ -36,7 +36,6 @@ from bot.blocks.common import (
     time_left,
     when,
 )
-from bot.commands.values import format_duration, format_money
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -51,6 +50,7 @@ from bot.services.views import (
     ReleaseView,
     UnregisteredView,
 )
+from bot.values import format_duration, format_money
 
 RELEASE_ASK = "instance_release_ask"
 RELEASE_CONFIRM = "instance_release_confirm"

@@ -29,7 +29,6 @@ from bot.blocks.common import (
     pack,
     section,
 )
-from bot.commands.values import format_duration, format_money
 from bot.services.job_views import (
     AccessChange,
     JobListView,
@@ -38,6 +37,7 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
+from bot.values import format_duration, format_money
 
 #: The button that asks to release the instance (registered by the instance commands).
 RELEASE_ASK = "instance_release_ask"

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from bot.blocks.common import code, escape
-from bot.commands.values import format_duration, format_money
+from bot.values import format_duration, format_money
 
 if TYPE_CHECKING:
     from bot.services.advice import EstimateReport, FitReport, GpuFit, Option

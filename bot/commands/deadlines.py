@@ -19,14 +19,15 @@ from sqlmodel import col, select
 
 from bot.blocks import deadlines as blocks
 from bot.blocks.common import escape
-from bot.commands.registry import REGISTRY, ActionSpec, Caller, CommandSpec, Reply
-from bot.commands.values import format_duration, parse_duration, parse_price, parse_when
+from bot.commands.registry import REGISTRY, ActionSpec, CommandSpec, Reply
 from bot.errors import AlreadyAnswered, Conflict, GpubotError, NotFound, UsageError
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.services import access, deadlines, prompts, releases
 from bot.services import instances as instance_service
 from bot.services import rent as rent_service
+from bot.services.access import Caller
 from bot.store.models import Instance, Prompt
+from bot.values import format_duration, parse_duration, parse_price, parse_when
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

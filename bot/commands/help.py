@@ -9,7 +9,8 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from bot.commands.registry import REGISTRY, Caller, CommandSpec, Registry, Reply
+from bot.commands.registry import REGISTRY, CommandSpec, Registry, Reply
+from bot.services.access import Caller
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

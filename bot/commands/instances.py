@@ -1,7 +1,7 @@
 """`/gpu register`, `status`, `list`, `health`, `extend`, `release` and the release buttons.
 
 Handlers are thin: read the arguments, call bot.services.instances, render with
-bot.blocks.instances. Bad values raise UsageError (from bot.commands.values) before anything
+bot.blocks.instances. Bad values raise UsageError (from bot.values) before anything
 changes.
 """
 
@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING
 
 from bot import billing
 from bot.blocks import instances as blocks
-from bot.commands.registry import REGISTRY, ActionSpec, Caller, CommandSpec, Reply
-from bot.commands.values import (
+from bot.commands.registry import REGISTRY, ActionSpec, CommandSpec, Reply
+from bot.errors import UsageError
+from bot.providers.base import KNOWN_PROVIDERS
+from bot.services import instances as service
+from bot.services import reconcile
+from bot.services.access import Caller
+from bot.values import (
     parse_duration,
     parse_money,
     parse_price,
     parse_size_gb,
     parse_when,
 )
-from bot.errors import UsageError
-from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import instances as service
-from bot.services import reconcile
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

@@ -7,10 +7,11 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bot.blocks import jobs as blocks
-from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
-from bot.commands.values import whole_number
+from bot.commands.registry import REGISTRY, CommandSpec, Reply
 from bot.services import job_access
 from bot.services import jobs as service
+from bot.services.access import Caller
+from bot.values import whole_number
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

@@ -15,11 +15,12 @@ from sqlmodel import col, select
 from bot import charts
 from bot.blocks import money as blocks
 from bot.blocks.common import escape
-from bot.commands.registry import REGISTRY, Caller, CommandSpec, Reply
-from bot.commands.values import parse_money, parse_price, whole_number
+from bot.commands.registry import REGISTRY, CommandSpec, Reply
 from bot.errors import GpubotError, UsageError
 from bot.services import advice, budgets, ledger, spend
+from bot.services.access import Caller
 from bot.store.models import Person
+from bot.values import parse_money, parse_price, whole_number
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

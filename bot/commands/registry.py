@@ -11,17 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.services.access import Caller
+
 if TYPE_CHECKING:
     from bot.runtime import Runtime
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who typed or clicked, and where."""
-
-    user_id: str
-    channel_id: str | None = None
-    user_name: str | None = None
 
 
 @dataclass(frozen=True)

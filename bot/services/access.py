@@ -37,13 +37,21 @@ from typing import Any
 from sqlalchemy import and_, or_
 from sqlmodel import Session, col, select
 
-from bot.commands.registry import Caller
 from bot.errors import Conflict, NotAuthorized, UsageError
 from bot.fleet.base import LOCAL_HOST
 from bot.runtime import Runtime
 from bot.store.models import Instance, InstanceAccess
 
 LOCAL_NAME = "local"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who typed or clicked (a Slack user ID), where (a channel ID), and their display name."""
+
+    user_id: str
+    channel_id: str | None = None
+    user_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from importlib import resources
 from typing import Any
 
 from agents import specs
-from bot.commands.values import parse_money
 from bot.errors import UsageError
+from bot.values import parse_money
 
 GIB = 1024**3
 GB = 1_000_000_000

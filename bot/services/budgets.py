@@ -28,8 +28,8 @@ from bot.services import audit, ledger, outbox
 from bot.store.models import Budget, BudgetAlert, Instance, Person
 
 if TYPE_CHECKING:
-    from bot.commands.registry import Caller
     from bot.runtime import Runtime
+    from bot.services.access import Caller
     from bot.store.db import Database
 
 log = logging.getLogger(__name__)
@@ -423,7 +423,7 @@ def _describe(scope: str, subject: str) -> str:
 
 
 def _money(rt: Runtime, micros: int) -> str:
-    from bot.commands.values import format_money
+    from bot.values import format_money
 
     return format_money(micros, rt.settings.currency)
 

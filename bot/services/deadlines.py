@@ -30,7 +30,6 @@ from sqlalchemy import and_, or_
 from sqlmodel import Session, col, func, select
 
 from bot.blocks import deadlines as blocks
-from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -41,6 +40,7 @@ from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, prompts, releases
 from bot.services import reconcile as platform_reconcile
+from bot.services.access import Caller
 from bot.services.instances import get_live_instance
 from bot.store.models import Instance, Job, Prompt, Release, UtilSample
 

@@ -31,8 +31,6 @@ from agents import specs
 from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
 from bot import billing
 from bot.blocks import instances as blocks
-from bot.commands.registry import Caller
-from bot.commands.values import format_duration
 from bot.errors import (
     AlreadyAnswered,
     Conflict,
@@ -51,6 +49,7 @@ from bot.fleet.base import LOCAL_HOST, HostKey, Target
 from bot.providers.base import KNOWN_PROVIDERS, check_mode
 from bot.runtime import Runtime
 from bot.services import access, audit, budgets, ledger, prompts, releases
+from bot.services.access import Caller
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -68,6 +67,7 @@ from bot.services.views import (
     ReleaseView,
 )
 from bot.store.models import Instance, Job, Person, Prompt
+from bot.values import format_duration
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ import re
 
 from sqlmodel import Session, col, func, select
 
-from bot.commands.registry import Caller
 from bot.errors import UsageError
 from bot.runtime import Runtime
 from bot.services import access, audit
+from bot.services.access import Caller
 from bot.services.instances import ensure_person, get_live_instance
 from bot.services.job_views import AccessChange
 from bot.store.models import Instance, InstanceAccess, Person

@@ -35,7 +35,6 @@ from agents.protocol import JobList, JobRecord, ProtocolError, WhoJob, dumps, lo
 from agents.runner import JobRequestError, parse_gpus
 from bot import billing
 from bot.blocks import jobs as blocks
-from bot.commands.registry import Caller
 from bot.errors import (
     AgentBroken,
     Conflict,
@@ -49,6 +48,7 @@ from bot.fleet.base import Target
 from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, audit, outbox
+from bot.services.access import Caller
 from bot.services.instances import get_live_instance, handle_fleet_error, target_for
 from bot.services.job_views import (
     FINAL_STATES,

@@ -35,7 +35,6 @@ from sqlmodel import Session, col, select
 from bot import billing
 from bot.blocks import deadlines as notices
 from bot.blocks import instances as instance_blocks
-from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -47,6 +46,7 @@ from bot.errors import (
 from bot.providers.base import Provider, ProviderInstance
 from bot.runtime import Runtime
 from bot.services import instances, outbox, prompts, releases, rent
+from bot.services.access import Caller
 from bot.services.views import RegisterResult, UnregisteredView
 from bot.store.models import Instance, Release
 

@@ -37,7 +37,6 @@ from sqlmodel import Session, col, select
 
 from bot import billing
 from bot.blocks import deadlines as blocks
-from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -50,6 +49,7 @@ from bot.logging_setup import log_context, log_ids
 from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
 from bot.services import access, prompts
+from bot.services.access import Caller
 from bot.store.models import Instance, Prompt, Release
 from bot.timebox import Timebox, expired
 

@@ -31,11 +31,11 @@ from typing import Any
 from sqlmodel import select
 
 from bot.blocks.common import escape
-from bot.commands.registry import Caller
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
 from bot.runtime import Runtime
 from bot.services import budgets, instances, outbox, prompts
+from bot.services.access import Caller
 from bot.services.instances import RegisterRequest
 from bot.services.views import RegisterResult
 from bot.store.models import AuditLog, Instance

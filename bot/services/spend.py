@@ -26,7 +26,8 @@ from sqlmodel import Session, col, select
 from bot.errors import UsageError
 from bot.services import ledger
 from bot.store.db import Database
-from bot.store.models import MICROS, Charge, Instance
+from bot.store.models import Charge, Instance
+from bot.values import MICROS
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
 NO_PROJECT = "(no project)"

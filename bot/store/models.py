@@ -16,7 +16,6 @@ from pydantic import NaiveDatetime
 from sqlalchemy import BigInteger, Column, Index, LargeBinary, Text, UniqueConstraint, text
 from sqlmodel import Field, SQLModel
 
-MICROS = 1_000_000
 #: The largest row id: ids are INTEGER columns (32-bit on PostgreSQL); a larger number names
 #: no row and must not reach a query, where it would overflow.
 MAX_ROW_ID = 2**31 - 1

@@ -22,10 +22,11 @@ from sqlmodel import SQLModel
 
 from bot.app import BotExecutor, build_app
 from bot.commands import load_all
-from bot.commands.registry import ActionSpec, Caller, CommandSpec, Registry, Reply
+from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
 from bot.errors import ConfigError, NotFound
 from bot.listeners import BAD_BUTTON_TEXT, MAX_BUTTON_ID, button_id
 from bot.local_slack import check_blocks, slash_command_body
+from bot.services.access import Caller
 from bot.settings import Settings
 from bot.store.db import Database
 from tests.bot.services.support import add_instance

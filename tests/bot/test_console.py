@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from bot.commands.registry import ActionSpec, Caller, CommandSpec, Registry, Reply
+from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
 from bot.console import Console, Speaker
 from bot.runtime import Runtime
+from bot.services.access import Caller
 from bot.settings import Settings
 from tests.fixtures.fake_nvml import build_config, fake_nvml_env
 from tests.fixtures.instances import A100_80

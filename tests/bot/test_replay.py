@@ -13,9 +13,10 @@ import pytest
 from slack_bolt import BoltRequest
 
 from bot.app import BotExecutor
-from bot.commands.registry import Caller, CommandSpec, Registry, Reply
+from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.local_slack import signed_headers
 from bot.replay import MARGIN_S, SIGNATURE_WINDOW_S, ReplayGuard
+from bot.services.access import Caller
 from bot.store.db import Database
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, start_slack_bot
 

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 from sqlmodel import SQLModel
 
-from bot.commands.registry import Caller
 from bot.fleet.base import LOCAL_HOST
 from bot.services import budgets
+from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Job
 from tests.bot.services.support import Clock, add_instance

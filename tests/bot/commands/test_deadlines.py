@@ -14,9 +14,9 @@ from sqlmodel import col, select
 from bot.commands import deadlines as deadline_commands
 from bot.commands import load_all
 from bot.commands.parser import parse
-from bot.commands.registry import Caller
 from bot.errors import NotAuthorized, UsageError
 from bot.services import deadlines
+from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Release
 from tests.bot.services.support import (

@@ -11,9 +11,10 @@ from sqlmodel import select
 
 import bot.commands.instances as commands
 from bot.commands.parser import parse
-from bot.commands.registry import REGISTRY, Caller, Reply
+from bot.commands.registry import REGISTRY, Reply
 from bot.errors import NotAuthorized, NotFound, UsageError
 from bot.runtime import Runtime
+from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Release
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance

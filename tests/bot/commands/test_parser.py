@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 from bot.commands import load_all
 from bot.commands.help import HELP_ORDER, _listed, render_command, render_overview, sentence
 from bot.commands.parser import parse, tokenize
-from bot.commands.registry import REGISTRY, Caller, CommandSpec, Registry, Reply
-from bot.commands.values import parse_duration
+from bot.commands.registry import REGISTRY, CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.local_slack import check_blocks
+from bot.services.access import Caller
+from bot.values import parse_duration
 
 
 def _reply(rt: object, caller: Caller, args: argparse.Namespace) -> Reply:

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta
 import pytest
 from sqlmodel import select
 
-from bot.commands.registry import Caller
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
 from bot.services import budgets, outbox
+from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, BudgetAlert, Person
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime

@@ -21,7 +21,6 @@ from agents.protocol import (
     StatusSnapshot,
 )
 from bot.blocks import instances as blocks
-from bot.commands.registry import Caller
 from bot.errors import (
     AuthenticationFailed,
     BudgetExceeded,
@@ -36,6 +35,7 @@ from bot.listeners import error_reply
 from bot.runtime import Runtime
 from bot.services import audit, budgets, polling
 from bot.services import instances as svc
+from bot.services.access import Caller
 from bot.services.instances import RegisterRequest
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release

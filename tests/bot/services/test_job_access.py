@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from sqlmodel import select
 
-from bot.commands.registry import Caller
 from bot.errors import NotAuthorized, NotFound, UsageError
 from bot.runtime import Runtime
 from bot.services import access, audit, job_access
+from bot.services.access import Caller
 from bot.services.instances import get_live_instance
 from bot.store.db import Database
 from bot.store.models import InstanceAccess, Person

@@ -18,7 +18,6 @@ from sqlmodel import select
 
 from agents.protocol import FINAL_JOB_STATES
 from agents.runner import JobStore
-from bot.commands.registry import Caller
 from bot.errors import Conflict, NotAuthorized, NotFound, SlackError, UsageError
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
@@ -26,6 +25,7 @@ from bot.notify import MessageRef
 from bot.runtime import Runtime
 from bot.services import audit, outbox
 from bot.services import jobs as svc
+from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, InstanceAccess, Job, OutboxMessage, Person
 from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp

@@ -14,12 +14,12 @@ import pytest
 from sqlmodel import select
 
 from bot import billing
-from bot.commands.registry import Caller
 from bot.errors import UsageError
 from bot.providers.aws import AwsProvider
 from bot.providers.base import Provider, ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import ledger, outbox, reconcile
+from bot.services.access import Caller
 from bot.settings import Settings
 from bot.store.models import AuditLog, Charge, Instance, OutboxMessage, Release
 from tests.bot.services.support import (

@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from sqlmodel import select
 
-from bot.commands.registry import Caller
 from bot.errors import (
     Conflict,
     NotAuthorized,
@@ -20,6 +19,7 @@ from bot.errors import (
 from bot.platform_work import PlatformWork
 from bot.providers.base import ProviderCapabilities
 from bot.services import releases
+from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Prompt, Release
 from tests.bot.services.support import (

@@ -17,7 +17,6 @@ from sqlmodel import col, select
 
 from bot.commands import load_all
 from bot.commands.parser import parse
-from bot.commands.registry import Caller
 from bot.errors import BudgetExceeded, Conflict, NotFound, ProviderError, UsageError
 from bot.providers.aws import AwsProvider
 from bot.providers.base import LaunchRequest, ProviderInstance
@@ -25,6 +24,7 @@ from bot.providers.runpod import RunpodProvider
 from bot.providers.vast import VastProvider
 from bot.runtime import Runtime
 from bot.services import budgets, rent, tick
+from bot.services.access import Caller
 from bot.store.models import AuditLog, Instance
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
 from tests.fixtures.providers import RunpodStandIn

@@ -14,11 +14,12 @@ from sqlmodel import col, select
 from bot import billing
 from bot.commands import load_all
 from bot.commands.parser import parse
-from bot.commands.registry import REGISTRY, Caller, Reply
+from bot.commands.registry import REGISTRY, Reply
 from bot.errors import Conflict, ProviderError
 from bot.providers.base import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import deadlines, spend
+from bot.services.access import Caller
 from bot.settings import Settings
 from bot.store.models import Instance, Prompt, Release
 from tests.bot.services.support import T0, Clock, RecordingNotifier, add_instance, get_instance

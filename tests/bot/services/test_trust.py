@@ -11,7 +11,6 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlmodel import select
 
-from bot.commands.registry import Caller
 from bot.errors import (
     BudgetExceeded,
     Conflict,
@@ -26,6 +25,7 @@ from bot.fleet.keys import key_path
 from bot.runtime import Runtime
 from bot.services import audit, budgets, deadlines, jobs, ledger, spend
 from bot.services import instances as svc
+from bot.services.access import Caller
 from bot.services.instances import RegisterRequest
 from bot.store.db import Database
 from bot.store.models import AuditLog, Charge, Instance, Job

@@ -47,11 +47,11 @@ from sqlmodel import select
 
 from agents.protocol import HealthCheck as AgentCheck
 from agents.protocol import HealthReport, StatusSnapshot
-from bot.commands.registry import Caller
 from bot.errors import Conflict, GpubotError, NotAuthorized, NotFound, Unreachable, UsageError
 from bot.fleet.base import HostKey, Target
 from bot.services import instances as svc
 from bot.services import job_access
+from bot.services.access import Caller
 from bot.services.views import RegisterResult
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, InstanceAccess, Person, Prompt, Release

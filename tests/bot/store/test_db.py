@@ -16,7 +16,8 @@ from sqlmodel import select
 from bot.errors import StoreError
 from bot.settings import Settings
 from bot.store.db import Database, normalize_url
-from bot.store.models import MICROS, Charge, Instance, Person
+from bot.store.models import Charge, Instance, Person
+from bot.values import MICROS
 from tests.bot.services.support import add_instance
 
 

@@ -1,11 +1,11 @@
-"""bot.commands.values.whole_number: counts people type, checked with a clear message."""
+"""bot.values.whole_number: counts people type, checked with a clear message."""
 
 from __future__ import annotations
 
 import pytest
 
-from bot.commands.values import whole_number
 from bot.errors import UsageError
+from bot.values import whole_number
 
 
 @pytest.mark.parametrize(("text", "value"), [("0", 0), ("7", 7), (" 12 ", 12), ("0100", 100)])
