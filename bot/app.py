@@ -17,6 +17,7 @@ from typing import ParamSpec, TypeVar
 from slack_bolt import App
 from slack_sdk import WebClient
 
+from bot.blocks import render
 from bot.commands import load_all
 from bot.commands.registry import Registry
 from bot.errors import ConfigError
@@ -146,6 +147,7 @@ def build_runtime(
         providers=providers if providers is not None else ProviderRegistry.from_settings(settings),
         notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
         clock=clock if clock is not None else utcnow,
+        render=render,
         executor=BotExecutor(
             settings.executor_workers,
             thread_name_prefix="gpubot",

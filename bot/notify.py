@@ -1,15 +1,32 @@
 """How services speak first (warnings, completion replies, digests) without knowing Slack.
 
-The Slack implementation wraps the Web API client; the console's prints to the terminal; tests
-use either against the local Slack stand-in.
+A service says what happened as a :class:`Notice`: a frozen value, no words and no Block Kit.
+The runtime's :data:`Render` (the presentation floor's ``bot.blocks.render``, wired in
+``bot.app``) turns it into a :data:`Message` where the bot speaks on its own (the outbox and
+prompts); a :class:`Notifier` carries the message to Slack. The Slack notifier wraps the Web API
+client; the console's prints to the terminal; tests use either against the local Slack stand-in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+Block = dict[str, Any]
+#: A message as Slack takes it: the fallback text and its blocks.
+Message = tuple[str, tuple[Block, ...]]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Base of everything a service has to say: subclasses are frozen dataclasses of plain
+    values (naive UTC times, micro-unit money) that name what happened, never how it reads."""
+
+
+#: Turns a notice into a message; raises TypeError for a notice it has no renderer for.
+Render = Callable[[Notice], Message]
 
 
 @dataclass(frozen=True)

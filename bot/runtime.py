@@ -16,7 +16,7 @@ from bot.settings import Settings
 
 if TYPE_CHECKING:
     from bot.fleet.fleet import Fleet
-    from bot.notify import Notifier
+    from bot.notify import Message, Notice, Notifier, Render
     from bot.platform_work import PlatformWork
     from bot.providers.base import ProviderRegistry
     from bot.store.db import Database
@@ -35,9 +35,15 @@ class Runtime:
     notifier: Notifier
     clock: Callable[[], datetime]
     executor: Executor
+    #: The presentation floor's renderer for what services say (``bot.blocks.render``).
+    render: Render
     console: bool = False
     #: Pools for the platforms' API calls off the clock; None runs them in the caller.
     platform_work: PlatformWork | None = None
+
+    def message(self, notice: Notice) -> Message:
+        """``notice`` in words and Block Kit, as the presentation floor renders it."""
+        return self.render(notice)
 
     def now(self) -> datetime:
         """The current time, naive UTC, from the injected clock."""

@@ -1,3 +1,30 @@
-"""Block Kit renderers: pure functions from values to messages."""
+"""The presentation floor: notices and views in, Slack messages out (pure functions).
+
+Every Block Kit block comes from :mod:`bot.blocks.kit`, which keeps Slack's limits in one place.
+:func:`render` is the one door for what the services say on their own (:class:`bot.notify.Notice`):
+each area's module lists its renderers in its ``RENDERERS`` table, joined here.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bot.blocks import deadlines, instances, jobs, money
+from bot.notify import Message, Notice
+
+#: Every notice type and the function that renders it.
+RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
+    **deadlines.RENDERERS,
+    **instances.RENDERERS,
+    **jobs.RENDERERS,
+    **money.RENDERERS,
+}
+
+
+def render(notice: Notice) -> Message:
+    """``notice`` as a message. Raises TypeError when no renderer knows its type."""
+    renderer = RENDERERS.get(type(notice))
+    if renderer is None:
+        raise TypeError(f"no renderer for the notice {type(notice).__name__}")
+    return renderer(notice)

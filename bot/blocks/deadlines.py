@@ -7,12 +7,14 @@ repeats: errors and anything else from people or platforms go into it escaped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable as _Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.common import escape
+from bot.blocks.kit import escape
+from bot.notify import Notice
+from bot.services.views import InstanceBrief
 from bot.values import format_duration, format_money
 
 Block = dict[str, Any]
@@ -30,19 +32,6 @@ RELEASE_DONE = "instance_release_done"
 STOP_DONE = "instance_stop_done"
 
 
-@dataclass(frozen=True)
-class InstanceView:
-    """What the renderers show about an instance."""
-
-    name: str
-    owner_id: str
-    provider: str
-    price_micros_per_hour: int
-    currency: str = "USD"
-    #: What its disk costs per hour (what it still costs while stopped).
-    storage_micros_per_hour: int = 0
-
-
 def mention(user_id: str) -> str:
     """A Slack mention of a user."""
     return f"<@{user_id}>"
@@ -54,7 +43,7 @@ def when(at: datetime, tz: ZoneInfo) -> str:
     return local.strftime("%a %H:%M %Z")
 
 
-def per_hour(inst: InstanceView) -> str:
+def per_hour(inst: InstanceBrief) -> str:
     """What the instance costs per hour, like ``$2.10/h``; says so when no price is recorded."""
     if inst.price_micros_per_hour <= 0:
         return "money (no price recorded)"
@@ -62,7 +51,7 @@ def per_hour(inst: InstanceView) -> str:
 
 
 def deadline_warning(
-    inst: InstanceView,
+    inst: InstanceBrief,
     *,
     deadline_at: datetime,
     now: datetime,
@@ -102,7 +91,7 @@ def deadline_warning(
     return text, (section(text), actions(f"deadline-{prompt_id}", buttons))
 
 
-def release_confirm(inst: InstanceView, *, prompt_id: int) -> Message:
+def release_confirm(inst: InstanceBrief, *, prompt_id: int) -> Message:
     """Asked after Release now: the confirmation button."""
     text = f"Release *{inst.name}* now? Anything not saved off the instance is lost."
     confirm = button("Yes, release it", RELEASE_CONFIRM, str(prompt_id), style="danger")
@@ -110,7 +99,7 @@ def release_confirm(inst: InstanceView, *, prompt_id: int) -> Message:
 
 
 def decided(
-    inst: InstanceView, *, what: str, by: str | None, at: datetime, tz: ZoneInfo
+    inst: InstanceBrief, *, what: str, by: str | None, at: datetime, tz: ZoneInfo
 ) -> Message:
     """A prompt after someone answered it: ``what`` like "Extended 1h" or "Release requested"."""
     who = f" by {mention(by)}" if by else ""
@@ -118,7 +107,7 @@ def decided(
     return text, (section(text),)
 
 
-def superseded(inst: InstanceView, *, new_deadline_at: datetime | None, tz: ZoneInfo) -> Message:
+def superseded(inst: InstanceBrief, *, new_deadline_at: datetime | None, tz: ZoneInfo) -> Message:
     """An old warning whose deadline moved: its buttons are gone."""
     if new_deadline_at is None:
         text = f"*{inst.name}*: this warning is superseded; the instance has no deadline now."
@@ -131,7 +120,7 @@ def superseded(inst: InstanceView, *, new_deadline_at: datetime | None, tz: Zone
 
 
 def idle_prompt(
-    inst: InstanceView,
+    inst: InstanceBrief,
     *,
     idle_for: timedelta,
     prompt_id: int,
@@ -154,7 +143,7 @@ def idle_prompt(
 
 
 def jobs_done_prompt(
-    inst: InstanceView, *, prompt_id: int, release_at: datetime, tz: ZoneInfo
+    inst: InstanceBrief, *, prompt_id: int, release_at: datetime, tz: ZoneInfo
 ) -> Message:
     """The job queue drained on an instance marked release-when-done."""
     text = (
@@ -169,7 +158,7 @@ def jobs_done_prompt(
 
 
 def manual_release_request(
-    inst: InstanceView, *, instance_id: int, reason: str, mode: str = "terminate"
+    inst: InstanceBrief, *, instance_id: int, reason: str, mode: str = "terminate"
 ) -> Message:
     """Ask the owner to release (or stop) a manual instance on its platform and say which
     they did: released (the meter stops, disk and all) or only stopped (its disk keeps
@@ -185,7 +174,7 @@ def manual_release_request(
 
 
 def manual_release_reminder(
-    inst: InstanceView,
+    inst: InstanceBrief,
     *,
     instance_id: int,
     asked_at: datetime,
@@ -214,7 +203,7 @@ def _done_buttons(instance_id: int) -> list[Block]:
 
 
 def release_escalation(
-    inst: InstanceView, *, attempts: int, last_error: str | None, manual: bool
+    inst: InstanceBrief, *, attempts: int, last_error: str | None, manual: bool
 ) -> Message:
     """To the owner and the channel: a release keeps failing or nobody confirmed it."""
     cost = per_hour(inst)
@@ -235,7 +224,7 @@ def release_escalation(
 
 
 def released_notice(
-    inst: InstanceView, *, mode: str, reason: str, storage_bills: bool, by: str | None
+    inst: InstanceBrief, *, mode: str, reason: str, storage_bills: bool, by: str | None
 ) -> Message:
     """Released (or stopped), confirmed by the platform or the owner."""
     verb = "stopped" if mode == "stop" else "released"
@@ -247,7 +236,7 @@ def released_notice(
     return text, (section(text),)
 
 
-def released_outside(inst: InstanceView, *, state: str) -> Message:
+def released_outside(inst: InstanceBrief, *, state: str) -> Message:
     """Reconcile found the instance gone, stopped, or running again on the platform, without
     the bot: ``state`` terminated, stopped or started."""
     if state == "started":
@@ -268,7 +257,7 @@ def released_outside(inst: InstanceView, *, state: str) -> Message:
     return text, (section(text),)
 
 
-def _storage_note(inst: InstanceView) -> str:
+def _storage_note(inst: InstanceBrief) -> str:
     """What a stopped instance still costs, and how to stop that."""
     release = f"`/gpu release {inst.name}` terminates it, disk and all."
     if inst.storage_micros_per_hour <= 0:
@@ -277,7 +266,7 @@ def _storage_note(inst: InstanceView) -> str:
     return f"Its disk keeps billing ({cost}/h) while it is stopped; {release}"
 
 
-def released_unwarned(inst: InstanceView) -> Message:
+def released_unwarned(inst: InstanceBrief) -> Message:
     """For the ops channel: a deadline release whose warnings Slack never confirmed."""
     text = (
         f":rotating_light: *{escape(inst.name)}* (owner {mention(inst.owner_id)}) was released "
@@ -383,3 +372,7 @@ def rent_finished(
         )
     text = "\n".join(lines) or f"Nothing was rented on {provider}."
     return text, (section(text),)
+
+
+#: The notices this module renders (joined in bot.blocks.RENDERERS).
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}

@@ -9,11 +9,13 @@ the fallback text as in the blocks.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable as _Callable
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.common import (
+from bot.blocks.kit import (
     MAX_BLOCKS,
     SECTION_TEXT_MAX,
     Block,
@@ -36,6 +38,7 @@ from bot.blocks.common import (
     time_left,
     when,
 )
+from bot.notify import Notice
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -540,3 +543,7 @@ def _plain_live(row: InstanceRow) -> str:
     if row.gpus:
         return _gpu_summary(row.gpus)
     return "no GPU data"
+
+
+#: The notices this module renders (joined in bot.blocks.RENDERERS).
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}

@@ -8,10 +8,12 @@ log is cut from its start so its last lines always fit.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable as _Callable
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import Any
 
-from bot.blocks.common import (
+from bot.blocks.kit import (
     SECTION_TEXT_MAX,
     Block,
     Message,
@@ -29,6 +31,7 @@ from bot.blocks.common import (
     pack,
     section,
 )
+from bot.notify import Notice
 from bot.services.job_views import (
     AccessChange,
     JobListView,
@@ -379,3 +382,7 @@ def _cost_text(job: JobView) -> str:
 
 def _gib(n_bytes: int | None) -> str:
     return "?" if n_bytes is None else f"{n_bytes / _GIB:.1f} GiB"
+
+
+#: The notices this module renders (joined in bot.blocks.RENDERERS).
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}

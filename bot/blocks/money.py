@@ -6,12 +6,14 @@ as in the blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable as _Callable
 from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from bot.blocks.common import code, escape
+from bot.blocks.kit import code, escape
+from bot.notify import Notice
 from bot.values import format_duration, format_money
 
 if TYPE_CHECKING:
@@ -356,3 +358,7 @@ def _section(text: str) -> Block:
 
 def _context(text: str) -> Block:
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}
+
+
+#: The notices this module renders (joined in bot.blocks.RENDERERS).
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}

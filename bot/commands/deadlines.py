@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import col, select
 
 from bot.blocks import deadlines as blocks
-from bot.blocks.common import escape
+from bot.blocks.kit import escape
 from bot.commands.registry import REGISTRY, ActionSpec, CommandSpec, Reply
 from bot.errors import AlreadyAnswered, Conflict, GpubotError, NotFound, UsageError
 from bot.providers.base import KNOWN_PROVIDERS

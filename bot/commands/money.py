@@ -14,7 +14,7 @@ from sqlmodel import col, select
 
 from bot import charts
 from bot.blocks import money as blocks
-from bot.blocks.common import escape
+from bot.blocks.kit import escape
 from bot.commands.registry import REGISTRY, CommandSpec, Reply
 from bot.errors import GpubotError, UsageError
 from bot.services import advice, budgets, ledger, spend

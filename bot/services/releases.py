@@ -50,6 +50,7 @@ from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
 from bot.services import access, prompts
 from bot.services.access import Caller
+from bot.services.views import InstanceBrief
 from bot.store.models import Instance, Prompt, Release
 from bot.timebox import Timebox, expired
 
@@ -350,9 +351,9 @@ def mark_instance_stopped(session: Session, instance_id: int, *, now: datetime) 
     return bool(result.rowcount == 1)
 
 
-def instance_view(inst: Instance) -> blocks.InstanceView:
+def instance_view(inst: Instance) -> InstanceBrief:
     """What the renderers need of an instance."""
-    return blocks.InstanceView(
+    return InstanceBrief(
         name=inst.name,
         owner_id=inst.owner_id,
         provider=inst.provider,

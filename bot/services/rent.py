@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlmodel import select
 
-from bot.blocks.common import escape
+from bot.blocks.kit import escape
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
 from bot.runtime import Runtime

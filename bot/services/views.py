@@ -68,6 +68,19 @@ class InstanceView:
 
 
 @dataclass(frozen=True)
+class InstanceBrief:
+    """The few facts about an instance that prompts and notices show (money in micro-units)."""
+
+    name: str
+    owner_id: str
+    provider: str
+    price_micros_per_hour: int
+    currency: str = "USD"
+    #: What its disk costs per hour (what it still costs while stopped).
+    storage_micros_per_hour: int = 0
+
+
+@dataclass(frozen=True)
 class GpuView:
     """One GPU at the last poll; None where the GPU does not report a value."""
 

@@ -6,18 +6,19 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from bot.blocks import deadlines as blocks
+from bot.services.views import InstanceBrief
 
 UTC_ZONE = ZoneInfo("UTC")
 NOW = datetime(2026, 3, 3, 12, 0)
-PRICED = blocks.InstanceView(
+PRICED = InstanceBrief(
     name="box", owner_id="UOWNER", provider="aws", price_micros_per_hour=2_100_000
 )
-UNPRICED = blocks.InstanceView(
+UNPRICED = InstanceBrief(
     name="local", owner_id="UOWNER", provider="manual", price_micros_per_hour=0
 )
 
 
-def _warning(inst: blocks.InstanceView, deadline_at: datetime, late: datetime | None) -> str:
+def _warning(inst: InstanceBrief, deadline_at: datetime, late: datetime | None) -> str:
     text, _ = blocks.deadline_warning(
         inst, deadline_at=deadline_at, now=NOW, tz=UTC_ZONE, prompt_id=1, late_release_at=late
     )

@@ -19,7 +19,7 @@ import pytest
 
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import deadlines, instances, jobs, money
-from bot.blocks.common import FALLBACK_TEXT_MAX, escape, fallback
+from bot.blocks.kit import FALLBACK_TEXT_MAX, escape, fallback
 from bot.services import advice
 from bot.services.budgets import BudgetStatus
 from bot.services.digest import DigestData, JobSpend, PlanSaving
@@ -35,6 +35,7 @@ from bot.services.job_views import (
 from bot.services.views import (
     CheckView,
     HealthView,
+    InstanceBrief,
     InstanceDetail,
     JobBrief,
     Mismatch,
@@ -102,7 +103,7 @@ def hostile_job(**changes: Any) -> JobView:
 
 # --- every renderer, fed hostile words wherever it takes some ---------------------------------
 
-_LAMBDA = deadlines.InstanceView(
+_LAMBDA = InstanceBrief(
     name="box", owner_id="UOWNER", provider="lambda", price_micros_per_hour=2_100_000
 )
 _HOSTILE_INST = inst(

@@ -11,7 +11,7 @@ import pytest
 
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import jobs as blocks
-from bot.blocks.common import MAX_BLOCKS, SECTION_TEXT_MAX
+from bot.blocks.kit import MAX_BLOCKS, SECTION_TEXT_MAX
 from bot.local_slack import check_blocks
 from bot.services.job_views import (
     AccessChange,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from bot.blocks import render
 from bot.errors import ProviderNotFound, SlackError
 from bot.notify import MessageRef
 from bot.providers.base import (
@@ -209,6 +210,7 @@ def make_runtime(
         notifier=notifier or RecordingNotifier(),
         clock=clock,
         executor=ThreadPoolExecutor(max_workers=2),
+        render=render,
         console=console,
     )
 

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from bot.blocks import common
+from bot.blocks import kit as common
 from tests.bot.blocks.slack_limits import check_block, check_message
 
 NOW = datetime(2026, 12, 2, 12, 0, 0)
