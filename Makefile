@@ -25,6 +25,7 @@ agent: $(STAMP)
 bench: $(STAMP) agent
 	$(BIN)/python bench/agent_status.py
 	$(BIN)/python bench/fleet_status.py
+	$(BIN)/python bench/poll_capacity.py
 	$(BIN)/python bench/ack_latency.py
 	$(BIN)/python bench/stall.py
 	$(BIN)/python bench/tick_scale.py

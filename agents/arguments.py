@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Callable, List, NoReturn, Optional
+from typing import Any, Callable, List, Mapping, NoReturn, Optional
 
-from agents import cli
+from agents.usage import UsageError
+
+#: A subcommand's handler: the parsed arguments in, the exit code out.
+Handler = Callable[[argparse.Namespace], int]
 
 
 class AgentHelpFormatter(argparse.HelpFormatter):
@@ -37,7 +40,7 @@ class AgentArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        raise cli.UsageError(f"{self.prog}: error: {message}", self.format_usage())
+        raise UsageError(f"{self.prog}: error: {message}", self.format_usage())
 
 
 _WIDTH: List[int] = []
@@ -59,8 +62,11 @@ def terminal_width() -> int:
     return _WIDTH[0]
 
 
-def build_parser(with_jobs: bool = True) -> argparse.ArgumentParser:
-    """The argument parser; the job subcommands (agents.jobs_cli) unless ``with_jobs`` is False."""
+def build_parser(
+    handlers: Mapping[str, Handler], register_jobs: Optional[Callable[[Any], None]] = None
+) -> argparse.ArgumentParser:
+    """The argument parser: ``status``, ``health`` and ``version`` run ``handlers`` (by command
+    name); ``register_jobs(subparsers)`` adds the job subcommands (agents.jobs_cli) when given."""
     parser = AgentArgumentParser(
         prog="gpu-agent",
         description="GPU status, CUDA health checks and a job runner for a rented GPU instance.",
@@ -68,13 +74,11 @@ def build_parser(with_jobs: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(
         title="commands", metavar="COMMAND", parser_class=AgentArgumentParser
     )
-    _add_status(sub)
-    _add_health(sub)
-    _add_version(sub)
-    if with_jobs:
-        from agents import jobs_cli
-
-        jobs_cli.register(sub)
+    _add_status(sub, handlers["status"])
+    _add_health(sub, handlers["health"])
+    _add_version(sub, handlers["version"])
+    if register_jobs is not None:
+        register_jobs(sub)
     return parser
 
 
@@ -136,13 +140,13 @@ def whole_number(low: int, high: Optional[int] = None) -> Callable[[str], int]:
     return parse
 
 
-def _add_status(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_status(sub: argparse._SubParsersAction, handler: Handler) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("status", help="one snapshot: host, driver, GPUs, processes")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=lambda args: cli.run_status(args.json), _command_parser=p)
+    p.set_defaults(handler=handler, _command_parser=p)
 
 
-def _add_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_health(sub: argparse._SubParsersAction, handler: Handler) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("health", help="the health checklist (pass/warn/fail/skip with hints)")
     p.add_argument(
         "--full",
@@ -170,10 +174,10 @@ def _add_health(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         help="seconds allowed for each torch probe",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=cli.run_health, _command_parser=p)
+    p.set_defaults(handler=handler, _command_parser=p)
 
 
-def _add_version(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_version(sub: argparse._SubParsersAction, handler: Handler) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("version", help="agent and Python versions")
     p.add_argument("--json", action="store_true", help="print one JSON document")
-    p.set_defaults(handler=lambda args: cli.run_version(args.json), _command_parser=p)
+    p.set_defaults(handler=handler, _command_parser=p)

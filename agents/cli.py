@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 from agents import __version__
+from agents.usage import UsageError
 
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
@@ -36,14 +37,6 @@ EXIT_USAGE = 2
 CORE_COMMANDS = frozenset({"status", "health", "version"})
 
 
-class UsageError(Exception):
-    """Bad command-line input: reported on stderr (after ``usage``, if any) with exit code 2."""
-
-    def __init__(self, message: str, usage: str = "") -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the agent CLI with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -51,7 +44,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _guarded(lambda: run_status(as_json=len(words) == 2))
     from agents import arguments
 
-    parser = arguments.build_parser(with_jobs=not (words and words[0] in CORE_COMMANDS))
+    handlers: Dict[str, Handler] = {
+        "status": lambda args: run_status(args.json),
+        "health": run_health,
+        "version": lambda args: run_version(args.json),
+    }
+    with_jobs = not (words and words[0] in CORE_COMMANDS)
+    parser = arguments.build_parser(handlers, _jobs_commands() if with_jobs else None)
     try:
         args, extra = parser.parse_known_args(words)
         if extra:  # said by the command's own parser, whose usage fits
@@ -142,12 +141,19 @@ def collect_status_document() -> Dict[str, Any]:
     processes: List[Dict[str, Any]] = document["processes"]
     if not processes:
         return document
-    from agents import runner
+    from agents import jobstore, runner
 
-    owners = runner.jobs_of_pids(runner.JobStore.from_env(), [p["pid"] for p in processes])
+    owners = runner.jobs_of_pids(jobstore.JobStore.from_env(), [p["pid"] for p in processes])
     for process in processes:
         process["job_id"] = owners.get(process["pid"])
     return document
+
+
+def _jobs_commands() -> Callable[[Any], None]:
+    """``register(subparsers)`` of the job subcommands (agents.jobs_cli)."""
+    from agents import jobs_cli
+
+    return jobs_cli.register
 
 
 def _guarded(command: Callable[[], int]) -> int:

@@ -69,20 +69,20 @@ def register(subparsers: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``run``: queue the job and start its supervisor."""
-    from agents import runner
+    from agents import jobstore, runner
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     request = runner.RunRequest(
         command=tuple(command),
-        gpus=runner.parse_gpus(args.gpus),
+        gpus=protocol.parse_gpus(args.gpus),
         name=args.name,
         retries=args.retries,
         env=tuple(_env_pair(item) for item in args.env),
         cwd=args.cwd,
     )
-    record = runner.submit(runner.JobStore.from_env(), request)
+    record = runner.submit(jobstore.JobStore.from_env(), request)
     if args.json:
         _emit(protocol.dumps(record))
     else:
@@ -95,26 +95,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """``jobs``: every job, oldest first."""
-    from agents import runner
+    from agents import jobstore, runner
 
     since = None
     if args.since:
         try:
-            since = runner.parse_iso(args.since)
+            since = jobstore.parse_iso(args.since)
         except ValueError as exc:
-            raise runner.JobRequestError(
+            raise protocol.JobRequestError(
                 f"--since {args.since!r} is not an ISO 8601 time (like 2026-12-02T11:00:00Z)"
             ) from exc
-    listing = runner.list_jobs(runner.JobStore.from_env(), since)
+    listing = runner.list_jobs(jobstore.JobStore.from_env(), since)
     _emit(protocol.dumps(listing) if args.json else render_jobs(listing))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
     """``logs``: the job's log as it is now."""
-    from agents import runner
+    from agents import jobstore, runner
 
-    text = runner.read_log(runner.JobStore.from_env(), args.job, args.tail)
+    text = runner.read_log(jobstore.JobStore.from_env(), args.job, args.tail)
     sys.stdout.write(text)
     sys.stdout.flush()
     return 0
@@ -122,9 +122,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     """``cancel``: stop the job and print it once final."""
-    from agents import runner
+    from agents import jobstore, runner
 
-    record = runner.cancel(runner.JobStore.from_env(), args.job)
+    record = runner.cancel(jobstore.JobStore.from_env(), args.job)
     if args.json:
         _emit(protocol.dumps(record))
     else:
@@ -134,9 +134,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_who(args: argparse.Namespace) -> int:
     """``who``: each GPU's processes with their user and job."""
-    from agents import runner
+    from agents import jobstore, runner
 
-    report = runner.who(runner.JobStore.from_env())
+    report = runner.who(jobstore.JobStore.from_env())
     _emit(protocol.dumps(report) if args.json else render_who(report))
     return 0
 
@@ -227,11 +227,9 @@ def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namesp
     """Turn the runner's errors into a message on stderr and their exit code."""
 
     def handler(args: argparse.Namespace) -> int:
-        from agents import runner
-
         try:
             return fn(args)
-        except runner.JobError as exc:
+        except protocol.JobError as exc:
             sys.stderr.write(f"gpu-agent: error: {exc}\n")
             return exc.exit_code
 
@@ -245,11 +243,9 @@ def _emit(text: str) -> None:
 
 
 def _env_pair(item: str) -> Tuple[str, str]:
-    from agents import runner
-
     key, sep, value = item.partition("=")
     if not sep or not key:
-        raise runner.JobRequestError(f"--env {item!r}: write it as NAME=VALUE")
+        raise protocol.JobRequestError(f"--env {item!r}: write it as NAME=VALUE")
     return key, value
 
 

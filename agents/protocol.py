@@ -398,3 +398,63 @@ def worst_status(statuses: Tuple[str, ...]) -> str:
     """The worst of some check statuses (fail > warn > skip > pass); "pass" for none."""
     order = {name: rank for rank, name in enumerate(CHECK_STATUSES)}
     return max(statuses, key=lambda s: order[s], default="pass")
+
+
+# --- jobs: GPU requests and errors ----------------------------------------------------------
+
+
+class JobError(Exception):
+    """A job command failed; ``str(err)`` says why and what to do. Exit code 1."""
+
+    exit_code = 1
+
+
+class JobRequestError(JobError):
+    """The request itself is wrong (bad --gpus, missing command, unknown directory). Exit code 2."""
+
+    exit_code = 2
+
+
+class JobNotFound(JobError):
+    """No job has this id (or more than one starts with it)."""
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """GPUs a job wants: ``count`` of them (0: none), exactly ``indices`` when given."""
+
+    count: int = 0
+    indices: Tuple[int, ...] = ()
+
+    @property
+    def text(self) -> Optional[str]:
+        """The request as ``--gpus`` takes it (``all`` for every GPU); None for no GPUs."""
+        if self.indices:
+            return ",".join(str(i) for i in self.indices) + ("," if len(self.indices) == 1 else "")
+        if self.count < 0:
+            return "all"
+        return str(self.count) if self.count else None
+
+
+def parse_gpus(text: Optional[str]) -> GpuRequest:
+    """``--gpus``: ``N`` (any N free GPUs), ``0,1`` (exactly these; ``3,`` is GPU 3 alone),
+    ``all``, or None/``0`` for none. Raises JobRequestError."""
+    if text is None:
+        return GpuRequest()
+    raw = text.strip().lower()
+    if raw == "all":
+        return GpuRequest(count=-1)
+    if raw.isdigit():
+        return GpuRequest(count=int(raw))
+    parts = [p.strip() for p in raw.split(",")]
+    if "," in raw and parts[-1] == "":
+        parts = parts[:-1]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise JobRequestError(
+            f"--gpus {text!r} is not understood: give a count (--gpus 2), GPU indices "
+            "(--gpus 0,1; --gpus 3, for GPU 3 alone) or all"
+        )
+    indices = tuple(int(p) for p in parts)
+    if len(set(indices)) != len(indices):
+        raise JobRequestError(f"--gpus {text!r} names a GPU twice")
+    return GpuRequest(count=len(indices), indices=tuple(sorted(indices)))

@@ -1,61 +1,50 @@
-"""Detached jobs on the instance: the job store, the FIFO GPU queue, cancel, lost jobs and ``who``.
+"""Detached jobs on the instance: submit, list, log, cancel, lost jobs and ``who``.
 
-Standard library only, Python 3.9, Linux (``/proc``). State lives under ``GPU_AGENT_HOME``
-(default ``~/.gpu-agent``)::
-
-    lock                     flock'ed by everything that changes a job
-    seq                      the last submission number (the queue's FIFO order)
-    active/<id>              an empty file for every job that is not final yet
-    jobs/<id>/meta.json      the job: JobRecord fields plus private ones, replaced atomically
-    jobs/<id>/log            the job's stdout and stderr, all attempts
-    jobs/<id>/supervisor.log the supervisor's own errors
-
-Every job has a supervisor process (agents.supervisor) in its own session, so it outlives the
-SSH session that submitted it. A supervisor whose process is gone (checked by pid and start
-time, so a reused pid is not mistaken for it) is noticed by the next command: its job becomes
-``lost`` and stops holding GPUs. Times are ISO 8601 UTC strings; durations in seconds.
+Standard library only, Python 3.9, Linux (``/proc``). The jobs' state files are in
+:mod:`agents.jobstore`, their processes in :mod:`agents.sessions` and the GPU queue in
+:mod:`agents.gpu_queue`. Every job has a supervisor process (agents.supervisor) in its own
+session, so it outlives the SSH session that submitted it. A supervisor whose process is gone
+(checked by pid and start time, so a reused pid is not mistaken for it) is noticed by the next
+command: its job becomes ``lost`` and stops holding GPUs. Times are ISO 8601 UTC strings;
+durations in seconds.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from typing import (
-    Any,
-    Dict,
-    Iterable,
-    Iterator,
-    List,
-    Mapping,
-    Optional,
-    Sequence,
-    Set,
-    Tuple,
-)
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from agents.gpu_queue import gpu_indices, reservations, resolve_request
+from agents.jobstore import JobStore, iso_now, parse_iso, record_of, tail_lines
 from agents.protocol import (
     FINAL_JOB_STATES,
+    GpuRequest,
+    JobError,
     JobList,
     JobRecord,
+    JobRequestError,
     JobSummary,
     WhoGpu,
-    WhoJob,
     WhoReport,
-    from_dict,
+    to_dict,
+)
+from agents.sessions import (
+    pid_alive,
+    proc_stat,
+    process_user,
+    signal_session,
+    stop_session,
+    user_name,
 )
 
-ENV_HOME = "GPU_AGENT_HOME"
-#: Seconds between samples of a running job's GPUs and CPU (default 5).
 ENV_SAMPLE_S = "GPU_AGENT_SAMPLE_S"
 #: Seconds between SIGTERM and SIGKILL when a job is cancelled (default 10).
 ENV_GRACE_S = "GPU_AGENT_CANCEL_GRACE_S"
@@ -77,429 +66,7 @@ _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); "
     "from agents.supervisor import main; sys.exit(main(sys.argv[2:]))"
 )
-_HAS_PROC = os.path.exists("/proc/self/stat")
 _LAUNCHED: List[subprocess.Popen] = []  # type: ignore[type-arg]
-
-
-class JobError(Exception):
-    """A job command failed; ``str(err)`` says why and what to do. Exit code 1."""
-
-    exit_code = 1
-
-
-class JobRequestError(JobError):
-    """The request itself is wrong (bad --gpus, missing command, unknown directory). Exit code 2."""
-
-    exit_code = 2
-
-
-class JobNotFound(JobError):
-    """No job has this id (or more than one starts with it)."""
-
-
-# --- GPU requests and the queue -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """GPUs a job wants: ``count`` of them (0: none), exactly ``indices`` when given."""
-
-    count: int = 0
-    indices: Tuple[int, ...] = ()
-
-    @property
-    def text(self) -> Optional[str]:
-        """The request as ``--gpus`` takes it (``all`` for every GPU); None for no GPUs."""
-        if self.indices:
-            return ",".join(str(i) for i in self.indices) + ("," if len(self.indices) == 1 else "")
-        if self.count < 0:
-            return "all"
-        return str(self.count) if self.count else None
-
-
-def parse_gpus(text: Optional[str]) -> GpuRequest:
-    """``--gpus``: ``N`` (any N free GPUs), ``0,1`` (exactly these; ``3,`` is GPU 3 alone),
-    ``all``, or None/``0`` for none. Raises JobRequestError."""
-    if text is None:
-        return GpuRequest()
-    raw = text.strip().lower()
-    if raw == "all":
-        return GpuRequest(count=-1)
-    if raw.isdigit():
-        return GpuRequest(count=int(raw))
-    parts = [p.strip() for p in raw.split(",")]
-    if "," in raw and parts[-1] == "":
-        parts = parts[:-1]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise JobRequestError(
-            f"--gpus {text!r} is not understood: give a count (--gpus 2), GPU indices "
-            "(--gpus 0,1; --gpus 3, for GPU 3 alone) or all"
-        )
-    indices = tuple(int(p) for p in parts)
-    if len(set(indices)) != len(indices):
-        raise JobRequestError(f"--gpus {text!r} names a GPU twice")
-    return GpuRequest(count=len(indices), indices=tuple(sorted(indices)))
-
-
-def resolve_request(request: GpuRequest, available: Sequence[int], why: str) -> GpuRequest:
-    """Check ``request`` against the GPU indices this machine has; ``all`` becomes exact indices.
-
-    ``why`` explains an empty ``available``. Raises JobError when it can never be met.
-    """
-    if request.count == 0:
-        return request
-    if not available:
-        raise JobError(
-            f"this job asks for GPUs but no NVIDIA GPU can be used here ({why}); "
-            "run `gpu-agent health` to see why, or run the job without --gpus"
-        )
-    if request.count < 0:
-        return GpuRequest(count=len(available), indices=tuple(sorted(available)))
-    missing = [i for i in request.indices if i not in available]
-    if missing:
-        raise JobRequestError(
-            f"--gpus names GPU {', '.join(map(str, missing))}, but this machine has GPUs "
-            f"{', '.join(map(str, sorted(available)))}"
-        )
-    if request.count > len(available):
-        raise JobRequestError(
-            f"--gpus {request.count} asks for more GPUs than this machine has ({len(available)})"
-        )
-    return request
-
-
-def plan_starts(
-    queue: Sequence[Tuple[str, GpuRequest]], gpus: Sequence[int], busy: Iterable[int]
-) -> Dict[str, Tuple[int, ...]]:
-    """Which queued jobs may start now, and on which GPUs. Pure.
-
-    ``queue`` is in FIFO order, ``gpus`` every GPU index, ``busy`` those running jobs hold.
-    A later job never takes a GPU an earlier waiting job needs: an exact request that cannot
-    start reserves its GPUs; a request for any N that cannot start holds back every GPU job
-    behind it. Jobs without GPUs start at once.
-    """
-    taken: Set[int] = set(busy)
-    reserved: Set[int] = set()
-    hold_gpu_jobs = False
-    plan: Dict[str, Tuple[int, ...]] = {}
-    for job_id, request in queue:
-        if request.count == 0:
-            plan[job_id] = ()
-            continue
-        if hold_gpu_jobs:
-            continue
-        if request.indices:
-            if all(i in gpus and i not in taken and i not in reserved for i in request.indices):
-                plan[job_id] = request.indices
-                taken.update(request.indices)
-            else:
-                reserved.update(request.indices)
-            continue
-        free = [g for g in sorted(gpus) if g not in taken and g not in reserved]
-        if len(free) < request.count:
-            hold_gpu_jobs = True
-            continue
-        chosen = tuple(free[: request.count])
-        plan[job_id] = chosen
-        taken.update(chosen)
-    return plan
-
-
-# --- the store ------------------------------------------------------------------------------
-
-
-class JobStore:
-    """The jobs under one GPU_AGENT_HOME. Change a job only inside ``with store.locked():``."""
-
-    def __init__(self, home: str) -> None:
-        self.home = os.path.abspath(os.path.expanduser(home))
-        self.jobs_dir = os.path.join(self.home, "jobs")
-        self.active_dir = os.path.join(self.home, "active")
-        self.lock_path = os.path.join(self.home, "lock")
-        self.seq_path = os.path.join(self.home, "seq")
-
-    @classmethod
-    def from_env(cls, env: Optional[Mapping[str, str]] = None) -> JobStore:
-        """The store named by GPU_AGENT_HOME (default ~/.gpu-agent)."""
-        env = os.environ if env is None else env
-        return cls(env.get(ENV_HOME) or os.path.join("~", ".gpu-agent"))
-
-    def ensure(self) -> None:
-        """Create the directories (private to the user)."""
-        for path in (self.home, self.jobs_dir, self.active_dir):
-            os.makedirs(path, mode=0o700, exist_ok=True)
-
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the store's exclusive lock (fcntl.flock) for the block."""
-        import fcntl
-
-        self.ensure()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the lock
-
-    def job_dir(self, job_id: str) -> str:
-        return os.path.join(self.jobs_dir, job_id)
-
-    def log_path(self, job_id: str) -> str:
-        return os.path.join(self.jobs_dir, job_id, "log")
-
-    def read(self, job_id: str) -> Dict[str, Any]:
-        """A job's metadata. Raises JobNotFound."""
-        try:
-            with open(os.path.join(self.jobs_dir, job_id, "meta.json"), encoding="utf-8") as fh:
-                data = json.load(fh)
-        except FileNotFoundError as exc:
-            raise JobNotFound(f"no job {job_id!r} on this machine") from exc
-        except ValueError as exc:
-            raise JobError(f"job {job_id!r} has unreadable metadata: {exc}") from exc
-        if not isinstance(data, dict):
-            raise JobError(f"job {job_id!r} has unreadable metadata")
-        return data
-
-    def write(self, meta: Dict[str, Any]) -> None:
-        """Replace a job's metadata atomically (temporary file, fsync, rename), stamping
-        ``updated_at``."""
-        meta["updated_at"] = iso_now()
-        path = os.path.join(self.jobs_dir, meta["id"], "meta.json")
-        _write_atomic(path, json.dumps(meta, sort_keys=True, indent=1).encode("utf-8"))
-
-    def finish(self, meta: Dict[str, Any]) -> None:
-        """Write a job that reached a final state and drop it from the active set."""
-        self.write(meta)
-        with suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.active_dir, meta["id"]))
-
-    def all_ids(self) -> List[str]:
-        try:
-            return sorted(n for n in os.listdir(self.jobs_dir) if not n.startswith("."))
-        except FileNotFoundError:
-            return []
-
-    def active_ids(self) -> List[str]:
-        try:
-            return sorted(os.listdir(self.active_dir))
-        except FileNotFoundError:
-            return []
-
-    def active_metas(self) -> List[Dict[str, Any]]:
-        """Metadata of every job not yet final, in FIFO order."""
-        metas = []
-        for job_id in self.active_ids():
-            try:
-                metas.append(self.read(job_id))
-            except JobNotFound:
-                _unlink_quietly(os.path.join(self.active_dir, job_id))
-        return sorted(metas, key=lambda m: m.get("seq", 0))
-
-    def create(self, meta: Dict[str, Any]) -> str:
-        """Give ``meta`` a new unique id and FIFO number, write it and mark it active (locked)."""
-        seq = self._next_seq()
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        for _ in range(50):
-            job_id = f"{stamp}-{secrets.token_hex(2)}"
-            try:
-                os.mkdir(self.job_dir(job_id), 0o700)
-            except FileExistsError:
-                continue
-            meta.update(id=job_id, seq=seq)
-            self.write(meta)
-            with open(os.path.join(self.active_dir, job_id), "wb"):
-                pass
-            return job_id
-        raise JobError("could not pick a new job id; try again")
-
-    def resolve(self, ref: str) -> str:
-        """The id of the job ``ref`` names: its id, a unique prefix of it, or a unique name."""
-        ids = self.all_ids()
-        if ref in ids:
-            return ref
-        matches = [i for i in ids if i.startswith(ref)] if ref else []
-        if not matches:
-            matches = [i for i in ids if _safe_name(self, i) == ref]
-        if len(matches) == 1:
-            return matches[0]
-        if matches:
-            shown = ", ".join(matches[:5])
-            raise JobNotFound(f"{ref!r} matches {len(matches)} jobs ({shown}); give more of the id")
-        raise JobNotFound(f"no job {ref!r} on this machine; `gpu-agent jobs` lists them")
-
-    def _next_seq(self) -> int:
-        try:
-            with open(self.seq_path, encoding="utf-8") as fh:
-                current = int(fh.read().strip() or "0")
-        except (FileNotFoundError, ValueError):
-            current = 0
-        _write_atomic(self.seq_path, str(current + 1).encode("ascii"))
-        return current + 1
-
-
-# --- /proc ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """A process from /proc/<pid>/stat; ``cpu_ticks`` counts its and its waited-for children's
-    user+system time in clock ticks; ``start_ticks`` is its start time after boot."""
-
-    pid: int
-    state: str
-    ppid: int
-    pgrp: int
-    session: int
-    cpu_ticks: int
-    start_ticks: int
-
-    @property
-    def running(self) -> bool:
-        """False for a zombie or dead process."""
-        return self.state not in ("Z", "X", "x")
-
-
-def proc_stat(pid: int) -> Optional[ProcStat]:
-    """The process ``pid`` from /proc, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            raw = fh.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    try:
-        rest = raw[raw.rindex(")") + 2 :].split()
-        return ProcStat(
-            pid=pid,
-            state=rest[0],
-            ppid=int(rest[1]),
-            pgrp=int(rest[2]),
-            session=int(rest[3]),
-            cpu_ticks=sum(int(v) for v in rest[11:15]),
-            start_ticks=int(rest[19]),
-        )
-    except (ValueError, IndexError):
-        return None
-
-
-def pid_alive(pid: Optional[int], start_ticks: Optional[int]) -> bool:
-    """Whether ``pid`` runs and is the process that started at ``start_ticks`` (not a reuse)."""
-    if not pid:
-        return False
-    if not _HAS_PROC:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    stat = proc_stat(pid)
-    if stat is None or not stat.running:
-        return False
-    return start_ticks is None or stat.start_ticks == start_ticks
-
-
-def session_members(sid: Optional[int], leader_start: Optional[int]) -> List[ProcStat]:
-    """Live processes in session ``sid`` (a job's session: its first process's pid).
-
-    While any process uses a session id, Linux does not hand that number out again, so the
-    members are the job's own, unless the leader's pid now belongs to a newer process.
-    """
-    if not sid:
-        return []
-    leader = proc_stat(sid)
-    if leader is not None and leader_start is not None and leader.start_ticks != leader_start:
-        return []
-    members = []
-    for pid in _all_pids():
-        stat = proc_stat(pid)
-        if stat is not None and stat.session == sid and stat.running:
-            members.append(stat)
-    return members
-
-
-def signal_session(sid: Optional[int], leader_start: Optional[int], signum: int) -> int:
-    """Send ``signum`` to the job's process group and every other process of its session.
-    Returns how many processes were signalled."""
-    members = session_members(sid, leader_start)
-    if not members:
-        return 0
-    if sid is not None:
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(sid, signum)
-    for member in members:
-        with suppress(ProcessLookupError, PermissionError):
-            os.kill(member.pid, signum)
-    return len(members)
-
-
-def stop_session(
-    sid: Optional[int], leader_start: Optional[int], grace_s: float, reap: bool = False
-) -> None:
-    """SIGTERM the session, wait up to ``grace_s`` for it to empty, then SIGKILL what is left.
-    With ``reap``, collect exited children meanwhile (the supervisor is their parent)."""
-    if not signal_session(sid, leader_start, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if reap:
-            reap_children()
-        if not session_members(sid, leader_start):
-            return
-        time.sleep(0.05)
-    signal_session(sid, leader_start, signal.SIGKILL)
-    if reap:
-        for _ in range(40):
-            reap_children()
-            if not session_members(sid, leader_start):
-                return
-            time.sleep(0.05)
-
-
-def reap_children() -> List[Tuple[int, int, float]]:
-    """Collect every exited child: (pid, wait status, CPU seconds of it and its waited-for
-    children) for each."""
-    reaped = []
-    while True:
-        try:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        reaped.append((pid, status, usage.ru_utime + usage.ru_stime))
-    return reaped
-
-
-def process_user(pid: int) -> Optional[str]:
-    """The user name owning ``pid`` (its uid when there is no name); None when unknown."""
-    try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
-    return user_name(uid)
-
-
-def user_name(uid: Optional[int] = None) -> str:
-    """The login name of ``uid`` (default: this process's user)."""
-    import pwd
-
-    uid = os.getuid() if uid is None else uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _all_pids() -> List[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
-
-
-# --- the commands ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -507,7 +74,7 @@ class RunRequest:
     """``gpu-agent run``: the command as argv (never given to a shell) and its options."""
 
     command: Tuple[str, ...]
-    gpus: GpuRequest = GpuRequest()
+    gpus: GpuRequest = field(default_factory=GpuRequest)
     name: Optional[str] = None
     retries: int = 0
     env: Tuple[Tuple[str, str], ...] = ()
@@ -670,47 +237,6 @@ def who(store: JobStore) -> WhoReport:
     return WhoReport(gpus=tuple(gpus), waiting_any=tuple(waiting_any))
 
 
-def reservations(
-    metas: Iterable[Mapping[str, Any]],
-) -> Tuple[Dict[int, WhoJob], Dict[int, List[WhoJob]], List[WhoJob]]:
-    """The GPUs unfinished jobs hold or wait for. Pure.
-
-    Returns (GPU index -> the running job assigned to it, GPU index -> queued jobs that asked
-    for it by index, queued jobs that asked for a count of GPUs), each in FIFO order.
-    """
-    held: Dict[int, WhoJob] = {}
-    waiting: Dict[int, List[WhoJob]] = {}
-    waiting_any: List[WhoJob] = []
-    for meta in sorted(metas, key=lambda m: m.get("seq", 0)):
-        state = meta.get("state")
-        if state == "running":
-            job = _who_job(meta, tuple(int(g) for g in meta.get("gpus_assigned") or ()))
-            for index in job.gpus:
-                held.setdefault(index, job)
-        elif state == "queued" and int(meta.get("want_count") or 0) != 0:
-            indices = tuple(int(g) for g in meta.get("want_indices") or ())
-            job = _who_job(meta, indices)
-            if indices:
-                for index in indices:
-                    waiting.setdefault(index, []).append(job)
-            else:
-                waiting_any.append(job)
-    return held, waiting, waiting_any
-
-
-def _who_job(meta: Mapping[str, Any], gpus: Tuple[int, ...]) -> WhoJob:
-    running = meta.get("state") == "running"
-    return WhoJob(
-        job_id=str(meta["id"]),
-        name=meta.get("name"),
-        user=meta.get("user"),
-        state=str(meta.get("state")),
-        gpus=gpus,
-        gpus_requested=meta.get("gpus_requested"),
-        since=meta.get("started_at") if running else meta.get("created_at"),
-    )
-
-
 def jobs_of_pids(
     store: JobStore,
     pids: Iterable[int],
@@ -723,7 +249,7 @@ def jobs_of_pids(
     directory listing plus one small JSON file per unfinished job, and one ``/proc/PID/stat``
     per pid only when some job is running. ``status`` fills ProcessSnapshot.job_id with::
 
-        owners = runner.jobs_of_pids(runner.JobStore.from_env(), [p.pid for p in procs])
+        owners = runner.jobs_of_pids(jobstore.JobStore.from_env(), [p.pid for p in procs])
         procs = [replace(p, job_id=owners.get(p.pid)) for p in procs]
 
     ``active`` are the unfinished jobs' metadata when the caller has read them already.
@@ -772,26 +298,6 @@ def reap_lost(store: JobStore) -> List[str]:
     return lost
 
 
-# --- shared helpers -------------------------------------------------------------------------
-
-
-def record_of(meta: Mapping[str, Any]) -> JobRecord:
-    """The public JobRecord in a job's metadata."""
-    return from_dict(JobRecord, dict(meta))
-
-
-def gpu_indices() -> Tuple[List[int], str]:
-    """The GPU indices NVML sees, and why there are none when the list is empty."""
-    from agents import nvml
-
-    try:
-        with nvml.GpuSampler() as sampler:
-            found = [g.index for g in sampler.sample()]
-    except nvml.NvmlUnavailable as exc:
-        return [], exc.error.message
-    return found, "" if found else "NVML lists no GPUs"
-
-
 def env_seconds(name: str, default: float) -> float:
     """A positive number of seconds from the environment, else ``default``."""
     raw = os.environ.get(name)
@@ -802,52 +308,6 @@ def env_seconds(name: str, default: float) -> float:
     except ValueError:
         return default
     return value if value > 0 else default
-
-
-def iso_now() -> str:
-    """Now, as ISO 8601 UTC with milliseconds."""
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def parse_iso(text: str) -> datetime:
-    """An ISO 8601 time as aware UTC (naive means UTC; a trailing Z is accepted).
-    Raises ValueError; an empty string is the earliest time."""
-    if not text:
-        return datetime.min.replace(tzinfo=timezone.utc)
-    raw = text.strip()
-    if raw.endswith(("Z", "z")):
-        raw = raw[:-1] + "+00:00"
-    moment = datetime.fromisoformat(raw)
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
-
-
-def tail_lines(path: str, lines: int, max_chars: Optional[int] = None) -> str:
-    """The last ``lines`` lines of a file (read from its end), at most ``max_chars`` long."""
-    if lines <= 0:
-        return ""
-    block = 64 * 1024
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        end = fh.tell()
-        pos = end
-        data = b""
-        while pos > 0 and data.count(b"\n") <= lines:
-            step = min(block, pos)
-            pos -= step
-            fh.seek(pos)
-            data = fh.read(step) + data
-            if max_chars is not None and len(data) > max_chars * 4:
-                break
-    text = data.decode("utf-8", "replace")
-    kept = text.splitlines()[-lines:]
-    out = "\n".join(kept)
-    if text.endswith("\n") and kept:
-        out += "\n"
-    if max_chars is not None and len(out) > max_chars:
-        out = out[-max_chars:]
-    return out
 
 
 def _check_request(request: RunRequest, environ: Mapping[str, str]) -> str:
@@ -935,30 +395,4 @@ def _lost_summary(store: JobStore, meta: Mapping[str, Any], now: str) -> Optiona
         diagnoses=(),
         log_tail=log_tail,
     )
-    from agents.protocol import to_dict
-
     return to_dict(summary)
-
-
-def _safe_name(store: JobStore, job_id: str) -> Optional[str]:
-    try:
-        name = store.read(job_id).get("name")
-    except JobError:
-        return None
-    return name if isinstance(name, str) else None
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def _unlink_quietly(path: str) -> None:
-    with suppress(FileNotFoundError):
-        os.unlink(path)

@@ -17,7 +17,9 @@ import traceback
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from agents import diagnose
-from agents.protocol import FINAL_JOB_STATES, JobSummary, to_dict
+from agents.gpu_queue import gpu_indices, plan_starts
+from agents.jobstore import JobStore, iso_now, tail_lines
+from agents.protocol import FINAL_JOB_STATES, GpuRequest, JobNotFound, JobSummary, to_dict
 from agents.runner import (
     DEFAULT_GRACE_S,
     DEFAULT_QUEUE_POLL_S,
@@ -27,19 +29,15 @@ from agents.runner import (
     ENV_SAMPLE_S,
     LOG_TAIL_LINES,
     LOG_TAIL_MAX_CHARS,
-    GpuRequest,
-    JobNotFound,
-    JobStore,
-    gpu_indices,
-    iso_now,
-    plan_starts,
+    env_seconds,
+    reap_lost,
+)
+from agents.sessions import (
     proc_stat,
     reap_children,
-    reap_lost,
     session_members,
     signal_session,
     stop_session,
-    tail_lines,
 )
 
 _PR_SET_CHILD_SUBREAPER = 36
@@ -70,9 +68,9 @@ class Supervisor:
     def __init__(self, store: JobStore, job_id: str) -> None:
         self.store = store
         self.job_id = job_id
-        self.sample_s = _env_seconds(ENV_SAMPLE_S, DEFAULT_SAMPLE_S)
-        self.grace_s = _env_seconds(ENV_GRACE_S, DEFAULT_GRACE_S)
-        self.queue_poll_s = _env_seconds(ENV_QUEUE_POLL_S, DEFAULT_QUEUE_POLL_S)
+        self.sample_s = env_seconds(ENV_SAMPLE_S, DEFAULT_SAMPLE_S)
+        self.grace_s = env_seconds(ENV_GRACE_S, DEFAULT_GRACE_S)
+        self.queue_poll_s = env_seconds(ENV_QUEUE_POLL_S, DEFAULT_QUEUE_POLL_S)
         self.tick_s = min(0.25, self.sample_s)
         self.series = diagnose.SampleSeries()
         self.mem_total: Dict[int, Optional[int]] = {}
@@ -390,9 +388,3 @@ def _read_end(path: str, size: int) -> str:
         fh.seek(0, os.SEEK_END)
         fh.seek(max(0, fh.tell() - size))
         return fh.read().decode("utf-8", "replace")
-
-
-def _env_seconds(name: str, default: float) -> float:
-    from agents.runner import env_seconds
-
-    return env_seconds(name, default)

@@ -9,7 +9,7 @@ health) into a SQLite store; the output says whether the instances' Python has t
 has not, the health check's torch probe ends at its ImportError). Then, in interleaved rounds of
 the same run:
 
-  (a) bot.services.instances.fleet_overview: what `/gpu status` runs (store read, concurrent
+  (a) bot.services.fleet_views.fleet_overview: what `/gpu status` runs (store read, concurrent
       status over pooled, kept-alive connections, results recorded);
   (b) a loop of OpenSSH client calls, one after another, each running the same agent command
       with the pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`)
@@ -58,7 +58,7 @@ from bot.fleet.base import Target  # noqa: E402
 from bot.fleet.fleet import Fleet  # noqa: E402
 from bot.notify import MessageRef  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import instances  # noqa: E402
+from bot.services import fleet_views, lookup, registration  # noqa: E402
 from bot.services.access import Caller  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.models import Instance  # noqa: E402
@@ -137,7 +137,7 @@ def _run(
     known_hosts.write_text(f"[{server.host}]:{server.port} {key.key_type} {key.key_b64}\n")
 
     def overview() -> None:
-        rows = instances.fleet_overview(rt).rows
+        rows = fleet_views.fleet_overview(rt).rows
         bad = [row for row in rows if row.problem is not None]
         if len(rows) != instances_n or bad:
             raise SystemExit(f"fleet_overview: {len(rows)} rows, problems: {bad[:1]}")
@@ -156,7 +156,7 @@ def _run(
             )
 
     def single() -> None:
-        detail = instances.instance_detail(rt, names[0])
+        detail = fleet_views.instance_detail(rt, names[0])
         if detail.row.problem is not None:
             raise SystemExit(f"instance_detail: {detail.row.problem}")
 
@@ -197,10 +197,10 @@ def _register_all(
 
     def register(name: str) -> None:
         target = server.target(name, agent_home=homes / name, python_path=python)
-        instances.register(
+        registration.register(
             rt,
             OWNER,
-            instances.RegisterRequest(
+            registration.RegisterRequest(
                 name=name,
                 address=f"{server.user}@{server.host}:{server.port}",
                 price_micros_per_hour=2_100_000,
@@ -221,7 +221,7 @@ def _stored_targets(rt: Runtime, names: list[str]) -> list[Target]:
     with rt.db.session() as session:
         found = session.exec(select(Instance).where(Instance.state != "released")).all()
         rows = {inst.name: inst for inst in found}
-        return [instances.target_for(rt, rows[name]) for name in names]
+        return [lookup.target_for(rt, rows[name]) for name in names]
 
 
 def _interleaved(

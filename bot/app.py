@@ -17,8 +17,8 @@ from typing import ParamSpec, TypeVar
 from slack_bolt import App
 from slack_sdk import WebClient
 
-from bot.blocks import render
-from bot.commands import load_all
+from bot.blocks import render, render_files
+from bot.commands import build_registry
 from bot.commands.registry import Registry
 from bot.errors import ConfigError
 from bot.executor import BotExecutor
@@ -30,7 +30,7 @@ from bot.listeners import register_listeners
 from bot.metrics import METRICS, Metrics, StoreStats
 from bot.notify import Notifier
 from bot.platform_work import PlatformWork
-from bot.providers.base import ProviderRegistry
+from bot.providers.registry import ProviderRegistry
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle, TickWatch, start_scheduler
@@ -148,6 +148,7 @@ def build_runtime(
         notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
         clock=clock if clock is not None else utcnow,
         render=render,
+        render_files=render_files,
         executor=BotExecutor(
             settings.executor_workers,
             thread_name_prefix="gpubot",
@@ -182,7 +183,7 @@ def build_app(
             "SLACK_BOT_TOKEN is not set.",
             hint="Set it to the app's bot token (xoxb-...), or run `gpubot console`.",
         )
-    commands = registry if registry is not None else load_all()
+    commands = registry if registry is not None else build_registry()
     web = client if client is not None else make_client(settings)
     if not web.token:
         raise ConfigError("The Slack client has no token.", hint="Give WebClient the bot token.")

@@ -149,9 +149,7 @@ class BillingRules:
     @property
     def hourly_micros(self) -> int:
         """What one hour of the whole instance costs, in micros."""
-        if self.price_per == "gpu_hour":
-            return self.price_micros_per_hour * self.gpu_count
-        return self.price_micros_per_hour
+        return hourly_micros(self.price_micros_per_hour, self.price_per, self.gpu_count)
 
 
 class BilledInstance(Protocol):
@@ -226,6 +224,26 @@ def provider_billing(provider: str) -> ProviderBilling:
     return PROVIDER_BILLING.get(provider, PROVIDER_BILLING["manual"])
 
 
+def billed_gpu_count(instance: BilledInstance) -> int:
+    """The GPUs a per-GPU-hour price is paid for: the count registered, else the count the
+    agent found, and at least one."""
+    return max(1, instance.gpu_count or instance.delivered_gpu_count or 1)
+
+
+def hourly_micros(price_micros_per_hour: int, price_per: str, gpu_count: int) -> int:
+    """What one hour of a whole instance costs in micros: a per-GPU-hour price times its
+    ``gpu_count``, a per-instance-hour price as it is."""
+    if price_per == "gpu_hour":
+        return price_micros_per_hour * gpu_count
+    return price_micros_per_hour
+
+
+def hourly_cost_micros(instance: BilledInstance) -> int:
+    """What one hour of the instance costs in micros (compute only; see
+    :func:`storage_micros_per_hour` for its disk)."""
+    return hourly_micros(instance.price_micros, instance.price_per, billed_gpu_count(instance))
+
+
 def rules_for(instance: BilledInstance) -> BillingRules:
     """The instance's billing rules; fields left at their defaults take the provider's rules."""
     platform = provider_billing(instance.provider)
@@ -242,7 +260,7 @@ def rules_for(instance: BilledInstance) -> BillingRules:
     return BillingRules(
         price_micros_per_hour=instance.price_micros,
         price_per=instance.price_per,
-        gpu_count=max(1, instance.gpu_count or instance.delivered_gpu_count or 1),
+        gpu_count=billed_gpu_count(instance),
         increment=increment,
         min_charge_s=min_charge_s,
         billing_from=billing_from,

@@ -2,16 +2,21 @@
 
 No pyplot: each chart is its own Figure on its own canvas, so charts can be drawn from several
 threads at once. The same data always gives the same bytes (fixed size, fonts and DPI; no
-timestamp or software version in the PNG metadata).
+timestamp or software version in the PNG metadata) on the same fonts. Text is set in DejaVu Sans,
+and each character it lacks (Chinese, Japanese, Korean) in the first installed CJK family that
+has it (Debian's ``fonts-noto-cjk``); with none installed the chart still draws, those characters
+as empty boxes.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import threading
 from collections.abc import Sequence
 from datetime import date
 
+from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -25,20 +30,33 @@ MAX_BARS = 15
 HEADROOM = 1.1
 _BAR = "#3b6ea8"
 _IDLE = "#d08c3a"
-_FONT = "DejaVu Sans"
+#: Latin, Greek and Cyrillic; matplotlib ships it, so it is always there.
+LATIN_FAMILY = "DejaVu Sans"
+#: Families for what DejaVu Sans lacks, in order of preference: Debian's fonts-noto-cjk
+#: (Simplified Chinese forms first), then fonts-wqy-zenhei and fonts-wqy-microhei.
+CJK_FAMILIES = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans CJK TC",
+    "Noto Sans CJK KR",
+    "Source Han Sans SC",
+    "WenQuanYi Zen Hei",
+    "WenQuanYi Micro Hei",
+)
 
 
 def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "USD") -> bytes:
     """A horizontal bar per (label, micros), largest on top; at most 15 bars, the rest summed
     into "others". Returns PNG bytes."""
     rows = _top(items)
+    family = font_families()
     height = 1.2 + 0.38 * max(1, len(rows))
     figure = Figure(figsize=(WIDTH_IN, height), dpi=DPI)
     axes = figure.add_subplot()
     labels = [label for label, _ in reversed(rows)]
     values = [micros / MICROS for _, micros in reversed(rows)]
     axes.barh(range(len(values)), values, color=_BAR)
-    axes.set_yticks(range(len(labels)), labels, fontsize=9, fontfamily=_FONT)
+    axes.set_yticks(range(len(labels)), labels, fontsize=9, fontfamily=family)
     axes.xaxis.set_major_formatter(_money_axis(currency))
     for index, (_, micros) in enumerate(reversed(rows)):
         axes.annotate(
@@ -48,10 +66,10 @@ def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "
             textcoords="offset points",
             va="center",
             fontsize=8,
-            fontfamily=_FONT,
+            fontfamily=family,
         )
     axes.margins(x=0.18)
-    _finish(figure, axes, title)
+    _finish(figure, axes, title, family)
     return _png(figure)
 
 
@@ -62,6 +80,7 @@ def daily_chart(
     currency: str = "USD",
 ) -> bytes:
     """Spend per day as stacked columns: (day, active micros, idle micros). Returns PNG bytes."""
+    family = font_families()
     figure = Figure(figsize=(WIDTH_IN, 3.6), dpi=DPI)
     axes = figure.add_subplot()
     positions = list(range(len(days)))
@@ -70,7 +89,7 @@ def daily_chart(
     axes.bar(positions, active, color=_BAR, label="in use")
     axes.bar(positions, idle, bottom=active, color=_IDLE, label="idle")
     labels = [day.strftime("%d") for day, _, _ in days]
-    axes.set_xticks(positions, labels, fontsize=7, fontfamily=_FONT)
+    axes.set_xticks(positions, labels, fontsize=7, fontfamily=family)
     axes.yaxis.set_major_formatter(_money_axis(currency))
     highest = max((a + i for a, i in zip(active, idle, strict=True)), default=0.0)
     axes.set_ylim(0, highest * HEADROOM if highest > 0 else 1.0)
@@ -79,12 +98,28 @@ def daily_chart(
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
         ncols=2,
-        fontsize=8,
+        prop={"family": family, "size": 8},
         frameon=False,
         borderaxespad=0.2,
     )
-    _finish(figure, axes, title)
+    _finish(figure, axes, title, family)
     return _png(figure)
+
+
+def font_families() -> list[str]:
+    """The family list every text in a chart is set in: DejaVu Sans, then the installed ones
+    of :data:`CJK_FAMILIES` (matplotlib takes each character from the first that has it).
+    Fonts installed after matplotlib cached its font list are found too: when no CJK family is
+    known, the system's font files matplotlib has not seen are added once per process."""
+    global _families
+    with _FAMILIES_LOCK:
+        if _families is None:
+            installed = _known_families()
+            if not installed & set(CJK_FAMILIES):
+                _add_unseen_system_fonts()
+                installed = _known_families()
+            _families = (LATIN_FAMILY, *(name for name in CJK_FAMILIES if name in installed))
+        return list(_families)
 
 
 def _top(items: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -105,8 +140,28 @@ def _money_axis(currency: str) -> FuncFormatter:
     return FuncFormatter(label)
 
 
-def _finish(figure: Figure, axes: Axes, title: str) -> None:
-    figure.suptitle(title, fontsize=11, fontfamily=_FONT)
+_FAMILIES_LOCK = threading.Lock()
+_families: tuple[str, ...] | None = None
+
+
+def _known_families() -> set[str]:
+    return {font.name for font in font_manager.fontManager.ttflist}
+
+
+def _add_unseen_system_fonts() -> None:
+    seen = {font.fname for font in font_manager.fontManager.ttflist}
+    for path in font_manager.findSystemFonts():
+        if path in seen:
+            continue
+        try:
+            font_manager.fontManager.addfont(path)
+        except (OSError, RuntimeError, ValueError):
+            continue  # a file FreeType cannot read is left out, as matplotlib itself does
+
+
+def _finish(figure: Figure, axes: Axes, title: str, family: list[str]) -> None:
+    figure.suptitle(title, fontsize=11, fontfamily=family)
+    axes.tick_params(labelfontfamily=family)
     for side in ("top", "right"):
         axes.spines[side].set_visible(False)
     figure.tight_layout()

@@ -38,7 +38,7 @@ from bot.local_slack import (
 )
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle
-from bot.services.instances import ensure_local_instance
+from bot.services.registration import ensure_local_instance
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.store.models import utcnow

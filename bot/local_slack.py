@@ -1,20 +1,18 @@
 """A local stand-in for Slack: the Web API methods the bot calls and the response URLs.
 
 The console points the bot's WebClient at it and prints what arrives; the tests use it as the
-Slack boundary. It answers like Slack does (``ok``, ``ts``, channel IDs, ``invalid_auth``,
-``channel_not_found``, ``no_text``, ``invalid_blocks``, ``ratelimited``), records every call, and
-checks Block Kit against Slack's limits. Also here: signing a request the way Slack signs it, and
-the bodies of a slash command and a button click.
+Slack boundary (tests/fixtures adds Socket Mode to it). It answers like Slack does (``ok``,
+``ts``, channel IDs, ``invalid_auth``, ``channel_not_found``, ``no_text``, ``invalid_blocks``,
+``ratelimited``), records every call, and checks Block Kit against Slack's limits (those of
+bot.blocks.kit). Also here: signing a request the way Slack signs it, and the bodies of a slash
+command and a button click.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import hashlib
 import itertools
 import json
-import socket
 import threading
 import time
 import urllib.parse
@@ -28,9 +26,10 @@ from slack_sdk.errors import SlackObjectFormationError
 from slack_sdk.models.blocks import Block
 from slack_sdk.signature import SignatureVerifier
 
-MAX_BLOCKS = 50
+from bot.blocks import kit
+
+#: The largest request body served, in bytes.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-_LIMITS = {"header": 150, "section": 3000, "button": 75, "button_value": 2000, "fields": 10}
 
 
 @dataclass(frozen=True)
@@ -129,11 +128,9 @@ class LocalSlack:
         users: Mapping[str, str] | None = None,
         team_id: str = "T0LOCAL",
         bot_user_id: str = "U0GPUBOT",
-        app_token: str = "xapp-local",  # noqa: S107 - the stand-in's own made-up token
         on_event: Callable[[Event], None] | None = None,
     ) -> None:
         self.token = token
-        self.app_token = app_token
         self.team_id = team_id
         self.bot_user_id = bot_user_id
         self.on_event = on_event
@@ -146,14 +143,12 @@ class LocalSlack:
         self._ids = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
-        self._sockets: list[_WebSocket] = []
-        self._socket_messages: list[dict[str, Any]] = []
 
     # --- life cycle ---------------------------------------------------------------------------
 
     def start(self) -> LocalSlack:
         """Serve on a free loopback port in a background thread; returns self."""
-        server = _Server(("127.0.0.1", 0), _handler_for(self))
+        server = _Server(("127.0.0.1", 0), self._handler_class())
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever, name="local-slack", kwargs={"poll_interval": 0.1}
@@ -163,11 +158,7 @@ class LocalSlack:
         return self
 
     def stop(self) -> None:
-        """Stop serving, closing Socket Mode connections and the listening socket."""
-        with self._cond:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            sock.close()
+        """Stop serving and close the listening socket."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -241,61 +232,6 @@ class LocalSlack:
             self._targets[url_id] = _ResponseTarget(channel, user, message_ts)
         return f"{self.base_url}respond/{url_id}"
 
-    # --- Socket Mode ----------------------------------------------------------------------------
-
-    @property
-    def socket_connections(self) -> int:
-        """Open Socket Mode connections."""
-        with self._cond:
-            return len(self._sockets)
-
-    @property
-    def socket_messages(self) -> list[dict[str, Any]]:
-        """What the app sent over Socket Mode (acks carry ``envelope_id``), in order."""
-        with self._cond:
-            return list(self._socket_messages)
-
-    def send_envelope(self, kind: str, payload: Mapping[str, Any]) -> str:
-        """Send an envelope (``slash_commands``, ``interactive`` ...) over the newest Socket
-        Mode connection; returns its ``envelope_id``. Raises RuntimeError when none is open."""
-        with self._cond:
-            if not self._sockets:
-                raise RuntimeError("no Socket Mode connection is open")
-            sock = self._sockets[-1]
-        envelope_id = f"E{next(self._ids):08d}"
-        envelope = {
-            "envelope_id": envelope_id,
-            "type": kind,
-            "accepts_response_payload": kind != "events_api",
-            "payload": dict(payload),
-        }
-        sock.send_text(json.dumps(envelope))
-        return envelope_id
-
-    def _socket_opened(self, sock: _WebSocket) -> None:
-        with self._cond:
-            self._sockets.append(sock)
-            self._cond.notify_all()
-        hello = {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0GPUBOT"}}
-        sock.send_text(json.dumps(hello))
-
-    def _socket_closed(self, sock: _WebSocket) -> None:
-        with self._cond:
-            if sock in self._sockets:
-                self._sockets.remove(sock)
-            self._cond.notify_all()
-
-    def _socket_message(self, text: str) -> None:
-        try:
-            message = json.loads(text)
-        except ValueError:
-            message = {"unreadable": text}
-        with self._cond:
-            self._socket_messages.append(
-                message if isinstance(message, dict) else {"value": message}
-            )
-            self._cond.notify_all()
-
     # --- what arrived -------------------------------------------------------------------------
 
     @property
@@ -338,6 +274,10 @@ class LocalSlack:
 
     # --- handling (called by the HTTP handler) ------------------------------------------------
 
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        """The HTTP handler serving this stand-in (GET answers 404)."""
+        return _handler_for(self)
+
     def _api(self, method: str, args: dict[str, Any], token: str | None) -> tuple[int, Any]:
         with self._cond:
             left = self._state.rate_limits.get(method, 0)
@@ -365,11 +305,6 @@ class LocalSlack:
     def _answer(self, method: str, args: dict[str, Any], token: str | None) -> _Answer:
         if not token:
             return _error("not_authed"), []
-        if method == "apps.connections.open":
-            if token != self.app_token:
-                return _error("invalid_auth"), []
-            url = self.base_url.replace("http://", "ws://") + f"socket/{next(self._ids):08d}"
-            return {"ok": True, "url": url}, []
         if token != self.token:
             return _error("invalid_auth"), []
         handler = _METHODS.get(method)
@@ -463,11 +398,12 @@ class LocalSlack:
 
 def check_blocks(blocks: Sequence[Any]) -> list[str]:
     """What is wrong with a list of blocks by Slack's rules (empty when nothing is): known
-    types, slack_sdk's validation, at most 50 blocks, header 150, section text 3000,
-    10 fields, 25 elements per actions block, button text 75 and value 2000 characters."""
+    types, slack_sdk's validation and bot.blocks.kit's limits: at most 50 blocks, header 150,
+    section text 3000, 10 fields, 25 elements per actions block, button text 75 and value 2000
+    characters."""
     problems: list[str] = []
-    if len(blocks) > MAX_BLOCKS:
-        problems.append(f"{len(blocks)} blocks (at most {MAX_BLOCKS})")
+    if len(blocks) > kit.MAX_BLOCKS:
+        problems.append(f"{len(blocks)} blocks (at most {kit.MAX_BLOCKS})")
     for index, block in enumerate(blocks):
         problems.extend(f"block {index}: {problem}" for problem in _block_problems(block))
     return problems
@@ -485,17 +421,17 @@ def _block_problems(block: Any) -> list[str]:
         return [str(exc) or type(exc).__name__]
     problems: list[str] = []
     kind = block.get("type")
-    if kind == "header" and len(_text_of(block.get("text"))) > _LIMITS["header"]:
-        problems.append("header text over 150 characters")
+    if kind == "header" and len(_text_of(block.get("text"))) > kit.HEADER_TEXT_MAX:
+        problems.append(f"header text over {kit.HEADER_TEXT_MAX} characters")
     if kind == "section":
-        if len(block.get("fields") or []) > _LIMITS["fields"]:
-            problems.append("more than 10 fields")
+        if len(block.get("fields") or []) > kit.FIELDS_MAX:
+            problems.append(f"more than {kit.FIELDS_MAX} fields")
         for item in block.get("fields") or []:
-            if len(_text_of(item)) > 2000:
-                problems.append("a field over 2000 characters")
+            if len(_text_of(item)) > kit.FIELD_TEXT_MAX:
+                problems.append(f"a field over {kit.FIELD_TEXT_MAX} characters")
     elements = list(block.get("elements") or []) if kind == "actions" else []
-    if kind == "actions" and len(elements) > 25:
-        problems.append("more than 25 elements")
+    if kind == "actions" and len(elements) > kit.ACTIONS_ELEMENTS_MAX:
+        problems.append(f"more than {kit.ACTIONS_ELEMENTS_MAX} elements")
     if isinstance(block.get("accessory"), dict):
         elements.append(block["accessory"])
     for element in elements:
@@ -507,16 +443,16 @@ def _element_problems(element: Any) -> list[str]:
     if not isinstance(element, dict) or element.get("type") != "button":
         return []
     problems: list[str] = []
-    if len(_text_of(element.get("text"))) > _LIMITS["button"]:
-        problems.append("button text over 75 characters")
-    if len(str(element.get("value", ""))) > _LIMITS["button_value"]:
-        problems.append("button value over 2000 characters")
+    if len(_text_of(element.get("text"))) > kit.BUTTON_TEXT_MAX:
+        problems.append(f"button text over {kit.BUTTON_TEXT_MAX} characters")
+    if len(str(element.get("value", ""))) > kit.BUTTON_VALUE_MAX:
+        problems.append(f"button value over {kit.BUTTON_VALUE_MAX} characters")
     confirm = element.get("confirm")
     if isinstance(confirm, dict):
-        if len(_text_of(confirm.get("title"))) > 100:
-            problems.append("confirm title over 100 characters")
-        if len(_text_of(confirm.get("text"))) > 300:
-            problems.append("confirm text over 300 characters")
+        if len(_text_of(confirm.get("title"))) > kit.CONFIRM_TITLE_MAX:
+            problems.append(f"confirm title over {kit.CONFIRM_TITLE_MAX} characters")
+        if len(_text_of(confirm.get("text"))) > kit.CONFIRM_TEXT_MAX:
+            problems.append(f"confirm text over {kit.CONFIRM_TEXT_MAX} characters")
     return problems
 
 
@@ -786,24 +722,7 @@ def _handler_for(slack: LocalSlack) -> type[BaseHTTPRequestHandler]:
                 self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
 
         def do_GET(self) -> None:
-            upgrade = (self.headers.get("Upgrade") or "").lower()
-            key = self.headers.get("Sec-WebSocket-Key")
-            if not self.path.startswith("/socket/") or upgrade != "websocket" or not key:
-                self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
-                return
-            digest = hashlib.sha1((key + _WS_GUID).encode(), usedforsecurity=False).digest()
-            self.send_response(HTTPStatus.SWITCHING_PROTOCOLS)
-            self.send_header("Upgrade", "websocket")
-            self.send_header("Connection", "Upgrade")
-            self.send_header("Sec-WebSocket-Accept", base64.b64encode(digest).decode())
-            self.end_headers()
-            self.close_connection = True
-            sock = _WebSocket(self.connection, self.rfile, self.wfile)
-            slack._socket_opened(sock)
-            try:
-                sock.serve(slack._socket_message)
-            finally:
-                slack._socket_closed(sock)
+            self._send(HTTPStatus.NOT_FOUND, "text/plain", b"not found")
 
         def log_message(self, format: str, *args: Any) -> None:
             return
@@ -866,80 +785,6 @@ def _bearer(header: str | None) -> str | None:
     if header and header.lower().startswith("bearer "):
         return header[7:].strip() or None
     return None
-
-
-# --- Socket Mode's WebSocket (RFC 6455, the server side) ----------------------------------------
-
-_WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-_TEXT, _CLOSE, _PING, _PONG = 0x1, 0x8, 0x9, 0xA
-
-
-class _WebSocket:
-    """One Socket Mode connection: unmasked frames out, masked frames in."""
-
-    def __init__(self, conn: socket.socket, rfile: Any, wfile: Any) -> None:
-        self._conn = conn
-        self._rfile = rfile
-        self._wfile = wfile
-        self._lock = threading.Lock()
-
-    def send_text(self, text: str) -> None:
-        """Send one text frame."""
-        self._send(_TEXT, text.encode())
-
-    def serve(self, on_text: Callable[[str], None]) -> None:
-        """Read frames until the peer closes: texts to ``on_text``, pings answered."""
-        while True:
-            frame = self._read()
-            if frame is None:
-                return
-            opcode, data = frame
-            if opcode == _CLOSE:
-                with contextlib.suppress(OSError):
-                    self._send(_CLOSE, data[:2])
-                return
-            if opcode == _PING:
-                self._send(_PONG, data)
-            elif opcode == _TEXT:
-                on_text(data.decode("utf-8", errors="replace"))
-
-    def close(self) -> None:
-        """Close the connection (the reading side then ends); one the peer closed already is
-        left as it is."""
-        with contextlib.suppress(OSError, ValueError):  # ValueError: its file is closed
-            self._send(_CLOSE, (1001).to_bytes(2, "big"))
-        with contextlib.suppress(OSError):
-            self._conn.shutdown(socket.SHUT_RDWR)
-
-    def _send(self, opcode: int, data: bytes) -> None:
-        size = len(data)
-        if size < 126:
-            header = bytes([0x80 | opcode, size])
-        elif size < 1 << 16:
-            header = bytes([0x80 | opcode, 126]) + size.to_bytes(2, "big")
-        else:
-            header = bytes([0x80 | opcode, 127]) + size.to_bytes(8, "big")
-        with self._lock:
-            self._wfile.write(header + data)
-            self._wfile.flush()
-
-    def _read(self) -> tuple[int, bytes] | None:
-        try:
-            head = self._rfile.read(2)
-            if len(head) < 2:
-                return None
-            size = head[1] & 0x7F
-            if size == 126:
-                size = int.from_bytes(self._rfile.read(2), "big")
-            elif size == 127:
-                size = int.from_bytes(self._rfile.read(8), "big")
-            mask = self._rfile.read(4) if head[1] & 0x80 else b"\0\0\0\0"
-            data = self._rfile.read(size)
-        except (OSError, ValueError):
-            return None
-        if len(data) < size:
-            return None
-        return head[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
 # --- What Slack sends the bot -----------------------------------------------------------------

@@ -30,6 +30,20 @@ Render = Callable[[Notice], Message]
 
 
 @dataclass(frozen=True)
+class FileAttachment:
+    """A file to share in the thread of the message it comes with (a chart, a CSV)."""
+
+    name: str
+    content: bytes
+    title: str = ""
+
+
+#: Turns a notice into the files it comes with (a chart); raises TypeError for a notice it has
+#: no file renderer for.
+RenderFiles = Callable[[Notice], tuple[FileAttachment, ...]]
+
+
+@dataclass(frozen=True)
 class MessageRef:
     """Where a posted message lives, so it can be updated or replied to in its thread."""
 

@@ -16,9 +16,9 @@ from bot.settings import Settings
 
 if TYPE_CHECKING:
     from bot.fleet.fleet import Fleet
-    from bot.notify import Message, Notice, Notifier, Render
+    from bot.notify import FileAttachment, Message, Notice, Notifier, Render, RenderFiles
     from bot.platform_work import PlatformWork
-    from bot.providers.base import ProviderRegistry
+    from bot.providers.registry import ProviderRegistry
     from bot.store.db import Database
 
 
@@ -37,6 +37,8 @@ class Runtime:
     executor: Executor
     #: The presentation floor's renderer for what services say (``bot.blocks.render``).
     render: Render
+    #: The presentation floor's renderer for the files a notice comes with.
+    render_files: RenderFiles
     console: bool = False
     #: Pools for the platforms' API calls off the clock; None runs them in the caller.
     platform_work: PlatformWork | None = None
@@ -44,6 +46,10 @@ class Runtime:
     def message(self, notice: Notice) -> Message:
         """``notice`` in words and Block Kit, as the presentation floor renders it."""
         return self.render(notice)
+
+    def files(self, notice: Notice) -> tuple[FileAttachment, ...]:
+        """The files ``notice`` comes with (a chart), as the presentation floor draws them."""
+        return self.render_files(notice)
 
     def now(self) -> datetime:
         """The current time, naive UTC, from the injected clock."""

@@ -56,6 +56,8 @@ class Settings:
     idle_threshold_pct: float = 5.0
     idle_window_s: int = 1800
     default_release_in_s: int = 8 * 3600
+    #: Raw utilisation samples (one row per poll) older than this many days are deleted.
+    sample_retention_days: int = 35
     executor_workers: int = 32
     #: Users' commands waiting for one of the executor's workers, at most; more are turned away.
     command_queue_max: int = 64
@@ -268,6 +270,8 @@ class NumberSetting:
 
 
 _DAY_S = 86400
+#: The longest idle window (GPUBOT_IDLE_WINDOW_S) accepted, in seconds.
+IDLE_WINDOW_MAX_S = 30 * _DAY_S
 #: Every numeric setting, its variable and its range.
 NUMBERS = (
     NumberSetting("slack_timeout_s", "GPUBOT_SLACK_TIMEOUT_S", 1, 300, "seconds"),
@@ -288,7 +292,21 @@ NUMBERS = (
         "percent",
         words="a GPU utilisation in percent from 0 to 100",
     ),
-    NumberSetting("idle_window_s", "GPUBOT_IDLE_WINDOW_S", 60, 30 * _DAY_S, "seconds", whole=True),
+    NumberSetting(
+        "idle_window_s", "GPUBOT_IDLE_WINDOW_S", 60, IDLE_WINDOW_MAX_S, "seconds", whole=True
+    ),
+    # Reports never read raw samples: the ledger, /gpu spend and the digest (this month's and the
+    # last) read the hourly roll-ups (utilhour) and the charges that carry them, which are kept.
+    # Raw samples are read as each instance's newest poll (deadlines) and by people asking why an
+    # instance was found idle; the bottom keeps every poll of the longest idle window, a day more.
+    NumberSetting(
+        "sample_retention_days",
+        "GPUBOT_SAMPLE_RETENTION_DAYS",
+        IDLE_WINDOW_MAX_S // _DAY_S + 1,
+        3650,
+        "days",
+        whole=True,
+    ),
     NumberSetting(
         "default_release_in_s",
         "GPUBOT_DEFAULT_RELEASE_IN_S",

@@ -32,8 +32,9 @@ _PRICE_UNITS = {
 }
 
 
-def whole_number(option: str, low: int = 0) -> Callable[[str], int]:
-    """A parser for ``option``'s value: a whole number of ``low`` or more (digits only)."""
+def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
+    """A parser for ``option``'s value: a whole number from ``low`` to ``high`` (no upper bound
+    when None), digits only. The parser raises UsageError naming the option and the range."""
 
     def parse(text: str) -> int:
         stripped = text.strip()
@@ -45,6 +46,8 @@ def whole_number(option: str, low: int = 0) -> Callable[[str], int]:
         value = int(stripped)
         if value < low:
             raise UsageError(f"{option} must be {low} or more, not {value}.")
+        if high is not None and value > high:
+            raise UsageError(f"{option} must be {high:,} or less, not {value:,}.")
         return value
 
     return parse

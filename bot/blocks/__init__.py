@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bot.blocks import deadlines, instances, jobs, money
-from bot.notify import Message, Notice
+from bot.notify import FileAttachment, Message, Notice
 
 #: Every notice type and the function that renders it.
 RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
@@ -22,9 +22,23 @@ RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
 }
 
 
+#: Every notice that comes with files and the function that draws them.
+FILE_RENDERERS: dict[type[Notice], Callable[[Any], tuple[FileAttachment, ...]]] = {
+    **money.FILE_RENDERERS,
+}
+
+
 def render(notice: Notice) -> Message:
     """``notice`` as a message. Raises TypeError when no renderer knows its type."""
     renderer = RENDERERS.get(type(notice))
     if renderer is None:
         raise TypeError(f"no renderer for the notice {type(notice).__name__}")
+    return renderer(notice)
+
+
+def render_files(notice: Notice) -> tuple[FileAttachment, ...]:
+    """The files ``notice`` comes with. Raises TypeError when no file renderer knows its type."""
+    renderer = FILE_RENDERERS.get(type(notice))
+    if renderer is None:
+        raise TypeError(f"no file renderer for the notice {type(notice).__name__}")
     return renderer(notice)

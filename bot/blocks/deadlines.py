@@ -1,46 +1,74 @@
-"""Block Kit for deadlines, idle prompts and releases: pure functions, values in, message out.
+"""Block Kit for deadlines, idle prompts, releases, reconciling and renting: pure functions, a
+notice or view in, ``(text, blocks)`` out, every block from :mod:`bot.blocks.kit`.
 
-Times arrive as naive UTC and are shown in the configured zone; money arrives in micro-units.
-Every message carries a ``text`` fallback, which Slack reads as mrkdwn like the section it
-repeats: errors and anything else from people or platforms go into it escaped.
+Times arrive as naive UTC and are shown, with their date, in the notice's time zone; money
+arrives in micro-units. Every message carries a ``text`` fallback, which Slack reads as mrkdwn
+like the section it repeats: errors and anything else from people or platforms go into it
+escaped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable as _Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.kit import escape
+from bot.blocks.instances import RELEASE_DONE, STOP_DONE, unregistered_notice
+from bot.blocks.kit import Block, Message, actions, button, escape, fallback, mention, section, when
 from bot.notify import Notice
+from bot.services.answers import (
+    AnsweredBefore,
+    BeingReleased,
+    Extended,
+    Kept,
+    ReleaseAnswered,
+    ReleaseConfirmAsk,
+    ReleaseRefused,
+)
+from bot.services.deadlines import (
+    BusyAgain,
+    DeadlineWarning,
+    IdlePrompt,
+    JobsDonePrompt,
+    NewJobs,
+    PolicyView,
+    ReleasedUnwarned,
+    Superseded,
+)
+from bot.services.reconcile import ReleasedOutside, UnregisteredFound
+from bot.services.releases import (
+    CONFIRMED_RELEASED,
+    CONFIRMED_STOPPED,
+    EXTENDED,
+    KEPT,
+    RELEASE_REQUESTED,
+    Decided,
+    ManualReleaseReminder,
+    ManualReleaseRequest,
+    ReleasedNotice,
+    ReleaseEscalation,
+)
+from bot.services.rent import (
+    RentFailed,
+    RentFinished,
+    RentGivenBackFailed,
+    RentLaunchChecked,
+    RentRecovered,
+    RentRecoverFailed,
+    RentStarted,
+)
 from bot.services.views import InstanceBrief
 from bot.values import format_duration, format_money
 
-Block = dict[str, Any]
-Message = tuple[str, tuple[Block, ...]]
-
-#: Button action ids (the handlers live in bot.commands.deadlines; instance_release_done in
-#: bot.commands.instances).
+#: Button action ids (the handlers live in bot.commands.deadlines; RELEASE_DONE and STOP_DONE
+#: in bot.commands.instances).
 EXTEND_1H = "deadline_extend_1h"
 EXTEND_4H = "deadline_extend_4h"
 RELEASE_NOW = "deadline_release_now"
 RELEASE_CONFIRM = "deadline_release_confirm"
 IDLE_KEEP = "idle_keep"
 IDLE_RELEASE = "idle_release"
-RELEASE_DONE = "instance_release_done"
-STOP_DONE = "instance_stop_done"
-
-
-def mention(user_id: str) -> str:
-    """A Slack mention of a user."""
-    return f"<@{user_id}>"
-
-
-def when(at: datetime, tz: ZoneInfo) -> str:
-    """A naive-UTC time as ``Wed 18:00 CET`` in ``tz``."""
-    local = at.replace(tzinfo=UTC).astimezone(tz)
-    return local.strftime("%a %H:%M %Z")
 
 
 def per_hour(inst: InstanceBrief) -> str:
@@ -50,149 +78,379 @@ def per_hour(inst: InstanceBrief) -> str:
     return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
 
 
-def deadline_warning(
-    inst: InstanceBrief,
-    *,
-    deadline_at: datetime,
-    now: datetime,
-    tz: ZoneInfo,
-    prompt_id: int,
-    policy: str = "release",
-    capped: bool = False,
-    late_release_at: datetime | None = None,
-) -> Message:
-    """The warning before a deadline, with Extend 1h / Extend 4h / Release now buttons.
+def reason_text(reason: str) -> str:
+    """A release reason in words (one it does not know, escaped as it is)."""
+    return {
+        "user": "requested by its owner",
+        "deadline": "its deadline passed",
+        "cap": "its maximum lifetime is reached",
+        "idle": "it was idle",
+        "jobs_done": "its jobs are done",
+        "reconcile": "found released on the platform",
+    }.get(reason) or escape(reason)
 
-    ``late_release_at`` is set when the deadline already passed while the bot could not warn:
-    the release then happens at that time instead."""
-    release_at = late_release_at or deadline_at
-    left = format_duration(max(release_at - now, timedelta(0)))
-    after_jobs = "" if policy == "release" else ", or once its jobs finish if they still run then"
-    cost = per_hour(inst)
+
+# --- prompts ----------------------------------------------------------------------------------
+
+
+def deadline_warning(notice: DeadlineWarning) -> Message:
+    """The warning before a deadline, with Extend 1h / Extend 4h / Release now buttons."""
+    inst, tz = notice.instance, ZoneInfo(notice.tz_name)
+    left = format_duration(max(notice.release_at - notice.now, timedelta(0)))
+    after_jobs = (
+        "" if notice.policy == "release" else ", or once its jobs finish if they still run then"
+    )
     lines = [
         f":alarm_clock: *{inst.name}* will be released in *{left}* "
-        f"(at {when(release_at, tz)}){after_jobs}. It costs {cost}.",
+        f"(at {when(notice.release_at, tz)}){after_jobs}. It costs {per_hour(inst)}.",
     ]
-    if late_release_at is not None and deadline_at <= now:
+    late = notice.release_at != notice.deadline_at
+    if late and notice.deadline_at <= notice.now:
         lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")
-    elif late_release_at is not None:
+    elif late:
         lines.append(
-            f"Its deadline ({when(deadline_at, tz)}) left too little notice, "
+            f"Its deadline ({when(notice.deadline_at, tz)}) left too little notice, "
             "so the release waits until then."
         )
-    if capped:
+    if notice.capped:
         lines.append("This is the maximum lifetime an admin set; only an admin can extend it.")
-    text = " ".join(lines)
+    value = str(notice.prompt_id)
     buttons = [
-        button("Extend 1h", EXTEND_1H, str(prompt_id), style="primary"),
-        button("Extend 4h", EXTEND_4H, str(prompt_id)),
-        button("Release now", RELEASE_NOW, str(prompt_id), style="danger"),
+        button("Extend 1h", EXTEND_1H, value, style="primary"),
+        button("Extend 4h", EXTEND_4H, value),
+        button("Release now", RELEASE_NOW, value, style="danger"),
     ]
-    return text, (section(text), actions(f"deadline-{prompt_id}", buttons))
+    return _with_buttons(" ".join(lines), buttons, f"deadline-{notice.prompt_id}")
 
 
-def release_confirm(inst: InstanceBrief, *, prompt_id: int) -> Message:
-    """Asked after Release now: the confirmation button."""
-    text = f"Release *{inst.name}* now? Anything not saved off the instance is lost."
-    confirm = button("Yes, release it", RELEASE_CONFIRM, str(prompt_id), style="danger")
-    return text, (section(text), actions(f"release-confirm-{prompt_id}", [confirm]))
-
-
-def decided(
-    inst: InstanceBrief, *, what: str, by: str | None, at: datetime, tz: ZoneInfo
-) -> Message:
-    """A prompt after someone answered it: ``what`` like "Extended 1h" or "Release requested"."""
-    who = f" by {mention(by)}" if by else ""
-    text = f"*{inst.name}*: {what}{who} at {when(at, tz)}."
-    return text, (section(text),)
-
-
-def superseded(inst: InstanceBrief, *, new_deadline_at: datetime | None, tz: ZoneInfo) -> Message:
-    """An old warning whose deadline moved: its buttons are gone."""
-    if new_deadline_at is None:
-        text = f"*{inst.name}*: this warning is superseded; the instance has no deadline now."
-    else:
-        text = (
-            f"*{inst.name}*: this warning is superseded; the deadline is now "
-            f"{when(new_deadline_at, tz)}."
-        )
-    return text, (section(text),)
-
-
-def idle_prompt(
-    inst: InstanceBrief,
-    *,
-    idle_for: timedelta,
-    prompt_id: int,
-    release_at: datetime | None,
-    tz: ZoneInfo,
-) -> Message:
+def idle_prompt(notice: IdlePrompt) -> Message:
     """Idle for a while: what it costs per hour, Keep / Release buttons."""
-    cost = per_hour(inst)
+    inst = notice.instance
     text = (
-        f":zzz: *{inst.name}* has been idle for {format_duration(idle_for)} "
-        f"(no GPU use, no jobs), costing {cost}. Still needed?"
+        f":zzz: *{inst.name}* has been idle for {format_duration(notice.now - notice.idle_since)} "
+        f"(no GPU use, no jobs), costing {per_hour(inst)}. Still needed?"
     )
-    if release_at is not None:
-        text += f" If it stays idle it will be released at {when(release_at, tz)}."
+    if notice.release_at is not None:
+        text += (
+            " If it stays idle it will be released at "
+            f"{when(notice.release_at, ZoneInfo(notice.tz_name))}."
+        )
+    value = str(notice.prompt_id)
     buttons = [
-        button("Keep it", IDLE_KEEP, str(prompt_id), style="primary"),
-        button("Release it", IDLE_RELEASE, str(prompt_id), style="danger"),
+        button("Keep it", IDLE_KEEP, value, style="primary"),
+        button("Release it", IDLE_RELEASE, value, style="danger"),
     ]
-    return text, (section(text), actions(f"idle-{prompt_id}", buttons))
+    return _with_buttons(text, buttons, f"idle-{notice.prompt_id}")
 
 
-def jobs_done_prompt(
-    inst: InstanceBrief, *, prompt_id: int, release_at: datetime, tz: ZoneInfo
-) -> Message:
+def jobs_done_prompt(notice: JobsDonePrompt) -> Message:
     """The job queue drained on an instance marked release-when-done."""
     text = (
-        f":checkered_flag: The jobs on *{inst.name}* are done. It will be released at "
-        f"{when(release_at, tz)} unless you keep it."
+        f":checkered_flag: The jobs on *{notice.instance.name}* are done. It will be released at "
+        f"{when(notice.release_at, ZoneInfo(notice.tz_name))} unless you keep it."
     )
+    value = str(notice.prompt_id)
     buttons = [
-        button("Keep it", IDLE_KEEP, str(prompt_id), style="primary"),
-        button("Release now", IDLE_RELEASE, str(prompt_id), style="danger"),
+        button("Keep it", IDLE_KEEP, value, style="primary"),
+        button("Release now", IDLE_RELEASE, value, style="danger"),
     ]
-    return text, (section(text), actions(f"jobs-done-{prompt_id}", buttons))
+    return _with_buttons(text, buttons, f"jobs-done-{notice.prompt_id}")
 
 
-def manual_release_request(
-    inst: InstanceBrief, *, instance_id: int, reason: str, mode: str = "terminate"
-) -> Message:
+def decided(notice: Decided) -> Message:
+    """A prompt after someone answered it: what was decided, by whom, when."""
+    who = f" by {mention(notice.by)}" if notice.by else ""
+    at = when(notice.at, ZoneInfo(notice.tz_name))
+    return _plain(f"*{notice.instance.name}*: {_decision_text(notice)}{who} at {at}.")
+
+
+def superseded(notice: Superseded) -> Message:
+    """An old warning whose deadline moved: its buttons are gone."""
+    name = notice.instance.name
+    if notice.new_deadline_at is None:
+        return _plain(f"*{name}*: this warning is superseded; the instance has no deadline now.")
+    new = when(notice.new_deadline_at, ZoneInfo(notice.tz_name))
+    return _plain(f"*{name}*: this warning is superseded; the deadline is now {new}.")
+
+
+def busy_again(notice: BusyAgain) -> Message:
+    """An idle prompt closed because the instance is busy again."""
+    return _plain(f"*{notice.instance.name}* is busy again; no action needed.")
+
+
+def new_jobs(notice: NewJobs) -> Message:
+    """A jobs-done prompt closed because new jobs started."""
+    return _plain(
+        f"*{notice.instance.name}* has new jobs; it will not be released when the earlier ones "
+        "ended."
+    )
+
+
+# --- releases ---------------------------------------------------------------------------------
+
+
+def manual_release_request(notice: ManualReleaseRequest) -> Message:
     """Ask the owner to release (or stop) a manual instance on its platform and say which
     they did: released (the meter stops, disk and all) or only stopped (its disk keeps
     billing)."""
-    cost = per_hour(inst)
-    verb = "stop" if mode == "stop" else "release"
+    inst = notice.instance
+    verb = "stop" if notice.mode == "stop" else "release"
     text = (
-        f":warning: Please {verb} *{inst.name}* on its platform now ({reason_text(reason)}); "
-        f"it costs {cost} until you do. Press the button for what you did: "
-        "*Released* stops the meter, *Stopped* stops it for compute while its disk bills on."
+        f":warning: Please {verb} *{inst.name}* on its platform now "
+        f"({reason_text(notice.reason)}); it costs {per_hour(inst)} until you do. Press the "
+        "button for what you did: *Released* stops the meter, *Stopped* stops it for compute "
+        "while its disk bills on."
     )
-    return text, (section(text), actions(f"release-done-{instance_id}", _done_buttons(instance_id)))
+    buttons = _done_buttons(notice.instance_id)
+    return _with_buttons(text, buttons, f"release-done-{notice.instance_id}")
 
 
-def manual_release_reminder(
-    inst: InstanceBrief,
-    *,
-    instance_id: int,
-    asked_at: datetime,
-    now: datetime,
-    mode: str = "terminate",
-) -> Message:
+def manual_release_reminder(notice: ManualReleaseReminder) -> Message:
     """A reminder that a manual instance still waits to be released (or stopped)."""
-    waited = format_duration(now - asked_at)
-    cost = per_hour(inst)
-    verb = "stopped" if mode == "stop" else "released"
+    inst = notice.instance
+    waited = format_duration(notice.now - notice.asked_at)
+    verb = "stopped" if notice.mode == "stop" else "released"
     text = (
         f":warning: Reminder: *{inst.name}* was due to be {verb} {waited} ago and still "
-        f"costs {cost}. Do it on its platform, then press the button for what you did."
+        f"costs {per_hour(inst)}. Do it on its platform, then press the button for what you did."
     )
-    return text, (
-        section(text),
-        actions(f"release-remind-{instance_id}", _done_buttons(instance_id)),
+    buttons = _done_buttons(notice.instance_id)
+    return _with_buttons(text, buttons, f"release-remind-{notice.instance_id}")
+
+
+def release_escalation(notice: ReleaseEscalation) -> Message:
+    """To the owner and the channel: a release keeps failing or nobody confirmed it."""
+    inst = notice.instance
+    cost = per_hour(inst)
+    if notice.manual:
+        return _plain(
+            f":rotating_light: *{inst.name}* ({mention(inst.owner_id)}) should have been "
+            f"released but nobody confirmed it; it may still cost {cost}. "
+            "Please release it on its platform and press the button in the owner's message."
+        )
+    error = f" Last error: {escape(notice.last_error)}" if notice.last_error else ""
+    return _plain(
+        f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
+        f"{inst.provider} failed {notice.attempts} times; it may still cost {cost}. "
+        f"The bot keeps trying; release it on the platform if you can.{error}"
     )
+
+
+def released_notice(notice: ReleasedNotice) -> Message:
+    """Released (or stopped), confirmed by the platform or the owner."""
+    inst = notice.instance
+    verb = "stopped" if notice.mode == "stop" else "released"
+    who = f" by {mention(notice.by)}" if notice.by else ""
+    meter = "Its compute meter stopped." if notice.mode == "stop" else "The meter stopped."
+    text = (
+        f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(notice.reason)}). {meter}"
+    )
+    if notice.mode == "stop" and notice.storage_bills:
+        text += " " + _storage_note(inst)
+    return _plain(text)
+
+
+def released_unwarned(notice: ReleasedUnwarned) -> Message:
+    """For the ops channel: a deadline release whose warnings Slack never confirmed."""
+    inst = notice.instance
+    return _plain(
+        f":rotating_light: *{escape(inst.name)}* (owner {mention(inst.owner_id)}) was released "
+        "at its deadline, but Slack never confirmed that a warning reached its owner."
+    )
+
+
+# --- reconciling ------------------------------------------------------------------------------
+
+
+def released_outside(notice: ReleasedOutside) -> Message:
+    """Reconcile found the instance gone, stopped, or running again on the platform, without
+    the bot: ``state`` terminated, stopped or started."""
+    inst = notice.instance
+    if notice.state == "started":
+        return _plain(
+            f":information_source: *{inst.name}* was started again on {inst.provider} outside "
+            f"the bot; its meter runs again ({per_hour(inst)})."
+        )
+    if notice.state == "stopped":
+        return _plain(
+            f":information_source: *{inst.name}* was stopped on {inst.provider} outside the "
+            f"bot; its compute meter is stopped. {_storage_note(inst)}"
+        )
+    return _plain(
+        f":information_source: *{inst.name}* was released on {inst.provider} outside the "
+        "bot; its meter is stopped."
+    )
+
+
+def unregistered_found(notice: UnregisteredFound) -> Message:
+    """For the ops channel: an instance nobody registered (see instances.unregistered_notice)."""
+    return unregistered_notice(notice.view)
+
+
+# --- policies ---------------------------------------------------------------------------------
+
+
+def policy_summary(view: PolicyView) -> Message:
+    """An instance's deadline rules, after `/gpu policy` or `/gpu cap`."""
+    tz = ZoneInfo(view.tz_name)
+    deadline = when(view.deadline_at, tz) if view.deadline_at else "none"
+    lines = [f"*{view.name}*: deadline {deadline}"]
+    if view.lifetime_cap_at is not None:
+        lines.append(
+            f"maximum lifetime until {when(view.lifetime_cap_at, tz)} (only an admin lifts it)"
+        )
+    if view.at_deadline == "wait-for-jobs":
+        grace = format_duration(timedelta(seconds=view.max_grace_s))
+        lines.append(f"at the deadline: wait for running jobs, at most {grace}")
+    else:
+        lines.append("at the deadline: release")
+    if view.idle_release_after_s:
+        after = format_duration(timedelta(seconds=view.idle_release_after_s))
+        lines.append(f"idle: released {after} after the idle prompt")
+    else:
+        lines.append("idle: prompt only")
+    if view.release_when_done:
+        lines.append("released when its job queue is empty")
+    return _plain("\n".join(["• " + line if i else line for i, line in enumerate(lines)]))
+
+
+# --- answers to prompt buttons ------------------------------------------------------------------
+
+
+def answered_before(notice: AnsweredBefore) -> Message:
+    """A click on a prompt someone already answered."""
+    who = f" by {mention(notice.by)}" if notice.by else ""
+    decision = (notice.resolution or "answered").replace("_", " ")
+    return _plain(f"This was already answered{who}: {escape(decision)}.")
+
+
+def being_released(notice: BeingReleased) -> Message:
+    """A click on a prompt whose instance is already being released."""
+    return _plain(f"*{notice.name}* is already being released ({notice.state}).")
+
+
+def extend_answered(notice: Extended) -> Message:
+    """After Extend 1h / 4h."""
+    what = f"Extended {format_duration(timedelta(seconds=notice.extended_s))}"
+    tail = ""
+    if notice.deadline_at is not None:
+        tail = f"; the deadline is now {when(notice.deadline_at, ZoneInfo(notice.tz_name))}"
+    return _plain(f"{what}: *{notice.instance.name}*{tail}.")
+
+
+def release_confirm(notice: ReleaseConfirmAsk) -> Message:
+    """Asked after Release now: the confirmation button."""
+    text = f"Release *{notice.instance.name}* now? Anything not saved off the instance is lost."
+    confirm = button("Yes, release it", RELEASE_CONFIRM, str(notice.prompt_id), style="danger")
+    return _with_buttons(text, [confirm], f"release-confirm-{notice.prompt_id}")
+
+
+def kept(notice: Kept) -> Message:
+    """After Keep it."""
+    return _plain(f"Kept *{notice.instance.name}*; it will not be released for this.")
+
+
+def release_answered(notice: ReleaseAnswered) -> Message:
+    """After a release from a prompt: released, waiting for the owner, or under way."""
+    name = notice.instance.name
+    if notice.state == "confirmed":
+        return _plain(f"*{name}* is released.")
+    if notice.state == "awaiting_owner":
+        return _plain(f"Release *{name}* on its platform, then press the button I sent.")
+    return _plain(f"Releasing *{name}* ({notice.state}); I will say when the platform confirms.")
+
+
+def release_refused(notice: ReleaseRefused) -> Message:
+    """A release from a prompt that could not be opened, and why."""
+    return _plain(notice.reason)
+
+
+# --- renting ----------------------------------------------------------------------------------
+
+
+def rent_started(notice: RentStarted) -> Message:
+    """The immediate answer to `/gpu rent`."""
+    return _plain(
+        f":hourglass_flowing_sand: Renting {len(notice.names)} x {escape(notice.instance_type)} "
+        f"on {notice.provider} as {escape(', '.join(notice.names))}. I will post here once SSH "
+        "answers and the health check ran (usually a few minutes)."
+    )
+
+
+def rent_finished(notice: RentFinished) -> Message:
+    """What `/gpu rent` achieved, posted when it is done."""
+    lines = []
+    if notice.registered:
+        lines.append(
+            f":white_check_mark: {mention(notice.owner_id)} rented on {notice.provider} and "
+            "registered: "
+            + ", ".join(f"*{escape(n)}*" for n in notice.registered)
+            + ". `/gpu status NAME` shows them."
+        )
+    for provider_id, why in notice.failed:
+        lines.append(
+            f":x: {notice.provider} instance {escape(provider_id)} could not be registered and "
+            f"was terminated again: {escape(why)}"
+        )
+    return _plain("\n".join(lines) or f"Nothing was rented on {notice.provider}.")
+
+
+def rent_failed(notice: RentFailed) -> Message:
+    """`/gpu rent` failed as a whole."""
+    if notice.error is None:
+        return _plain(f":x: Renting on {notice.provider} failed; see the bot's log.")
+    return _plain(f":x: Renting on {notice.provider} failed: {escape(notice.error)}")
+
+
+def rent_given_back_failed(notice: RentGivenBackFailed) -> Message:
+    """A rented instance that could not be registered nor terminated: it bills."""
+    return _plain(
+        f":rotating_light: {notice.provider} instance {escape(notice.provider_id)} was rented "
+        f"but could not be registered ({escape(notice.why)}), and terminating it failed: "
+        f"{escape(notice.error)}. Terminate it on the platform now; it is billing."
+    )
+
+
+def rent_recovered(notice: RentRecovered) -> Message:
+    """A rental never registered (the bot stopped, say) was terminated."""
+    launched = notice.launched_at.strftime("%Y-%m-%d %H:%M UTC")
+    return _plain(
+        f":warning: {_rented(notice.provider, notice.provider_id, notice.name)}, rented with "
+        f"/gpu rent at {launched}, was never registered because {escape(notice.reason)}. It has "
+        "been terminated so it does not bill. Rent again with /gpu rent if you still need it."
+    )
+
+
+def rent_recover_failed(notice: RentRecoverFailed) -> Message:
+    """A rental never registered could not be terminated: it bills."""
+    return _plain(
+        f":rotating_light: {_rented(notice.provider, notice.provider_id, notice.name)} was "
+        f"rented with /gpu rent but never registered ({escape(notice.reason)}), and terminating "
+        f"it failed: {escape(notice.error)}. Terminate it on the platform now; it is billing. "
+        "The bot keeps trying."
+    )
+
+
+def rent_launch_checked(notice: RentLaunchChecked) -> Message:
+    """A launch without an answer, checked: nothing was started."""
+    started = notice.started_at.strftime("%Y-%m-%d %H:%M UTC")
+    return _plain(
+        f":information_source: Your /gpu rent of {escape(notice.instance_type)} on "
+        f"{notice.provider} at {started} got no answer from the platform. The bot checked: "
+        f"nothing was started under its name {escape(notice.platform_name)}, so nothing "
+        "bills. Rent again if you still need it."
+    )
+
+
+# --- parts ------------------------------------------------------------------------------------
+
+
+def _plain(text: str) -> Message:
+    return fallback(text), (section(text),)
+
+
+def _with_buttons(text: str, buttons: list[Block], block_id: str) -> Message:
+    return fallback(text), (section(text), actions(buttons, block_id=block_id))
 
 
 def _done_buttons(instance_id: int) -> list[Block]:
@@ -202,59 +460,17 @@ def _done_buttons(instance_id: int) -> list[Block]:
     ]
 
 
-def release_escalation(
-    inst: InstanceBrief, *, attempts: int, last_error: str | None, manual: bool
-) -> Message:
-    """To the owner and the channel: a release keeps failing or nobody confirmed it."""
-    cost = per_hour(inst)
-    if manual:
-        text = (
-            f":rotating_light: *{inst.name}* ({mention(inst.owner_id)}) should have been released "
-            f"but nobody confirmed it; it may still cost {cost}. "
-            "Please release it on its platform and press the button in the owner's message."
-        )
-    else:
-        error = f" Last error: {escape(last_error)}" if last_error else ""
-        text = (
-            f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
-            f"{inst.provider} failed {attempts} times; it may still cost {cost}. "
-            f"The bot keeps trying; release it on the platform if you can.{error}"
-        )
-    return text, (section(text),)
-
-
-def released_notice(
-    inst: InstanceBrief, *, mode: str, reason: str, storage_bills: bool, by: str | None
-) -> Message:
-    """Released (or stopped), confirmed by the platform or the owner."""
-    verb = "stopped" if mode == "stop" else "released"
-    who = f" by {mention(by)}" if by else ""
-    meter = "Its compute meter stopped." if mode == "stop" else "The meter stopped."
-    text = f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(reason)}). {meter}"
-    if mode == "stop" and storage_bills:
-        text += " " + _storage_note(inst)
-    return text, (section(text),)
-
-
-def released_outside(inst: InstanceBrief, *, state: str) -> Message:
-    """Reconcile found the instance gone, stopped, or running again on the platform, without
-    the bot: ``state`` terminated, stopped or started."""
-    if state == "started":
-        text = (
-            f":information_source: *{inst.name}* was started again on {inst.provider} outside "
-            f"the bot; its meter runs again ({per_hour(inst)})."
-        )
-    elif state == "stopped":
-        text = (
-            f":information_source: *{inst.name}* was stopped on {inst.provider} outside the "
-            f"bot; its compute meter is stopped. {_storage_note(inst)}"
-        )
-    else:
-        text = (
-            f":information_source: *{inst.name}* was released on {inst.provider} outside the "
-            "bot; its meter is stopped."
-        )
-    return text, (section(text),)
+def _decision_text(notice: Decided) -> str:
+    if notice.decision == EXTENDED:
+        return f"Extended {format_duration(timedelta(seconds=notice.extended_s))}"
+    if notice.decision == RELEASE_REQUESTED and notice.reason:
+        return f"Release requested ({reason_text(notice.reason)})"
+    return {
+        RELEASE_REQUESTED: "Release requested",
+        KEPT: "Kept",
+        CONFIRMED_RELEASED: "Confirmed released on the platform",
+        CONFIRMED_STOPPED: "Confirmed stopped on the platform",
+    }.get(notice.decision, notice.decision)
 
 
 def _storage_note(inst: InstanceBrief) -> str:
@@ -266,113 +482,39 @@ def _storage_note(inst: InstanceBrief) -> str:
     return f"Its disk keeps billing ({cost}/h) while it is stopped; {release}"
 
 
-def released_unwarned(inst: InstanceBrief) -> Message:
-    """For the ops channel: a deadline release whose warnings Slack never confirmed."""
-    text = (
-        f":rotating_light: *{escape(inst.name)}* (owner {mention(inst.owner_id)}) was released "
-        "at its deadline, but Slack never confirmed that a warning reached its owner."
-    )
-    return text, (section(text),)
-
-
-def reason_text(reason: str) -> str:
-    """A release reason in words."""
-    return {
-        "user": "requested by its owner",
-        "deadline": "its deadline passed",
-        "cap": "its maximum lifetime is reached",
-        "idle": "it was idle",
-        "jobs_done": "its jobs are done",
-        "reconcile": "found released on the platform",
-    }.get(reason, reason)
-
-
-def section(text: str) -> Block:
-    """A markdown section (Slack allows 3000 characters)."""
-    return {"type": "section", "text": {"type": "mrkdwn", "text": text[:3000]}}
-
-
-def actions(block_id: str, elements: list[Block]) -> Block:
-    """An actions block."""
-    return {"type": "actions", "block_id": block_id, "elements": elements}
-
-
-def button(text: str, action_id: str, value: str, *, style: str | None = None) -> Block:
-    """A button; ``style`` primary or danger."""
-    element: Block = {
-        "type": "button",
-        "text": {"type": "plain_text", "text": text[:75]},
-        "action_id": action_id,
-        "value": value,
-    }
-    if style:
-        element["style"] = style
-    return element
-
-
-def policy_summary(
-    *,
-    name: str,
-    deadline_at: datetime | None,
-    lifetime_cap_at: datetime | None,
-    at_deadline: str,
-    max_grace_s: int,
-    idle_release_after_s: int | None,
-    release_when_done: bool,
-    tz: ZoneInfo,
-) -> Message:
-    """An instance's deadline rules, after `/gpu policy` or `/gpu cap`."""
-    deadline = when(deadline_at, tz) if deadline_at else "none"
-    lines = [f"*{name}*: deadline {deadline}"]
-    if lifetime_cap_at is not None:
-        lines.append(f"maximum lifetime until {when(lifetime_cap_at, tz)} (only an admin lifts it)")
-    if at_deadline == "wait-for-jobs":
-        grace = format_duration(timedelta(seconds=max_grace_s))
-        lines.append(f"at the deadline: wait for running jobs, at most {grace}")
-    else:
-        lines.append("at the deadline: release")
-    if idle_release_after_s:
-        lines.append(
-            f"idle: released {format_duration(timedelta(seconds=idle_release_after_s))} "
-            "after the idle prompt"
-        )
-    else:
-        lines.append("idle: prompt only")
-    if release_when_done:
-        lines.append("released when its job queue is empty")
-    text = "\n".join(["• " + line if i else line for i, line in enumerate(lines)])
-    return text, (section(text),)
-
-
-def rent_started(provider: str, instance_type: str, names: tuple[str, ...]) -> Message:
-    """The immediate answer to `/gpu rent`."""
-    text = (
-        f":hourglass_flowing_sand: Renting {len(names)} x {escape(instance_type)} on {provider} "
-        f"as {escape(', '.join(names))}. I will post here once SSH answers and the health check "
-        "ran (usually a few minutes)."
-    )
-    return text, (section(text),)
-
-
-def rent_finished(
-    provider: str, registered: list[str], failed: list[tuple[str, str]], owner_id: str
-) -> Message:
-    """What `/gpu rent` achieved, posted when it is done."""
-    lines = []
-    if registered:
-        lines.append(
-            f":white_check_mark: {mention(owner_id)} rented on {provider} and registered: "
-            + ", ".join(f"*{escape(n)}*" for n in registered)
-            + ". `/gpu status NAME` shows them."
-        )
-    for provider_id, why in failed:
-        lines.append(
-            f":x: {provider} instance {escape(provider_id)} could not be registered and was "
-            f"terminated again: {escape(why)}"
-        )
-    text = "\n".join(lines) or f"Nothing was rented on {provider}."
-    return text, (section(text),)
+def _rented(provider: str, provider_id: str, name: str | None) -> str:
+    what = f"{provider} instance {escape(provider_id)}"
+    return what + (f" ({escape(name)})" if name else "")
 
 
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
-RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
+    DeadlineWarning: deadline_warning,
+    IdlePrompt: idle_prompt,
+    JobsDonePrompt: jobs_done_prompt,
+    Decided: decided,
+    Superseded: superseded,
+    BusyAgain: busy_again,
+    NewJobs: new_jobs,
+    ManualReleaseRequest: manual_release_request,
+    ManualReleaseReminder: manual_release_reminder,
+    ReleaseEscalation: release_escalation,
+    ReleasedNotice: released_notice,
+    ReleasedUnwarned: released_unwarned,
+    ReleasedOutside: released_outside,
+    UnregisteredFound: unregistered_found,
+    AnsweredBefore: answered_before,
+    BeingReleased: being_released,
+    Extended: extend_answered,
+    ReleaseConfirmAsk: release_confirm,
+    Kept: kept,
+    ReleaseAnswered: release_answered,
+    ReleaseRefused: release_refused,
+    RentStarted: rent_started,
+    RentFinished: rent_finished,
+    RentFailed: rent_failed,
+    RentGivenBackFailed: rent_given_back_failed,
+    RentRecovered: rent_recovered,
+    RentRecoverFailed: rent_recover_failed,
+    RentLaunchChecked: rent_launch_checked,
+}

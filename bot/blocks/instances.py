@@ -39,6 +39,8 @@ from bot.blocks.kit import (
     when,
 )
 from bot.notify import Notice
+from bot.services.lookup import HostKeyAlert
+from bot.services.registration import GpuMismatch
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -545,5 +547,18 @@ def _plain_live(row: InstanceRow) -> str:
     return "no GPU data"
 
 
+def _gpu_mismatch(notice: GpuMismatch) -> Message:
+    """The notice of a registration whose GPUs are not what was rented."""
+    return mismatch_notice(notice.result)
+
+
+def _host_key_alert(notice: HostKeyAlert) -> Message:
+    """The alert to the owner of an instance that presented another host key."""
+    return host_key_changed(notice.instance, expected=notice.expected, presented=notice.presented)
+
+
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
-RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
+    GpuMismatch: _gpu_mismatch,
+    HostKeyAlert: _host_key_alert,
+}

@@ -40,6 +40,7 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
+from bot.services.jobs import JobFinished, JobQueued
 from bot.values import format_duration, format_money
 
 #: The button that asks to release the instance (registered by the instance commands).
@@ -384,5 +385,18 @@ def _gib(n_bytes: int | None) -> str:
     return "?" if n_bytes is None else f"{n_bytes / _GIB:.1f} GiB"
 
 
+def _job_queued(notice: JobQueued) -> Message:
+    """The notice of a queued job, as its channel message."""
+    return queued_message(notice.job)
+
+
+def _job_finished(notice: JobFinished) -> Message:
+    """The notice of a job that ended, as its completion reply."""
+    return completion_reply(notice.job)
+
+
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
-RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}
+RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
+    JobQueued: _job_queued,
+    JobFinished: _job_finished,
+}

@@ -6,30 +6,25 @@ as in the blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable as _Callable
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from bot.blocks.kit import code, escape
-from bot.notify import Notice
+from bot import charts
+from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, section
+from bot.notify import Block, FileAttachment, Message, Notice
+from bot.services.advice import EstimateReport, FitReport, GpuFit, Option
+from bot.services.budgets import BudgetAlert, BudgetStatus
+from bot.services.digest import Digest, DigestData
+from bot.services.spend import SpendLine, SpendReport
 from bot.values import format_duration, format_money
 
-if TYPE_CHECKING:
-    from bot.services.advice import EstimateReport, FitReport, GpuFit, Option
-    from bot.services.budgets import BudgetStatus
-    from bot.services.digest import DigestData
-    from bot.services.spend import SpendLine, SpendReport
-
-Block = dict[str, Any]
-Message = tuple[str, tuple[Block, ...]]
-
-SECTION_LIMIT = 3000
-HEADER_LIMIT = 150
 TOP_GROUPS = 10
 TOP_INSTANCES = 5
 TOP_FITS = 12
+#: The most characters of a job's command the digest shows.
+COMMAND_MAX = 80
 _MONTHS = (
     "January",
     "February",
@@ -61,6 +56,12 @@ def month_name(month: str) -> str:
     return f"{_MONTHS[int(number) - 1]} {year}"
 
 
+def spend_file_titles(report: SpendReport) -> tuple[str, str]:
+    """The titles of the files shared with `/gpu spend`: the chart's and the CSV's."""
+    name = month_name(report.month)
+    return f"GPU spend by {report.by}, {name}", f"GPU spend per instance, {name}"
+
+
 def spend_message(report: SpendReport) -> Message:
     """`/gpu spend`: totals, idle cost, the groups asked for and the top instances."""
     currency = report.currency
@@ -69,21 +70,21 @@ def spend_message(report: SpendReport) -> Message:
     text = f"{title}: {total}"
     if not report.instances:
         return text, (
-            _header(title),
-            _section(f"Nothing was charged in {month_name(report.month)}."),
+            header(title),
+            section(f"Nothing was charged in {month_name(report.month)}."),
         )
     blocks: list[Block] = [
-        _header(title),
-        _section(_totals_line(report)),
-        _section(
+        header(title),
+        section(_totals_line(report)),
+        section(
             f"*By {report.by}*\n" + _group_lines(report.groups, report.by, currency, TOP_GROUPS)
         ),
-        _section("*Top instances*\n" + _instance_lines(report)),
+        section("*Top instances*\n" + _instance_lines(report)),
     ]
     if not report.complete:
-        blocks.append(_context("Charges reach the last full hour; the current hour is not in yet."))
+        blocks.append(context("Charges reach the last full hour; the current hour is not in yet."))
     blocks.append(
-        _context("The chart and a CSV with every instance follow as files. " + EGRESS_NOTE)
+        context("The chart and a CSV with every instance follow as files. " + EGRESS_NOTE)
     )
     return text, tuple(blocks)
 
@@ -97,8 +98,8 @@ def digest_message(data: DigestData) -> Message:
     total = format_money(report.total_micros, currency)
     text = f"{title}: {total} ({_change(report.total_micros, data.previous_total_micros)})"
     blocks: list[Block] = [
-        _header(title),
-        _section(
+        header(title),
+        section(
             f"*Total {total}* — {_change(report.total_micros, data.previous_total_micros)} "
             f"({format_money(data.previous_total_micros, currency)} in the month before)\n"
             + _idle_line(report)
@@ -107,7 +108,7 @@ def digest_message(data: DigestData) -> Message:
     if report.instances:
         for by in ("user", "gpu", "project"):
             grouped = _group_lines(report.group(by), by, currency, TOP_GROUPS)
-            blocks.append(_section(f"*By {_BY_TITLE[by]}*\n{grouped}"))
+            blocks.append(section(f"*By {_BY_TITLE[by]}*\n{grouped}"))
     if data.savings:
         saving_lines = [
             f"• *{escape(s.instance_name)}* ({escape(s.gpu_label)}, <@{s.owner_id}>): "
@@ -117,17 +118,17 @@ def digest_message(data: DigestData) -> Message:
             for s in data.savings[:TOP_GROUPS]
         ]
         blocks.append(
-            _section("*A monthly plan would have been cheaper*\n" + "\n".join(saving_lines))
+            section("*A monthly plan would have been cheaper*\n" + "\n".join(saving_lines))
         )
     if data.jobs:
         job_lines = [
             f"• {code(job.job_id)} on *{escape(job.instance_name)}* by <@{job.requested_by}>: "
             f"{format_money(job.cost_micros, currency)} over "
-            f"{format_duration(_seconds(job.duration_s))} — {code(job.command)}"
+            f"{format_duration(_seconds(job.duration_s))} — {code(clip(job.command, COMMAND_MAX))}"
             for job in data.jobs
         ]
-        blocks.append(_section("*Most expensive jobs*\n" + "\n".join(job_lines)))
-    blocks.append(_context("The chart of spend per day is in the thread. " + EGRESS_NOTE))
+        blocks.append(section("*Most expensive jobs*\n" + "\n".join(job_lines)))
+    blocks.append(context("The chart of spend per day is in the thread. " + EGRESS_NOTE))
     return text, tuple(blocks)
 
 
@@ -136,10 +137,10 @@ def budget_list_message(statuses: Sequence[BudgetStatus], month: str, currency: 
     title = f"Budgets, {month_name(month)}"
     if not statuses:
         text = "No budgets are set. An admin sets one with `/gpu budget set user @alice 500`."
-        return text, (_section(text),)
+        return text, (section(text),)
     lines = [_budget_line(status, currency) for status in statuses]
     text = f"{title}: {len(statuses)} budget{'s' if len(statuses) != 1 else ''}"
-    return text, (_header(title), _section("\n".join(lines)))
+    return text, (header(title), section("\n".join(lines)))
 
 
 def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str) -> Message:
@@ -156,7 +157,7 @@ def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str
         text = (
             f":warning: The monthly budget of {who} is {threshold_pct}% used: {spent} of {limit}."
         )
-    return text, (_section(text),)
+    return text, (section(text),)
 
 
 def fit_message(report: FitReport) -> Message:
@@ -170,16 +171,16 @@ def fit_message(report: FitReport) -> Message:
         f"{label:<16}{_gb(size):>12}" for label, size in report.memory.parts() if size
     )
     blocks: list[Block] = [
-        _header(_clip(title, HEADER_LIMIT)),
-        _section(f"About *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"),
+        header(title),
+        section(f"About *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"),
     ]
     if report.fits:
         lines = [_fit_line(fit) for fit in report.fits[:TOP_FITS]]
-        blocks.append(_section("*Fits on*\n" + "\n".join(lines)))
+        blocks.append(section("*Fits on*\n" + "\n".join(lines)))
     else:
-        blocks.append(_section("No GPU in the catalogue holds this, even 64 of them."))
+        blocks.append(section("No GPU in the catalogue holds this, even 64 of them."))
     blocks.append(
-        _context(
+        context(
             "Estimates: activation checkpointing for training, a 16-bit KV cache, 1 GiB CUDA "
             "context per GPU; more GPUs split the rest evenly. Prices: the cheapest offer in the "
             "bot's price table, a list price on the date shown; an unverified one was not checked "
@@ -213,12 +214,12 @@ def estimate_message(report: EstimateReport, currency: str) -> Message:
     if report.buy_break_even_hours is not None:
         even.append(f"Buying pays off after *{_number(report.buy_break_even_hours)} h* of renting.")
     blocks: list[Block] = [
-        _header(_clip(title, HEADER_LIMIT)),
-        _section("\n".join(lines) + (f"\nCheapest: *{best.name}*." if best else "")),
+        header(title),
+        section("\n".join(lines) + (f"\nCheapest: *{best.name}*." if best else "")),
     ]
     if even:
-        blocks.append(_section(" ".join(even)))
-    blocks.append(_context("Prices: " + "; ".join(prices)))
+        blocks.append(section(" ".join(even)))
+    blocks.append(context("Prices: " + "; ".join(prices)))
     return text, tuple(blocks)
 
 
@@ -267,7 +268,7 @@ def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int)
     if rest:
         total = sum(line.total_micros for line in rest)
         shown.append(f"• {len(rest)} more: {format_money(total, currency)}")
-    return _clip("\n".join(shown), SECTION_LIMIT - 40)
+    return clip("\n".join(shown), SECTION_TEXT_MAX - 40)
 
 
 def _instance_lines(report: SpendReport) -> str:
@@ -344,21 +345,34 @@ def _seconds(seconds: int) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _budget_alert(notice: BudgetAlert) -> Message:
+    return budget_alert_message(notice.status, notice.threshold_pct, notice.currency)
 
 
-def _header(text: str) -> Block:
-    return {"type": "header", "text": {"type": "plain_text", "text": _clip(text, HEADER_LIMIT)}}
+def _digest(notice: Digest) -> Message:
+    return digest_message(notice.data)
 
 
-def _section(text: str) -> Block:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
+def digest_chart_title(month: str) -> str:
+    """The title of ``month``'s chart of spend per day."""
+    return f"GPU spend per day, {month_name(month)}"
 
 
-def _context(text: str) -> Block:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}
+def _digest_files(notice: Digest) -> tuple[FileAttachment, ...]:
+    """The month's spend per day as a PNG chart, shared in the digest's thread."""
+    report = notice.data.report
+    title = digest_chart_title(notice.data.month)
+    chart = charts.daily_chart(title, report.days, currency=report.currency)
+    return (FileAttachment(f"gpu-spend-{notice.data.month}.png", chart, title=title),)
 
 
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
-RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {}
+RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
+    BudgetAlert: _budget_alert,
+    Digest: _digest,
+}
+
+#: The notices this module draws files for (joined in bot.blocks.FILE_RENDERERS).
+FILE_RENDERERS: dict[type[Notice], Callable[[Any], tuple[FileAttachment, ...]]] = {
+    Digest: _digest_files,
+}

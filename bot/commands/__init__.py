@@ -1,20 +1,24 @@
-"""The `/gpu` command language: one registry of commands and button actions.
+"""The `/gpu` command language: commands and button actions, one module per group.
 
-Each command group lives in its own module (``instances``, ``jobs``, ``deadlines``, ``money``)
-and registers its specs; ``bot.commands.load_all()`` imports them all.
+Each module adds its specs with its own ``register(registry)``; :func:`build_registry` calls
+them, in the order `/gpu help` lists the commands. A module that is not called here has no
+command.
 """
 
 from __future__ import annotations
 
-from bot.commands.registry import REGISTRY, Registry
+from bot.commands import deadlines, help, instances, jobs, money, policy, rent
+from bot.commands.registry import Registry
 
 
-def load_all() -> Registry:
-    """Import every command module so that its specs are in REGISTRY; returns REGISTRY."""
-    import bot.commands.deadlines
-    import bot.commands.help
-    import bot.commands.instances
-    import bot.commands.jobs
-    import bot.commands.money  # noqa: F401
-
-    return REGISTRY
+def build_registry() -> Registry:
+    """A registry holding every command and button the bot answers."""
+    registry = Registry()
+    help.register(registry)
+    instances.register(registry)
+    rent.register(registry)
+    policy.register(registry)
+    jobs.register(registry)
+    money.register(registry)
+    deadlines.register(registry)
+    return registry

@@ -1,22 +1,23 @@
 """`/gpu help [COMMAND]`: the list of commands, or one command's usage and examples.
 
-The renderers are pure: specs in, (fallback text, Block Kit blocks) out, within Slack's limits.
+The renderers are pure: specs in, (fallback text, Block Kit blocks) out, built with
+bot.blocks.kit and so within Slack's limits.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bot.commands.registry import REGISTRY, CommandSpec, Registry, Reply
+from bot.blocks import kit
+from bot.blocks.kit import Block
+from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.services.access import Caller
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
 
-SECTION_LIMIT = 3000
-HEADER_LIMIT = 150
 HELP_USAGE = "/gpu help [COMMAND]"
 #: The order of the overview (DESIGN.md's); commands not named here follow in registration order.
 HELP_ORDER = (
@@ -49,11 +50,11 @@ def help_spec(registry: Registry) -> CommandSpec:
     """The help command for ``registry``: lists what is registered there when it runs."""
 
     def handle(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-        from bot.commands.parser import lookup
-
         topic = getattr(args, "topic", None)
         if topic:
-            text, blocks = render_command(lookup(str(topic), registry))
+            # The parser has resolved the topic to a command's own name.
+            spec = registry.commands.get(str(topic)) or help_spec(registry)
+            text, blocks = render_command(spec)
         else:
             text, blocks = render_overview(_listed(registry))
         return Reply(text=text, blocks=tuple(blocks))
@@ -68,16 +69,16 @@ def help_spec(registry: Registry) -> CommandSpec:
     )
 
 
-def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[dict[str, Any]]]:
+def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[Block]]:
     """Every command with its summary: fallback text and blocks (sections packed under 3000)."""
     lines = [f"`{_slash(spec.name)}` {sentence(spec.summary)}" for spec in specs]
     text = "gpubot commands:\n" + "\n".join(
         f"{_slash(spec.name)}: {sentence(spec.summary)}" for spec in specs
     )
-    blocks: list[dict[str, Any]] = [_header("gpubot: the /gpu commands")]
-    blocks.extend(_section(chunk) for chunk in _pack(lines, SECTION_LIMIT))
+    blocks: list[Block] = [kit.header("gpubot: the /gpu commands")]
+    blocks.extend(kit.section(chunk) for chunk in kit.pack(lines, kit.SECTION_TEXT_MAX))
     blocks.append(
-        _context(
+        kit.context(
             "Type `/gpu help COMMAND` for its usage and examples. "
             "Durations read like `90m`, `2h`, `1h30m`, `3d`; times like `18:00` or ISO 8601."
         )
@@ -85,7 +86,7 @@ def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[dict[str, A
     return text, blocks
 
 
-def render_command(spec: CommandSpec) -> tuple[str, list[dict[str, Any]]]:
+def render_command(spec: CommandSpec) -> tuple[str, list[Block]]:
     """One command: summary, usage and examples, as fallback text and blocks."""
     summary = sentence(spec.summary)
     usage = _slash_line(spec.usage)
@@ -93,15 +94,15 @@ def render_command(spec: CommandSpec) -> tuple[str, list[dict[str, Any]]]:
     text = f"{_slash(spec.name)}: {summary}\nUsage: {usage}"
     if examples:
         text += "\nExamples:\n" + "\n".join(examples)
-    blocks: list[dict[str, Any]] = [
-        _header(_slash(spec.name)),
-        _section(_clip(summary, SECTION_LIMIT)),
-        _section(_code("Usage", [usage])),
+    blocks: list[Block] = [
+        kit.header(_slash(spec.name)),
+        kit.section(summary),
+        kit.section(_code("Usage", [usage])),
     ]
     if examples:
-        blocks.append(_section(_code("Examples", examples)))
+        blocks.append(kit.section(_code("Examples", examples)))
     if spec.aliases:
-        blocks.append(_context("Also: " + ", ".join(f"`{alias}`" for alias in spec.aliases)))
+        blocks.append(kit.context("Also: " + ", ".join(f"`{alias}`" for alias in spec.aliases)))
     return text, blocks
 
 
@@ -142,42 +143,13 @@ def _slash_line(line: str) -> str:
     return stripped if stripped.startswith("/gpu") else f"/gpu {stripped}"
 
 
-def _header(text: str) -> dict[str, Any]:
-    return {"type": "header", "text": {"type": "plain_text", "text": _clip(text, HEADER_LIMIT)}}
-
-
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": {"type": "mrkdwn", "text": _clip(text, SECTION_LIMIT)}}
-
-
-def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": _clip(text, 2000)}]}
-
-
 def _code(title: str, lines: Sequence[str]) -> str:
     fence = "```"
-    budget = SECTION_LIMIT - len(title) - 3 - 2 * len(fence) - 2
-    body = _clip("\n".join(line.replace(fence, "'''") for line in lines), budget)
+    budget = kit.SECTION_TEXT_MAX - len(title) - 3 - 2 * len(fence) - 2
+    body = kit.clip("\n".join(line.replace(fence, "'''") for line in lines), budget)
     return f"*{title}*\n{fence}\n{body}\n{fence}"
 
 
-def _pack(lines: Sequence[str], limit: int) -> list[str]:
-    chunks: list[str] = []
-    current = ""
-    for line in lines:
-        line = _clip(line, limit)
-        candidate = f"{current}\n{line}" if current else line
-        if len(candidate) > limit:
-            chunks.append(current)
-            candidate = line
-        current = candidate
-    if current:
-        chunks.append(current)
-    return chunks
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-REGISTRY.command(help_spec(REGISTRY))
+def register(registry: Registry) -> None:
+    """Add `/gpu help` to ``registry``: it lists every command the registry holds when asked."""
+    registry.command(help_spec(registry))

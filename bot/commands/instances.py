@@ -1,8 +1,8 @@
 """`/gpu register`, `status`, `list`, `health`, `extend`, `release` and the release buttons.
 
-Handlers are thin: read the arguments, call bot.services.instances, render with
-bot.blocks.instances. Bad values raise UsageError (from bot.values) before anything
-changes.
+Handlers are thin: read the arguments, call the instance services (registration, fleet_views,
+lifecycle, lookup), render with bot.blocks.instances. Bad values raise UsageError (from
+bot.values) before anything changes.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 
 from bot import billing
 from bot.blocks import instances as blocks
-from bot.commands.registry import REGISTRY, ActionSpec, CommandSpec, Reply
+from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, button_number
 from bot.errors import UsageError
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import instances as service
-from bot.services import reconcile
+from bot.services import fleet_views, lifecycle, lookup, reconcile, registration
 from bot.services.access import Caller
 from bot.values import (
     parse_duration,
@@ -24,6 +23,7 @@ from bot.values import (
     parse_price,
     parse_size_gb,
     parse_when,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ HEALTH_USAGE = "/gpu health NAME [--full]"
 EXTEND_USAGE = "/gpu extend NAME DURATION"
 RELEASE_USAGE = "/gpu release NAME [--stop]"
 
+#: ``--count``: a whole number of GPUs, 1 or more (the service caps it at MAX_GPU_COUNT).
+GPU_COUNT = whole_number("--count", 1)
 _STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
 
 
@@ -57,7 +59,7 @@ def _configure_register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME")
     parser.add_argument("address", metavar="USER@HOST[:PORT]")
     parser.add_argument("--gpu", required=True, metavar="MODEL")
-    parser.add_argument("--count", type=parse_count, metavar="N")
+    parser.add_argument("--count", type=GPU_COUNT, metavar="N")
     parser.add_argument("--price", required=True, type=parse_price, metavar="2.10/h")
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--release-in", type=parse_duration, metavar="3h")
@@ -81,7 +83,7 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         raise UsageError(
             "--storage needs --disk (the size it is charged on).", usage=REGISTER_USAGE
         )
-    request = service.RegisterRequest(
+    request = registration.RegisterRequest(
         name=args.name,
         address=args.address,
         gpu_model=args.gpu,
@@ -99,7 +101,7 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         python_path=args.python,
         key_name=args.key,
     )
-    result = service.register(rt, caller, request)
+    result = registration.register(rt, caller, request)
     text, body = blocks.register_result(result)
     return Reply(text=text, blocks=body, ephemeral=False)
 
@@ -118,7 +120,7 @@ def _configure_adopt(parser: argparse.ArgumentParser) -> None:
     when.add_argument("--release-at", metavar="18:00")
     parser.add_argument("--price", type=parse_price, metavar="2.10/h")
     parser.add_argument("--gpu", metavar="MODEL")
-    parser.add_argument("--count", type=parse_count, metavar="N")
+    parser.add_argument("--count", type=GPU_COUNT, metavar="N")
     parser.add_argument("--project", metavar="P")
     parser.add_argument("--python", metavar="PATH")
 
@@ -154,9 +156,9 @@ def _configure_status(parser: argparse.ArgumentParser) -> None:
 
 def _status(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     if args.name:
-        text, body = blocks.instance_detail(service.instance_detail(rt, args.name))
+        text, body = blocks.instance_detail(fleet_views.instance_detail(rt, args.name))
     else:
-        text, body = blocks.fleet_overview(service.fleet_overview(rt))
+        text, body = blocks.fleet_overview(fleet_views.fleet_overview(rt))
     return Reply(text=text, blocks=body)
 
 
@@ -165,7 +167,7 @@ def _configure_list(parser: argparse.ArgumentParser) -> None:
 
 
 def _list(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    text, body = blocks.instance_list(service.list_instances(rt))
+    text, body = blocks.instance_list(fleet_views.list_instances(rt))
     return Reply(text=text, blocks=body)
 
 
@@ -175,7 +177,7 @@ def _configure_health(parser: argparse.ArgumentParser) -> None:
 
 
 def _health(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    text, body = blocks.health_report(service.health(rt, caller, args.name, full=args.full))
+    text, body = blocks.health_report(fleet_views.health(rt, caller, args.name, full=args.full))
     return Reply(text=text, blocks=body)
 
 
@@ -188,7 +190,7 @@ def _configure_extend(parser: argparse.ArgumentParser) -> None:
 
 
 def _extend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    view = service.extend(rt, caller, args.name, args.duration)
+    view = lifecycle.extend(rt, caller, args.name, args.duration)
     text, body = blocks.extended(view, now=rt.now(), timezone=rt.settings.timezone)
     return Reply(text=text, blocks=body, ephemeral=False)
 
@@ -199,7 +201,7 @@ def _configure_release(parser: argparse.ArgumentParser) -> None:
 
 
 def _release(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    text, body = blocks.release_ask(service.ask_release(rt, caller, args.name, stop=args.stop))
+    text, body = blocks.release_ask(lifecycle.ask_release(rt, caller, args.name, stop=args.stop))
     return Reply(text=text, blocks=body)
 
 
@@ -207,49 +209,39 @@ def _release(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 
 def _release_ask_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    inst = service.instance_by_id(rt, instance_id(value))
-    text, body = blocks.release_ask(service.ask_release(rt, caller, inst.name))
+    inst = lookup.instance_by_id(rt, button_number(value))
+    text, body = blocks.release_ask(lifecycle.ask_release(rt, caller, inst.name))
     return Reply(text=text, blocks=body)
 
 
 def _release_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    text, body = blocks.release_result(service.release(rt, caller, instance_id(value)))
+    text, body = blocks.release_result(lifecycle.release(rt, caller, button_number(value)))
     return Reply(text=text, blocks=body, replace_original=True)
 
 
 def _stop_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    view = service.release(rt, caller, instance_id(value), mode="stop")
+    view = lifecycle.release(rt, caller, button_number(value), mode="stop")
     text, body = blocks.release_result(view)
     return Reply(text=text, blocks=body, replace_original=True)
 
 
 def _release_cancel_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    text, body = blocks.release_cancelled(service.instance_by_id(rt, instance_id(value)))
+    text, body = blocks.release_cancelled(lookup.instance_by_id(rt, button_number(value)))
     return Reply(text=text, blocks=body, replace_original=True)
 
 
 def _release_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    text, body = blocks.release_result(service.confirm_released(rt, caller, instance_id(value)))
+    text, body = blocks.release_result(lifecycle.confirm_released(rt, caller, button_number(value)))
     return Reply(text=text, blocks=body, replace_original=True, ephemeral=False)
 
 
 def _stop_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
-    view = service.confirm_released(rt, caller, instance_id(value), stopped=True)
+    view = lifecycle.confirm_released(rt, caller, button_number(value), stopped=True)
     text, body = blocks.release_result(view)
     return Reply(text=text, blocks=body, replace_original=True, ephemeral=False)
 
 
 # --- values -----------------------------------------------------------------------------------
-
-
-def parse_count(text: str) -> int:
-    """A GPU count, 1 to 64. Raises UsageError."""
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()) or not 1 <= int(digits) <= service.MAX_GPU_COUNT:
-        raise UsageError(
-            f"{text[:20]!r} is not a GPU count.", hint=f"Use 1 to {service.MAX_GPU_COUNT}."
-        )
-    return int(digits)
 
 
 def parse_storage_price(text: str) -> int:
@@ -262,103 +254,99 @@ def parse_storage_price(text: str) -> int:
     return parse_money(amount)
 
 
-def instance_id(value: str) -> int:
-    """A button's value as an instance id. Raises UsageError for anything else."""
-    if not (value.isascii() and value.isdigit()):
-        raise UsageError("This button is broken; run the command again.")
-    return int(value)
-
-
 # --- the specs --------------------------------------------------------------------------------
 
 
-REGISTER = REGISTRY.command(
-    CommandSpec(
-        name="register",
-        summary="Adopt an instance rented anywhere: pin its host key, install the agent, "
-        "check its GPUs, start the meter and the deadline",
-        usage=REGISTER_USAGE,
-        examples=(
-            "/gpu register box1 root@203.0.113.7 --gpu a100 --price 2.10/h --release-in 3h",
-            "/gpu register big ubuntu@gpu.example.com:2222 --gpu h100 --count 8 --price 24/h "
-            "--release-at 18:00 --project llm",
-            "/gpu register rp1 root@[2001:db8::7]:22 --gpu 4090 --price 0.69/h "
-            "--provider runpod --provider-id abc123 --disk 200 --storage 0.10/GB-month",
-        ),
-        configure=_configure_register,
-        handler=_register,
-    )
+REGISTER = CommandSpec(
+    name="register",
+    summary="Adopt an instance rented anywhere: pin its host key, install the agent, "
+    "check its GPUs, start the meter and the deadline",
+    usage=REGISTER_USAGE,
+    examples=(
+        "/gpu register box1 root@203.0.113.7 --gpu a100 --price 2.10/h --release-in 3h",
+        "/gpu register big ubuntu@gpu.example.com:2222 --gpu h100 --count 8 --price 24/h "
+        "--release-at 18:00 --project llm",
+        "/gpu register rp1 root@[2001:db8::7]:22 --gpu 4090 --price 0.69/h "
+        "--provider runpod --provider-id abc123 --disk 200 --storage 0.10/GB-month",
+    ),
+    configure=_configure_register,
+    handler=_register,
 )
-ADOPT = REGISTRY.command(
-    CommandSpec(
-        name="adopt",
-        summary="Take over an instance of a platform account that nobody registered (the ops "
-        "channel is told of each): its address, GPUs and price come from the platform",
-        usage=ADOPT_USAGE,
-        examples=(
-            "/gpu adopt runpod abc123xyz rp1 --release-in 3h",
-            "/gpu adopt compshare uhost-1a2b3c cs1 --user ubuntu --price 13.50/h",
-        ),
-        configure=_configure_adopt,
-        handler=_adopt,
-    )
+ADOPT = CommandSpec(
+    name="adopt",
+    summary="Take over an instance of a platform account that nobody registered (the ops "
+    "channel is told of each): its address, GPUs and price come from the platform",
+    usage=ADOPT_USAGE,
+    examples=(
+        "/gpu adopt runpod abc123xyz rp1 --release-in 3h",
+        "/gpu adopt compshare uhost-1a2b3c cs1 --user ubuntu --price 13.50/h",
+    ),
+    configure=_configure_adopt,
+    handler=_adopt,
 )
-STATUS = REGISTRY.command(
-    CommandSpec(
-        name="status",
-        summary="The fleet: owner, GPUs, utilisation, memory, running job, time to deadline, "
-        "cost so far; or one instance in detail",
-        usage=STATUS_USAGE,
-        examples=("/gpu status", "/gpu status box1"),
-        configure=_configure_status,
-        handler=_status,
-    )
+STATUS = CommandSpec(
+    name="status",
+    summary="The fleet: owner, GPUs, utilisation, memory, running job, time to deadline, "
+    "cost so far; or one instance in detail",
+    usage=STATUS_USAGE,
+    examples=("/gpu status", "/gpu status box1"),
+    configure=_configure_status,
+    handler=_status,
 )
-LIST = REGISTRY.command(
-    CommandSpec(
-        name="list",
-        summary="The registered instances as stored, without asking them",
-        usage=LIST_USAGE,
-        examples=("/gpu list",),
-        configure=_configure_list,
-        handler=_list,
-        aliases=("ls",),
-    )
+LIST = CommandSpec(
+    name="list",
+    summary="The registered instances as stored, without asking them",
+    usage=LIST_USAGE,
+    examples=("/gpu list",),
+    configure=_configure_list,
+    handler=_list,
+    aliases=("ls",),
 )
-HEALTH = REGISTRY.command(
-    CommandSpec(
-        name="health",
-        summary="The health checklist of an instance, pass/warn/fail/skip, each with a hint",
-        usage=HEALTH_USAGE,
-        examples=("/gpu health box1", "/gpu health box1 --full"),
-        configure=_configure_health,
-        handler=_health,
-    )
+HEALTH = CommandSpec(
+    name="health",
+    summary="The health checklist of an instance, pass/warn/fail/skip, each with a hint",
+    usage=HEALTH_USAGE,
+    examples=("/gpu health box1", "/gpu health box1 --full"),
+    configure=_configure_health,
+    handler=_health,
 )
-EXTEND = REGISTRY.command(
-    CommandSpec(
-        name="extend",
-        summary="Move an instance's deadline later",
-        usage=EXTEND_USAGE,
-        examples=("/gpu extend box1 2h", "/gpu extend box1 1h30m"),
-        configure=_configure_extend,
-        handler=_extend,
-    )
+EXTEND = CommandSpec(
+    name="extend",
+    summary="Move an instance's deadline later",
+    usage=EXTEND_USAGE,
+    examples=("/gpu extend box1 2h", "/gpu extend box1 1h30m"),
+    configure=_configure_extend,
+    handler=_extend,
 )
-RELEASE = REGISTRY.command(
-    CommandSpec(
-        name="release",
-        summary="Release an instance, or only stop it (its disk kept and billed); asks for "
-        "confirmation first",
-        usage=RELEASE_USAGE,
-        examples=("/gpu release box1", "/gpu release box1 --stop"),
-        configure=_configure_release,
-        handler=_release,
-    )
+RELEASE = CommandSpec(
+    name="release",
+    summary="Release an instance, or only stop it (its disk kept and billed); asks for "
+    "confirmation first",
+    usage=RELEASE_USAGE,
+    examples=("/gpu release box1", "/gpu release box1 --stop"),
+    configure=_configure_release,
+    handler=_release,
 )
-REGISTRY.action(ActionSpec(blocks.RELEASE_ASK, _release_ask_button))
-REGISTRY.action(ActionSpec(blocks.RELEASE_CONFIRM, _release_confirm_button))
-REGISTRY.action(ActionSpec(blocks.RELEASE_CANCEL, _release_cancel_button))
-REGISTRY.action(ActionSpec(blocks.RELEASE_DONE, _release_done_button))
-REGISTRY.action(ActionSpec(blocks.STOP_CONFIRM, _stop_confirm_button))
-REGISTRY.action(ActionSpec(blocks.STOP_DONE, _stop_done_button))
+
+
+def register(registry: Registry) -> None:
+    """Add this module's commands and buttons to ``registry``."""
+    for spec in (
+        REGISTER,
+        ADOPT,
+        STATUS,
+        LIST,
+        HEALTH,
+        EXTEND,
+        RELEASE,
+    ):
+        registry.command(spec)
+    for action in (
+        ActionSpec(blocks.RELEASE_ASK, _release_ask_button),
+        ActionSpec(blocks.RELEASE_CONFIRM, _release_confirm_button),
+        ActionSpec(blocks.RELEASE_CANCEL, _release_cancel_button),
+        ActionSpec(blocks.RELEASE_DONE, _release_done_button),
+        ActionSpec(blocks.STOP_CONFIRM, _stop_confirm_button),
+        ActionSpec(blocks.STOP_DONE, _stop_done_button),
+    ):
+        registry.action(action)

@@ -1,5 +1,5 @@
 """`/gpu run`, `/gpu jobs`, `/gpu logs`, `/gpu cancel`, `/gpu who`, `/gpu allow`, `/gpu deny`:
-parse, call the job service, render. Registered into REGISTRY when imported."""
+parse, call the job service, render. ``register`` adds them to a registry."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bot.blocks import jobs as blocks
-from bot.commands.registry import REGISTRY, CommandSpec, Reply
+from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.services import job_access
 from bot.services import jobs as service
 from bot.services.access import Caller
@@ -113,81 +113,81 @@ def handle_deny(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     return Reply(text=text, blocks=body)
 
 
-RUN = REGISTRY.command(
-    CommandSpec(
-        name="run",
-        summary=(
-            "Queue a job on an instance; I reply in its thread when it ends (exit code, "
-            "duration, cost, GPU use, hints, log tail)"
-        ),
-        usage=RUN_USAGE,
-        examples=(
-            "/gpu run box1 --gpus 2 -- python train.py --lr 3e-4",
-            "/gpu run box1 --gpus 0,1 --retries 2 -- torchrun --nproc_per_node=2 train.py",
-            "/gpu run box1 --release-when-done -- bash -c 'make data && python eval.py'",
-        ),
-        configure=_configure_run,
-        handler=handle_run,
-        remainder=True,
-    )
+RUN = CommandSpec(
+    name="run",
+    summary=(
+        "Queue a job on an instance; I reply in its thread when it ends (exit code, "
+        "duration, cost, GPU use, hints, log tail)"
+    ),
+    usage=RUN_USAGE,
+    examples=(
+        "/gpu run box1 --gpus 2 -- python train.py --lr 3e-4",
+        "/gpu run box1 --gpus 0,1 --retries 2 -- torchrun --nproc_per_node=2 train.py",
+        "/gpu run box1 --release-when-done -- bash -c 'make data && python eval.py'",
+    ),
+    configure=_configure_run,
+    handler=handle_run,
+    remainder=True,
 )
-JOBS = REGISTRY.command(
-    CommandSpec(
-        name="jobs",
-        summary="The job queue of an instance, or the fleet's recent jobs",
-        usage=JOBS_USAGE,
-        examples=("/gpu jobs", "/gpu jobs box1"),
-        configure=_configure_jobs,
-        handler=handle_jobs,
-    )
+JOBS = CommandSpec(
+    name="jobs",
+    summary="The job queue of an instance, or the fleet's recent jobs",
+    usage=JOBS_USAGE,
+    examples=("/gpu jobs", "/gpu jobs box1"),
+    configure=_configure_jobs,
+    handler=handle_jobs,
 )
-LOGS = REGISTRY.command(
-    CommandSpec(
-        name="logs",
-        summary="The last lines of a job's log",
-        usage=LOGS_USAGE,
-        examples=("/gpu logs 42", "/gpu logs 42 --tail 200", "/gpu logs box1:20261202-110000-ab12"),
-        configure=_configure_logs,
-        handler=handle_logs,
-    )
+LOGS = CommandSpec(
+    name="logs",
+    summary="The last lines of a job's log",
+    usage=LOGS_USAGE,
+    examples=("/gpu logs 42", "/gpu logs 42 --tail 200", "/gpu logs box1:20261202-110000-ab12"),
+    configure=_configure_logs,
+    handler=handle_logs,
 )
-CANCEL = REGISTRY.command(
-    CommandSpec(
-        name="cancel",
-        summary="Cancel a queued or running job (its whole process tree)",
-        usage=CANCEL_USAGE,
-        examples=("/gpu cancel 42",),
-        configure=_configure_cancel,
-        handler=handle_cancel,
-    )
+CANCEL = CommandSpec(
+    name="cancel",
+    summary="Cancel a queued or running job (its whole process tree)",
+    usage=CANCEL_USAGE,
+    examples=("/gpu cancel 42",),
+    configure=_configure_cancel,
+    handler=handle_cancel,
 )
-WHO = REGISTRY.command(
-    CommandSpec(
-        name="who",
-        summary="Which person and job holds each GPU of an instance",
-        usage=WHO_USAGE,
-        examples=("/gpu who box1",),
-        configure=_configure_who,
-        handler=handle_who,
-    )
+WHO = CommandSpec(
+    name="who",
+    summary="Which person and job holds each GPU of an instance",
+    usage=WHO_USAGE,
+    examples=("/gpu who box1",),
+    configure=_configure_who,
+    handler=handle_who,
 )
-ALLOW = REGISTRY.command(
-    CommandSpec(
-        name="allow",
-        summary="Let someone run and cancel jobs on your instance (owner or admin)",
-        usage=ALLOW_USAGE,
-        examples=("/gpu allow box1 @alice",),
-        configure=_configure_access,
-        handler=handle_allow,
-    )
+ALLOW = CommandSpec(
+    name="allow",
+    summary="Let someone run and cancel jobs on your instance (owner or admin)",
+    usage=ALLOW_USAGE,
+    examples=("/gpu allow box1 @alice",),
+    configure=_configure_access,
+    handler=handle_allow,
 )
-DENY = REGISTRY.command(
-    CommandSpec(
-        name="deny",
-        summary="Take back someone's access to run and cancel jobs on your instance",
-        usage=DENY_USAGE,
-        examples=("/gpu deny box1 @alice",),
-        configure=_configure_access,
-        handler=handle_deny,
-    )
+DENY = CommandSpec(
+    name="deny",
+    summary="Take back someone's access to run and cancel jobs on your instance",
+    usage=DENY_USAGE,
+    examples=("/gpu deny box1 @alice",),
+    configure=_configure_access,
+    handler=handle_deny,
 )
+
+
+def register(registry: Registry) -> None:
+    """Add this module's commands and buttons to ``registry``."""
+    for spec in (
+        RUN,
+        JOBS,
+        LOGS,
+        CANCEL,
+        WHO,
+        ALLOW,
+        DENY,
+    ):
+        registry.command(spec)

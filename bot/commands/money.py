@@ -8,22 +8,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
 
 from sqlmodel import col, select
 
 from bot import charts
 from bot.blocks import money as blocks
-from bot.blocks.kit import escape
-from bot.commands.registry import REGISTRY, CommandSpec, Reply
+from bot.blocks.kit import context, escape
+from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import GpubotError, UsageError
+from bot.runtime import Runtime
 from bot.services import advice, budgets, ledger, spend
 from bot.services.access import Caller
 from bot.store.models import Person
 from bot.values import parse_money, parse_price, whole_number
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +63,14 @@ def _spend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     if report.instances and caller.channel_id:
         problem = share_spend_files(rt, caller.channel_id, report)
         if problem:
-            body = (*body, _note(problem))
+            body = (*body, context(problem))
     return Reply(text=text, blocks=body, ephemeral=False)
 
 
 def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> str | None:
     """Upload the chart (PNG) and the CSV of a spend report; returns what went wrong, if
     anything (the report itself is still answered)."""
-    name = blocks.month_name(report.month)
-    title = f"GPU spend by {report.by}, {name}"
+    title, csv_title = blocks.spend_file_titles(report)
     names = _display_names(rt, [line.key for line in report.groups]) if report.by == "user" else {}
     items = [(names.get(line.key, line.key), line.total_micros) for line in report.groups]
     try:
@@ -88,7 +84,7 @@ def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> s
             channel,
             f"gpu-spend-{report.month}.csv",
             spend.spend_csv(report),
-            title=f"GPU spend per instance, {name}",
+            title=csv_title,
         )
     except GpubotError as exc:
         log.warning("spend files for %s could not be uploaded: %s", report.month, exc)
@@ -204,58 +200,57 @@ def _display_names(rt: Runtime, user_ids: list[str]) -> dict[str, str]:
         return {p.slack_id: p.display_name for p in people if p.display_name}
 
 
-def _note(text: str) -> dict[str, object]:
-    return {"type": "context", "elements": [{"type": "mrkdwn", "text": text}]}
+SPEND = CommandSpec(
+    name="spend",
+    summary="What a month cost: by user, GPU, instance, project or provider; idle waste",
+    usage=SPEND_USAGE,
+    examples=("/gpu spend", "/gpu spend 2026-03 --by project"),
+    configure=_configure_spend,
+    handler=_spend,
+)
+BUDGET = CommandSpec(
+    name="budget",
+    summary="Monthly budgets per user or project, set by admins: alerts at 50/80/100%; "
+    "past the cap, rentals and extensions need an admin",
+    usage=BUDGET_USAGE,
+    examples=(
+        "/gpu budget list",
+        "/gpu budget set user @alice 500",
+        "/gpu budget set user U0123ABC 500",
+        "/gpu budget set project llm 2000",
+        "/gpu budget rm user @alice",
+    ),
+    configure=_configure_budget,
+    handler=_budget,
+    aliases=("budgets",),
+)
+FIT = CommandSpec(
+    name="fit",
+    summary="How much GPU memory a model needs, which GPUs hold it and what they cost",
+    usage=FIT_USAGE,
+    examples=("/gpu fit 7b lora", "/gpu fit llama-3.1-70b inference --seq 8192 --bits 4"),
+    configure=_configure_fit,
+    handler=_fit,
+)
+ESTIMATE = CommandSpec(
+    name="estimate",
+    summary="Renting by the hour vs a monthly plan vs buying, with the break-even",
+    usage=ESTIMATE_USAGE,
+    examples=(
+        "/gpu estimate --gpu a100 --hours 50",
+        "/gpu estimate --gpu 4090 --hours 400 --monthly 350 --buy 1800",
+    ),
+    configure=_configure_estimate,
+    handler=_estimate,
+)
 
 
-REGISTRY.command(
-    CommandSpec(
-        name="spend",
-        summary="What a month cost: by user, GPU, instance, project or provider; idle waste",
-        usage=SPEND_USAGE,
-        examples=("/gpu spend", "/gpu spend 2026-03 --by project"),
-        configure=_configure_spend,
-        handler=_spend,
-    )
-)
-REGISTRY.command(
-    CommandSpec(
-        name="budget",
-        summary="Monthly budgets per user or project, set by admins: alerts at 50/80/100%; "
-        "past the cap, rentals and extensions need an admin",
-        usage=BUDGET_USAGE,
-        examples=(
-            "/gpu budget list",
-            "/gpu budget set user @alice 500",
-            "/gpu budget set user U0123ABC 500",
-            "/gpu budget set project llm 2000",
-            "/gpu budget rm user @alice",
-        ),
-        configure=_configure_budget,
-        handler=_budget,
-        aliases=("budgets",),
-    )
-)
-REGISTRY.command(
-    CommandSpec(
-        name="fit",
-        summary="How much GPU memory a model needs, which GPUs hold it and what they cost",
-        usage=FIT_USAGE,
-        examples=("/gpu fit 7b lora", "/gpu fit llama-3.1-70b inference --seq 8192 --bits 4"),
-        configure=_configure_fit,
-        handler=_fit,
-    )
-)
-REGISTRY.command(
-    CommandSpec(
-        name="estimate",
-        summary="Renting by the hour vs a monthly plan vs buying, with the break-even",
-        usage=ESTIMATE_USAGE,
-        examples=(
-            "/gpu estimate --gpu a100 --hours 50",
-            "/gpu estimate --gpu 4090 --hours 400 --monthly 350 --buy 1800",
-        ),
-        configure=_configure_estimate,
-        handler=_estimate,
-    )
-)
+def register(registry: Registry) -> None:
+    """Add this module's commands and buttons to ``registry``."""
+    for spec in (
+        SPEND,
+        BUDGET,
+        FIT,
+        ESTIMATE,
+    ):
+        registry.command(spec)

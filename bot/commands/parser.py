@@ -12,7 +12,7 @@ import shlex
 from collections.abc import Sequence
 from typing import NoReturn
 
-from bot.commands.registry import REGISTRY, CommandSpec, Registry
+from bot.commands.registry import CommandSpec, Registry
 from bot.errors import UsageError
 
 HELP_COMMAND = "help"
@@ -43,7 +43,7 @@ class CommandArgumentParser(argparse.ArgumentParser):
         raise UsageError(_sentence(message or "invalid command"), usage=self.spec_usage)
 
 
-def parse(text: str, registry: Registry = REGISTRY) -> tuple[CommandSpec, argparse.Namespace]:
+def parse(text: str, registry: Registry) -> tuple[CommandSpec, argparse.Namespace]:
     """Parse `/gpu` text. Empty text and ``help [CMD]`` give the help command.
 
     Raises UsageError for unbalanced quotes, an unknown command (suggesting the closest),
@@ -91,7 +91,7 @@ def tokenize(text: str) -> list[str]:
         ) from exc
 
 
-def lookup(name: str, registry: Registry = REGISTRY) -> CommandSpec:
+def lookup(name: str, registry: Registry) -> CommandSpec:
     """The spec named ``name`` (or an alias). Raises UsageError naming the closest command."""
     key = name.lower()
     if key == HELP_COMMAND:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bot.errors import UsageError
 from bot.services.access import Caller
 
 if TYPE_CHECKING:
@@ -26,6 +27,14 @@ class Reply:
     blocks: tuple[dict[str, Any], ...] = ()
     ephemeral: bool = True
     replace_original: bool = False
+
+
+def button_number(value: str) -> int:
+    """A button's value as the id it carries. Raises UsageError for anything else (a button
+    edited by hand or left over from an older message)."""
+    if not (value.isascii() and value.isdigit()):
+        raise UsageError("This button is broken; run the command again.")
+    return int(value)
 
 
 CommandHandler = Callable[["Runtime", Caller, argparse.Namespace], Reply]
@@ -84,7 +93,3 @@ class Registry:
         for spec in self.commands.values():
             seen.setdefault(spec.name, spec)
         return list(seen.values())
-
-
-#: The process-wide registry that command modules add to at import time.
-REGISTRY = Registry()

@@ -30,6 +30,7 @@ conditional updates where a concurrent change could slip between.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,8 @@ from bot.runtime import Runtime
 from bot.store.models import Instance, InstanceAccess
 
 LOCAL_NAME = "local"
+#: A Slack user mention as Slack sends it: ``<@U123|name>`` or ``<@U123>``.
+_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
 
 
 @dataclass(frozen=True)
@@ -231,6 +234,15 @@ def require_awaiting_confirmation(instance: Instance, is_manual: bool, is_open: 
             f"{instance.name} is {state}; no release of it is waiting for your confirmation.",
             hint=f"Use `/gpu release {instance.name}` first; the bot then asks you to confirm.",
         )
+
+
+def parse_mention(text: str) -> tuple[str, str | None] | None:
+    """A Slack user mention ``<@U123|name>`` or ``<@U123>`` as (Slack ID, the display name it
+    carries or None); None when ``text`` (spaces around it aside) is not one."""
+    found = _MENTION.fullmatch(text.strip())
+    if found is None:
+        return None
+    return found.group(1), (found.group(2) or None)
 
 
 def _granted(session: Session, instance_id: int, user_id: str) -> bool:

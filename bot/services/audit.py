@@ -1,4 +1,5 @@
-"""The audit log: who changed what, when. One row per change, in the changing transaction."""
+"""The audit log: who changed what, when. One row per change, in the changing transaction, at
+the time of the runtime's clock. Every service writes its rows through :func:`record`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from bot.store.models import AuditLog, utcnow
+from bot.store.models import AuditLog
 
 
 def record(
@@ -17,15 +18,16 @@ def record(
     action: str,
     instance_id: int | None,
     *,
-    at: datetime | None = None,
+    at: datetime,
     **details: Any,
 ) -> AuditLog:
     """Add an audit row to ``session``'s transaction, so it lands with the change or not at all.
 
-    ``actor`` is a Slack user ID (or ``bot`` for the bot's own decisions); ``at`` naive UTC
-    (default now); ``details`` anything JSON can show (other values as their ``str``)."""
+    ``actor`` is a Slack user ID (or ``gpubot`` for the bot's own decisions); ``at`` naive UTC
+    from the runtime's clock (``rt.now()``); ``details`` anything JSON can show (other values
+    as their ``str``)."""
     row = AuditLog(
-        at=at if at is not None else utcnow(),
+        at=at,
         actor=actor,
         action=action,
         instance_id=instance_id,

@@ -5,7 +5,7 @@ A month's spend against a budget is every charge of the month (the month in the 
 on the user's instances (``owner_id``) or the project's (``project``), plus what running
 instances owe beyond their charges (the open hour, and the rounding a release now would add).
 
-Alerts are decided once per budget, month and threshold: the BudgetAlert rows (unique) and the
+Alerts are decided once per budget, month and threshold: the alert rows (unique) and the
 alert's messages in the outbox are written in one transaction, so a crash either leaves both
 or neither; the outbox posts each message once and retries or escalates one that fails.
 """
@@ -16,21 +16,21 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func
 from sqlmodel import col, delete, select
 
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
-from bot.services import audit, ledger, outbox
-from bot.store.models import Budget, BudgetAlert, Instance, Person
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
-    from bot.services.access import Caller
-    from bot.store.db import Database
+from bot.notify import Notice
+from bot.runtime import Runtime
+from bot.services import access, audit, ledger, outbox
+from bot.services.access import Caller
+from bot.services.people import resolve_person
+from bot.store import models
+from bot.store.db import Database
+from bot.store.models import Budget, Instance, Person
+from bot.values import format_money
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,16 @@ class BudgetStatus:
 
 
 @dataclass(frozen=True)
+class BudgetAlert(Notice):
+    """A budget crossed ``threshold_pct`` (50, 80 or 100) of its monthly limit; amounts in
+    ``currency``."""
+
+    status: BudgetStatus
+    threshold_pct: int
+    currency: str
+
+
+@dataclass(frozen=True)
 class Spent:
     """Month-to-date spend in micros per user (owner) and per project."""
 
@@ -92,8 +102,9 @@ def parse_subject(scope: str, text: str) -> str:
         if not raw or len(raw) > 100 or any(c.isspace() for c in raw):
             raise UsageError(f"{text!r} is not a project name", hint="Use a name like `llm`.")
         return raw
-    if raw.startswith("<@") and raw.endswith(">"):
-        raw = raw[2:-1].split("|", 1)[0]
+    mention = access.parse_mention(raw)
+    if mention is not None:
+        return mention[0]
     if _looks_like_user_id(raw):
         return raw
     raise UsageError(
@@ -103,43 +114,21 @@ def parse_subject(scope: str, text: str) -> str:
 
 
 def resolve_subject(db: Database, scope: str, text: str, caller: Caller | None = None) -> str:
-    """Like :func:`parse_subject`, and a user also as ``@name``: the one person the bot knows
-    (owners, requesters, budget holders, the caller) whose display name is ``name``, case
-    ignored.
-
-    Raises UsageError when nobody, or more than one person, has that name."""
+    """Like :func:`parse_subject`, and a user also as ``@name``, read as every command reads a
+    person (:func:`bot.services.people.resolve_person`). Raises UsageError when nobody, or more
+    than one person, has that name."""
     raw = text.strip()
     if scope != "user" or not raw.startswith("@") or raw.startswith("<@"):
         return parse_subject(scope, text)
-    name = raw[1:]
-    if _looks_like_user_id(name):
-        return name
-    if not name or len(name) > 200:
-        return parse_subject(scope, text)
     with db.session() as session:
-        ids = set(
-            session.exec(
-                select(Person.slack_id).where(func.lower(Person.display_name) == name.lower())
-            )
-        )
-    if caller is not None and (caller.user_name or "").lower() == name.lower():
-        ids.add(caller.user_id)
-    if len(ids) == 1:
-        return ids.pop()
-    problem = "nobody" if not ids else f"{len(ids)} people"
-    raise UsageError(
-        f"I know {problem} called @{name}.",
-        hint="Mention them with Slack's @ autocomplete, or give their Slack member ID "
-        "(like U0123ABC, under ⋮ in their profile).",
-    )
+        person_id, _ = resolve_person(session, raw, caller=caller)
+    return person_id
 
 
 def mention_name(text: str) -> str | None:
     """The name in a Slack mention ``<@U123|name>``, if it carries one."""
-    raw = text.strip()
-    if not (raw.startswith("<@") and raw.endswith(">") and "|" in raw):
-        return None
-    name = raw[2:-1].split("|", 1)[1].strip()
+    mention = access.parse_mention(text)
+    name = (mention[1] or "").strip() if mention is not None else ""
     return name[:200] or None
 
 
@@ -179,7 +168,9 @@ def remove_budget(rt: Runtime, caller: Caller, scope: str, subject: str) -> None
                 f"There is no budget for {_describe(scope, subject)}.",
                 hint="See them all with `/gpu budget list`.",
             )
-        session.exec(delete(BudgetAlert).where(col(BudgetAlert.budget_id) == budget.id))
+        session.exec(
+            delete(models.BudgetAlert).where(col(models.BudgetAlert.budget_id) == budget.id)
+        )
         session.delete(budget)
         audit.record(
             session,
@@ -279,7 +270,9 @@ def check_alerts(rt: Runtime, now: datetime) -> list[tuple[int, int]]:
         budgets = list(session.exec(select(Budget)).all())
         sent = {
             (alert.budget_id, alert.threshold_pct)
-            for alert in session.exec(select(BudgetAlert).where(BudgetAlert.month == month))
+            for alert in session.exec(
+                select(models.BudgetAlert).where(models.BudgetAlert.month == month)
+            )
         }
     if not budgets:
         return []
@@ -357,15 +350,13 @@ def _queue_alert(
 ) -> list[int] | None:
     """Mark ``thresholds`` alerted and queue the alert for the highest, in one transaction;
     returns the outbox ids, or None when another process marked them first."""
-    from bot.blocks.money import budget_alert_message
-
     top = max(thresholds)
-    text, blocks = budget_alert_message(status, top, rt.settings.currency)
+    text, blocks = rt.message(BudgetAlert(status, top, rt.settings.currency))
     try:
         with rt.db.session() as session:
             for threshold in thresholds:
                 session.add(
-                    BudgetAlert(
+                    models.BudgetAlert(
                         budget_id=status.budget_id,
                         month=month,
                         threshold_pct=threshold,
@@ -423,8 +414,6 @@ def _describe(scope: str, subject: str) -> str:
 
 
 def _money(rt: Runtime, micros: int) -> str:
-    from bot.values import format_money
-
     return format_money(micros, rt.settings.currency)
 
 

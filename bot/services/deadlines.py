@@ -24,12 +24,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import and_, or_
 from sqlmodel import Session, col, func, select
 
-from bot.blocks import deadlines as blocks
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -37,11 +35,14 @@ from bot.errors import (
     UsageError,
 )
 from bot.logging_setup import log_ids
+from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, prompts, releases
+from bot.services import access, audit, prompts, releases
 from bot.services import reconcile as platform_reconcile
 from bot.services.access import Caller
-from bot.services.instances import get_live_instance
+from bot.services.lookup import get_live_instance
+from bot.services.releases import Decided
+from bot.services.views import InstanceBrief
 from bot.store.models import Instance, Job, Prompt, Release, UtilSample
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,81 @@ JOBS_DONE_GRACE_S = 600
 DEFAULT_NOTICE_S = 600
 
 ACTIVE_JOB_STATES = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class DeadlineWarning(Notice):
+    """To the owner before a deadline release; its buttons answer prompt ``prompt_id``. The
+    release happens at ``release_at``: the deadline, or later when the deadline left too little
+    notice or passed while the bot could not warn. With ``policy`` ``wait-for-jobs`` it waits
+    for running jobs; ``capped`` when an admin's lifetime cap is the deadline. Times naive UTC,
+    shown in ``tz_name``."""
+
+    instance: InstanceBrief
+    prompt_id: int
+    deadline_at: datetime
+    release_at: datetime
+    now: datetime
+    tz_name: str
+    policy: str = "release"
+    capped: bool = False
+
+
+@dataclass(frozen=True)
+class IdlePrompt(Notice):
+    """To the owner: the instance has been idle since ``idle_since`` (no GPU use, no jobs); its
+    buttons (keep, release) answer prompt ``prompt_id``. ``release_at`` is when an unanswered
+    prompt releases it, None when idle release is off."""
+
+    instance: InstanceBrief
+    prompt_id: int
+    idle_since: datetime
+    now: datetime
+    release_at: datetime | None
+    tz_name: str
+
+
+@dataclass(frozen=True)
+class JobsDonePrompt(Notice):
+    """To the owner: the job queue of an instance marked release-when-done drained; it is
+    released at ``release_at`` unless kept (prompt ``prompt_id``)."""
+
+    instance: InstanceBrief
+    prompt_id: int
+    release_at: datetime
+    tz_name: str
+
+
+@dataclass(frozen=True)
+class Superseded(Notice):
+    """A warning whose deadline moved (to ``new_deadline_at``, None when there is none now):
+    its buttons are gone."""
+
+    instance: InstanceBrief
+    new_deadline_at: datetime | None
+    tz_name: str
+
+
+@dataclass(frozen=True)
+class BusyAgain(Notice):
+    """An idle prompt closed because the instance is busy again."""
+
+    instance: InstanceBrief
+
+
+@dataclass(frozen=True)
+class NewJobs(Notice):
+    """A jobs-done prompt closed because new jobs started on the instance."""
+
+    instance: InstanceBrief
+
+
+@dataclass(frozen=True)
+class ReleasedUnwarned(Notice):
+    """For the ops channel: a deadline release whose warnings Slack never confirmed reached the
+    owner."""
+
+    instance: InstanceBrief
 
 
 @dataclass(frozen=True)
@@ -153,7 +229,7 @@ def _escalate_if_unwarned(rt: Runtime, instance_id: int, deadline: Deadline, now
         ).first()
         if delivered is not None:
             return
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor="gpubot",
@@ -391,8 +467,8 @@ def refresh_prompts(rt: Runtime, now: datetime) -> int:
     """Close posted prompts that no longer apply (deadline moved, instance released, idle
     instance busy again, new jobs started) and edit their messages so their buttons are gone.
     Returns how many were closed."""
-    edits: list[tuple[Prompt, blocks.Message]] = []
-    tz = rt.settings.tz()
+    edits: list[tuple[Prompt, Notice]] = []
+    tz_name = rt.settings.timezone
     with rt.db.session() as session:
         open_prompts = session.exec(
             select(Prompt).where(
@@ -405,20 +481,20 @@ def refresh_prompts(rt: Runtime, now: datetime) -> int:
             inst = session.get(Instance, prompt.instance_id)
             assert inst is not None
             assert prompt.id is not None
-            outcome = _stale_outcome(session, prompt, inst, tz, now)
+            outcome = _stale_outcome(session, prompt, inst, tz_name, now)
             if outcome is None:
                 continue
-            resolution, message = outcome
+            resolution, notice = outcome
             if prompts.resolve(session, prompt.id, resolution=resolution, by=None, now=now):
-                edits.append((prompt, message))
-    for prompt, (text, body) in edits:
-        prompts.update_message(rt, prompt, text, body)
+                edits.append((prompt, notice))
+    for prompt, notice in edits:
+        prompts.update_message(rt, prompt, notice)
     return len(edits)
 
 
 def _stale_outcome(
-    session: Session, prompt: Prompt, inst: Instance, tz: ZoneInfo, now: datetime
-) -> tuple[str, blocks.Message] | None:
+    session: Session, prompt: Prompt, inst: Instance, tz_name: str, now: datetime
+) -> tuple[str, Notice] | None:
     view = releases.instance_view(inst)
     if inst.state != "active":
         release = session.exec(
@@ -428,24 +504,22 @@ def _stale_outcome(
         by = None
         if release is not None and release.requested_by != "gpubot":
             by = release.requested_by
-        what = f"Release requested ({blocks.reason_text(reason)})"
-        return "released", blocks.decided(view, what=what, by=by, at=now, tz=tz)
+        decided = Decided(
+            view, releases.RELEASE_REQUESTED, by=by, at=now, tz_name=tz_name, reason=reason
+        )
+        return "released", decided
     if prompt.kind == KIND_WARNING:
         deadline = effective_deadline(inst)
         if deadline is not None and prompt.key.startswith(f"{deadline.key}:"):
             return None
-        return "superseded", blocks.superseded(
-            view, new_deadline_at=deadline.at if deadline else None, tz=tz
-        )
+        return "superseded", Superseded(view, deadline.at if deadline else None, tz_name)
     if prompt.kind == KIND_IDLE:
         if inst.idle_since is not None and deadline_key(inst.idle_since) == prompt.key:
             return None
-        text = f"*{inst.name}* is busy again; no action needed."
-        return "active", (text, (blocks.section(text),))
+        return "active", BusyAgain(view)
     if not jobs_running(session, inst):
         return None
-    text = f"*{inst.name}* has new jobs; it will not be released when the earlier ones ended."
-    return "superseded", (text, (blocks.section(text),))
+    return "superseded", NewJobs(view)
 
 
 # --- reconcile ------------------------------------------------------------------------------------
@@ -459,69 +533,70 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
     return platform_reconcile.reconcile(rt, now)
 
 
-# --- rendering ------------------------------------------------------------------------------------
+# --- what the prompts say -------------------------------------------------------------------------
 
 
-def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blocks.Message | None:
-    """The message for this module's prompt kinds, from the current rows; None when the prompt
+def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
+    """What a prompt of this module's kinds says, from the current rows; None when the prompt
     no longer applies."""
     assert prompt.id is not None
     view = releases.instance_view(inst)
-    tz = rt.settings.tz()
-    now = rt.now()
     if prompt.kind == KIND_OUTSIDE:
-        return blocks.released_outside(view, state=prompt.key)
+        return platform_reconcile.ReleasedOutside(view, state=prompt.key)
     if prompt.kind == KIND_UNWARNED:
-        return blocks.released_unwarned(view)
+        return ReleasedUnwarned(view)
     if inst.state != "active":
         return None
     if prompt.kind == KIND_WARNING:
-        deadline = effective_deadline(inst)
-        if deadline is None or not prompt.key.startswith(f"{deadline.key}:"):
-            return None
-        if _newer_warning(session, prompt, deadline):
-            return None  # a later warning for the same deadline replaces this unsent one
-        first_sent = _first_warning_sent(session, inst.id or 0, deadline) or now
-        release_at = release_time(rt, deadline, first_sent)
-        return blocks.deadline_warning(
-            view,
-            deadline_at=deadline.at,
-            now=now,
-            tz=tz,
-            prompt_id=prompt.id,
-            policy="release" if deadline.capped else inst.deadline_policy,
-            capped=deadline.capped,
-            late_release_at=release_at if release_at != deadline.at else None,
-        )
+        return _warning(rt, session, prompt, inst, view)
     if prompt.kind == KIND_IDLE:
-        if inst.idle_since is None or deadline_key(inst.idle_since) != prompt.key:
-            return None
-        idle_release_at = (
-            now + timedelta(seconds=inst.idle_release_after_s)
-            if inst.idle_release_after_s
-            else None
-        )
-        return blocks.idle_prompt(
-            view,
-            idle_for=now - inst.idle_since,
-            prompt_id=prompt.id,
-            release_at=idle_release_at,
-            tz=tz,
-        )
+        return _idle(rt, prompt, inst, view)
     if prompt.kind == KIND_JOBS_DONE:
         if jobs_running(session, inst):
             return None
-        return blocks.jobs_done_prompt(
-            view,
-            prompt_id=prompt.id,
-            release_at=now + timedelta(seconds=JOBS_DONE_GRACE_S),
-            tz=tz,
-        )
+        release_at = rt.now() + timedelta(seconds=JOBS_DONE_GRACE_S)
+        return JobsDonePrompt(view, prompt.id, release_at, rt.settings.timezone)
     return None
 
 
-for _kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE, KIND_UNWARNED):
-    prompts.RENDERERS[_kind] = render
+#: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).
+KINDS: dict[str, prompts.PromptRenderer] = {
+    kind: render for kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE, KIND_UNWARNED)
+}
+
+
+def _warning(
+    rt: Runtime, session: Session, prompt: Prompt, inst: Instance, view: InstanceBrief
+) -> DeadlineWarning | None:
+    assert prompt.id is not None
+    deadline = effective_deadline(inst)
+    if deadline is None or not prompt.key.startswith(f"{deadline.key}:"):
+        return None
+    if _newer_warning(session, prompt, deadline):
+        return None  # a later warning for the same deadline replaces this unsent one
+    now = rt.now()
+    first_sent = _first_warning_sent(session, inst.id or 0, deadline) or now
+    return DeadlineWarning(
+        view,
+        prompt_id=prompt.id,
+        deadline_at=deadline.at,
+        release_at=release_time(rt, deadline, first_sent),
+        now=now,
+        tz_name=rt.settings.timezone,
+        policy="release" if deadline.capped else inst.deadline_policy,
+        capped=deadline.capped,
+    )
+
+
+def _idle(rt: Runtime, prompt: Prompt, inst: Instance, view: InstanceBrief) -> IdlePrompt | None:
+    assert prompt.id is not None
+    if inst.idle_since is None or deadline_key(inst.idle_since) != prompt.key:
+        return None
+    now = rt.now()
+    release_at = None
+    if inst.idle_release_after_s:
+        release_at = now + timedelta(seconds=inst.idle_release_after_s)
+    return IdlePrompt(view, prompt.id, inst.idle_since, now, release_at, rt.settings.timezone)
 
 
 # --- policies and caps ----------------------------------------------------------------------------
@@ -542,7 +617,8 @@ class PolicyChange:
 
 @dataclass(frozen=True)
 class PolicyView:
-    """An instance's deadline rules after a change."""
+    """An instance's deadline rules (after `/gpu policy` or `/gpu cap`); times naive UTC, shown
+    in ``tz_name``."""
 
     name: str
     deadline_at: datetime | None
@@ -551,6 +627,7 @@ class PolicyView:
     max_grace_s: int
     idle_release_after_s: int | None
     release_when_done: bool
+    tz_name: str = "UTC"
 
 
 def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> PolicyView:
@@ -582,7 +659,7 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
         if change.release_when_done is not None:
             inst.release_when_done = change.release_when_done
         session.add(inst)
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor=caller.user_id,
@@ -592,14 +669,14 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
             after=_policy_of(inst),
         )
         session.flush()
-        return policy_view(inst)
+        return policy_view(inst, rt.settings.timezone)
 
 
 def _ask_an_admin(rt: Runtime) -> str:
     admins = sorted(rt.settings.admins)
     if not admins:
         return "No admin is configured: the bot's operator lists them in GPUBOT_ADMINS."
-    return "Ask an admin: " + ", ".join(blocks.mention(a) for a in admins) + "."
+    return "Ask an admin: " + ", ".join(f"<@{a}>" for a in admins) + "."
 
 
 def set_lifetime_cap(
@@ -620,7 +697,7 @@ def set_lifetime_cap(
         old = inst.lifetime_cap_at
         inst.lifetime_cap_at = None if lifetime is None else inst.created_at + lifetime
         session.add(inst)
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor=caller.user_id,
@@ -630,11 +707,11 @@ def set_lifetime_cap(
             new_cap_at=inst.lifetime_cap_at,
         )
         session.flush()
-        return policy_view(inst)
+        return policy_view(inst, rt.settings.timezone)
 
 
-def policy_view(inst: Instance) -> PolicyView:
-    """An instance's deadline rules."""
+def policy_view(inst: Instance, tz_name: str = "UTC") -> PolicyView:
+    """An instance's deadline rules, its times to be shown in ``tz_name``."""
     return PolicyView(
         name=inst.name,
         deadline_at=inst.deadline_at,
@@ -643,6 +720,7 @@ def policy_view(inst: Instance) -> PolicyView:
         max_grace_s=inst.max_grace_s,
         idle_release_after_s=inst.idle_release_after_s,
         release_when_done=inst.release_when_done,
+        tz_name=tz_name,
     )
 
 

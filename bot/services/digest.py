@@ -1,6 +1,6 @@
 """The monthly digest: posted on the 1st at 09:00 (configured zone) to the ops channel.
 
-Exactly once per month, whatever restarts happen: a Digest row for the month is claimed with a
+Exactly once per month, whatever restarts happen: a digest row for the month is claimed with a
 conditional insert before anything is posted, and ``posted_at`` is set right after the message
 went out. A claim left without ``posted_at`` for longer than :data:`STALE_CLAIM` (the process
 died between claiming and posting) is taken over with a conditional update, so the month is
@@ -15,7 +15,6 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
@@ -23,13 +22,13 @@ from sqlalchemy import func, update
 from sqlmodel import col, select
 
 from agents import specs
-from bot import billing, charts
+from bot import billing
+from bot.notify import Notice
+from bot.runtime import Runtime
 from bot.services import advice, ledger, outbox, spend
-from bot.store.models import Digest, Instance, Job
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
-    from bot.store.db import Database
+from bot.store import models
+from bot.store.db import Database
+from bot.store.models import Instance, Job
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,8 @@ class PlanSaving:
 
 @dataclass(frozen=True)
 class JobSpend:
-    """A finished job and its share of its instance's cost."""
+    """A finished job and its share of its instance's cost; ``command`` is its argv joined by
+    spaces (or the stored text when that is not a JSON list)."""
 
     job_id: str
     instance_name: str
@@ -79,6 +79,14 @@ class DigestData:
     jobs: tuple[JobSpend, ...]
 
 
+@dataclass(frozen=True)
+class Digest(Notice):
+    """A month's digest for the ops channel; it comes with the month's spend per day as a
+    chart, shared in its thread."""
+
+    data: DigestData
+
+
 def digest_due_at(month: str, tz: ZoneInfo) -> datetime:
     """When ``month``'s digest is due: 09:00 on the 1st of the next month in ``tz`` (naive UTC)."""
     year, number = ledger.parse_month(ledger.next_month(month))
@@ -92,7 +100,9 @@ def due_months(db: Database, now: datetime, tz: ZoneInfo) -> list[str]:
     with db.session() as session:
         first = session.exec(select(func.min(Instance.created_at))).one()
         posted = set(
-            session.exec(select(Digest.month).where(col(Digest.posted_at).is_not(None))).all()
+            session.exec(
+                select(models.Digest.month).where(col(models.Digest.posted_at).is_not(None))
+            ).all()
         )
     if first is None:
         return []
@@ -116,18 +126,18 @@ def claim(db: Database, month: str, now: datetime) -> bool:
     """
     try:
         with db.session() as session:
-            session.add(Digest(month=month, claimed_at=now))
+            session.add(models.Digest(month=month, claimed_at=now))
             session.flush()
         return True
     except sa_exc.IntegrityError:
         pass
     with db.session() as session:
         result = session.exec(
-            update(Digest)
+            update(models.Digest)
             .where(
-                col(Digest.month) == month,
-                col(Digest.posted_at).is_(None),
-                col(Digest.claimed_at) < now - STALE_CLAIM,
+                col(models.Digest.month) == month,
+                col(models.Digest.posted_at).is_(None),
+                col(models.Digest.claimed_at) < now - STALE_CLAIM,
             )
             .values(claimed_at=now)
         )
@@ -259,8 +269,6 @@ def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
     (shared in its thread) and mark the month done in the same transaction, then try to post
     it; the outbox retries a post that fails. Raises StoreError when the database fails (the
     claim then goes stale and the month is built again)."""
-    from bot.blocks import money as blocks
-
     settings = rt.settings
     data = build_digest(
         rt.db,
@@ -270,9 +278,9 @@ def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
         idle_threshold_pct=settings.idle_threshold_pct,
         currency=settings.currency,
     )
-    text, message_blocks = blocks.digest_message(data)
-    title = f"GPU spend per day, {blocks.month_name(month)}"
-    chart = charts.daily_chart(title, data.report.days, currency=settings.currency)
+    notice = Digest(data)
+    text, message_blocks = rt.message(notice)
+    files = rt.files(notice)
     with rt.db.session() as session:
         message_id = outbox.enqueue(
             session,
@@ -281,17 +289,21 @@ def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
             recipient=channel,
             text=text,
             blocks=message_blocks,
-            files=(outbox.FileAttachment(f"gpu-spend-{month}.png", chart, title=title),),
+            files=files,
             now=now,
         )
-        row = session.get(Digest, month) or Digest(month=month, claimed_at=now)
+        row = session.get(models.Digest, month) or models.Digest(month=month, claimed_at=now)
         row.posted_at = now
         row.channel_id = channel
         session.add(row)
     ref = outbox.deliver(rt, message_id, now=now)
     if ref is not None:
         with rt.db.session() as session:
-            session.exec(update(Digest).where(col(Digest.month) == month).values(message_ts=ref.ts))
+            session.exec(
+                update(models.Digest)
+                .where(col(models.Digest.month) == month)
+                .values(message_ts=ref.ts)
+            )
 
 
 def digest_tick(rt: Runtime, now: datetime) -> None:
@@ -303,6 +315,5 @@ def _command_text(command_json: str) -> str:
     try:
         argv = json.loads(command_json)
     except ValueError:
-        return command_json[:80]
-    text = " ".join(str(part) for part in argv) if isinstance(argv, list) else str(argv)
-    return text if len(text) <= 80 else text[:79] + "…"
+        return command_json
+    return " ".join(str(part) for part in argv) if isinstance(argv, list) else str(argv)

@@ -3,52 +3,16 @@
 
 from __future__ import annotations
 
-import re
-
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
 from bot.runtime import Runtime
 from bot.services import access, audit
 from bot.services.access import Caller
-from bot.services.instances import ensure_person, get_live_instance
 from bot.services.job_views import AccessChange
-from bot.store.models import Instance, InstanceAccess, Person
-
-#: ``<@U123|name>`` or ``<@U123>`` (Slack, escaped), or a bare ID ``U123``/``W123``.
-_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
-_SLACK_ID = re.compile(r"@?([UW][A-Z0-9]{2,})")
-_NAME = re.compile(r"@([\w.\-]+)")
-
-
-def parse_person(session: Session, text: str) -> tuple[str, str | None]:
-    """A person as typed: ``<@U123|name>``/``<@U123>`` (Slack), ``U123``, or ``@name`` (a
-    display name the bot knows). Returns (Slack ID, display name or None). Raises UsageError."""
-    raw = text.strip()
-    mention = _MENTION.fullmatch(raw)
-    if mention:
-        return mention.group(1), (mention.group(2) or None)
-    bare = _SLACK_ID.fullmatch(raw)
-    if bare:
-        return bare.group(1), None
-    named = _NAME.fullmatch(raw)
-    if named:
-        wanted = named.group(1).lower()
-        rows = session.exec(
-            select(Person).where(func.lower(col(Person.display_name)) == wanted)
-        ).all()
-        if len(rows) == 1:
-            return rows[0].slack_id, rows[0].display_name
-        if len(rows) > 1:
-            raise UsageError(
-                f"More than one person is called @{named.group(1)}.",
-                hint="Mention them so Slack turns the name into a link, or give their Slack ID.",
-            )
-    raise UsageError(
-        f"I don't know who {raw!r} is.",
-        hint="Mention the person (pick them from Slack's @ list) or give their Slack ID, "
-        "e.g. U0123ABC.",
-    )
+from bot.services.lookup import ensure_person, get_live_instance
+from bot.services.people import resolve_person
+from bot.store.models import Instance, InstanceAccess
 
 
 def allow(rt: Runtime, caller: Caller, instance_name: str, person: str) -> AccessChange:
@@ -57,7 +21,7 @@ def allow(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Acces
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, instance_name)
         access.require_owner_or_admin(rt, caller, inst, action="give people access to")
-        person_id, display = parse_person(session, person)
+        person_id, display = resolve_person(session, person, caller=caller)
         if person_id == inst.owner_id:
             raise UsageError(
                 f"<@{person_id}> owns {inst.name} and may already run jobs on it.",
@@ -88,7 +52,7 @@ def deny(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Access
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, instance_name)
         access.require_owner_or_admin(rt, caller, inst, action="take access away on")
-        person_id, _ = parse_person(session, person)
+        person_id, _ = resolve_person(session, person, caller=caller)
         if person_id == inst.owner_id:
             raise UsageError(
                 f"<@{person_id}> owns {inst.name}; the owner always has access.",

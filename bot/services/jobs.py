@@ -1,5 +1,6 @@
 """Jobs: run, list, logs, cancel, who, and the poll that posts one completion reply per job.
-No Slack in here (messages go through ``rt.notifier``); no network call inside a transaction.
+No Slack in here: what it posts is a notice (:class:`JobQueued`, :class:`JobFinished`) that
+``rt.message`` renders; no network call inside a transaction.
 
 A job is a Job row. ``agent_job_id`` is ``pending-<token>`` until the agent confirms the job;
 the agent gets ``--name gpubot-<token>``, so a job whose confirmation was lost (a timeout, a
@@ -25,16 +26,23 @@ import json
 import logging
 import secrets
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import CursorResult, or_, update
 from sqlmodel import Session, col, select
 
-from agents.protocol import JobList, JobRecord, ProtocolError, WhoJob, dumps, loads
-from agents.runner import JobRequestError, parse_gpus
+from agents.protocol import (
+    JobList,
+    JobRecord,
+    JobRequestError,
+    ProtocolError,
+    WhoJob,
+    dumps,
+    loads,
+    parse_gpus,
+)
 from bot import billing
-from bot.blocks import jobs as blocks
 from bot.errors import (
     AgentBroken,
     Conflict,
@@ -46,10 +54,10 @@ from bot.errors import (
 )
 from bot.fleet.base import Target
 from bot.logging_setup import log_ids
+from bot.notify import Notice
 from bot.runtime import Runtime
 from bot.services import access, audit, outbox
 from bot.services.access import Caller
-from bot.services.instances import get_live_instance, handle_fleet_error, target_for
 from bot.services.job_views import (
     FINAL_STATES,
     JobListView,
@@ -62,6 +70,7 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
+from bot.services.lookup import get_live_instance, handle_fleet_error, target_for
 from bot.store.models import MAX_ROW_ID, Instance, Job
 
 log = logging.getLogger(__name__)
@@ -83,6 +92,20 @@ LIST_WINDOW = timedelta(days=3)
 LIST_LIMIT = 40
 #: Instance states whose agents are asked about jobs; others have no agent to ask any more.
 REACHABLE_STATES = ("registering", "active", "releasing", "awaiting_confirmation")
+
+
+@dataclass(frozen=True)
+class JobQueued(Notice):
+    """Posted where the job was asked for: ``job`` is queued; its thread gets the reply."""
+
+    job: JobView
+
+
+@dataclass(frozen=True)
+class JobFinished(Notice):
+    """The completion reply: ``job`` ended (succeeded, failed, cancelled or lost)."""
+
+    job: JobView
 
 
 def submit(
@@ -146,7 +169,7 @@ def submit(
         job = _job(session, job_id)
         _apply_record(job, record, inst)
         view = job_view(job, inst, record)
-    text, body = blocks.queued_message(view)
+    text, body = rt.message(JobQueued(view))
     channel = caller.channel_id or inst.channel_id or rt.settings.channel or caller.user_id
     ref = None
     try:
@@ -613,7 +636,7 @@ def _queue_reply(rt: Runtime, job_id: int, now: datetime) -> int | None:
             view = replace(view, cancelled_by=_canceller(session, job))
         thread = job.message_ts
         channel = (job.channel_id if thread else None) or job.requested_by
-        text, body = blocks.completion_reply(view)
+        text, body = rt.message(JobFinished(view))
         return outbox.enqueue(
             session,
             key=f"job_reply:{job_id}",

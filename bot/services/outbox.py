@@ -44,7 +44,7 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError, SlackError
-from bot.notify import MessageRef
+from bot.notify import FileAttachment, MessageRef
 from bot.runtime import Runtime
 from bot.services import audit
 from bot.store.models import OutboxMessage
@@ -84,15 +84,6 @@ PERMANENT_ERRORS = frozenset(
         "invalid_file_type",
     }
 )
-
-
-@dataclass(frozen=True)
-class FileAttachment:
-    """A file to share in the thread of the message it comes with (a chart, a CSV)."""
-
-    name: str
-    content: bytes
-    title: str = ""
 
 
 def enqueue(

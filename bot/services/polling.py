@@ -26,7 +26,7 @@ from bot.fleet.fleet import FAN_OUT_WORKERS
 from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, samples
-from bot.services.instances import handle_fleet_error, target_for
+from bot.services.lookup import POLLED_STATES, handle_fleet_error, target_for
 from bot.store.models import Instance, Job, UtilSample
 from bot.timebox import Timebox, expired
 
@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 
 #: A gap in polling longer than this many intervals restarts the idle clock.
 GAP_FACTOR = 3
-#: Instance states that are polled.
-POLLED_STATES = ("active",)
 #: Instances per fan-out: twice the polling pool's width. A batch waits for its slowest agent
 #: (at most the SSH command timeout), so the next batch starts only while the time budget lasts.
 POLL_BATCH = 2 * FAN_OUT_WORKERS

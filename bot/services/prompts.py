@@ -4,7 +4,9 @@ A prompt is unique per (instance, kind, key). Posting claims the row first with 
 UPDATE (``sent_at`` set while ``message_ts`` is empty; ``first_attempt_at`` set once, on the first
 try), commits, posts outside any transaction and records the message after. A claim left behind
 by a crash expires after ``CLAIM_LEASE_S``, so a prompt is never lost; two processes never both
-post it.
+post it. What a prompt says is decided when it is posted, from the current rows, by the
+renderer of its kind in the table the caller passes (the bot's: bot.services.prompt_kinds.KINDS);
+the renderer returns a :class:`bot.notify.Notice` and the runtime puts it into words.
 
 Prompts carry buttons and answers, so their state stays on their own rows, but they are posted
 and judged by the outbox's rules (:mod:`bot.services.outbox`): an unknown outcome (Slack's
@@ -20,9 +22,8 @@ duplicate needs the process to die mid-post and Slack's history to miss the mess
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,10 +32,10 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError
-from bot.notify import MessageRef
+from bot.notify import MessageRef, Notice
 from bot.runtime import Runtime
-from bot.services import outbox
-from bot.store.models import AuditLog, Instance, Prompt
+from bot.services import audit, outbox
+from bot.store.models import Instance, Prompt
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +47,11 @@ POSTED = "posted"
 UNCONFIRMED = "unconfirmed"
 FAILED = "failed"
 
-Message = tuple[str, tuple[dict[str, Any], ...]]
-#: Renders a prompt of some kind at posting time, from the current rows; None means the prompt
-#: no longer applies (it is then closed as "skipped" without being posted).
-Renderer = Callable[[Runtime, Session, Prompt, Instance], Message | None]
-
-#: Renderers by prompt kind; service modules add theirs when imported.
-RENDERERS: dict[str, Renderer] = {}
+#: Says what a prompt of some kind says at posting time, from the current rows; None means the
+#: prompt no longer applies (it is then closed as "skipped" without being posted).
+PromptRenderer = Callable[[Runtime, Session, Prompt, Instance], Notice | None]
+#: Prompt renderers by prompt kind (the whole bot's: bot.services.prompt_kinds.KINDS).
+PromptKinds = Mapping[str, PromptRenderer]
 
 
 def ensure_prompt(
@@ -174,7 +173,7 @@ def _record_failure(
         prompt = session.get(Prompt, prompt_id)
         assert prompt is not None
         if kind != "retry":
-            audit(
+            audit.record(
                 session,
                 at=now,
                 actor="gpubot",
@@ -201,22 +200,21 @@ def _record_failure(
             )
 
 
-def _instance_of(session: Session, prompt_id: int) -> int | None:
-    return session.exec(select(Prompt.instance_id).where(Prompt.id == prompt_id)).first()
-
-
-def deliver_pending(rt: Runtime, now: datetime, *, instance_id: int | None = None) -> int:
-    """Post every due, unposted, unanswered prompt of a kind with a renderer (optionally of one
-    instance). Returns how many were posted."""
+def deliver_pending(
+    rt: Runtime, now: datetime, kinds: PromptKinds, *, instance_id: int | None = None
+) -> int:
+    """Post every due, unposted, unanswered prompt of a kind in ``kinds`` (optionally of one
+    instance), each saying what its renderer returns, in the runtime's words. Returns how many
+    were posted."""
     stale = now - timedelta(seconds=CLAIM_LEASE_S)
-    todo: list[tuple[int, Message]] = []
+    todo: list[tuple[int, Notice]] = []
     with rt.db.session() as session:
         query = select(Prompt).where(
             col(Prompt.message_ts).is_(None),
             col(Prompt.delivery).is_(None),
             col(Prompt.resolved_at).is_(None),
             col(Prompt.due_at) <= now,
-            col(Prompt.kind).in_(list(RENDERERS)),
+            col(Prompt.kind).in_(list(kinds)),
             or_(col(Prompt.sent_at).is_(None), col(Prompt.sent_at) < stale),
         )
         if instance_id is not None:
@@ -224,13 +222,14 @@ def deliver_pending(rt: Runtime, now: datetime, *, instance_id: int | None = Non
         for prompt in session.exec(query.order_by(col(Prompt.id))).all():
             assert prompt.id is not None
             inst = session.get(Instance, prompt.instance_id)
-            message = None if inst is None else RENDERERS[prompt.kind](rt, session, prompt, inst)
-            if message is None:
+            notice = None if inst is None else kinds[prompt.kind](rt, session, prompt, inst)
+            if notice is None:
                 resolve(session, prompt.id, resolution="skipped", by=None, now=now)
                 continue
-            todo.append((prompt.id, message))
+            todo.append((prompt.id, notice))
     posted = 0
-    for prompt_id, (text, blocks) in todo:
+    for prompt_id, notice in todo:
+        text, blocks = rt.message(notice)
         if deliver(rt, prompt_id, text, blocks) is not None:
             posted += 1
     return posted
@@ -281,13 +280,13 @@ def posted_ref(prompt: Prompt) -> MessageRef | None:
     return None
 
 
-def update_message(
-    rt: Runtime, prompt: Prompt, text: str, blocks: Sequence[dict[str, Any]] = ()
-) -> None:
-    """Replace a posted prompt's message (buttons gone, decision shown); failures are logged."""
+def update_message(rt: Runtime, prompt: Prompt, notice: Notice) -> None:
+    """Replace a posted prompt's message with what ``notice`` says (buttons gone, decision
+    shown); failures are logged."""
     ref = posted_ref(prompt)
     if ref is None:
         return
+    text, blocks = rt.message(notice)
     try:
         rt.notifier.update(ref, text, blocks)
     except GpubotError as exc:
@@ -314,25 +313,4 @@ def notify(
         text=text,
         blocks=blocks,
         instance_id=instance_id,
-    )
-
-
-def audit(
-    session: Session,
-    *,
-    at: datetime,
-    actor: str,
-    action: str,
-    instance_id: int | None,
-    **details: Any,
-) -> None:
-    """Append an audit log row in the caller's transaction."""
-    session.add(
-        AuditLog(
-            at=at,
-            actor=actor,
-            action=action,
-            instance_id=instance_id,
-            details_json=json.dumps(details, default=str, sort_keys=True),
-        )
     )

@@ -33,8 +33,6 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from bot import billing
-from bot.blocks import deadlines as notices
-from bot.blocks import instances as instance_blocks
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -43,11 +41,12 @@ from bot.errors import (
     ProviderNotFound,
     UsageError,
 )
+from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
 from bot.runtime import Runtime
-from bot.services import instances, outbox, prompts, releases, rent
+from bot.services import audit, outbox, registration, releases, rent
 from bot.services.access import Caller
-from bot.services.views import RegisterResult, UnregisteredView
+from bot.services.views import InstanceBrief, RegisterResult, UnregisteredView
 from bot.store.models import Instance, Release
 
 log = logging.getLogger(__name__)
@@ -61,6 +60,22 @@ RUNNING_STATES = ("active", "registering", "lost")
 WATCHED_STATES = (*RUNNING_STATES, releases.STOPPED)
 #: What reconcile found out about a registered instance.
 STOPPED, STARTED, TERMINATED = "stopped", "started", "terminated"
+
+
+@dataclass(frozen=True)
+class ReleasedOutside(Notice):
+    """To the owner: the platform shows the instance ``state`` (terminated, stopped or started)
+    without the bot having done it; the registration now says so."""
+
+    instance: InstanceBrief
+    state: str
+
+
+@dataclass(frozen=True)
+class UnregisteredFound(Notice):
+    """For the ops channel: an instance a platform account holds that no registration holds."""
+
+    view: UnregisteredView
 
 
 @dataclass(frozen=True)
@@ -122,9 +137,7 @@ def report_unregistered(
         with rt.db.session() as session:
             if outbox.find(session, key) is not None:
                 continue
-            text, body = instance_blocks.unregistered_notice(
-                _unregistered_view(rt, provider, inst, now)
-            )
+            text, body = rt.message(UnregisteredFound(_unregistered_view(rt, provider, inst, now)))
             outbox.enqueue(
                 session,
                 key=key,
@@ -134,7 +147,7 @@ def report_unregistered(
                 blocks=body,
                 now=now,
             )
-            prompts.audit(
+            audit.record(
                 session,
                 at=now,
                 actor="gpubot",
@@ -179,7 +192,7 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
 
     Raises UsageError (a platform without an API, or no price the bot can use), NotFound (the
     platform does not know it), Conflict (it does not run now, or someone holds it), and what
-    :func:`bot.services.instances.register` raises."""
+    :func:`bot.services.registration.register` raises."""
     provider = rt.providers.get(req.provider)
     if not provider.capabilities.can_list:
         raise UsageError(
@@ -193,9 +206,9 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
             "not running with an address.",
             hint="Adopt it once it runs (start it on the platform first).",
         )
-    request = instances.RegisterRequest(
+    request = registration.RegisterRequest(
         name=req.name,
-        address=instances.format_address(req.ssh_user, seen.host, seen.ssh_port),
+        address=registration.format_address(req.ssh_user, seen.host, seen.ssh_port),
         gpu_model=req.gpu_model or seen.gpu_model,
         gpu_count=req.gpu_count or seen.gpu_count,
         price_micros_per_hour=_price(rt, provider, seen, req.price_micros_per_hour),
@@ -208,9 +221,9 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
         key_name=req.key_name,
         agent_home=req.agent_home,
     )
-    result = instances.register(rt, caller, request)
+    result = registration.register(rt, caller, request)
     with rt.db.session() as session:
-        prompts.audit(
+        audit.record(
             session,
             at=rt.now(),
             actor=caller.user_id,
@@ -309,7 +322,7 @@ def _record(rt: Runtime, instance_id: int, change: str, now: datetime) -> bool:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
         session.refresh(inst)
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor="gpubot",
@@ -318,7 +331,7 @@ def _record(rt: Runtime, instance_id: int, change: str, now: datetime) -> bool:
             provider=inst.provider,
             provider_state=change,
         )
-        text, body = notices.released_outside(releases.instance_view(inst), state=change)
+        text, body = rt.message(ReleasedOutside(releases.instance_view(inst), state=change))
         outbox.enqueue(
             session,
             key=key,

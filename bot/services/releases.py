@@ -1,6 +1,9 @@
 """The release engine: Release rows, claimed before each provider call and recorded after.
 
 - ``request_release`` opens a Release (one open Release per instance; asking again returns it).
+- ``release_now`` is the one route of a release someone asks for (`/gpu release` and the
+  buttons of deadline and idle prompts): it checks who asks, opens the Release and works on it
+  at once.
 - ``process_release`` claims a due Release with a conditional UPDATE (a lease in
   ``next_attempt_at``), commits, calls the provider outside any transaction and records the
   result. Nothing is marked released until the platform reports the instance stopped or
@@ -20,7 +23,8 @@
 
 Release states: pending, in_progress (claimed), escalated (failing, still retried),
 awaiting_owner (manual), confirmed. Every message goes out as a Prompt row (see
-bot.services.prompts), so none is lost or doubled by a crash.
+bot.services.prompts), so none is lost or doubled by a crash; what each says is a notice of this
+module (:class:`ManualReleaseRequest`, :class:`ReleasedNotice`, ...), listed in ``KINDS``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from bot import billing
-from bot.blocks import deadlines as blocks
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -46,9 +49,10 @@ from bot.errors import (
     UsageError,
 )
 from bot.logging_setup import log_context, log_ids
+from bot.notify import Notice
 from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
-from bot.services import access, prompts
+from bot.services import access, audit, prompts
 from bot.services.access import Caller
 from bot.services.views import InstanceBrief
 from bot.store.models import Instance, Prompt, Release
@@ -76,6 +80,77 @@ KIND_MANUAL_ASK = "release_manual"
 KIND_MANUAL_REMINDER = "release_reminder"
 KIND_ESCALATION = "release_escalation"
 KIND_RELEASED = "release_notice"
+
+#: What a :class:`Decided` notice says was decided.
+EXTENDED = "extended"
+RELEASE_REQUESTED = "release_requested"
+KEPT = "kept"
+CONFIRMED_RELEASED = "confirmed_released"
+CONFIRMED_STOPPED = "confirmed_stopped"
+
+
+@dataclass(frozen=True)
+class Decided(Notice):
+    """A prompt once answered, its buttons gone: ``decision`` (EXTENDED by ``extended_s``
+    seconds, RELEASE_REQUESTED for ``reason`` where given, KEPT, CONFIRMED_RELEASED or
+    CONFIRMED_STOPPED), by the Slack user ``by`` (None: the bot), at ``at`` (naive UTC, shown
+    in ``tz_name``)."""
+
+    instance: InstanceBrief
+    decision: str
+    by: str | None
+    at: datetime
+    tz_name: str
+    reason: str | None = None
+    extended_s: int = 0
+
+
+@dataclass(frozen=True)
+class ManualReleaseRequest(Notice):
+    """To the owner of an instance without a release API: release it (``mode`` terminate) or
+    stop it (``stop``) on its platform for ``reason``, then say which was done with the buttons
+    (their values carry ``instance_id``)."""
+
+    instance: InstanceBrief
+    instance_id: int
+    reason: str
+    mode: str = "terminate"
+
+
+@dataclass(frozen=True)
+class ManualReleaseReminder(Notice):
+    """To the owner: the manual release asked for at ``asked_at`` is still not confirmed at
+    ``now``."""
+
+    instance: InstanceBrief
+    instance_id: int
+    asked_at: datetime
+    now: datetime
+    mode: str = "terminate"
+
+
+@dataclass(frozen=True)
+class ReleaseEscalation(Notice):
+    """To the owner and the ops channel: a release failed ``attempts`` times (``last_error``
+    the platform's last answer), or, for a ``manual`` one, nobody confirmed it."""
+
+    instance: InstanceBrief
+    attempts: int
+    last_error: str | None
+    manual: bool
+
+
+@dataclass(frozen=True)
+class ReleasedNotice(Notice):
+    """To the owner: the instance is released (``mode`` terminate) or stopped (``stop``) for
+    ``reason``, as the platform or ``by`` confirmed; ``storage_bills`` when its platform bills
+    the disk of a stopped instance."""
+
+    instance: InstanceBrief
+    mode: str
+    reason: str
+    storage_bills: bool
+    by: str | None = None
 
 
 def request_release(
@@ -135,7 +210,7 @@ def request_release(
             state="pending",
         )
         session.add(release)
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor=requested_by,
@@ -146,6 +221,37 @@ def request_release(
         )
         session.flush()
     return release
+
+
+def release_now(
+    rt: Runtime,
+    caller: Caller,
+    instance_id: int,
+    *,
+    reason: str = "user",
+    mode: str = "terminate",
+) -> Release:
+    """The release an owner (or an admin) asks for, with `/gpu release` or a prompt's button:
+    open a Release for ``reason`` (user, idle, jobs_done) and work on it now. A platform with an
+    API is asked to terminate (or stop); a manual one gets its owner asked to do it there.
+    Returns the Release after that first attempt. Raises NotFound, NotAuthorized, Conflict
+    (already released, already stopped), UsageError (a mode that is not one) and
+    ProviderError/ConfigError (the platform cannot release in that mode)."""
+    with rt.db.session() as session:
+        inst = access.visible(rt, session.get(Instance, instance_id))
+        if inst is None:
+            raise NotFound(
+                f"There is no instance with id {instance_id}.",
+                hint="`/gpu list` shows the instances.",
+            )
+        access.require_owner_or_admin(rt, caller, inst, action="release")
+    if inst.state == "released":
+        raise Conflict(f"{inst.name} is already released.")
+    opened = request_release(rt, instance_id, reason=reason, requested_by=caller.user_id, mode=mode)
+    assert opened.id is not None
+    done = process_release(rt, opened.id)
+    rt.fleet.forget(inst.name)
+    return done
 
 
 def _same(column: Any, value: datetime | None) -> Any:
@@ -270,7 +376,7 @@ def confirm_manual_release(
             return release
         mark_instance_released(session, instance_id, now=now, mode=mode)
         to_update = _resolve_release_prompts(session, instance_id, by=caller.user_id, now=now)
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor=caller.user_id,
@@ -281,10 +387,15 @@ def confirm_manual_release(
             mode=mode,
         )
         view = instance_view(inst)
-    what = "Confirmed stopped on the platform" if stopped else "Confirmed released on the platform"
-    text, body = blocks.decided(view, what=what, by=caller.user_id, at=now, tz=rt.settings.tz())
+    decided = Decided(
+        view,
+        CONFIRMED_STOPPED if stopped else CONFIRMED_RELEASED,
+        by=caller.user_id,
+        at=now,
+        tz_name=rt.settings.timezone,
+    )
     for prompt in to_update:
-        prompts.update_message(rt, prompt, text, body)
+        prompts.update_message(rt, prompt, decided)
     return release
 
 
@@ -357,17 +468,10 @@ def instance_view(inst: Instance) -> InstanceBrief:
         name=inst.name,
         owner_id=inst.owner_id,
         provider=inst.provider,
-        price_micros_per_hour=hourly_cost_micros(inst),
+        price_micros_per_hour=billing.hourly_cost_micros(inst),
         currency=inst.currency,
         storage_micros_per_hour=billing.storage_micros_per_hour(inst),
     )
-
-
-def hourly_cost_micros(inst: Instance) -> int:
-    """What the instance costs per hour: per-GPU prices times the GPU count."""
-    if inst.price_per == "gpu_hour":
-        return inst.price_micros * max(inst.gpu_count or inst.delivered_gpu_count or 1, 1)
-    return inst.price_micros
 
 
 def escalation_channel(rt: Runtime, inst: Instance) -> str | None:
@@ -505,7 +609,7 @@ def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> 
             recipient=inst.owner_id,
             due_at=now,
         )
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor="gpubot",
@@ -593,7 +697,7 @@ def _add_escalations(
                 recipient=recipient,
                 due_at=now,
             )
-    prompts.audit(
+    audit.record(
         session,
         at=now,
         actor="gpubot",
@@ -714,11 +818,12 @@ def backoff_s(attempts: int, *, key: int = 0) -> int:
     return step - int(step / 2 * share)
 
 
-# --- messages ---------------------------------------------------------------------------------
+# --- what the prompts say ----------------------------------------------------------------------
 
 
-def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blocks.Message | None:
-    """The message for one of this module's prompt kinds (None: nothing to send any more)."""
+def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
+    """What a prompt of this module's kinds says, from the current rows (None: nothing to send
+    any more)."""
     view = instance_view(inst)
     release_id = int(prompt.key.split(":", 1)[0])
     release = session.get(Release, release_id)
@@ -727,13 +832,13 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
     if prompt.kind == KIND_MANUAL_ASK:
         if release.state == "confirmed":
             return None
-        return blocks.manual_release_request(
+        return ManualReleaseRequest(
             view, instance_id=inst.id or 0, reason=release.reason, mode=release.mode
         )
     if prompt.kind == KIND_MANUAL_REMINDER:
         if release.state == "confirmed":
             return None
-        return blocks.manual_release_reminder(
+        return ManualReleaseReminder(
             view,
             instance_id=inst.id or 0,
             asked_at=release.requested_at,
@@ -743,7 +848,7 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
     if prompt.kind == KIND_ESCALATION:
         if release.state == "confirmed":
             return None
-        return blocks.release_escalation(
+        return ReleaseEscalation(
             view,
             attempts=release.attempts,
             last_error=release.last_error,
@@ -755,21 +860,24 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> blo
             storage_bills = rt.providers.get(inst.provider).capabilities.storage_bills_when_stopped
         except GpubotError:
             storage_bills = True
-        return blocks.released_notice(
-            view, mode=release.mode, reason=release.reason, storage_bills=storage_bills, by=None
+        return ReleasedNotice(
+            view, mode=release.mode, reason=release.reason, storage_bills=storage_bills
         )
     return None
 
 
-for _kind in (KIND_MANUAL_ASK, KIND_MANUAL_REMINDER, KIND_ESCALATION, KIND_RELEASED):
-    prompts.RENDERERS[_kind] = render
+#: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).
+KINDS: dict[str, prompts.PromptRenderer] = {
+    kind: render for kind in (KIND_MANUAL_ASK, KIND_MANUAL_REMINDER, KIND_ESCALATION, KIND_RELEASED)
+}
 
 
 def _deliver_for_release(rt: Runtime, release_id: int) -> None:
-    """Post this release's unsent prompts now rather than at the next tick."""
+    """Post the unsent prompts of this release's kinds about its instance now rather than at
+    the next tick."""
     with rt.db.session() as session:
         release = session.get(Release, release_id)
         if release is None:
             return
         instance_id = release.instance_id
-    prompts.deliver_pending(rt, rt.now(), instance_id=instance_id)
+    prompts.deliver_pending(rt, rt.now(), KINDS, instance_id=instance_id)

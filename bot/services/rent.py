@@ -23,6 +23,7 @@ import secrets
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,13 +31,13 @@ from typing import Any
 
 from sqlmodel import select
 
-from bot.blocks.kit import escape
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
+from bot.notify import Notice
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
 from bot.runtime import Runtime
-from bot.services import budgets, instances, outbox, prompts
+from bot.services import audit, budgets, outbox, prompts, registration
 from bot.services.access import Caller
-from bot.services.instances import RegisterRequest
+from bot.services.registration import RegisterRequest
 from bot.services.views import RegisterResult
 from bot.store.models import AuditLog, Instance
 
@@ -105,6 +106,80 @@ class RentResult:
 
     registered: tuple[RegisterResult, ...]
     failed: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class RentStarted(Notice):
+    """`/gpu rent` checked and under way: ``names`` of ``instance_type`` on ``provider``."""
+
+    provider: str
+    instance_type: str
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RentFinished(Notice):
+    """What a rental by ``owner_id`` came to: the names registered, and (provider id, what went
+    wrong) of those that were not (they were terminated again)."""
+
+    provider: str
+    registered: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+    owner_id: str
+
+
+@dataclass(frozen=True)
+class RentFailed(Notice):
+    """Renting on ``provider`` failed with ``error`` (None: an unexpected failure, in the log)."""
+
+    provider: str
+    error: str | None
+
+
+@dataclass(frozen=True)
+class RentGivenBackFailed(Notice):
+    """To the renter: a rented instance could not be registered (``why``) and terminating it
+    failed too (``error``): it bills until someone terminates it."""
+
+    provider: str
+    provider_id: str
+    why: str
+    error: str
+
+
+@dataclass(frozen=True)
+class RentRecovered(Notice):
+    """To the renter: an instance rented at ``launched_at`` (``name`` where it got one) was never
+    registered because of ``reason``, and has been terminated."""
+
+    provider: str
+    provider_id: str
+    name: str | None
+    launched_at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
+class RentRecoverFailed(Notice):
+    """To the renter: an instance never registered (``reason``) could not be terminated
+    (``error``); the bot keeps trying."""
+
+    provider: str
+    provider_id: str
+    name: str | None
+    reason: str
+    error: str
+
+
+@dataclass(frozen=True)
+class RentLaunchChecked(Notice):
+    """To the renter: a launch of ``instance_type`` at ``started_at`` got no answer, and nothing
+    was found started under its ``platform_name``."""
+
+    provider: str
+    instance_type: str
+    started_at: datetime
+    platform_name: str
 
 
 @dataclass(frozen=True)
@@ -187,6 +262,31 @@ def rent(
     finally:
         with _adopting_lock:
             _adopting.difference_update(keys)
+
+
+def rent_and_report(rt: Runtime, caller: Caller, plan: RentPlan) -> RentResult | None:
+    """:func:`rent`, then tell the caller's channel (or the caller) what came of it, once
+    (:class:`RentFinished` or :class:`RentFailed`); for the executor after `/gpu rent` has
+    answered. Returns the result, None when renting failed (nothing is raised)."""
+    where = caller.channel_id or caller.user_id
+    key = f"rent:{caller.user_id}:{uuid.uuid4().hex}"  # this rent's outcome is said once
+    try:
+        result = rent(rt, caller, plan)
+    except GpubotError as exc:
+        _notify(rt, where, RentFailed(plan.provider.name, exc.user_text()), key=key)
+        return None
+    except Exception:  # a background task has nobody else to tell
+        log.exception("renting on %s failed", plan.provider.name)
+        _notify(rt, where, RentFailed(plan.provider.name, None), key=key)
+        return None
+    finished = RentFinished(
+        plan.provider.name,
+        tuple(r.instance.name for r in result.registered),
+        result.failed,
+        caller.user_id,
+    )
+    _notify(rt, where, finished, key=key)
+    return result
 
 
 def recover_orphans(rt: Runtime, now: datetime) -> list[str]:
@@ -306,12 +406,12 @@ def _adopt(
             hint="Rent again with --price.",
         )
     caps = plan.provider.capabilities
-    return instances.register(
+    return registration.register(
         rt,
         caller,
         RegisterRequest(
             name=name,
-            address=instances.format_address(req.ssh_user, ready.host, ready.ssh_port),
+            address=registration.format_address(req.ssh_user, ready.host, ready.ssh_port),
             gpu_model=plan.gpu_model or ready.gpu_model,
             gpu_count=plan.gpu_count or ready.gpu_count,
             price_micros_per_hour=price,
@@ -379,13 +479,10 @@ def _give_back(
         detail = outcome.state
     except GpubotError as exc:
         detail = f"terminating failed too: {exc.user_text()}"
-        prompts.notify(
+        _notify(
             rt,
             caller.user_id,
-            f":rotating_light: {provider.name} instance {provider_id} was rented but could not be "
-            f"registered ({escape(why.message)}), and terminating it failed: "
-            f"{escape(exc.message)}. Terminate it on the platform now; it is billing.",
-            (),
+            RentGivenBackFailed(provider.name, provider_id, why.message, exc.message),
             key=f"rent_given_back:{provider.name}:{provider_id}",
         )
     _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
@@ -448,14 +545,13 @@ def _orphans(rt: Runtime, now: datetime) -> list[_Launch]:
 
 def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
     """Terminate one orphan (no network call inside a transaction). True when terminated."""
-    what = f"{launch.provider} instance {launch.provider_id}" + (
-        f" ({launch.name})" if launch.name else ""
-    )
     try:
         outcome = rt.providers.get(launch.provider).release(launch.provider_id, "terminate")
     except GpubotError as exc:
-        log.warning("terminating orphaned rental %s failed: %s", what, exc)
-        _tell_once(rt, now, launch, what, exc)
+        log.warning(
+            "terminating orphaned rental %s %s failed: %s", launch.provider, launch.provider_id, exc
+        )
+        _tell_once(rt, now, launch, exc)
         return False
     _audit_bot(
         rt,
@@ -465,20 +561,19 @@ def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         id=launch.provider_id,
         detail="already gone" if outcome.already_gone else outcome.state,
     )
-    launched = launch.launched_at.strftime("%Y-%m-%d %H:%M UTC")
-    prompts.notify(
+    recovered = RentRecovered(
+        launch.provider, launch.provider_id, launch.name, launch.launched_at, launch.reason
+    )
+    _notify(
         rt,
         launch.renter,
-        f":warning: {what}, rented with /gpu rent at {launched}, was never registered because "
-        f"{escape(launch.reason)}. It has been terminated so it does not bill. "
-        "Rent again with /gpu rent if you still need it.",
-        (),
+        recovered,
         key=f"rent_recovered:{launch.provider}:{launch.provider_id}",
     )
     return True
 
 
-def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: GpubotError) -> None:
+def _tell_once(rt: Runtime, now: datetime, launch: _Launch, exc: GpubotError) -> None:
     with rt.db.session() as session:
         told = session.exec(
             select(AuditLog.id).where(
@@ -489,7 +584,7 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: Gpub
         ).first()
         if told is not None:
             return
-        prompts.audit(
+        audit.record(
             session,
             at=now,
             actor="gpubot",
@@ -499,14 +594,18 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, what: str, exc: Gpub
             id=launch.provider_id,
             error=exc.message,
         )
+        text, body = rt.message(
+            RentRecoverFailed(
+                launch.provider, launch.provider_id, launch.name, launch.reason, exc.message
+            )
+        )
         message_id = outbox.enqueue(
             session,
             key=f"notice:rent_recover_failed:{launch.provider}:{launch.provider_id}",
             kind="notice",
             recipient=launch.renter,
-            text=f":rotating_light: {what} was rented with /gpu rent but never registered "
-            f"({escape(launch.reason)}), and terminating it failed: {escape(exc.message)}. "
-            "Terminate it on the platform now; it is billing. The bot keeps trying.",
+            text=text,
+            blocks=body,
             now=now,
         )
     outbox.deliver(rt, message_id)
@@ -595,17 +694,10 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
         terminated=terminated,
     )
     if not started:
-        when = launch.started_at.strftime("%Y-%m-%d %H:%M UTC")
-        prompts.notify(
-            rt,
-            launch.renter,
-            f":information_source: Your /gpu rent of {escape(launch.instance_type)} on "
-            f"{launch.provider} at {when} got no answer from the platform. The bot checked: "
-            f"nothing was started under its name {escape(launch.platform_name)}, so nothing "
-            "bills. Rent again if you still need it.",
-            (),
-            key=f"rent_launch_checked:{launch.launch_id}",
+        checked = RentLaunchChecked(
+            launch.provider, launch.instance_type, launch.started_at, launch.platform_name
         )
+        _notify(rt, launch.renter, checked, key=f"rent_launch_checked:{launch.launch_id}")
     return terminated
 
 
@@ -626,8 +718,8 @@ def _base_name(req: RentRequest) -> str:
 def _names(req: RentRequest) -> tuple[str, ...]:
     base = _base_name(req)
     if req.count == 1:
-        return (instances.validate_name(base),)
-    return tuple(instances.validate_name(f"{base}-{i}") for i in range(1, req.count + 1))
+        return (registration.validate_name(base),)
+    return tuple(registration.validate_name(f"{base}-{i}") for i in range(1, req.count + 1))
 
 
 def _check_free(rt: Runtime, names: tuple[str, ...]) -> None:
@@ -656,14 +748,18 @@ def _type_facts(
     return None, None, provider.price(instance_type)
 
 
+def _notify(rt: Runtime, recipient: str, notice: Notice, *, key: str) -> None:
+    """Say ``notice`` to ``recipient`` once through the outbox (see prompts.notify)."""
+    text, body = rt.message(notice)
+    prompts.notify(rt, recipient, text, body, key=key)
+
+
 def _audit_bot(rt: Runtime, now: datetime, action: str, **details: object) -> None:
     """An audit row written by the bot itself (no instance)."""
     with rt.db.session() as session:
-        prompts.audit(session, at=now, actor="gpubot", action=action, instance_id=None, **details)
+        audit.record(session, "gpubot", action, None, at=now, **details)
 
 
 def _audit(rt: Runtime, caller: Caller, action: str, **details: object) -> None:
     with rt.db.session() as session:
-        prompts.audit(
-            session, at=rt.now(), actor=caller.user_id, action=action, instance_id=None, **details
-        )
+        audit.record(session, caller.user_id, action, None, at=rt.now(), **details)

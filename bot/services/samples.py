@@ -3,8 +3,8 @@
 Each poll writes one UtilSample row (what the idle rules and the last poll read) and adds itself
 to the UtilHour row of its instance and ledger bucket (the charge it falls in) in the same
 transaction, so reports join each charge to one roll-up, never to raw samples. Raw samples older
-than the retention are deleted in bounded batches; the roll-ups stay as long as the charges they
-explain.
+than the retention (``settings.sample_retention_days``, GPUBOT_SAMPLE_RETENTION_DAYS) are deleted
+in bounded batches; the roll-ups stay as long as the charges they explain.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from bot.runtime import Runtime
 from bot.services import ledger
 from bot.store.models import Instance, UtilHour, UtilSample
 
-#: Raw samples older than this are deleted (the roll-ups keep what reports need).
-RETENTION_S = 35 * 86_400
 #: At most this many raw samples are deleted per transaction, and per call of :func:`prune`.
 PRUNE_BATCH = 5_000
 PRUNE_BATCHES_PER_CALL = 4
@@ -46,11 +44,11 @@ def record(session: Session, sample: UtilSample, tz: ZoneInfo) -> None:
     session.add(bucket)
 
 
-def prune(rt: Runtime, now: datetime, *, retention_s: int = RETENTION_S) -> int:
-    """Delete raw samples older than ``retention_s`` seconds, at most ``PRUNE_BATCH`` per
-    transaction and ``PRUNE_BATCHES_PER_CALL`` batches per call (the rest waits for the next
-    call); returns how many were deleted."""
-    cutoff = now - timedelta(seconds=retention_s)
+def prune(rt: Runtime, now: datetime) -> int:
+    """Delete raw samples taken more than ``rt.settings.sample_retention_days`` days before
+    ``now``, at most ``PRUNE_BATCH`` per transaction and ``PRUNE_BATCHES_PER_CALL`` batches per
+    call (the rest waits for the next call); returns how many were deleted."""
+    cutoff = now - timedelta(days=rt.settings.sample_retention_days)
     deleted = 0
     for _ in range(PRUNE_BATCHES_PER_CALL):
         with rt.db.session() as session:

@@ -23,6 +23,7 @@ from sqlalchemy import and_, case, func
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
+from bot import billing
 from bot.errors import UsageError
 from bot.services import ledger
 from bot.store.db import Database
@@ -342,7 +343,7 @@ def _per_instance(
                 project=instance.project,
                 provider=instance.provider,
                 gpu_model=instance.gpu_model,
-                gpu_count=instance.gpu_count or instance.delivered_gpu_count or 1,
+                gpu_count=billing.billed_gpu_count(instance),
                 compute_micros=compute,
                 storage_micros=other,
                 idle_micros=idle,

@@ -1,6 +1,6 @@
 """One tick of the clock: everything the bot does on its own, in order.
 
-``tick(rt, now)`` polls agents, runs the hooks other parts register (jobs, the ledger, budgets,
+``tick(rt, now)`` polls agents, runs the steps in ``TICK_STEPS`` (jobs, the ledger, budgets,
 the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
 reconciles with the providers' own lists (and terminates rentals the bot launched but never
 registered because it stopped in between; one process alone does this in each slot, by a
@@ -19,25 +19,36 @@ budget is named in ``TickReport.over_budget`` and in a logged warning, and the s
 still run. Polling and releases also honour their budget: once it is spent they take no new
 instance or release, and what is left stays due for the next tick, first in line; the item in
 hand is finished, so they can overrun by one item (bounded by the SSH command timeout, or the
-platform's HTTP timeout). The other steps are measured only: the rules and the hooks work on
+platform's HTTP timeout). The other steps are measured only: the rules and ``TICK_STEPS`` work on
 rows, and posting takes every due message, each bounded by Slack's timeout.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import lru_cache, partial
+from functools import partial
 from typing import TypeVar
 
 from sqlalchemy import exc as sa_exc
 
 from bot.runtime import Runtime
-from bot.services import deadlines, outbox, polling, prompts, releases, rent, samples
+from bot.services import (
+    budgets,
+    deadlines,
+    digest,
+    jobs,
+    ledger,
+    outbox,
+    polling,
+    prompt_kinds,
+    prompts,
+    releases,
+    rent,
+    samples,
+)
 from bot.store.models import StepClaim
 from bot.timebox import Timebox
 
@@ -45,13 +56,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Steps other parts of the bot add, as "module:function"; each is called as fn(rt, now)
-#: (or fn(rt)) after the agents are polled and before the rules run. Add one line per hook.
-TICK_HOOKS: list[str] = [
-    "bot.services.jobs:poll_all",
-    "bot.services.ledger:ledger_tick",
-    "bot.services.budgets:budget_tick",
-    "bot.services.digest:digest_tick",
+#: A step of the tick: called as ``fn(rt, now)``; what it returns is not used.
+Step = Callable[[Runtime, datetime], object]
+
+#: The steps run after the agents are polled and before the rules, in order, by step name.
+TICK_STEPS: list[tuple[str, Step]] = [
+    ("jobs", jobs.poll_all),
+    ("ledger", ledger.ledger_tick),
+    ("budgets", budgets.budget_tick),
+    ("digest", digest.digest_tick),
 ]
 
 #: How often the providers' lists are compared with the store.
@@ -61,7 +74,7 @@ PRUNE_EVERY_S = 3600
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
 
-#: A step's time budget as a share of the tick interval, by step name (hooks by their spec).
+#: A step's time budget as a share of the tick interval, by step name.
 STEP_SHARES: dict[str, float] = {"poll": 0.2, "releases": 0.2, "prompts": 0.1}
 #: The share of every step not in ``STEP_SHARES``.
 DEFAULT_STEP_SHARE = 0.05
@@ -99,8 +112,8 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     report = TickReport(now=now, interval_s=rt.settings.tick_interval_s)
     poll = partial(polling.poll_instances, rt, now)
     report.polled = len(_run(report, "poll", lambda: poll(timebox=_box(report, "poll"))) or ())
-    for spec in TICK_HOOKS:
-        _run(report, spec, partial(_call_hook, spec, rt, now))
+    for name, step in TICK_STEPS:
+        _run(report, name, partial(step, rt, now))
     rules: tuple[tuple[str, Callable[[Runtime, datetime], list[int]]], ...] = (
         ("deadlines", deadlines.check_deadlines),
         ("idle", deadlines.check_idle),
@@ -110,7 +123,8 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
         report.released_requested.extend(_run(report, name, partial(rule, rt, now)) or ())
     # What people must hear goes out before the platforms are asked anything.
     report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
-    report.prompts_posted = _run(report, "prompts", lambda: prompts.deliver_pending(rt, now)) or 0
+    post = partial(prompts.deliver_pending, rt, now, prompt_kinds.KINDS)
+    report.prompts_posted = _run(report, "prompts", post) or 0
     report.outbox_posted = _run(report, "outbox", lambda: outbox.deliver_due(rt, now)) or 0
     due = partial(releases.process_due_releases, rt, now)
     processed = _run(report, "releases", lambda: due(timebox=_box(report, "releases")))
@@ -135,26 +149,8 @@ def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
         _run(into, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
     )
     # What reconciling found out (stopped or released outside the bot) is said at once.
-    _run(into, "prompts", lambda: prompts.deliver_pending(rt, now))
+    _run(into, "prompts", lambda: prompts.deliver_pending(rt, now, prompt_kinds.KINDS))
     _run(into, "outbox", lambda: outbox.deliver_due(rt, now))
-
-
-@lru_cache(maxsize=64)
-def resolve_hook(spec: str) -> Callable[..., object]:
-    """The function a "module:function" hook names. Raises ImportError or AttributeError."""
-    module_name, _, attr = spec.partition(":")
-    fn = getattr(importlib.import_module(module_name), attr)
-    if not callable(fn):
-        raise TypeError(f"tick hook {spec} is not callable")
-    return fn  # type: ignore[no-any-return]
-
-
-def _call_hook(spec: str, rt: Runtime, now: datetime) -> None:
-    fn = resolve_hook(spec)
-    if len(inspect.signature(fn).parameters) >= 2:
-        fn(rt, now)
-    else:
-        fn(rt)
 
 
 def claim_step(rt: Runtime, step: str, slot: int) -> bool:

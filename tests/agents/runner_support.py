@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agents import protocol
+from agents.jobstore import JobStore
 from agents.protocol import FINAL_JOB_STATES, JobList, JobRecord
-from agents.runner import JobStore, session_members
+from agents.sessions import session_members
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -282,6 +282,9 @@ HEAVY_MODULES = {
     "agents.protocol",
     "agents.jobs_cli",
     "agents.runner",
+    "agents.jobstore",
+    "agents.sessions",
+    "agents.gpu_queue",
     "agents.health",
 }
 

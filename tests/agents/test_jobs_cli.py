@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agents import cli, jobs_cli, protocol
+from agents.jobstore import JobStore
 from agents.protocol import (
     JobList,
     JobRecord,
@@ -19,7 +20,6 @@ from agents.protocol import (
     WhoJob,
     WhoReport,
 )
-from agents.runner import JobStore
 
 WRITE_ARGV = (
     "import json, os, sys; "
@@ -238,7 +238,7 @@ def test_run_text_says_whether_gpus_are_a_count_or_named() -> None:
 
 
 def test_all_gpus_reads_back_as_all() -> None:
-    from agents.runner import parse_gpus
+    from agents.protocol import parse_gpus
 
     assert parse_gpus("all").text == "all"
     assert parse_gpus(parse_gpus("all").text) == parse_gpus("all")

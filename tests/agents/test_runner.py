@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from agents import protocol, runner
+from agents import gpu_queue, jobstore, protocol, runner
+from agents.jobstore import JobStore
 from agents.protocol import HealthReport, JobRecord, StatusSnapshot, WhoReport
-from agents.runner import JobStore
 from tests.agents.runner_support import REPO, Agent, gone, make_agent, python_job
 
 pytestmark = pytest.mark.integration
@@ -477,7 +477,7 @@ def test_reservations_are_worked_out_from_the_job_metadata():
         {"id": "d", "seq": 4, "state": "queued", "want_count": 0, "want_indices": []},
         {"id": "e", "seq": 5, "state": "running", "gpus_assigned": []},
     ]
-    held, waiting, waiting_any = runner.reservations(metas)
+    held, waiting, waiting_any = gpu_queue.reservations(metas)
     assert {i: j.job_id for i, j in held.items()} == {0: "a", 1: "a"}
     assert held[0].since == "T1"
     assert {i: [j.job_id for j in js] for i, js in waiting.items()} == {1: ["b"]}
@@ -555,7 +555,7 @@ def test_gpu_job_fails_when_its_supervisor_sees_no_gpu(agent: Agent):
         "gpus_assigned": [],
         "retries": 0,
         "attempt": 0,
-        "created_at": runner.iso_now(),
+        "created_at": jobstore.iso_now(),
         "started_at": None,
         "finished_at": None,
         "exit_code": None,

@@ -21,7 +21,7 @@ from sqlalchemy import select
 from sqlmodel import SQLModel
 
 from bot.app import BotExecutor, build_app
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
 from bot.errors import ConfigError, NotFound
 from bot.listeners import BAD_BUTTON_TEXT, MAX_BUTTON_ID, button_id
@@ -60,7 +60,7 @@ def test_help_answers_ephemerally_with_every_command(slack_bot: SlackBot) -> Non
     assert reply.payload["response_type"] == "ephemeral"
     assert not check_blocks(reply.payload["blocks"])
     shown = payload_json(reply)
-    for spec in load_all().primary_commands():
+    for spec in build_registry().primary_commands():
         assert f"/gpu {spec.name}" in shown
 
 
@@ -287,7 +287,7 @@ def _echo(rt: object, caller: Caller, args: argparse.Namespace) -> Reply:
 _WORDS = st.one_of(
     st.sampled_from(
         [
-            *sorted(load_all().commands),
+            *sorted(build_registry().commands),
             *["--", "--gpu", "--count", "--price", "--release-in", "--full", "local", "-h", "2h"],
         ]
     ),
@@ -364,7 +364,7 @@ def test_a_button_value_that_is_no_id_gets_a_clear_message_and_changes_nothing(
 ) -> None:
     add_instance(sqlite_db)  # instance 1: what a lenient reading of "01" or " 1" would hit
     before = _store_rows(sqlite_db)
-    actions = sorted(load_all().actions)
+    actions = sorted(build_registry().actions)
     # Every click from one person at once: the per-person limit would turn some away.
     with start_slack_bot(sqlite_db, tmp_path, commands_per_user=len(actions)) as bot:
         for action_id in actions:
@@ -379,7 +379,7 @@ def test_a_button_value_that_is_no_id_gets_a_clear_message_and_changes_nothing(
 
 
 def test_the_largest_id_reaches_the_handler_on_every_store(db: Database, tmp_path: Path) -> None:
-    actions = sorted(load_all().actions)
+    actions = sorted(build_registry().actions)
     with start_slack_bot(db, tmp_path, commands_per_user=len(actions)) as bot:
         for action_id in actions:
             assert bot.click(action_id, str(MAX_BUTTON_ID)) == 200, action_id

@@ -1,11 +1,16 @@
-"""Charts: real PNGs from matplotlib, deterministic, bounded, with readable money axes."""
+"""Charts: real PNGs from matplotlib, deterministic, bounded, with readable money axes, and
+Chinese names drawn in a CJK font rather than as empty boxes."""
 
 from __future__ import annotations
 
 import io
+import logging
+import warnings
+from collections.abc import Callable
 from datetime import date, timedelta
 
 import numpy as np
+import pytest
 from matplotlib import image
 
 from bot import charts
@@ -59,3 +64,45 @@ def test_money_axis_drops_zero_cents() -> None:
     assert usd(2.5, 0) == "$2.50"
     chf = charts._money_axis("CHF")
     assert chf(500.0, 0) == "500 CHF"
+
+
+# --- Chinese, Japanese and Korean names ------------------------------------------------------
+
+CHINESE_PROJECT = "训练集群"
+NO_CJK_FONT = (
+    "No CJK font is installed (none of {families}), so Chinese names draw as empty boxes. "
+    "Install Debian's fonts-noto-cjk (apt-get install fonts-noto-cjk), as .ci/run and "
+    "deploy/Dockerfile do."
+)
+
+
+def missing_glyphs(draw: Callable[[], bytes]) -> list[str]:
+    """The "Glyph ... missing from font(s)" warnings matplotlib gives while ``draw`` runs."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert draw().startswith(PNG_MAGIC)  # the chart draws whatever the fonts
+    return [str(w.message) for w in caught if "missing from font" in str(w.message)]
+
+
+def draw_chinese() -> bytes:
+    days = [(date(2026, 3, 1), 3 * USD, USD)]
+    bars = charts.bar_chart(f"{CHINESE_PROJECT} 三月", [(CHINESE_PROJECT, 5 * USD)], currency="CNY")
+    return charts.daily_chart(f"{CHINESE_PROJECT} 每日", days, currency="CNY") + bars
+
+
+def test_chinese_project_names_draw_with_every_glyph(caplog: pytest.LogCaptureFixture) -> None:
+    families = charts.font_families()
+    if not set(families) & set(charts.CJK_FAMILIES):
+        pytest.fail(NO_CJK_FONT.format(families=", ".join(charts.CJK_FAMILIES)))
+    caplog.set_level(logging.WARNING, logger="matplotlib")
+    assert missing_glyphs(draw_chinese) == []
+    # Only installed families are asked for: no "findfont: Font family ... not found" lines.
+    assert [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()] == []
+
+
+def test_a_latin_only_font_list_is_caught_missing_the_chinese(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(charts, "font_families", lambda: [charts.LATIN_FAMILY])
+    missing = missing_glyphs(draw_chinese)
+    assert any("CJK UNIFIED IDEOGRAPH" in message for message in missing), missing

@@ -22,6 +22,7 @@ import pytest
 from bot.cli import PRIVATE_UMASK, main
 from bot.local_slack import LocalSlack, signed_headers, slash_command_body, slash_command_payload
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
+from tests.fixtures.socket_slack import SocketModeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -186,7 +187,7 @@ def test_http_mode_serves_signed_requests_and_stops_on_sigterm(
 
 @pytest.mark.integration
 def test_with_both_tokens_gpubot_speaks_socket_mode(tmp_path: Path) -> None:
-    with LocalSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
+    with SocketModeSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
         env = {
             "SLACK_BOT_TOKEN": BOT_TOKEN,
             "SLACK_APP_TOKEN": "xapp-test",
@@ -218,7 +219,7 @@ def test_with_both_tokens_gpubot_speaks_socket_mode(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_a_wrong_app_token_is_refused_by_slack(tmp_path: Path) -> None:
-    with LocalSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
+    with SocketModeSlack(token=BOT_TOKEN, app_token="xapp-test") as slack:
         env = {
             "SLACK_BOT_TOKEN": BOT_TOKEN,
             "SLACK_APP_TOKEN": "xapp-wrong",

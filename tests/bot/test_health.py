@@ -29,6 +29,7 @@ from bot.store.db import Database
 from bot.store.stats import ping
 from tests.bot.test_cli import gpubot
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
+from tests.fixtures.socket_slack import SocketModeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHCHECK = ROOT / "deploy" / "healthcheck.py"
@@ -165,7 +166,7 @@ def _healthcheck(url: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.integration
 def test_socket_mode_serves_health_and_metrics_on_its_own_port(tmp_path: Path) -> None:
-    slack = LocalSlack(token=BOT_TOKEN, app_token="xapp-test").start()
+    slack = SocketModeSlack(token=BOT_TOKEN, app_token="xapp-test").start()
     env = {
         "SLACK_BOT_TOKEN": BOT_TOKEN,
         "SLACK_APP_TOKEN": "xapp-test",

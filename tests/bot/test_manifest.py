@@ -14,7 +14,7 @@ import yaml
 from slack_sdk import WebClient
 
 from bot.cli import cli_parser
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.listeners import SLASH_COMMAND
 from bot.local_slack import LocalSlack
 from bot.slack_notifier import SlackNotifier
@@ -57,14 +57,14 @@ def test_manifest_declares_the_one_slash_command_the_app_listens_to() -> None:
 def test_every_registered_command_is_in_the_usage_hint() -> None:
     hint = _slash(_manifest())["usage_hint"]
     words = set(re.findall(r"[a-z][a-z-]*", hint))
-    missing = [spec.name for spec in load_all().primary_commands() if spec.name not in words]
+    missing = [spec.name for spec in build_registry().primary_commands() if spec.name not in words]
     assert missing == [], f"add {missing} to the usage_hint in deploy/manifest.yaml"
     assert len(hint) <= 1000
 
 
 def test_interactivity_and_socket_mode_are_on() -> None:
     settings = _manifest()["settings"]
-    assert load_all().actions, "buttons are registered, so interactivity is needed"
+    assert build_registry().actions, "buttons are registered, so interactivity is needed"
     assert settings["interactivity"]["is_enabled"] is True
     assert settings["interactivity"]["request_url"].endswith("/slack/events")
     assert settings["socket_mode_enabled"] is True
@@ -90,7 +90,7 @@ def test_the_manifest_command_and_every_button_are_handled(slack_bot: SlackBot) 
     command = _slash(_manifest())["command"].removeprefix("/")
     assert command == "gpu"
     assert slack_bot.command("help") == 200
-    actions = sorted(load_all().actions)
+    actions = sorted(build_registry().actions)
     for action_id in actions:
         # A click on a button the app registered is acked (200), never unhandled (404).
         assert slack_bot.click(action_id, "0") == 200, action_id

@@ -21,7 +21,7 @@ from bot.store.db import Database
 from bot.store.stats import ping
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
 
-#: Names of the threads the test hook's fan-out ran on.
+#: Names of the threads the test step's fan-out ran on.
 FAN_OUT_THREADS: list[str] = []
 
 
@@ -59,7 +59,7 @@ def test_first_tick_at_once_then_every_interval_until_shutdown(sqlite_db):
 
 
 def fan_out_from_a_tick(rt: Runtime) -> None:
-    """A tick hook: one fan-out to ``local``, noting the thread it ran on."""
+    """A tick step: one fan-out to ``local``, noting the thread it ran on."""
     answers = rt.fleet.fan_out(
         [Target(name="local", host="local")], lambda agent: threading.current_thread().name
     )
@@ -67,7 +67,8 @@ def fan_out_from_a_tick(rt: Runtime) -> None:
 
 
 def test_a_tick_fans_out_on_the_polling_pool_apart_from_commands(sqlite_db, tmp_path, monkeypatch):
-    monkeypatch.setattr(tick_module, "TICK_HOOKS", ["tests.bot.test_scheduler:fan_out_from_a_tick"])
+    steps = [("fan_out", lambda rt, now: fan_out_from_a_tick(rt))]
+    monkeypatch.setattr(tick_module, "TICK_STEPS", steps)
     FAN_OUT_THREADS.clear()
     fleet = Fleet(Settings(data_dir=tmp_path), local_transport=LocalTransport(home=tmp_path))
     rt = make_runtime(sqlite_db, Clock(T0), fleet=fleet)
@@ -110,7 +111,7 @@ def test_each_tick_is_measured_and_reported_to_readiness(sqlite_db):
     assert health.ready().ok
     assert watch.metrics.value("gpubot_ticks_total", outcome="ok") == 1
     assert watch.metrics.value("gpubot_tick_lag_seconds") == 0
-    for step in ("poll", "deadlines", "releases", "outbox", "bot.services.ledger:ledger_tick"):
+    for step in ("poll", "deadlines", "releases", "outbox", "ledger"):
         assert watch.metrics.value("gpubot_tick_step_duration_seconds_count", step=step) == 1
         assert watch.metrics.value("gpubot_tick_step_overrun_seconds", step=step) == 0
 
@@ -152,7 +153,7 @@ def test_a_tick_that_fails_whole_leaves_readiness_to_lapse(sqlite_db, monkeypatc
 
 
 def slow_first_tick(rt: Runtime) -> None:
-    """A tick hook that holds the first tick past a few intervals."""
+    """A tick step that holds the first tick past a few intervals."""
     if not SLOW_TICKS:
         SLOW_TICKS.append(1)
         time.sleep(0.8)
@@ -162,7 +163,7 @@ SLOW_TICKS: list[int] = []
 
 
 def test_ticks_due_while_one_runs_are_counted_as_skipped(sqlite_db, monkeypatch):
-    monkeypatch.setattr(tick_module, "TICK_HOOKS", ["tests.bot.test_scheduler:slow_first_tick"])
+    monkeypatch.setattr(tick_module, "TICK_STEPS", [("slow", lambda rt, now: slow_first_tick(rt))])
     SLOW_TICKS.clear()
     rt = make_runtime(sqlite_db, Clock(QUIET), tick_interval_s=0.2, poll_interval_s=10**7)
     watch = TickWatch(metrics=Metrics())

@@ -118,6 +118,10 @@ def test_mask_url_password(url: str, masked: str) -> None:
         ("GPUBOT_EXECUTOR_WORKERS", "0", "a whole number of threads from 1 to 1,024"),
         ("GPUBOT_COMMAND_QUEUE_MAX", "-1", "a whole number of commands from 0 to 100,000"),
         ("GPUBOT_COMMANDS_PER_USER", "2.5", "a whole number of commands from 1 to 1,000"),
+        ("GPUBOT_SAMPLE_RETENTION_DAYS", "30", "a whole number of days from 31 to 3,650"),
+        ("GPUBOT_SAMPLE_RETENTION_DAYS", "0", "a whole number of days from 31 to 3,650"),
+        ("GPUBOT_SAMPLE_RETENTION_DAYS", "3651", "a whole number of days from 31 to 3,650"),
+        ("GPUBOT_SAMPLE_RETENTION_DAYS", "35.5", "a whole number of days from 31 to 3,650"),
         (
             "GPUBOT_METRICS_PORT",
             "70000",
@@ -190,6 +194,24 @@ def test_every_numeric_field_has_a_range_and_a_variable() -> None:
     defaults = Settings()
     for spec in NUMBERS:  # the defaults are inside their own ranges
         assert spec.check(getattr(defaults, spec.field)) == getattr(defaults, spec.field)
+
+
+def test_sample_retention_is_read_in_days_and_keeps_the_longest_idle_window() -> None:
+    assert Settings().sample_retention_days == 35
+    settings = Settings.from_env({"GPUBOT_SAMPLE_RETENTION_DAYS": "90"})
+    assert settings.sample_retention_days == 90
+    assert isinstance(settings.sample_retention_days, int)
+    assert Settings.from_env({"GPUBOT_SAMPLE_RETENTION_DAYS": "31"}).sample_retention_days == 31
+    # Every poll behind an idle decision is still there: the bottom is past the longest window.
+    (retention,) = [spec for spec in NUMBERS if spec.var == "GPUBOT_SAMPLE_RETENTION_DAYS"]
+    (window,) = [spec for spec in NUMBERS if spec.var == "GPUBOT_IDLE_WINDOW_S"]
+    assert retention.low * 86400 > window.high
+    with pytest.raises(ConfigError) as refused:
+        Settings(sample_retention_days=7)
+    assert refused.value.user_text() == (
+        "GPUBOT_SAMPLE_RETENTION_DAYS='7' is not accepted.\n"
+        "Give a whole number of days from 31 to 3,650."
+    )
 
 
 def test_values_given_in_code_are_checked_too() -> None:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
+
+import pytest
 
 from bot.blocks import deadlines as blocks
+from bot.blocks import render
+from bot.blocks.kit import BUTTON_TEXT_MAX, SECTION_TEXT_MAX
+from bot.notify import Notice
+from bot.services import answers, deadlines, reconcile, releases, rent
+from bot.services.answers import ReleaseConfirmAsk
+from bot.services.deadlines import DeadlineWarning, IdlePrompt
+from bot.services.releases import ReleaseEscalation
 from bot.services.views import InstanceBrief
 
-UTC_ZONE = ZoneInfo("UTC")
 NOW = datetime(2026, 3, 3, 12, 0)
 PRICED = InstanceBrief(
     name="box", owner_id="UOWNER", provider="aws", price_micros_per_hour=2_100_000
@@ -18,57 +25,129 @@ UNPRICED = InstanceBrief(
 )
 
 
-def _warning(inst: InstanceBrief, deadline_at: datetime, late: datetime | None) -> str:
-    text, _ = blocks.deadline_warning(
-        inst, deadline_at=deadline_at, now=NOW, tz=UTC_ZONE, prompt_id=1, late_release_at=late
+def _warning(
+    inst: InstanceBrief, deadline_at: datetime, late: datetime | None, **kwargs: object
+) -> DeadlineWarning:
+    return DeadlineWarning(
+        inst,
+        prompt_id=1,
+        deadline_at=deadline_at,
+        release_at=late or deadline_at,
+        now=NOW,
+        tz_name="UTC",
+        **kwargs,  # type: ignore[arg-type]
     )
+
+
+def _text(inst: InstanceBrief, deadline_at: datetime, late: datetime | None) -> str:
+    text, _ = blocks.deadline_warning(_warning(inst, deadline_at, late))
     return text
 
 
 def test_warning_says_when_and_what_it_costs() -> None:
-    text, rendered = blocks.deadline_warning(
-        PRICED, deadline_at=NOW + timedelta(minutes=30), now=NOW, tz=UTC_ZONE, prompt_id=7
+    text, rendered = render(
+        DeadlineWarning(
+            PRICED,
+            prompt_id=7,
+            deadline_at=NOW + timedelta(minutes=30),
+            release_at=NOW + timedelta(minutes=30),
+            now=NOW,
+            tz_name="UTC",
+        )
     )
-    assert "*box* will be released in *30m* (at Tue 12:30 UTC). It costs $2.10/h." in text
+    assert "*box* will be released in *30m* (at Tue 03 Mar 12:30 UTC). It costs $2.10/h." in text
     labels = [e["text"]["text"] for b in rendered if b["type"] == "actions" for e in b["elements"]]
     assert labels == ["Extend 1h", "Extend 4h", "Release now"]
+    values = {e["value"] for b in rendered if b["type"] == "actions" for e in b["elements"]}
+    assert values == {"7"}
 
 
 def test_a_deadline_that_passed_while_down_gets_a_grace() -> None:
-    text = _warning(PRICED, NOW - timedelta(hours=1), NOW + timedelta(minutes=10))
-    assert "in *10m* (at Tue 12:10 UTC)" in text
+    text = _text(PRICED, NOW - timedelta(hours=1), NOW + timedelta(minutes=10))
+    assert "in *10m* (at Tue 03 Mar 12:10 UTC)" in text
     assert "passed while the bot could not warn you" in text
 
 
 def test_a_deadline_too_close_for_notice_does_not_claim_it_passed() -> None:
-    text = _warning(PRICED, NOW + timedelta(minutes=4), NOW + timedelta(minutes=10))
+    text = _text(PRICED, NOW + timedelta(minutes=4), NOW + timedelta(minutes=10))
     assert "passed" not in text
-    assert "Its deadline (Tue 12:04 UTC) left too little notice" in text
-    assert "in *10m* (at Tue 12:10 UTC)" in text
+    assert "Its deadline (Tue 03 Mar 12:04 UTC) left too little notice" in text
+    assert "in *10m* (at Tue 03 Mar 12:10 UTC)" in text
 
 
 def test_no_price_is_said_plainly_not_as_zero() -> None:
-    assert "$0.00" not in _warning(UNPRICED, NOW + timedelta(minutes=30), None)
-    assert "no price recorded" in _warning(UNPRICED, NOW + timedelta(minutes=30), None)
-    idle, _ = blocks.idle_prompt(
-        UNPRICED, idle_for=timedelta(minutes=45), prompt_id=2, release_at=None, tz=UTC_ZONE
+    assert "$0.00" not in _text(UNPRICED, NOW + timedelta(minutes=30), None)
+    assert "no price recorded" in _text(UNPRICED, NOW + timedelta(minutes=30), None)
+    idle, _ = render(
+        IdlePrompt(
+            UNPRICED,
+            prompt_id=2,
+            idle_since=NOW - timedelta(minutes=45),
+            now=NOW,
+            release_at=None,
+            tz_name="UTC",
+        )
     )
     assert "costing money (no price recorded)" in idle
-    escalation, _ = blocks.release_escalation(UNPRICED, attempts=3, last_error=None, manual=True)
+    escalation, _ = render(ReleaseEscalation(UNPRICED, attempts=3, last_error=None, manual=True))
     assert "$0.00" not in escalation
     assert blocks.per_hour(PRICED) == "$2.10/h"
 
 
 def test_wait_for_jobs_names_the_time_and_the_condition() -> None:
     text, _ = blocks.deadline_warning(
-        PRICED,
-        deadline_at=NOW + timedelta(minutes=10),
-        now=NOW,
-        tz=UTC_ZONE,
-        prompt_id=3,
-        policy="wait-for-jobs",
+        _warning(PRICED, NOW + timedelta(minutes=10), None, policy="wait-for-jobs")
     )
     assert (
-        "*box* will be released in *10m* (at Tue 12:10 UTC), or once its jobs finish if they "
-        "still run then. It costs $2.10/h." in text
+        "*box* will be released in *10m* (at Tue 03 Mar 12:10 UTC), or once its jobs finish if "
+        "they still run then. It costs $2.10/h." in text
     )
+
+
+def test_times_show_their_date_in_the_notices_zone() -> None:
+    text = blocks.deadline_warning(
+        DeadlineWarning(
+            PRICED,
+            prompt_id=1,
+            deadline_at=NOW + timedelta(minutes=30),
+            release_at=NOW + timedelta(minutes=30),
+            now=NOW,
+            tz_name="Europe/Berlin",
+        )
+    )[0]
+    assert "(at Tue 03 Mar 13:30 CET)" in text
+
+
+def test_long_names_are_cut_with_an_ellipsis_within_slacks_limits() -> None:
+    huge = InstanceBrief(
+        name="x" * 5000, owner_id="UOWNER", provider="aws", price_micros_per_hour=1
+    )
+    text, rendered = blocks.release_confirm(ReleaseConfirmAsk(huge, prompt_id=3))
+    [section] = [b for b in rendered if b["type"] == "section"]
+    assert len(section["text"]["text"]) == SECTION_TEXT_MAX
+    assert section["text"]["text"].endswith("…")
+    assert all(
+        len(e["text"]["text"]) <= BUTTON_TEXT_MAX
+        for b in rendered
+        if b["type"] == "actions"
+        for e in b["elements"]
+    )
+    assert text.endswith("…")
+
+
+def test_every_notice_of_the_area_has_a_renderer() -> None:
+    modules = (answers, deadlines, reconcile, releases, rent)
+    notices = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, Notice)
+        and value.__module__ == module.__name__
+    }
+    assert notices <= set(blocks.RENDERERS)
+
+
+def test_a_button_value_too_long_for_slack_is_refused() -> None:
+    with pytest.raises(ValueError, match="button value"):
+        blocks.release_confirm(ReleaseConfirmAsk(PRICED, prompt_id=10**2001))

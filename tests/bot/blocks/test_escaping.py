@@ -20,7 +20,8 @@ import pytest
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import deadlines, instances, jobs, money
 from bot.blocks.kit import FALLBACK_TEXT_MAX, escape, fallback
-from bot.services import advice
+from bot.services import advice, answers, reconcile, releases, rent
+from bot.services import deadlines as deadline_rules
 from bot.services.budgets import BudgetStatus
 from bot.services.digest import DigestData, JobSpend, PlanSaving
 from bot.services.job_views import (
@@ -215,44 +216,113 @@ RENDERERS: dict[str, Callable[[], Message]] = {
     ),
     # deadlines
     "deadline_warning": lambda: deadlines.deadline_warning(
-        _LAMBDA, deadline_at=NOW + timedelta(minutes=30), now=NOW, tz=UTC, prompt_id=1
+        deadline_rules.DeadlineWarning(
+            _LAMBDA,
+            prompt_id=1,
+            deadline_at=NOW + timedelta(minutes=30),
+            release_at=NOW + timedelta(minutes=40),
+            now=NOW,
+            tz_name="UTC",
+            policy="wait-for-jobs",
+            capped=True,
+        )
     ),
-    "release_confirm": lambda: deadlines.release_confirm(_LAMBDA, prompt_id=1),
-    "decided": lambda: deadlines.decided(_LAMBDA, what="Kept", by="U0ALICE", at=NOW, tz=UTC),
-    "superseded": lambda: deadlines.superseded(_LAMBDA, new_deadline_at=NOW, tz=UTC),
+    "release_confirm": lambda: deadlines.release_confirm(answers.ReleaseConfirmAsk(_LAMBDA, 1)),
+    "decided": lambda: deadlines.decided(
+        releases.Decided(_LAMBDA, releases.KEPT, by="U0ALICE", at=NOW, tz_name="UTC")
+    ),
+    "superseded": lambda: deadlines.superseded(deadline_rules.Superseded(_LAMBDA, NOW, "UTC")),
+    "busy_again": lambda: deadlines.busy_again(deadline_rules.BusyAgain(_LAMBDA)),
+    "new_jobs": lambda: deadlines.new_jobs(deadline_rules.NewJobs(_LAMBDA)),
     "idle_prompt": lambda: deadlines.idle_prompt(
-        _LAMBDA, idle_for=timedelta(hours=1), prompt_id=1, release_at=NOW, tz=UTC
+        deadline_rules.IdlePrompt(_LAMBDA, 1, NOW - timedelta(hours=1), NOW, NOW, "UTC")
     ),
     "jobs_done_prompt": lambda: deadlines.jobs_done_prompt(
-        _LAMBDA, prompt_id=1, release_at=NOW, tz=UTC
+        deadline_rules.JobsDonePrompt(_LAMBDA, 1, NOW, "UTC")
     ),
     "manual_release_request": lambda: deadlines.manual_release_request(
-        _LAMBDA, instance_id=1, reason="deadline"
+        releases.ManualReleaseRequest(_LAMBDA, instance_id=1, reason=HOSTILE)
     ),
     "manual_release_reminder": lambda: deadlines.manual_release_reminder(
-        _LAMBDA, instance_id=1, asked_at=NOW, now=NOW + timedelta(hours=1)
+        releases.ManualReleaseReminder(_LAMBDA, 1, asked_at=NOW, now=NOW + timedelta(hours=1))
     ),
     "release_escalation": lambda: deadlines.release_escalation(
-        _LAMBDA, attempts=3, last_error=HOSTILE, manual=False
+        releases.ReleaseEscalation(_LAMBDA, attempts=3, last_error=HOSTILE, manual=False)
     ),
     "released_notice": lambda: deadlines.released_notice(
-        _LAMBDA, mode="stop", reason="idle", storage_bills=True, by="U0ALICE"
+        releases.ReleasedNotice(
+            _LAMBDA, mode="stop", reason="idle", storage_bills=True, by="U0ALICE"
+        )
     ),
-    "released_outside": lambda: deadlines.released_outside(_LAMBDA, state="stopped"),
-    "released_unwarned": lambda: deadlines.released_unwarned(_LAMBDA),
+    "released_outside": lambda: deadlines.released_outside(
+        reconcile.ReleasedOutside(_LAMBDA, state="stopped")
+    ),
+    "released_unwarned": lambda: deadlines.released_unwarned(
+        deadline_rules.ReleasedUnwarned(_LAMBDA)
+    ),
+    "unregistered_found": lambda: deadlines.unregistered_found(
+        reconcile.UnregisteredFound(
+            UnregisteredView(
+                provider="vast",
+                provider_id=HOSTILE,
+                name=HOSTILE,
+                state="running",
+                raw_state=HOSTILE,
+                gpu_model=HOSTILE,
+                gpu_count=2,
+                price_micros_per_hour=712_000,
+                currency="USD",
+                launched_at=NOW - timedelta(hours=3),
+                tags=((HOSTILE, HOSTILE),),
+                now=NOW,
+                timezone="UTC",
+            )
+        )
+    ),
     "policy_summary": lambda: deadlines.policy_summary(
-        name="box",
-        deadline_at=NOW,
-        lifetime_cap_at=NOW,
-        at_deadline="wait-for-jobs",
-        max_grace_s=3600,
-        idle_release_after_s=1800,
-        release_when_done=True,
-        tz=UTC,
+        deadline_rules.PolicyView(
+            name="box",
+            deadline_at=NOW,
+            lifetime_cap_at=NOW,
+            at_deadline="wait-for-jobs",
+            max_grace_s=3600,
+            idle_release_after_s=1800,
+            release_when_done=True,
+            tz_name="UTC",
+        )
     ),
-    "rent_started": lambda: deadlines.rent_started("lambda", HOSTILE, ("box-1", "box-2")),
+    "answered_before": lambda: deadlines.answered_before(
+        answers.AnsweredBefore("U0ALICE", "extended_1h")
+    ),
+    "being_released": lambda: deadlines.being_released(answers.BeingReleased("box", "releasing")),
+    "extend_answered": lambda: deadlines.extend_answered(
+        answers.Extended(_LAMBDA, 3600, NOW, "UTC")
+    ),
+    "kept": lambda: deadlines.kept(answers.Kept(_LAMBDA)),
+    "release_answered": lambda: deadlines.release_answered(
+        answers.ReleaseAnswered(_LAMBDA, "escalated")
+    ),
+    "release_refused": lambda: deadlines.release_refused(
+        answers.ReleaseRefused("box is already released.")
+    ),
+    "rent_started": lambda: deadlines.rent_started(
+        rent.RentStarted("lambda", HOSTILE, ("box-1", "box-2"))
+    ),
     "rent_finished": lambda: deadlines.rent_finished(
-        "lambda", ["box-1"], [(HOSTILE, HOSTILE)], "UOWNER"
+        rent.RentFinished("lambda", ("box-1",), ((HOSTILE, HOSTILE),), "UOWNER")
+    ),
+    "rent_failed": lambda: deadlines.rent_failed(rent.RentFailed("lambda", HOSTILE)),
+    "rent_given_back_failed": lambda: deadlines.rent_given_back_failed(
+        rent.RentGivenBackFailed("lambda", HOSTILE, HOSTILE, HOSTILE)
+    ),
+    "rent_recovered": lambda: deadlines.rent_recovered(
+        rent.RentRecovered("lambda", HOSTILE, HOSTILE, NOW, HOSTILE)
+    ),
+    "rent_recover_failed": lambda: deadlines.rent_recover_failed(
+        rent.RentRecoverFailed("lambda", HOSTILE, HOSTILE, HOSTILE, HOSTILE)
+    ),
+    "rent_launch_checked": lambda: deadlines.rent_launch_checked(
+        rent.RentLaunchChecked("lambda", HOSTILE, NOW, HOSTILE)
     ),
     # money
     "spend_message": lambda: money.spend_message(_SPEND),
@@ -319,6 +389,11 @@ def test_no_renderer_lets_a_mention_or_link_through(name: str) -> None:
         "release_escalation",
         "rent_started",
         "rent_finished",
+        "rent_failed",
+        "rent_given_back_failed",
+        "rent_recovered",
+        "rent_recover_failed",
+        "rent_launch_checked",
         "budget_alert_message",
         "fit_message",
         "estimate_message",

@@ -8,6 +8,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from bot.blocks import instances as render
+from bot.blocks import render as render_notice
+from bot.services.lookup import HostKeyAlert
+from bot.services.registration import GpuMismatch
 from bot.services.views import (
     CheckView,
     FleetOverview,
@@ -291,6 +294,16 @@ def test_host_key_alert_shows_both_fingerprints() -> None:
     assert "`SHA256:old`" in text
     assert "`SHA256:new`" in text
     assert "/gpu register box1 root@203.0.113.7:2222" in text
+
+
+def test_the_notices_render_as_their_messages() -> None:
+    mismatch = Mismatch("h100", 8, (), ("fewer cards: 0 delivered, 8 rented",))
+    result = registered(mismatch=mismatch, gpus=())
+    assert render_notice(GpuMismatch(result)) == render.mismatch_notice(result)
+    alert = HostKeyAlert(inst(), expected="SHA256:old", presented="SHA256:new")
+    assert render_notice(alert) == render.host_key_changed(
+        inst(), expected="SHA256:old", presented="SHA256:new"
+    )
 
 
 def test_user_text_is_escaped() -> None:

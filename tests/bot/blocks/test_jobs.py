@@ -11,6 +11,7 @@ import pytest
 
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import jobs as blocks
+from bot.blocks import render
 from bot.blocks.kit import MAX_BLOCKS, SECTION_TEXT_MAX
 from bot.local_slack import check_blocks
 from bot.services.job_views import (
@@ -23,6 +24,7 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
+from bot.services.jobs import JobFinished, JobQueued
 
 GIB = 1024**3
 
@@ -406,3 +408,9 @@ def test_a_cancelled_job_says_who_cancelled_it() -> None:
     head = section_texts(body)[0]
     assert "Cancelled by <@U0BOB>." in head
     assert check_blocks(body) == []
+
+
+def test_the_notices_render_as_their_messages() -> None:
+    queued = job(state="queued", finished_at=None, exit_code=None)
+    assert render(JobQueued(queued)) == blocks.queued_message(queued)
+    assert render(JobFinished(job())) == blocks.completion_reply(job())

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from slack_sdk.models.blocks import Block
 
-from bot.blocks import money
+from bot.blocks import money, render
 from bot.services import advice
-from bot.services.budgets import BudgetStatus
-from bot.services.digest import DigestData, JobSpend, PlanSaving
+from bot.services.budgets import BudgetAlert, BudgetStatus
+from bot.services.digest import Digest, DigestData, JobSpend, PlanSaving
 from bot.services.spend import InstanceSpend, SpendReport, group_lines
 
 USD = 1_000_000
@@ -165,3 +165,27 @@ def test_fit_lines_say_when_the_gpus_span_machines() -> None:
     shown = validate(money.fit_message(advice.fit("70b", "full")))
     assert "80.0 GiB each, 2 machines of up to 8)" in shown
     assert "141.0 GiB each)" in shown
+
+
+def test_money_notices_render_through_the_one_door() -> None:
+    status = BudgetStatus(2, "project", "llm", 100 * USD, 120 * USD)
+    alert = render(BudgetAlert(status, 100, "USD"))
+    assert alert == money.budget_alert_message(status, 100, "USD")
+    assert "used up" in validate(alert)
+    data = DigestData("2026-03", report([spend_item(0)]), 0, (), ())
+    assert render(Digest(data)) == money.digest_message(data)
+    assert money.digest_chart_title("2026-03") == "GPU spend per day, March 2026"
+
+
+def test_digest_cuts_a_long_command_with_an_ellipsis() -> None:
+    job = JobSpend("j-1", "box-0", "U0000", "python " + "x" * 200, 60, USD)
+    data = DigestData("2026-03", report([spend_item(0)]), 0, (), (job,))
+    _, blocks = money.digest_message(data)
+    assert "`python " + "x" * 72 + "…`" in json.dumps(blocks, ensure_ascii=False)
+
+
+def test_spend_file_titles() -> None:
+    assert money.spend_file_titles(report([], by="project")) == (
+        "GPU spend by project, March 2026",
+        "GPU spend per instance, March 2026",
+    )

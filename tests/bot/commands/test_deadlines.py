@@ -1,5 +1,5 @@
-"""The buttons on deadline warnings and idle prompts, and `/gpu policy` and `/gpu cap`, through
-the registry and the command parser, over the tick that posts the prompts."""
+"""The buttons on deadline warnings and idle prompts (and `/gpu cap` against them), through the
+registry and the command parser, over the tick that posts the prompts."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import col, select
 
-from bot.commands import deadlines as deadline_commands
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.errors import NotAuthorized, UsageError
-from bot.services import deadlines
+from bot.services import answers, deadlines
 from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Release
@@ -28,7 +27,7 @@ from tests.bot.services.support import (
     make_runtime,
 )
 
-REGISTRY = load_all()
+REGISTRY = build_registry()
 OWNER = Caller("UOWNER", channel_id="CTEAM")
 OTHER = Caller("UOTHER", channel_id="CTEAM")
 ADMIN = Caller("UADMIN", channel_id="CTEAM")
@@ -73,7 +72,7 @@ def _click(rt, action_id, caller, value):
 
 
 def _command(rt, caller, text):
-    spec, args = parse(text)
+    spec, args = parse(text, REGISTRY)
     return spec.handler(rt, caller, args)
 
 
@@ -118,14 +117,14 @@ def test_a_double_click_extends_once(db, clock, platform, monkeypatch, clicks):
     value = _warnings(rt)[0].button_value("deadline_extend_1h")
     # Every click has seen the warning open before any of them extends.
     barrier = threading.Barrier(clicks)
-    opened = deadline_commands._open_prompt
+    opened = answers._open_prompt
 
     def open_then_wait(*args, **kwargs):
         found = opened(*args, **kwargs)
         barrier.wait(timeout=10)
         return found
 
-    monkeypatch.setattr(deadline_commands, "_open_prompt", open_then_wait)
+    monkeypatch.setattr(answers, "_open_prompt", open_then_wait)
     with ThreadPoolExecutor(clicks) as pool:
         replies = list(
             pool.map(lambda _: _click(rt, "deadline_extend_1h", OWNER, value), range(clicks))
@@ -248,28 +247,6 @@ def test_idle_keep_and_idle_release(rt, clock, platform):
         assert session.exec(select(Release.reason)).all() == ["idle"]
 
 
-def test_policy_command_changes_and_validates(rt, iid):
-    reply = _command(
-        rt,
-        OWNER,
-        "policy box --at-deadline wait-for-jobs --max-grace 2h --idle-release 1h "
-        "--release-when-done on",
-    )
-    assert "wait for running jobs, at most 2h" in reply.text
-    with rt.db.session() as session:
-        inst = session.get(Instance, iid)
-        assert inst is not None
-        assert inst.deadline_policy == "wait-for-jobs"
-        assert inst.max_grace_s == 7200
-        assert inst.idle_release_after_s == 3600
-        assert inst.release_when_done
-    _command(rt, OWNER, "policy box --idle-release off")
-    assert get_instance(rt.db, iid).idle_release_after_s is None
-
-    with pytest.raises(UsageError):
-        _command(rt, OWNER, "policy box --at-deadline explode")
-    with pytest.raises(UsageError, match="Nothing to change"):
-        _command(rt, OWNER, "policy box")
-    with pytest.raises(NotAuthorized):
-        _command(rt, OTHER, "policy box --idle-release 1h")
-    assert get_instance(rt.db, iid).deadline_policy == "wait-for-jobs"
+def test_a_broken_button_value_is_refused(rt):
+    with pytest.raises(UsageError, match="broken"):
+        _click(rt, "deadline_extend_1h", OWNER, "7; drop")

@@ -10,14 +10,17 @@ import pytest
 from sqlmodel import select
 
 import bot.commands.instances as commands
+from bot.commands import build_registry
 from bot.commands.parser import parse
-from bot.commands.registry import REGISTRY, Reply
+from bot.commands.registry import Reply
 from bot.errors import NotAuthorized, NotFound, UsageError
 from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Release
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+
+REGISTRY = build_registry()
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
 OTHER = Caller(user_id="UOTHER", channel_id="CTEAM")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from agents.jobstore import JobStore
 from agents.protocol import FINAL_JOB_STATES
-from agents.runner import JobStore
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.errors import UsageError
 from bot.local_slack import Message, ResponseUrlPost, check_blocks
@@ -257,7 +257,7 @@ def test_owner_allows_someone_who_may_then_run(
     ],
 )
 def test_usage_errors(text: str, message: str) -> None:
-    registry = load_all()
+    registry = build_registry()
     with pytest.raises(UsageError) as caught:
         parse(text, registry)
     assert message in caught.value.message
@@ -267,10 +267,10 @@ def test_usage_errors(text: str, message: str) -> None:
 def test_run_keeps_everything_after_the_double_dash_as_the_command() -> None:
     spec, args = parse(
         "run box --gpus 0,1 --retries 2 --release-when-done -- python t.py --gpus 3 -- 'a b'",
-        load_all(),
+        build_registry(),
     )
     assert spec.name == "run"
     assert (args.name, args.gpus, args.retries, args.release_when_done) == ("box", "0,1", 2, True)
     assert args.command == ["python", "t.py", "--gpus", "3", "--", "a b"]
-    _, listing = parse("jobs", load_all())
+    _, listing = parse("jobs", build_registry())
     assert listing.name is None

@@ -9,14 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.help import HELP_ORDER, _listed, render_command, render_overview, sentence
 from bot.commands.parser import parse, tokenize
-from bot.commands.registry import REGISTRY, CommandSpec, Registry, Reply
+from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.local_slack import check_blocks
 from bot.services.access import Caller
 from bot.values import parse_duration
+
+REGISTRY = build_registry()
 
 
 def _reply(rt: object, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -237,7 +239,6 @@ def test_help_summaries_read_alike_whatever_module_wrote_them() -> None:
         "(admin) The longest an instance may live"
     )
     assert sentence("  Already  fine ") == "Already fine"
-    load_all()
     text, _ = render_overview(REGISTRY.primary_commands())
     summaries = [line.split(": ", 1)[1] for line in text.splitlines()[1:]]
     assert len(summaries) == len(REGISTRY.primary_commands())
@@ -248,7 +249,6 @@ def test_help_summaries_read_alike_whatever_module_wrote_them() -> None:
 
 
 def test_help_lists_every_command_once_in_the_design_order() -> None:
-    load_all()
     text, _ = render_overview(_listed(REGISTRY))
     listed = [line.split(":", 1)[0].removeprefix("/gpu ") for line in text.splitlines()[1:]]
     assert sorted(listed) == sorted(spec.name for spec in REGISTRY.primary_commands())
@@ -259,7 +259,6 @@ def test_help_lists_every_command_once_in_the_design_order() -> None:
 
 # --- property-based: nothing but UsageError escapes, on the full registry ---------------------
 
-load_all()
 _NAMES = sorted(REGISTRY.commands)
 _FLAGS = [
     "--",
@@ -292,7 +291,7 @@ _WORDS = st.one_of(
 
 def _check(text: str) -> None:
     try:
-        spec, args = parse(text)
+        spec, args = parse(text, REGISTRY)
     except UsageError as exc:
         message = exc.message
     else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from bot.errors import ProviderAuthError, ProviderError, ProviderRateLimited
-from bot.providers.base import ProviderRegistry
 from bot.providers.compshare import CompshareProvider, flatten, signature
+from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
 

@@ -24,10 +24,10 @@ from bot.providers.base import (
     PROVIDER_STATES,
     Provider,
     ProviderInstance,
-    ProviderRegistry,
     ReleaseOutcome,
 )
 from bot.providers.http import USER_AGENT
+from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, StandIn
 

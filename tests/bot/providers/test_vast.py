@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.errors import ProviderError
-from bot.providers.base import ProviderRegistry
+from bot.providers.registry import ProviderRegistry
 from bot.providers.vast import PAGE_LIMIT, VastProvider
 from bot.settings import Settings
 from tests.fixtures.providers import Answer, VastStandIn

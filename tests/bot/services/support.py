@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.blocks import render
+from sqlmodel import select
+
+from bot.blocks import render, render_files
 from bot.errors import ProviderNotFound, SlackError
 from bot.notify import MessageRef
 from bot.providers.base import (
@@ -20,12 +22,13 @@ from bot.providers.base import (
     Provider,
     ProviderCapabilities,
     ProviderInstance,
-    ProviderRegistry,
     ReleaseOutcome,
     no_launch,
 )
 from bot.providers.manual import ManualProvider
+from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
+from bot.services.registration import RegisterRequest
 from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import Instance, Person
@@ -211,6 +214,7 @@ def make_runtime(
         clock=clock,
         executor=ThreadPoolExecutor(max_workers=2),
         render=render,
+        render_files=render_files,
         console=console,
     )
 
@@ -251,3 +255,24 @@ def get_instance(db: Database, instance_id: int) -> Instance:
         inst = session.get(Instance, instance_id)
         assert inst is not None
         return inst
+
+
+def local_request(**changes: object) -> RegisterRequest:
+    """A registration of the bot's own machine (``local``, 2x A100 at $4.20/h for 3 h), with
+    ``changes`` applied."""
+    values: dict[str, object] = {
+        "name": "local",
+        "address": "local",
+        "gpu_model": "a100",
+        "gpu_count": 2,
+        "price_micros_per_hour": 4_200_000,
+        "release_in": timedelta(hours=3),
+    }
+    values.update(changes)
+    return RegisterRequest(**values)  # type: ignore[arg-type]
+
+
+def rows(db: Database, model: type[Any]) -> list[Any]:
+    """Every row of ``model``."""
+    with db.session() as session:
+        return list(session.exec(select(model)).all())

@@ -30,6 +30,7 @@ class UploadingNotifier(RecordingNotifier):
     def __init__(self) -> None:
         super().__init__()
         self.uploads: list[tuple[str, str, bytes, str | None]] = []
+        self.titles: list[str] = []
 
     def upload_file(
         self,
@@ -42,6 +43,7 @@ class UploadingNotifier(RecordingNotifier):
         thread_ts: str | None = None,
     ) -> None:
         self.uploads.append((channel, filename, content, thread_ts))
+        self.titles.append(title)
 
 
 def seed(db: Database) -> None:
@@ -138,6 +140,15 @@ def test_digest_content(db: Database) -> None:
     assert "j-42" in body
     assert "python train.py --epochs 3" in body
     assert "$144.00" in body  # the job's 48 h share
+    assert notifier.titles[-1] == "GPU spend per day, March 2026"
+
+
+def test_top_jobs_keep_the_whole_command(db: Database) -> None:
+    seed(db)
+    jobs = digest.top_jobs(db, datetime(2026, 3, 1), datetime(2026, 4, 1))
+    assert [(j.job_id, j.command, j.duration_s) for j in jobs] == [
+        ("j-42", "python train.py --epochs 3", 48 * 3600)
+    ]
 
 
 def test_two_processes_ticking_together_post_once(db: Database) -> None:

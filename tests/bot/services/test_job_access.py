@@ -10,7 +10,7 @@ from bot.errors import NotAuthorized, NotFound, UsageError
 from bot.runtime import Runtime
 from bot.services import access, audit, job_access
 from bot.services.access import Caller
-from bot.services.instances import get_live_instance
+from bot.services.lookup import get_live_instance
 from bot.store.db import Database
 from bot.store.models import InstanceAccess, Person
 from tests.bot.services.support import Clock, add_instance, make_runtime

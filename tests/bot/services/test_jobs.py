@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlmodel import select
 
+from agents.jobstore import JobStore
 from agents.protocol import FINAL_JOB_STATES
-from agents.runner import JobStore
 from bot.errors import Conflict, NotAuthorized, NotFound, SlackError, UsageError
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport

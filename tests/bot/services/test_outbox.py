@@ -14,7 +14,7 @@ from sqlmodel import select
 
 from bot.errors import SlackError
 from bot.local_slack import LocalSlack
-from bot.notify import MessageRef
+from bot.notify import FileAttachment, MessageRef
 from bot.runtime import Runtime
 from bot.services import outbox, prompts
 from bot.services.tick import tick
@@ -195,7 +195,7 @@ def test_a_file_waits_for_its_message_and_lands_in_its_thread(db: Database) -> N
     notifier = Uploading()
     rt = make_runtime(db, clock, notifier=notifier)
     notifier.fail_posts = True
-    message_id = _queue(rt, files=(outbox.FileAttachment("chart.png", b"\x89PNG"),))
+    message_id = _queue(rt, files=(FileAttachment("chart.png", b"\x89PNG"),))
     assert outbox.deliver_due(rt, clock.now) == 0
     assert uploads == []  # the file never goes before its message
     notifier.fail_posts = False

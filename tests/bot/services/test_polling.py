@@ -13,7 +13,7 @@ from sqlalchemy import update
 from sqlmodel import col, select
 
 from bot.runtime import Runtime
-from bot.services import instances, polling
+from bot.services import polling, registration
 from bot.services.tick import tick
 from bot.store.models import Instance, UtilSample
 from tests.bot.services.support import Clock, RecordingNotifier, get_instance
@@ -35,7 +35,7 @@ def clock(rt: Runtime) -> Clock:
 
 @pytest.fixture
 def iid(rt: Runtime) -> int:
-    instances.ensure_local_instance(rt, "UOWNER")
+    registration.ensure_local_instance(rt, "UOWNER")
     with rt.db.session() as session:
         inst = session.exec(select(Instance).where(Instance.name == "local")).one()
         assert inst.id is not None

@@ -16,7 +16,8 @@ from sqlmodel import select
 from bot import billing
 from bot.errors import UsageError
 from bot.providers.aws import AwsProvider
-from bot.providers.base import Provider, ProviderRegistry
+from bot.providers.base import Provider
+from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import ledger, outbox, reconcile
 from bot.services.access import Caller

@@ -18,7 +18,7 @@ from bot.errors import (
 )
 from bot.platform_work import PlatformWork
 from bot.providers.base import ProviderCapabilities
-from bot.services import releases
+from bot.services import prompt_kinds, prompts, releases
 from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Prompt, Release
@@ -303,10 +303,8 @@ def test_slack_down_does_not_lose_the_manual_ask(rt, clock):
     releases.process_release(rt, rel.id)
     assert rt.notifier.posts == []
     rt.notifier.fail_posts = False
-    from bot.services import prompts
-
-    assert prompts.deliver_pending(rt, clock.now) == 1
-    assert prompts.deliver_pending(rt, clock.now) == 0
+    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.KINDS) == 1
+    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.KINDS) == 0
     assert len(rt.notifier.to("UOWNER")) == 1
 
 
@@ -445,3 +443,27 @@ def test_releases_that_failed_together_retry_apart(rt, clock, platform):
     )
     # The same release's schedule is the same every time it is worked out.
     assert releases.backoff_s(3, key=opened[0].id) == releases.backoff_s(3, key=opened[0].id)
+
+
+class _Forgetful:
+    def __init__(self) -> None:
+        self.forgotten: list[str] = []
+
+    def forget(self, name: str) -> None:
+        self.forgotten.append(name)
+
+
+def test_release_now_checks_who_asks_then_releases_at_once(rt, platform):
+    iid = _api_instance(rt)
+    rt.fleet = _Forgetful()
+    with pytest.raises(NotAuthorized):
+        releases.release_now(rt, Caller("UOTHER"), iid)
+    assert get_instance(rt.db, iid).state == "active"
+
+    done = releases.release_now(rt, Caller("UOWNER"), iid, reason="idle")
+    assert (done.state, done.reason, done.requested_by) == ("confirmed", "idle", "UOWNER")
+    assert platform.release_calls == [("i-1", "terminate")]
+    assert rt.fleet.forgotten == ["box"]
+    assert rt.notifier.containing("*box* is released")
+    with pytest.raises(Conflict, match="already released"):
+        releases.release_now(rt, Caller("UADMIN"), iid)

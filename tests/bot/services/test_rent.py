@@ -15,7 +15,7 @@ import boto3
 import pytest
 from sqlmodel import col, select
 
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.errors import BudgetExceeded, Conflict, NotFound, ProviderError, UsageError
 from bot.providers.aws import AwsProvider
@@ -148,9 +148,9 @@ def test_rent_command_answers_at_once_and_posts_when_done(
 ):
     runpod_cloud.ssh_port = _closed_port()
     _with_runpod(rt, runpod_cloud)
-    registry = load_all()
+    registry = build_registry()
     assert registry.commands["rent"].name == "rent"
-    spec, args = parse("rent runpod 'NVIDIA A40' --name pod3 --release-in 2h")
+    spec, args = parse("rent runpod 'NVIDIA A40' --name pod3 --release-in 2h", registry)
     waiting = _waiting(ssh_s=10, poll_s=5)
     monkeypatch.setattr(rent, "Waiting", lambda: waiting)
     reply = spec.handler(rt, OWNER, args)

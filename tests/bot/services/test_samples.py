@@ -10,6 +10,7 @@ from sqlmodel import col, func, select
 
 from bot.services import samples
 from bot.services.tick import PRUNE_EVERY_S, tick
+from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import UtilHour, UtilSample
 from tests.bot.services.support import Clock, add_instance, make_runtime
@@ -52,13 +53,44 @@ def test_pruning_deletes_only_samples_past_retention_and_keeps_the_hours(db: Dat
     iid = add_instance(db)
     for minute in range(10):
         _record(db, iid, HOUR + timedelta(minutes=minute), ok=True, util_avg_pct=1.0)
-    rt = make_runtime(db, Clock(HOUR + timedelta(seconds=samples.RETENTION_S, minutes=5)))
+    retention = timedelta(days=Settings().sample_retention_days)
+    rt = make_runtime(db, Clock(HOUR + retention + timedelta(minutes=5)))
     assert samples.prune(rt, rt.now()) == 5  # minutes 0-4 are past the retention
     with db.session() as session:
         left = session.exec(select(func.count()).select_from(UtilSample)).one()
     assert left == 5
     (hour,) = _hours(db, iid)
     assert hour.polls == 10  # what reports read stays whole
+
+
+DAY = timedelta(days=1)
+SECOND = timedelta(seconds=1)
+#: Sample ages around 31, 35 and 90 days: one exactly at each, one a second past it.
+AGES = (0 * DAY, 30 * DAY, 31 * DAY, 31 * DAY + SECOND, 35 * DAY, 35 * DAY + SECOND, 90 * DAY)
+AGES_PAST_ALL = (90 * DAY + SECOND, 150 * DAY)
+
+
+@pytest.mark.parametrize(
+    ("retention_days", "kept"),
+    [
+        (31, (0 * DAY, 30 * DAY, 31 * DAY)),
+        (35, (0 * DAY, 30 * DAY, 31 * DAY, 31 * DAY + SECOND, 35 * DAY)),
+        (90, AGES),
+    ],
+    ids=["shorter", "default", "longer"],
+)
+def test_the_configured_retention_decides_what_is_pruned(
+    db: Database, retention_days: int, kept: tuple[timedelta, ...]
+) -> None:
+    iid = add_instance(db)
+    now = HOUR + 200 * DAY
+    for age in (*AGES, *AGES_PAST_ALL):
+        _record(db, iid, now - age, ok=True, util_avg_pct=1.0)
+    rt = make_runtime(db, Clock(now), sample_retention_days=retention_days)
+    assert samples.prune(rt, rt.now()) == len(AGES) + len(AGES_PAST_ALL) - len(kept)
+    with db.session() as session:
+        left = session.exec(select(UtilSample.at).order_by(col(UtilSample.at).desc())).all()
+    assert left == [now - age for age in kept]
 
 
 def test_pruning_is_bounded_per_call(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,11 +12,11 @@ from sqlalchemy import update as sa_update
 from sqlmodel import col, select
 
 from bot import billing
-from bot.commands import load_all
+from bot.commands import build_registry
 from bot.commands.parser import parse
-from bot.commands.registry import REGISTRY, Reply
+from bot.commands.registry import Reply
 from bot.errors import Conflict, ProviderError
-from bot.providers.base import ProviderRegistry
+from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import deadlines, spend
 from bot.services.access import Caller
@@ -24,6 +24,8 @@ from bot.settings import Settings
 from bot.store.models import Instance, Prompt, Release
 from tests.bot.services.support import T0, Clock, RecordingNotifier, add_instance, get_instance
 from tests.fixtures.providers import LambdaStandIn, RunpodStandIn
+
+REGISTRY = build_registry()
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +36,6 @@ DISK = {"disk_gb": 730.0, "storage_micros_per_gb_month": 100_000}
 
 @pytest.fixture
 def rt(local_rt: Runtime) -> Runtime:
-    load_all()
     return local_rt
 
 

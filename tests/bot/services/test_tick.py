@@ -1,10 +1,8 @@
-"""The tick itself: hooks others register run with (rt, now); a failing step is logged and the
+"""The tick itself: its steps run with (rt, now); a failing step is logged and the
 others still run; reconcile runs once per slot."""
 
 from __future__ import annotations
 
-import sys
-import types
 from datetime import timedelta
 
 import pytest
@@ -24,40 +22,31 @@ CALLS: list[tuple[str, object]] = []
 
 
 @pytest.fixture
-def hooks(monkeypatch: pytest.MonkeyPatch):
-    module = types.ModuleType("tick_test_hooks")
-
+def steps(monkeypatch: pytest.MonkeyPatch):
     def with_now(rt, now):
         CALLS.append(("with_now", now))
 
-    def rt_only(rt):
-        CALLS.append(("rt_only", None))
+    def also(rt, now):
+        CALLS.append(("also", now))
 
     def broken(rt, now):
-        raise RuntimeError("a hook that breaks")
+        raise RuntimeError("a step that breaks")
 
-    module.with_now = with_now  # type: ignore[attr-defined]
-    module.rt_only = rt_only  # type: ignore[attr-defined]
-    module.broken = broken  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tick_test_hooks", module)
     monkeypatch.setattr(
-        tick_module,
-        "TICK_HOOKS",
-        ["tick_test_hooks:broken", "tick_test_hooks:with_now", "tick_test_hooks:rt_only"],
+        tick_module, "TICK_STEPS", [("broken", broken), ("with_now", with_now), ("also", also)]
     )
     CALLS.clear()
-    yield CALLS
-    tick_module.resolve_hook.cache_clear()
+    return CALLS
 
 
-def test_hooks_run_and_a_broken_one_stops_nothing(sqlite_db, hooks):
+def test_steps_run_and_a_broken_one_stops_nothing(sqlite_db, steps):
     clock = Clock(T0 + timedelta(hours=2))
     rt = make_runtime(sqlite_db, clock, poll_interval_s=10**7)
     iid = add_instance(rt.db, deadline_at=T0 + timedelta(hours=1), last_polled_at=T0)
     report = tick(rt, clock.now)
-    assert report.errors == ["tick_test_hooks:broken"]
-    assert hooks == [("with_now", clock.now), ("rt_only", None)]
-    # The rules after the broken hook still ran: the late warning went out.
+    assert report.errors == ["broken"]
+    assert steps == [("with_now", clock.now), ("also", clock.now)]
+    # The rules after the broken step still ran: the late warning went out.
     assert report.prompts_posted == 1
     assert get_instance(rt.db, iid).state == "active"
 

@@ -6,9 +6,7 @@ finishes the rest, nothing doubled. Nothing here sleeps."""
 from __future__ import annotations
 
 import logging
-import sys
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 import pytest
@@ -55,23 +53,19 @@ def stopwatch(monkeypatch: pytest.MonkeyPatch) -> Stopwatch:
 
 
 @pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch, stopwatch: Stopwatch) -> Iterator[list[float]]:
-    """One tick hook, ``tick_budget_hooks:slow``, that takes as many (controlled) seconds as
-    the test puts in the returned list, one entry per call; a negative entry also fails."""
+def step(monkeypatch: pytest.MonkeyPatch, stopwatch: Stopwatch) -> list[float]:
+    """One tick step, ``slow``, that takes as many (controlled) seconds as the test puts in the
+    returned list, one entry per call; a negative entry also fails."""
     costs: list[float] = []
-    module = types.ModuleType("tick_budget_hooks")
 
     def slow(rt, now):
         cost = costs.pop(0) if costs else 0.0
         stopwatch.advance(abs(cost))
         if cost < 0:
-            raise RuntimeError("a slow hook that breaks")
+            raise RuntimeError("a slow step that breaks")
 
-    module.slow = slow  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tick_budget_hooks", module)
-    monkeypatch.setattr(tick_module, "TICK_HOOKS", ["tick_budget_hooks:slow"])
-    yield costs
-    tick_module.resolve_hook.cache_clear()
+    monkeypatch.setattr(tick_module, "TICK_STEPS", [("slow", slow)])
+    return costs
 
 
 class SlowPlatform:
@@ -128,12 +122,12 @@ class SlowFleet:
 def test_budgets_are_shares_of_the_interval_with_a_floor():
     assert step_budget_s("poll", 30) == step_budget_s("releases", 30) == 6.0
     assert step_budget_s("prompts", 30) == 3.0
-    assert step_budget_s("deadlines", 30) == step_budget_s("bot.services.jobs:poll_all", 30) == 1.5
+    assert step_budget_s("deadlines", 30) == step_budget_s("jobs", 30) == 1.5
     assert step_budget_s("deadlines", 2) == tick_module.MIN_STEP_BUDGET_S
 
 
 def test_an_overrunning_step_is_reported_and_the_later_steps_still_run(
-    sqlite_db, stopwatch, hook, caplog
+    sqlite_db, stopwatch, step, caplog
 ):
     clock = Clock(T0)
     platform = ScriptedPlatform()
@@ -147,18 +141,18 @@ def test_an_overrunning_step_is_reported_and_the_later_steps_still_run(
     warned = add_instance(
         rt.db, name="b", deadline_at=T0 + timedelta(minutes=20), last_polled_at=T0
     )
-    hook.append(20.0)  # the hook takes 20 s of a 1.5 s budget
+    step.append(20.0)  # the step takes 20 s of a 1.5 s budget
 
     with caplog.at_level(logging.WARNING, logger="bot.services.tick"):
         report = tick(rt, clock.now)
 
-    assert report.over_budget == ["tick_budget_hooks:slow"]
-    assert report.durations_s["tick_budget_hooks:slow"] == 20.0
+    assert report.over_budget == ["slow"]
+    assert report.durations_s["slow"] == 20.0
     assert {"poll", "deadlines", "idle", "jobs_done", "refresh", "prompts", "releases"} <= set(
         report.durations_s
     )
     assert [r.getMessage() for r in caplog.records if "budget" in r.getMessage()] == [
-        "tick step tick_budget_hooks:slow took 20.0 s, past its budget of 1.5 s"
+        "tick step slow took 20.0 s, past its budget of 1.5 s"
     ]
     # The steps after it ran with budgets of their own: the warning and the release went out.
     assert report.errors == []
@@ -169,18 +163,18 @@ def test_an_overrunning_step_is_reported_and_the_later_steps_still_run(
     assert get_instance(rt.db, warned).state == "active"
 
 
-def test_a_failing_step_is_measured_too(sqlite_db, stopwatch, hook):
+def test_a_failing_step_is_measured_too(sqlite_db, stopwatch, step):
     clock = Clock(T0)
     rt = make_runtime(sqlite_db, clock, poll_interval_s=10**7, tick_interval_s=INTERVAL_S)
-    hook.append(-3.0)  # fails after 3 s
+    step.append(-3.0)  # fails after 3 s
     report = tick(rt, clock.now)
-    assert report.errors == ["tick_budget_hooks:slow"]
-    assert report.over_budget == ["tick_budget_hooks:slow"]
-    assert report.durations_s["tick_budget_hooks:slow"] == 3.0
+    assert report.errors == ["slow"]
+    assert report.over_budget == ["slow"]
+    assert report.durations_s["slow"] == 3.0
 
 
 def test_a_release_step_with_many_due_stops_at_its_budget_and_the_next_tick_finishes(
-    sqlite_db, stopwatch, hook
+    sqlite_db, stopwatch, step
 ):
     clock = Clock(T0)
     platform = SlowPlatform(stopwatch, release_s=2.0)  # 3 releases fill the 6 s budget
@@ -237,7 +231,7 @@ def test_release_without_a_budget_takes_every_due_one(sqlite_db, stopwatch):
 
 
 def test_polling_stops_at_its_budget_and_the_least_recently_polled_go_first(
-    sqlite_db, stopwatch, hook, monkeypatch: pytest.MonkeyPatch
+    sqlite_db, stopwatch, step, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.setattr(polling, "POLL_BATCH", 2)
     clock = Clock(T0)

@@ -23,10 +23,20 @@ from bot.fleet.base import LOCAL_HOST, Target
 from bot.fleet.fleet import Fleet
 from bot.fleet.keys import key_path
 from bot.runtime import Runtime
-from bot.services import audit, budgets, deadlines, jobs, ledger, spend
-from bot.services import instances as svc
+from bot.services import (
+    audit,
+    budgets,
+    deadlines,
+    fleet_views,
+    jobs,
+    ledger,
+    lifecycle,
+    lookup,
+    registration,
+    spend,
+)
 from bot.services.access import Caller
-from bot.services.instances import RegisterRequest
+from bot.services.registration import RegisterRequest
 from bot.store.db import Database
 from bot.store.models import AuditLog, Charge, Instance, Job
 from tests.bot.services.support import (
@@ -126,19 +136,19 @@ def test_local_is_refused_outside_the_console_in_every_form(db: Database, sshd: 
             RegisterRequest(name="local", address="root@203.0.113.7"),
         ):
             with pytest.raises(NotAuthorized, match="only from the bot's own console"):
-                svc.register(rt, ADMIN, request)
+                registration.register(rt, ADMIN, request)
         with pytest.raises(NotAuthorized):
-            svc.ensure_local_instance(rt, ALICE.user_id)
+            registration.ensure_local_instance(rt, ALICE.user_id)
         # A `local` row in a store the console shares: Slack cannot see or reach it.
         local_id = add_instance(db, name="local", host=LOCAL_HOST, port=0, owner_id="U0ALICE")
         for call in (
-            lambda: svc.instance_detail(rt, "local"),
-            lambda: svc.health(rt, ALICE, "local"),
-            lambda: svc.extend(rt, ALICE, "local", timedelta(hours=1)),
-            lambda: svc.ask_release(rt, ALICE, "local"),
-            lambda: svc.release(rt, ALICE, local_id),
-            lambda: svc.confirm_released(rt, ALICE, local_id),
-            lambda: svc.instance_by_id(rt, local_id),
+            lambda: fleet_views.instance_detail(rt, "local"),
+            lambda: fleet_views.health(rt, ALICE, "local"),
+            lambda: lifecycle.extend(rt, ALICE, "local", timedelta(hours=1)),
+            lambda: lifecycle.ask_release(rt, ALICE, "local"),
+            lambda: lifecycle.release(rt, ALICE, local_id),
+            lambda: lifecycle.confirm_released(rt, ALICE, local_id),
+            lambda: lookup.instance_by_id(rt, local_id),
             lambda: jobs.submit(rt, ALICE, "local", ["id"]),
             lambda: jobs.list_jobs(rt, "local"),
             lambda: jobs.who(rt, "local"),
@@ -147,7 +157,7 @@ def test_local_is_refused_outside_the_console_in_every_form(db: Database, sshd: 
         ):
             with pytest.raises(NotFound):
                 call()
-        assert svc.list_instances(rt).rows == ()
+        assert fleet_views.list_instances(rt).rows == ()
         assert _audit_actions(db) == []
         with pytest.raises(LocalRefused, match="only from the console"):
             rt.fleet.agent(Target(name="local", host=LOCAL_HOST, port=0, user="me")).status()
@@ -161,7 +171,7 @@ def test_local_is_refused_outside_the_console_in_every_form(db: Database, sshd: 
 def test_a_held_machine_is_refused_to_others_by_address_host_key_or_any_name(
     slack_rt: Runtime, db: Database, sshd: SshServer
 ) -> None:
-    svc.register(slack_rt, ALICE, _on(sshd, "alices"))
+    registration.register(slack_rt, ALICE, _on(sshd, "alices"))
     attempts = [
         _on(sshd, "bobs"),  # the same address under another name
         _on(sshd, "alices"),  # the same name and address
@@ -170,16 +180,16 @@ def test_a_held_machine_is_refused_to_others_by_address_host_key_or_any_name(
     ]
     for request in attempts:
         with pytest.raises(Conflict, match=r"already registered as alices, held by <@U0ALICE>"):
-            svc.register(slack_rt, BOB, request)
+            registration.register(slack_rt, BOB, request)
     [inst] = _live(db)
     assert (inst.name, inst.owner_id) == ("alices", "U0ALICE")
     assert _audit_actions(db) == ["register"]
     # Bob cannot reach her machine through any name of his either.
     for call in (
         lambda: jobs.submit(slack_rt, BOB, "alices", ["id"]),
-        lambda: svc.release(slack_rt, BOB, inst.id or 0),
-        lambda: svc.health(slack_rt, BOB, "alices", full=True),
-        lambda: svc.extend(slack_rt, BOB, "alices", timedelta(hours=1)),
+        lambda: lifecycle.release(slack_rt, BOB, inst.id or 0),
+        lambda: fleet_views.health(slack_rt, BOB, "alices", full=True),
+        lambda: lifecycle.extend(slack_rt, BOB, "alices", timedelta(hours=1)),
     ):
         with pytest.raises(NotAuthorized):
             call()
@@ -188,16 +198,16 @@ def test_a_held_machine_is_refused_to_others_by_address_host_key_or_any_name(
 def test_the_owner_renames_and_an_admin_re_registers_the_same_registration(
     slack_rt: Runtime, db: Database, sshd: SshServer
 ) -> None:
-    first = svc.register(slack_rt, ALICE, _on(sshd, "alices"))
-    renamed = svc.register(slack_rt, ALICE, _on(sshd, "trainer", release_in=None))
+    first = registration.register(slack_rt, ALICE, _on(sshd, "alices"))
+    renamed = registration.register(slack_rt, ALICE, _on(sshd, "trainer", release_in=None))
     assert renamed.re_registered
     assert renamed.instance.id == first.instance.id
-    again = svc.register(slack_rt, ADMIN, _on(sshd, "trainer", release_in=None))
+    again = registration.register(slack_rt, ADMIN, _on(sshd, "trainer", release_in=None))
     assert again.instance.owner_id == "U0ALICE"  # an admin's re-registration keeps the owner
     [inst] = _live(db)
     assert inst.name == "trainer"
     with pytest.raises(NotFound):
-        svc.instance_detail(slack_rt, "alices")
+        fleet_views.instance_detail(slack_rt, "alices")
     assert _audit_actions(db) == ["register", "rename", "re_register"]
     with db.session() as session:
         row = session.exec(select(AuditLog).where(AuditLog.action == "rename")).one()
@@ -227,7 +237,7 @@ def test_a_machine_is_one_registration_by_provider_id(slack_rt: Runtime, db: Dat
     )
     with pytest.raises(Conflict, match="held by <@U0ALICE>"):
         # Refused before the platform or the machine is asked anything.
-        svc.register(slack_rt, BOB, request)
+        registration.register(slack_rt, BOB, request)
     assert len(_live(db)) == 1
     assert platform.release_calls == []
 
@@ -248,16 +258,16 @@ def test_a_new_price_applies_from_then_on_and_status_spend_and_ledger_agree(
         price_micros_per_hour=3_600_000,
         release_in=timedelta(hours=5),
     )
-    svc.register(rt, ALICE, local)
+    registration.register(rt, ALICE, local)
     start = clock.now
     clock.advance(minutes=90)
     ledger.accrue(rt.db, clock.now, UTC)  # the first hour is charged at the old price
-    svc.register(
+    registration.register(
         rt, ALICE, RegisterRequest(name="local", address="local", price_micros_per_hour=1_200_000)
     )
-    assert svc.list_instances(rt).rows[0].cost_micros == 5_400_000  # 1.5 h at $3.60
+    assert fleet_views.list_instances(rt).rows[0].cost_micros == 5_400_000  # 1.5 h at $3.60
     clock.advance(minutes=60)
-    [row] = svc.list_instances(rt).rows
+    [row] = fleet_views.list_instances(rt).rows
     assert row.cost_micros == 5_400_000 + 1_200_000  # then 1 h at $1.20
     ledger.accrue(rt.db, clock.now, UTC)
     with db.session() as session:
@@ -271,12 +281,12 @@ def test_a_new_price_applies_from_then_on_and_status_spend_and_ledger_agree(
     # Spend and the ledger hold complete buckets; status adds the open half hour.
     assert _spend(rt, clock) == sum(c.amount_micros for c in charges) == 6_000_000
     inst_id = row.instance.id
-    svc.release(rt, ALICE, inst_id)
-    svc.confirm_released(rt, ALICE, inst_id)
+    lifecycle.release(rt, ALICE, inst_id)
+    lifecycle.confirm_released(rt, ALICE, inst_id)
     spent = _spend(rt, clock)  # accrues the charges the release made due
     with db.session() as session:
         charged = sum(c.amount_micros for c in session.exec(select(Charge)).all())
-    assert charged == spent == svc.instance_detail(rt, "local").row.cost_micros == 6_600_000
+    assert charged == spent == fleet_views.instance_detail(rt, "local").row.cost_micros == 6_600_000
     with db.session() as session:
         re_register = session.exec(select(AuditLog).where(AuditLog.action == "re_register")).one()
     details = audit.details(re_register)
@@ -300,31 +310,35 @@ def test_a_later_deadline_by_re_registering_passes_the_budget_and_the_cap(
         release_in=timedelta(hours=4),
         project="llm",
     )
-    svc.register(rt, ALICE, local)
+    registration.register(rt, ALICE, local)
     budgets.set_budget(rt, ADMIN, "project", "llm", 3 * USD)
     clock.advance(hours=2)  # $4 of $3 spent
     longer = RegisterRequest(
         name="local", address="local", release_in=timedelta(hours=8), project="llm"
     )
     with pytest.raises(BudgetExceeded, match="project llm is used up"):
-        svc.register(rt, ALICE, longer)
+        registration.register(rt, ALICE, longer)
     [inst] = _live(db)
     assert inst.deadline_at == clock.now + timedelta(hours=2)
     # An earlier deadline needs nothing; an admin may go past the budget.
-    svc.register(
+    registration.register(
         rt,
         ALICE,
         RegisterRequest(
             name="local", address="local", release_in=timedelta(hours=1), project="llm"
         ),
     )
-    assert svc.register(rt, ADMIN, longer).instance.deadline_at == clock.now + timedelta(hours=8)
+    assert registration.register(rt, ADMIN, longer).instance.deadline_at == clock.now + timedelta(
+        hours=8
+    )
     deadlines.set_lifetime_cap(rt, ADMIN, "local", timedelta(hours=12))
     budgets.remove_budget(rt, ADMIN, "project", "llm")
     past_cap = RegisterRequest(name="local", address="local", release_in=timedelta(hours=11))
     with pytest.raises(NotAuthorized, match="a limit an admin set"):
-        svc.register(rt, ALICE, past_cap)
-    assert svc.register(rt, ADMIN, past_cap).instance.deadline_at == clock.now + timedelta(hours=11)
+        registration.register(rt, ALICE, past_cap)
+    assert registration.register(rt, ADMIN, past_cap).instance.deadline_at == clock.now + timedelta(
+        hours=11
+    )
 
 
 # --- rule 4: jobs and the reads that leak or disturb -------------------------------------------
@@ -339,8 +353,8 @@ def test_two_registrations_that_log_in_as_one_user_never_see_each_others_jobs(
     )
     request_a = _on(sshd, "alices")
     request_b = _on(second_sshd, "bobs")  # the bot's key, from the key directory
-    a = svc.register(slack_rt, ALICE, request_a)
-    b = svc.register(slack_rt, BOB, request_b)
+    a = registration.register(slack_rt, ALICE, request_a)
+    b = registration.register(slack_rt, BOB, request_b)
     homes = {row.name: row.agent_home for row in _live(db)}
     assert homes["alices"] != homes["bobs"]
     assert a.instance.ssh_user == b.instance.ssh_user
@@ -374,13 +388,13 @@ def test_logs_and_the_full_health_check_are_for_the_owner_the_allowed_and_admins
     local_rt: Runtime,
 ) -> None:
     rt = local_rt
-    svc.register(rt, ALICE, RegisterRequest(name="local", address="local"))
+    registration.register(rt, ALICE, RegisterRequest(name="local", address="local"))
     job = jobs.submit(rt, ALICE, "local", ["echo", "secret-token"]).job
     with pytest.raises(NotAuthorized, match="read the logs of jobs on local"):
         jobs.logs(rt, BOB, str(job.id))
     with pytest.raises(NotAuthorized, match="run the full health check on local"):
-        svc.health(rt, BOB, "local", full=True)
-    assert svc.health(rt, BOB, "local").checks  # the quick check is for everyone
+        fleet_views.health(rt, BOB, "local", full=True)
+    assert fleet_views.health(rt, BOB, "local").checks  # the quick check is for everyone
     from bot.services import job_access
 
     job_access.allow(rt, ALICE, "local", "U0BOB")

@@ -49,8 +49,7 @@ from agents.protocol import HealthCheck as AgentCheck
 from agents.protocol import HealthReport, StatusSnapshot
 from bot.errors import Conflict, GpubotError, NotAuthorized, NotFound, Unreachable, UsageError
 from bot.fleet.base import HostKey, Target
-from bot.services import instances as svc
-from bot.services import job_access
+from bot.services import job_access, lifecycle, registration
 from bot.services.access import Caller
 from bot.services.views import RegisterResult
 from bot.store.db import Database
@@ -108,7 +107,7 @@ MACHINES = tuple(_machine(i) for i in range(3))
 
 
 def _endpoint(address: str) -> tuple[str, int]:
-    parsed = svc.parse_address(address)
+    parsed = registration.parse_address(address)
     return parsed.host, parsed.port
 
 
@@ -396,7 +395,7 @@ class TrustModel(RuleBasedStateMachine):
                 )
 
             expect = Expect(apply=add_it, why="nobody holds the machine or the name")
-        request = svc.RegisterRequest(
+        request = registration.RegisterRequest(
             name=name,
             address=address,
             price_micros_per_hour=price,
@@ -404,7 +403,7 @@ class TrustModel(RuleBasedStateMachine):
             provider_id=provider_id,
         )
         shown = f"register {name} at {address} pid={provider_id} in={release_in}"
-        self.call(caller, shown, expect, lambda c: svc.register(self.rt, c, request))
+        self.call(caller, shown, expect, lambda c: registration.register(self.rt, c, request))
 
     # --- whom the rules pick ------------------------------------------------------------------
 
@@ -598,7 +597,10 @@ class TrustModel(RuleBasedStateMachine):
 
             expect = Expect(apply=apply)
         self.call(
-            caller, f"extend {name} {hours}h", expect, lambda c: svc.extend(self.rt, c, name, delta)
+            caller,
+            f"extend {name} {hours}h",
+            expect,
+            lambda c: lifecycle.extend(self.rt, c, name, delta),
         )
 
     @rule(who=st.integers(0, 6), pick=st.integers(0, 15))
@@ -616,7 +618,7 @@ class TrustModel(RuleBasedStateMachine):
             expect = OK_NO_CHANGE
         before = snapshot(self.db)
         self.call(
-            caller, f"ask_release {name}", expect, lambda c: svc.ask_release(self.rt, c, name)
+            caller, f"ask_release {name}", expect, lambda c: lifecycle.ask_release(self.rt, c, name)
         )
         assert snapshot(self.db) == before, "asking what a release means changed the store"
 
@@ -654,7 +656,7 @@ class TrustModel(RuleBasedStateMachine):
             caller,
             f"release #{instance_id}",
             expect,
-            lambda c: svc.release(self.rt, c, instance_id),
+            lambda c: lifecycle.release(self.rt, c, instance_id),
         )
 
     @rule(who=st.integers(0, 6), pick=st.integers(0, 12))
@@ -675,7 +677,7 @@ class TrustModel(RuleBasedStateMachine):
             caller,
             f"confirm_released #{instance_id}",
             expect,
-            lambda c: svc.confirm_released(self.rt, c, instance_id),
+            lambda c: lifecycle.confirm_released(self.rt, c, instance_id),
         )
 
     @rule(minutes=st.sampled_from((5, 45, 150)))
@@ -721,7 +723,7 @@ class TrustModel(RuleBasedStateMachine):
                 "name": row.name,
                 "owner": row.owner_id,
                 "state": row.state,
-                "address": svc.format_address(row.ssh_user, row.host, row.port),
+                "address": registration.format_address(row.ssh_user, row.host, row.port),
                 "key": row.host_key_fingerprint,
                 "provider_id": row.provider_instance_id,
                 "price": row.price_micros,
@@ -791,14 +793,16 @@ def test_two_people_registering_one_machine_at_once_store_one(db: Database) -> N
     outcomes: dict[str, object] = {}
 
     def attempt(person: str, name: str) -> None:
-        request = svc.RegisterRequest(
+        request = registration.RegisterRequest(
             name=name,
             address="root@10.0.0.1:22",
             price_micros_per_hour=2_100_000,
             release_in=timedelta(hours=2),
         )
         try:
-            outcomes[person] = svc.register(rt, Caller(user_id=person, channel_id="CTEAM"), request)
+            outcomes[person] = registration.register(
+                rt, Caller(user_id=person, channel_id="CTEAM"), request
+            )
         except Exception as exc:  # the test looks at what each got
             outcomes[person] = exc
 

@@ -1,75 +1,51 @@
-"""Instances: register, look at (status, list, health), extend and release. No Slack in here.
+"""Registering instances: adopt a machine (pin its host key, install and run the agent, check
+its GPUs), register it again or rename it, and the instance ``local`` of the console.
 
 Every network call (SSH, provider API) happens outside a database transaction; transactions are
 short and come after. Changes are authorised (bot.services.access) and audited
 (bot.services.audit) in the same transaction as the change. Errors are bot.errors types.
-
-A host key that changed (HostKeyChanged from any fleet call) alerts the owner once per presented
-key (a Prompt of kind ``host_key_changed`` keyed by its fingerprint); the fleet refuses the
-instance until it is registered again from the same address, which pins the new key.
+Delivered GPUs that differ from the rented ones are told loudly (:class:`GpuMismatch`).
 """
 
 from __future__ import annotations
 
 import getpass
 import ipaddress
-import json
-import logging
 import re
 import secrets
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents import specs
-from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
+from agents.protocol import StatusSnapshot, dumps
 from bot import billing
-from bot.blocks import instances as blocks
-from bot.errors import (
-    AlreadyAnswered,
-    Conflict,
-    FleetError,
-    GpubotError,
-    HostKeyChanged,
-    HostKeyNotPinned,
-    NotAuthorized,
-    NotFound,
-    ProviderError,
-    ProviderNotFound,
-    UsageError,
-)
+from bot.errors import Conflict, FleetError, NotFound, ProviderError, ProviderNotFound, UsageError
 from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
-from bot.providers.base import KNOWN_PROVIDERS, check_mode
+from bot.notify import Notice
+from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import access, audit, budgets, ledger, prompts, releases
+from bot.services import access, audit, budgets, ledger, prompts
 from bot.services.access import Caller
-from bot.services.views import (
-    CheckView,
-    FleetOverview,
-    GpuView,
-    HealthView,
-    InstanceDetail,
-    InstanceRow,
-    InstanceView,
-    JobBrief,
-    Mismatch,
-    ProblemView,
-    ProcessView,
-    RegisterResult,
-    ReleaseAsk,
-    ReleaseView,
+from bot.services.fleet_views import health_view
+from bot.services.lifecycle import check_cap
+from bot.services.lookup import (
+    KIND_HOST_KEY_CHANGED,
+    POLLED_STATES,
+    HostKeyAlert,
+    ensure_person,
+    gpu_views,
+    instance_view,
+    live_by_name,
+    local_agent_home,
 )
-from bot.store.models import Instance, Job, Person, Prompt
-from bot.values import format_duration
-
-log = logging.getLogger(__name__)
+from bot.services.views import InstanceView, Mismatch, RegisterResult
+from bot.store.models import Instance, Prompt
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
 NAME_HINT = "Use 1-31 lowercase letters, digits and dashes, starting with a letter or digit."
@@ -78,10 +54,7 @@ _HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 ADDRESS_HINT = (
     "Write USER@HOST or USER@HOST:PORT, like root@203.0.113.7:2222 or ubuntu@[2001:db8::1]:22."
 )
-#: Instances the overview asks for live status; the others are shown as stored.
-POLLED_STATES = ("active",)
 MAX_GPU_COUNT = 64
-KIND_HOST_KEY_CHANGED = "host_key_changed"
 LOCAL_NAME = access.LOCAL_NAME
 #: Agent homes of registrations, relative to the login directory on the instance.
 AGENT_HOMES = ".gpu-agent/registrations"
@@ -134,7 +107,12 @@ class _Registration:
     now: datetime
 
 
-# --- register ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuMismatch(Notice):
+    """To the owner and the channels: the registration ``result`` delivered other GPUs than
+    were rented (``result.mismatch`` says how)."""
+
+    result: RegisterResult
 
 
 def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResult:
@@ -219,7 +197,7 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
     now = rt.now()
     for _ in range(2):
         with rt.db.session() as session:
-            found = _live_by_name(session, LOCAL_NAME)
+            found = live_by_name(session, LOCAL_NAME)
             if found is not None:
                 return instance_view(found)
         try:
@@ -245,383 +223,6 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
         except sa_exc.IntegrityError:
             continue  # someone else stored it meanwhile: read theirs
     raise Conflict("The instance local could not be stored.", hint="Try again.")
-
-
-# --- reading ----------------------------------------------------------------------------------
-
-
-def fleet_overview(rt: Runtime) -> FleetOverview:
-    """Every instance that is not released, with live GPU status for the active ones (asked all
-    at once). An instance that cannot be reached shows its error; the others are unaffected."""
-    now = rt.now()
-    with rt.db.session() as session:
-        instances = list(
-            session.exec(
-                select(Instance)
-                .where(Instance.state != "released", access.visible_clause(rt))
-                .order_by(col(Instance.name))
-            ).all()
-        )
-        jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
-    statuses = _poll(rt, [i for i in instances if i.state in POLLED_STATES], now)
-    rows = tuple(_row(inst, statuses.get(inst.name), jobs, now) for inst in instances)
-    return FleetOverview(rows=rows, now=now, timezone=rt.settings.timezone)
-
-
-def list_instances(rt: Runtime) -> FleetOverview:
-    """Every instance that is not released, as stored (the last poll's GPUs); asks nobody."""
-    now = rt.now()
-    with rt.db.session() as session:
-        instances = list(
-            session.exec(
-                select(Instance)
-                .where(Instance.state != "released", access.visible_clause(rt))
-                .order_by(col(Instance.name))
-            ).all()
-        )
-        jobs = _running_jobs(session, [i.id for i in instances if i.id is not None])
-    rows = tuple(_row(inst, None, jobs, now) for inst in instances)
-    return FleetOverview(rows=rows, now=now, timezone=rt.settings.timezone)
-
-
-def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
-    """One instance in detail, asked live when it is active. A released instance's name shows
-    its last registration. Raises NotFound."""
-    now = rt.now()
-    with rt.db.session() as session:
-        inst = _by_name_any(rt, session, name)
-        jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
-    outcome = _poll(rt, [inst], now).get(inst.name) if inst.state in POLLED_STATES else None
-    row = _row(inst, outcome, jobs, now)
-    snapshot = outcome if isinstance(outcome, StatusSnapshot) else _stored_status(inst)
-    cost = billing.cost_breakdown(inst, now)
-    return InstanceDetail(
-        row=row,
-        now=now,
-        timezone=rt.settings.timezone,
-        hostname=snapshot.host.hostname if snapshot else None,
-        driver_version=snapshot.driver.version if snapshot and snapshot.driver else None,
-        cuda_version=snapshot.driver.cuda_version if snapshot and snapshot.driver else None,
-        processes=tuple(
-            ProcessView(p.gpu_index, p.pid, p.user, p.command, p.used_mem_bytes, p.job_id)
-            for p in (snapshot.processes if snapshot else ())
-        ),
-        compute_cost_micros=cost.compute_micros,
-        storage_cost_micros=cost.storage_micros,
-    )
-
-
-def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> HealthView:
-    """The health checklist of an active instance. Everyone may ask for the quick one; ``full``
-    (the CUDA checks and benchmarks, which load the GPUs) only the owner, the people allowed
-    on it and admins. Raises NotFound, NotAuthorized, Conflict, FleetError subclasses."""
-    with rt.db.session() as session:
-        inst = get_live_instance(rt, session, name)
-        if full:
-            access.require_operate(
-                rt, caller, inst, session, action=f"run the full health check on {inst.name}"
-            )
-    _require_active(inst, "checked")
-    try:
-        report = rt.fleet.agent(target_for(rt, inst)).health(
-            full=full,
-            python=inst.python_path,
-            expect_gpu=inst.gpu_model,
-            expect_count=inst.gpu_count,
-        )
-    except FleetError as exc:
-        handle_fleet_error(rt, inst, exc)
-        raise
-    log.info("health of %s for %s: %s", inst.name, caller.user_id, report.status)
-    return health_view(instance_view(inst), report, full=full)
-
-
-# --- changing ---------------------------------------------------------------------------------
-
-
-def extend(
-    rt: Runtime, caller: Caller, name: str, delta: timedelta, *, answering: int | None = None
-) -> InstanceView:
-    """Move the deadline ``delta`` later (from now when it passed or there is none). Owner or
-    admin; only an admin goes past the lifetime cap or a used-up monthly budget.
-
-    ``answering`` is the warning prompt whose button asked for it: it and its group are
-    answered in the same transaction as the extension, so a double click extends once. The
-    deadline moves only from the one read here (compare-and-set). Raises UsageError, NotFound,
-    NotAuthorized, BudgetExceeded, AlreadyAnswered, Conflict (not active, or changed meanwhile).
-    """
-    if delta <= timedelta(0):
-        raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
-    now = rt.now()
-    with rt.db.session() as session:
-        inst = get_live_instance(rt, session, name)
-        access.require_owner_or_admin(rt, caller, inst, action="extend")
-        _require_active(inst, "extended")
-        owner_id, project = inst.owner_id, inst.project
-    budgets.check_budget(rt, caller, owner_id, project)
-    with rt.db.session() as session:
-        inst = get_live_instance(rt, session, name)
-        access.require_owner_or_admin(rt, caller, inst, action="extend")
-        _require_active(inst, "extended")
-        old = inst.deadline_at
-        new = max(old or now, now) + delta
-        cap = inst.lifetime_cap_at
-        _check_cap(
-            rt,
-            caller,
-            inst,
-            new,
-            f"extending by {format_duration(delta)}",
-            "Extend by less, or ask an admin to extend it past the limit.",
-        )
-        if answering is not None and not prompts.resolve_group(
-            session,
-            answering,
-            resolution=f"extended_{format_duration(delta)}",
-            by=caller.user_id,
-            now=now,
-        ):
-            raise AlreadyAnswered(f"The warning about {inst.name} was already answered.")
-        won = session.exec(
-            update(Instance)
-            .where(
-                col(Instance.id) == inst.id,
-                col(Instance.state) == "active",
-                _same_deadline(old),
-            )
-            .values(deadline_at=new)
-        ).rowcount
-        if won != 1:
-            raise Conflict(
-                f"{inst.name} changed while it was being extended (released, or its deadline "
-                "moved).",
-                hint=f"`/gpu status {inst.name}` shows it now; extend again if you still want to.",
-            )
-        audit.record(
-            session,
-            caller.user_id,
-            "extend",
-            inst.id,
-            at=now,
-            old_deadline_at=old,
-            new_deadline_at=new,
-            by_s=int(delta.total_seconds()),
-            past_cap=bool(cap is not None and new > cap),
-        )
-        session.refresh(inst)
-        return instance_view(inst)
-
-
-def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -> ReleaseAsk:
-    """What releasing (or, with ``stop``, stopping) would mean: cost so far, running jobs, and
-    for a stop what the disk goes on costing; changes nothing. Owner or admin. A stopped
-    instance can be released (terminated), not stopped again.
-
-    Raises NotFound, NotAuthorized, Conflict (being released, or already stopped),
-    ProviderError (the platform cannot stop) and ConfigError (it is not configured)."""
-    now = rt.now()
-    with rt.db.session() as session:
-        inst = get_live_instance(rt, session, name)
-        access.require_owner_or_admin(rt, caller, inst, action="stop" if stop else "release")
-        if inst.state != releases.STOPPED:
-            _require_active(inst, "released again")
-        elif stop:
-            raise Conflict(
-                f"{inst.name} is already stopped.",
-                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
-            )
-        jobs = _running_jobs(session, [inst.id] if inst.id is not None else [])
-    if stop:
-        check_mode(rt.providers.get(inst.provider), "stop")
-    return ReleaseAsk(
-        instance=instance_view(inst),
-        manual=_is_manual(rt, inst),
-        cost_micros=billing.cost_so_far(inst, now),
-        running_jobs=jobs.get(inst.id or 0, ()),
-        mode="stop" if stop else "terminate",
-    )
-
-
-def release(
-    rt: Runtime, caller: Caller, instance_id: int, *, mode: str = "terminate"
-) -> ReleaseView:
-    """The confirmed release (or stop): open a Release (reason ``user``) and work on it now. A
-    platform with an API is asked to terminate (or stop); a manual one gets the owner asked to
-    do it there. Raises NotFound, NotAuthorized, Conflict (already released, or already
-    stopped), UsageError (a mode that is not one), ProviderError/ConfigError."""
-    with rt.db.session() as session:
-        inst = _by_id(rt, session, instance_id)
-        access.require_owner_or_admin(rt, caller, inst, action="release")
-    if inst.state == "released":
-        raise Conflict(f"{inst.name} is already released.")
-    opened = releases.request_release(
-        rt, instance_id, reason="user", requested_by=caller.user_id, mode=mode
-    )
-    assert opened.id is not None
-    done = releases.process_release(rt, opened.id)
-    rt.fleet.forget(inst.name)
-    with rt.db.session() as session:
-        current = _by_id(rt, session, instance_id)
-    return ReleaseView(
-        instance=instance_view(current),
-        release_id=opened.id,
-        state=done.state,
-        manual=_is_manual(rt, inst),
-        last_error=done.last_error,
-        mode=done.mode,
-    )
-
-
-def confirm_released(
-    rt: Runtime, caller: Caller, instance_id: int, *, stopped: bool = False
-) -> ReleaseView:
-    """The owner (or an admin) says a manual instance is released on its platform, or only
-    ``stopped`` there (its disk kept and billed): the meter stops now (for compute only when
-    stopped). Idempotent. Raises NotFound, NotAuthorized, Conflict."""
-    done = releases.confirm_manual_release(rt, caller, instance_id, stopped=stopped)
-    with rt.db.session() as session:
-        inst = _by_id(rt, session, instance_id)
-    rt.fleet.forget(inst.name)
-    assert done.id is not None
-    return ReleaseView(
-        instance=instance_view(inst),
-        release_id=done.id,
-        state=done.state,
-        manual=True,
-        last_error=done.last_error,
-        mode=done.mode,
-    )
-
-
-def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
-    """An instance by id (button values carry ids). Raises NotFound."""
-    with rt.db.session() as session:
-        return instance_view(_by_id(rt, session, instance_id))
-
-
-# --- shared with other services ---------------------------------------------------------------
-
-
-def get_live_instance(rt: Runtime, session: Session, name: str) -> Instance:
-    """The instance called ``name`` that is not released and that this runtime may see (see
-    bot.services.access). Raises NotFound with a hint."""
-    inst = access.visible(rt, _live_by_name(session, name))
-    if inst is None:
-        raise NotFound(
-            f"There is no instance called {name!r}.",
-            hint="`/gpu list` shows the instances; names are lowercase.",
-        )
-    return inst
-
-
-def target_for(rt: Runtime, inst: Instance) -> Target:
-    """How the fleet reaches a stored instance (its pinned key, key file, Python, agent home).
-    A key no longer in the key directory fails when the fleet dials (AuthenticationFailed)."""
-    host_key = None
-    if inst.host_key_b64 and inst.host_key_type:
-        host_key = HostKey(
-            key_type=inst.host_key_type,
-            key_b64=inst.host_key_b64,
-            fingerprint=inst.host_key_fingerprint or "",
-        )
-    key_path = inst.ssh_key_path
-    if inst.ssh_key_name:
-        key_path = str(keys.stored_key_path(rt.settings, inst.ssh_key_name))
-    return Target(
-        name=inst.name,
-        host=inst.host,
-        port=inst.port,
-        user=inst.ssh_user,
-        key_path=key_path,
-        host_key=host_key,
-        python_path=inst.python_path,
-        agent_home=inst.agent_home,
-    )
-
-
-def handle_fleet_error(rt: Runtime, inst: Instance, exc: FleetError) -> None:
-    """React to a failed fleet call: a changed host key alerts the owner (once per presented
-    key). Never raises; the caller re-raises or shows ``exc``."""
-    if not isinstance(exc, HostKeyChanged) or inst.id is None:
-        return
-    presented = exc.presented_fingerprint or "no key of the pinned type"
-    try:
-        with rt.db.session() as session:
-            prompt = prompts.ensure_prompt(
-                session,
-                instance_id=inst.id,
-                kind=KIND_HOST_KEY_CHANGED,
-                key=presented[:128],
-                recipient=inst.owner_id,
-                due_at=rt.now(),
-            )
-            prompt_id = prompt.id
-        assert prompt_id is not None
-        text, body = blocks.host_key_changed(
-            instance_view(inst),
-            expected=inst.host_key_fingerprint or exc.expected_fingerprint or "unknown",
-            presented=presented,
-        )
-        prompts.deliver(rt, prompt_id, text, body)
-    except Exception:  # an alert must never hide the error the caller shows
-        log.exception("alerting the owner of %s about a changed host key failed", inst.name)
-
-
-def instance_view(inst: Instance) -> InstanceView:
-    """The view of a stored instance."""
-    return InstanceView(
-        id=inst.id or 0,
-        name=inst.name,
-        owner_id=inst.owner_id,
-        state=inst.state,
-        provider=inst.provider,
-        provider_instance_id=inst.provider_instance_id,
-        host=inst.host,
-        port=inst.port,
-        ssh_user=inst.ssh_user,
-        project=inst.project,
-        gpu_model=inst.gpu_model,
-        gpu_count=inst.gpu_count,
-        delivered_gpu_name=inst.delivered_gpu_name,
-        delivered_gpu_count=inst.delivered_gpu_count,
-        price_micros_per_hour=releases.hourly_cost_micros(inst),
-        currency=inst.currency,
-        created_at=inst.created_at,
-        deadline_at=inst.deadline_at,
-        lifetime_cap_at=inst.lifetime_cap_at,
-        host_key_fingerprint=inst.host_key_fingerprint,
-        python_path=inst.python_path,
-        agent_version=inst.agent_version,
-        channel_id=inst.channel_id,
-        stopped_at=inst.stopped_at if inst.state == releases.STOPPED else None,
-        storage_micros_per_hour=billing.storage_micros_per_hour(inst),
-    )
-
-
-def gpu_views(status: StatusSnapshot) -> tuple[GpuView, ...]:
-    """The GPUs of a status snapshot."""
-    return tuple(
-        GpuView(
-            index=g.index,
-            name=g.name,
-            util_pct=g.util_gpu_pct,
-            mem_used_bytes=g.mem_used_bytes,
-            mem_total_bytes=g.mem_total_bytes,
-            temp_c=g.temp_c,
-            power_w=g.power_draw_w,
-        )
-        for g in status.gpus
-    )
-
-
-def health_view(inst: InstanceView, report: HealthReport, *, full: bool) -> HealthView:
-    """The view of an agent's health report."""
-    return HealthView(
-        instance=inst,
-        status=report.status,
-        checks=tuple(CheckView(c.id, c.status, c.summary, c.hint) for c in report.checks),
-        full=full,
-    )
 
 
 def compare_gpus(
@@ -678,7 +279,46 @@ def format_address(user: str, host: str, port: int = 22) -> str:
     return f"{user}@{shown}:{port}"
 
 
-# --- helpers: register ------------------------------------------------------------------------
+def registration_record(inst: Instance) -> dict[str, object]:
+    """Everything a registration says, for the audit log (no secrets are stored on a row)."""
+    return {name: getattr(inst, name) for name in _RECORDED}
+
+
+_RECORDED = (
+    "name",
+    "owner_id",
+    "project",
+    "state",
+    "host",
+    "port",
+    "ssh_user",
+    "ssh_key_name",
+    "ssh_key_path",
+    "host_key_type",
+    "host_key_fingerprint",
+    "python_path",
+    "agent_home",
+    "agent_version",
+    "provider_instance_id",
+    "gpu_model",
+    "delivered_gpu_name",
+    "deadline_at",
+    "lifetime_cap_at",
+    *billing.BILLED_FIELDS,
+)
+
+
+def host_key_prompt(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
+    """What an undelivered host key alert says now; None once the instance was registered
+    again with the presented key, or released."""
+    del rt, session
+    if inst.state == "released" or inst.host_key_fingerprint == prompt.key:
+        return None
+    return HostKeyAlert(
+        instance=instance_view(inst),
+        expected=inst.host_key_fingerprint or "unknown",
+        presented=prompt.key,
+    )
 
 
 def _validate(rt: Runtime, req: RegisterRequest) -> None:
@@ -768,7 +408,7 @@ def _scan(rt: Runtime, caller: Caller, name: str, address: Address) -> HostKey |
         return rt.fleet.scan_host_key(address.host, address.port)
     except FleetError as exc:
         with rt.db.session() as session:
-            by_name = _live_by_name(session, name)
+            by_name = live_by_name(session, name)
         if by_name is None or access.is_owner(caller, by_name) or access.is_admin(rt, caller):
             raise
         raise _name_taken(name, by_name) from exc
@@ -791,7 +431,7 @@ def _holder(
     with rt.db.session() as session:
         holders = access.machine_holders(session, identity)
         holder = access.holder_for_registration(rt, caller, holders, name)
-        by_name = _live_by_name(session, name)
+        by_name = live_by_name(session, name)
     if by_name is not None and (holder is None or by_name.id != holder.id):
         raise _name_taken(name, by_name)
     if holder is not None and holder.state not in POLLED_STATES:
@@ -810,32 +450,8 @@ def _check_later_deadline(
     lifetime cap and a used-up budget stop anyone but an admin."""
     if holder.deadline_at is not None and deadline_at <= holder.deadline_at:
         return
-    _check_cap(rt, caller, holder, deadline_at, "re-registering with that deadline")
+    check_cap(rt, caller, holder, deadline_at, "re-registering with that deadline")
     budgets.check_budget(rt, caller, holder.owner_id, project)
-
-
-def _check_cap(
-    rt: Runtime,
-    caller: Caller,
-    inst: Instance,
-    new: datetime,
-    doing: str,
-    hint: str = "Choose an earlier deadline, or ask an admin to go past the limit.",
-) -> None:
-    cap = inst.lifetime_cap_at
-    if cap is None or new <= cap or access.is_admin(rt, caller):
-        return
-    raise NotAuthorized(
-        f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin set); "
-        f"{doing} would go past it.",
-        hint=hint,
-    )
-
-
-def _same_deadline(old: datetime | None) -> Any:
-    if old is None:
-        return col(Instance.deadline_at).is_(None)
-    return col(Instance.deadline_at) == old
 
 
 def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
@@ -988,35 +604,6 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
     return inst
 
 
-def registration_record(inst: Instance) -> dict[str, object]:
-    """Everything a registration says, for the audit log (no secrets are stored on a row)."""
-    return {name: getattr(inst, name) for name in _RECORDED}
-
-
-_RECORDED = (
-    "name",
-    "owner_id",
-    "project",
-    "state",
-    "host",
-    "port",
-    "ssh_user",
-    "ssh_key_name",
-    "ssh_key_path",
-    "host_key_type",
-    "host_key_fingerprint",
-    "python_path",
-    "agent_home",
-    "agent_version",
-    "provider_instance_id",
-    "gpu_model",
-    "delivered_gpu_name",
-    "deadline_at",
-    "lifetime_cap_at",
-    *billing.BILLED_FIELDS,
-)
-
-
 def _preview(inst: Instance, changes: dict[str, object]) -> billing.BilledInstance:
     """The instance's billing fields as they would be after ``changes``."""
     values = {name: getattr(inst, name) for name in billing.BILLED_FIELDS}
@@ -1040,7 +627,7 @@ def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:
 
 
 def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
-    text, body = blocks.mismatch_notice(result)
+    text, body = rt.message(GpuMismatch(result))
     recipients = [result.instance.owner_id, rt.settings.channel, caller.channel_id]
     inst = result.instance
     for recipient in dict.fromkeys(r for r in recipients if r):
@@ -1052,27 +639,6 @@ def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> N
             key=f"mismatch:{inst.id}:{inst.created_at:%Y%m%d%H%M%S%f}:{recipient}",
             instance_id=inst.id,
         )
-
-
-def ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
-    """Add the person if unknown (a concurrent insert is fine); learn a display name Slack sent
-    for someone known without one."""
-    known = session.get(Person, slack_id)
-    if known is not None:
-        if display_name and not known.display_name:
-            known.display_name = display_name
-        return
-    try:
-        with session.begin_nested():
-            session.add(Person(slack_id=slack_id, display_name=display_name))
-    except sa_exc.IntegrityError:
-        if session.get(Person, slack_id) is None:
-            raise
-
-
-def local_agent_home(rt: Runtime) -> str:
-    """Where the agent of the instance ``local`` keeps its state: in the bot's data dir."""
-    return str(rt.settings.data_dir / "local-agent")
 
 
 def _agent_home(
@@ -1155,194 +721,3 @@ def _check_hostname(host: str, raw: str) -> None:
         raise UsageError(f"{raw[:80]!r} has no host.", hint=ADDRESS_HINT)
     if len(host) > 253 or not all(_HOST_LABEL_RE.fullmatch(p) for p in host.rstrip(".").split(".")):
         raise UsageError(f"{host[:80]!r} is not a host name or address.", hint=ADDRESS_HINT)
-
-
-# --- helpers: reading -------------------------------------------------------------------------
-
-
-def _poll(
-    rt: Runtime, instances: Sequence[Instance], now: datetime
-) -> dict[str, StatusSnapshot | FleetError]:
-    """Ask every instance for its status at once; record each outcome on its row (the snapshot
-    and its time, or the error). The poller's own columns (``last_polled_at``,
-    ``last_poll_ok``) are left to it, so looking never delays a poll."""
-    outcomes: dict[str, StatusSnapshot | FleetError] = {}
-    targets: list[Target] = []
-    for inst in instances:
-        target = target_for(rt, inst)
-        if not target.is_local and target.host_key is None:
-            outcomes[inst.name] = HostKeyNotPinned(
-                f"{inst.name}: no host key is pinned", instance=inst.name
-            )
-            continue
-        targets.append(target)
-    if targets:
-        outcomes.update(rt.fleet.fan_out(targets, lambda agent: agent.status()))
-    if outcomes:
-        _record_polls(rt, instances, outcomes, now)
-    for inst in instances:
-        outcome = outcomes.get(inst.name)
-        if isinstance(outcome, FleetError):
-            handle_fleet_error(rt, inst, outcome)
-    return outcomes
-
-
-def _record_polls(
-    rt: Runtime,
-    instances: Sequence[Instance],
-    outcomes: dict[str, StatusSnapshot | FleetError],
-    now: datetime,
-) -> None:
-    with rt.db.session() as session:
-        for inst in instances:
-            outcome = outcomes.get(inst.name)
-            if outcome is None:
-                continue
-            if isinstance(outcome, FleetError):
-                values: dict[str, object] = {"last_error": outcome.user_text()[:2000]}
-            else:
-                values = {
-                    "last_error": None,
-                    "last_status_json": dumps(outcome),
-                    "last_status_at": now,
-                }
-            session.exec(update(Instance).where(col(Instance.id) == inst.id).values(**values))
-
-
-def _row(
-    inst: Instance,
-    outcome: StatusSnapshot | FleetError | None,
-    jobs: dict[int, tuple[JobBrief, ...]],
-    now: datetime,
-) -> InstanceRow:
-    problem = None
-    snapshot: StatusSnapshot | None
-    if isinstance(outcome, FleetError):
-        problem = ProblemView(type(outcome).__name__, outcome.message, outcome.hint)
-        snapshot = _stored_status(inst)
-        polled_at = _status_time(inst) if snapshot else None
-    elif outcome is None:
-        snapshot = _stored_status(inst)
-        polled_at = _status_time(inst) if snapshot else None
-    else:
-        snapshot = outcome
-        polled_at = now
-    return InstanceRow(
-        instance=instance_view(inst),
-        live=isinstance(outcome, StatusSnapshot),
-        gpus=gpu_views(snapshot) if snapshot else (),
-        problem=problem,
-        running_jobs=jobs.get(inst.id or 0, ()),
-        cost_micros=billing.cost_so_far(inst, now),
-        polled_at=polled_at,
-        nvml_problem=snapshot.nvml_error.message if snapshot and snapshot.nvml_error else None,
-    )
-
-
-def _running_jobs(session: Session, instance_ids: Iterable[int]) -> dict[int, tuple[JobBrief, ...]]:
-    ids = list(instance_ids)
-    if not ids:
-        return {}
-    found: dict[int, list[JobBrief]] = {}
-    rows = session.exec(
-        select(Job)
-        .where(col(Job.instance_id).in_(ids), Job.state == "running")
-        .order_by(col(Job.id))
-    ).all()
-    for job in rows:
-        found.setdefault(job.instance_id, []).append(
-            JobBrief(
-                id=job.id or 0,
-                agent_job_id=job.agent_job_id,
-                requested_by=job.requested_by,
-                command=_command_text(job.command_json),
-                started_at=job.started_at,
-            )
-        )
-    return {key: tuple(value) for key, value in found.items()}
-
-
-def _command_text(command_json: str) -> str:
-    try:
-        argv = json.loads(command_json)
-    except ValueError:
-        return command_json
-    if isinstance(argv, list):
-        return " ".join(str(part) for part in argv)
-    return str(argv)
-
-
-def _status_time(inst: Instance) -> datetime | None:
-    times = [t for t in (inst.last_status_at, inst.last_polled_at) if t is not None]
-    return max(times) if times else None
-
-
-def _stored_status(inst: Instance) -> StatusSnapshot | None:
-    if not inst.last_status_json:
-        return None
-    try:
-        return from_dict(StatusSnapshot, json.loads(inst.last_status_json))
-    except (ValueError, ProtocolError):
-        return None
-
-
-def _live_by_name(session: Session, name: str) -> Instance | None:
-    return session.exec(
-        select(Instance).where(Instance.name == name, Instance.state != "released")
-    ).first()
-
-
-def _by_name_any(rt: Runtime, session: Session, name: str) -> Instance:
-    found = access.visible(rt, _live_by_name(session, name))
-    if found is not None:
-        return found
-    released = access.visible(
-        rt,
-        session.exec(
-            select(Instance).where(Instance.name == name).order_by(col(Instance.id).desc())
-        ).first(),
-    )
-    if released is None:
-        return get_live_instance(rt, session, name)
-    return released
-
-
-def _by_id(rt: Runtime, session: Session, instance_id: int) -> Instance:
-    inst = access.visible(rt, session.get(Instance, instance_id))
-    if inst is None:
-        raise NotFound(
-            f"There is no instance with id {instance_id}.",
-            hint="`/gpu list` shows the instances.",
-        )
-    return inst
-
-
-def _require_active(inst: Instance, what: str) -> None:
-    if inst.state == "active":
-        return
-    state = inst.state.replace("_", " ")
-    raise Conflict(f"{inst.name} is {state}; it cannot be {what} now.")
-
-
-def _is_manual(rt: Runtime, inst: Instance) -> bool:
-    if not inst.provider_instance_id:
-        return True
-    try:
-        return not rt.providers.get(inst.provider).capabilities.api_release
-    except GpubotError:  # an unconfigured provider: the release attempt will say so
-        return False
-
-
-def _render_host_key_prompt(
-    rt: Runtime, session: Session, prompt: Prompt, inst: Instance
-) -> prompts.Message | None:
-    """Re-render an undelivered host key alert; None once the instance was re-registered with
-    the presented key or released."""
-    if inst.state == "released" or inst.host_key_fingerprint == prompt.key:
-        return None
-    return blocks.host_key_changed(
-        instance_view(inst), expected=inst.host_key_fingerprint or "unknown", presented=prompt.key
-    )
-
-
-prompts.RENDERERS[KIND_HOST_KEY_CHANGED] = _render_host_key_prompt

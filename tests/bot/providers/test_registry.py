@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bot.errors import ConfigError, NotFound, ProviderError
-from bot.providers.base import ProviderRegistry
 from bot.providers.manual import ManualProvider
+from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
 
 

@@ -1,0 +1,128 @@
+"""The GPU queue: what a job's ``--gpus`` can get on this machine and which queued jobs start.
+
+Standard library only, Python 3.9. Everything but :func:`gpu_indices` (which asks NVML) is
+pure: the queue is in FIFO order and GPUs are NVML indices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+
+from agents.protocol import GpuRequest, JobError, JobRequestError, WhoJob
+
+
+def resolve_request(request: GpuRequest, available: Sequence[int], why: str) -> GpuRequest:
+    """Check ``request`` against the GPU indices this machine has; ``all`` becomes exact indices.
+
+    ``why`` explains an empty ``available``. Raises JobError when it can never be met.
+    """
+    if request.count == 0:
+        return request
+    if not available:
+        raise JobError(
+            f"this job asks for GPUs but no NVIDIA GPU can be used here ({why}); "
+            "run `gpu-agent health` to see why, or run the job without --gpus"
+        )
+    if request.count < 0:
+        return GpuRequest(count=len(available), indices=tuple(sorted(available)))
+    missing = [i for i in request.indices if i not in available]
+    if missing:
+        raise JobRequestError(
+            f"--gpus names GPU {', '.join(map(str, missing))}, but this machine has GPUs "
+            f"{', '.join(map(str, sorted(available)))}"
+        )
+    if request.count > len(available):
+        raise JobRequestError(
+            f"--gpus {request.count} asks for more GPUs than this machine has ({len(available)})"
+        )
+    return request
+
+
+def plan_starts(
+    queue: Sequence[Tuple[str, GpuRequest]], gpus: Sequence[int], busy: Iterable[int]
+) -> Dict[str, Tuple[int, ...]]:
+    """Which queued jobs may start now, and on which GPUs. Pure.
+
+    ``queue`` is in FIFO order, ``gpus`` every GPU index, ``busy`` those running jobs hold.
+    A later job never takes a GPU an earlier waiting job needs: an exact request that cannot
+    start reserves its GPUs; a request for any N that cannot start holds back every GPU job
+    behind it. Jobs without GPUs start at once.
+    """
+    taken: Set[int] = set(busy)
+    reserved: Set[int] = set()
+    hold_gpu_jobs = False
+    plan: Dict[str, Tuple[int, ...]] = {}
+    for job_id, request in queue:
+        if request.count == 0:
+            plan[job_id] = ()
+            continue
+        if hold_gpu_jobs:
+            continue
+        if request.indices:
+            if all(i in gpus and i not in taken and i not in reserved for i in request.indices):
+                plan[job_id] = request.indices
+                taken.update(request.indices)
+            else:
+                reserved.update(request.indices)
+            continue
+        free = [g for g in sorted(gpus) if g not in taken and g not in reserved]
+        if len(free) < request.count:
+            hold_gpu_jobs = True
+            continue
+        chosen = tuple(free[: request.count])
+        plan[job_id] = chosen
+        taken.update(chosen)
+    return plan
+
+
+def reservations(
+    metas: Iterable[Mapping[str, Any]],
+) -> Tuple[Dict[int, WhoJob], Dict[int, List[WhoJob]], List[WhoJob]]:
+    """The GPUs unfinished jobs hold or wait for. Pure.
+
+    Returns (GPU index -> the running job assigned to it, GPU index -> queued jobs that asked
+    for it by index, queued jobs that asked for a count of GPUs), each in FIFO order.
+    """
+    held: Dict[int, WhoJob] = {}
+    waiting: Dict[int, List[WhoJob]] = {}
+    waiting_any: List[WhoJob] = []
+    for meta in sorted(metas, key=lambda m: m.get("seq", 0)):
+        state = meta.get("state")
+        if state == "running":
+            job = _who_job(meta, tuple(int(g) for g in meta.get("gpus_assigned") or ()))
+            for index in job.gpus:
+                held.setdefault(index, job)
+        elif state == "queued" and int(meta.get("want_count") or 0) != 0:
+            indices = tuple(int(g) for g in meta.get("want_indices") or ())
+            job = _who_job(meta, indices)
+            if indices:
+                for index in indices:
+                    waiting.setdefault(index, []).append(job)
+            else:
+                waiting_any.append(job)
+    return held, waiting, waiting_any
+
+
+def _who_job(meta: Mapping[str, Any], gpus: Tuple[int, ...]) -> WhoJob:
+    running = meta.get("state") == "running"
+    return WhoJob(
+        job_id=str(meta["id"]),
+        name=meta.get("name"),
+        user=meta.get("user"),
+        state=str(meta.get("state")),
+        gpus=gpus,
+        gpus_requested=meta.get("gpus_requested"),
+        since=meta.get("started_at") if running else meta.get("created_at"),
+    )
+
+
+def gpu_indices() -> Tuple[List[int], str]:
+    """The GPU indices NVML sees, and why there are none when the list is empty."""
+    from agents import nvml
+
+    try:
+        with nvml.GpuSampler() as sampler:
+            found = [g.index for g in sampler.sample()]
+    except nvml.NvmlUnavailable as exc:
+        return [], exc.error.message
+    return found, "" if found else "NVML lists no GPUs"

@@ -1,0 +1,110 @@
+"""`/gpu policy` (what happens at the deadline, when idle, when the jobs are done) and
+`/gpu cap` (an admin's limit on an instance's lifetime)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+
+from bot.blocks import deadlines as blocks
+from bot.commands.registry import CommandSpec, Registry, Reply
+from bot.errors import UsageError
+from bot.runtime import Runtime
+from bot.services import deadlines
+from bot.services.access import Caller
+from bot.values import parse_duration
+
+POLICY_USAGE = (
+    "/gpu policy NAME [--at-deadline release|wait-for-jobs] [--max-grace 2h] "
+    "[--idle-release 1h|off] [--release-when-done on|off]"
+)
+CAP_USAGE = "/gpu cap NAME 3d|none"
+
+
+def _configure_policy(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument(
+        "--at-deadline", choices=deadlines.POLICIES, metavar="release|wait-for-jobs"
+    )
+    parser.add_argument("--max-grace", type=parse_duration, metavar="2h")
+    parser.add_argument("--idle-release", type=_duration_or_off, metavar="1h|off")
+    parser.add_argument("--release-when-done", type=_on_off, metavar="on|off")
+
+
+def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    change = deadlines.PolicyChange(
+        at_deadline=args.at_deadline,
+        max_grace_s=int(args.max_grace.total_seconds()) if args.max_grace else None,
+        idle_release_after_s=args.idle_release,
+        release_when_done=args.release_when_done,
+    )
+    return _policy_reply(deadlines.set_policy(rt, caller, args.name, change))
+
+
+def _configure_cap(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME")
+    parser.add_argument("lifetime", type=_duration_or_none, metavar="3d|none")
+
+
+def _cap(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    lifetime = None if args.lifetime is None else timedelta(seconds=args.lifetime)
+    return _policy_reply(deadlines.set_lifetime_cap(rt, caller, args.name, lifetime))
+
+
+def _policy_reply(view: deadlines.PolicyView) -> Reply:
+    text, body = blocks.policy_summary(view)
+    return Reply(text=text, blocks=body, ephemeral=False)
+
+
+def _duration_or_off(text: str) -> int:
+    """``off`` as 0 (turn it off), else a duration in seconds."""
+    if text.strip().lower() in ("off", "none", "no"):
+        return 0
+    return int(parse_duration(text).total_seconds())
+
+
+def _duration_or_none(text: str) -> int | None:
+    """``none`` as None (lift it), else a duration in seconds."""
+    if text.strip().lower() in ("none", "off"):
+        return None
+    return int(parse_duration(text).total_seconds())
+
+
+def _on_off(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("on", "yes", "true"):
+        return True
+    if value in ("off", "no", "false"):
+        return False
+    raise UsageError(f"{text[:20]!r} is not on or off.")
+
+
+POLICY = CommandSpec(
+    name="policy",
+    summary="what happens at the deadline, when idle, and when the jobs are done",
+    usage=POLICY_USAGE,
+    examples=(
+        "/gpu policy box1 --at-deadline wait-for-jobs --max-grace 2h",
+        "/gpu policy box1 --idle-release 1h",
+        "/gpu policy box1 --release-when-done on",
+    ),
+    configure=_configure_policy,
+    handler=_policy,
+)
+CAP = CommandSpec(
+    name="cap",
+    summary="(admin) the longest an instance may live, counted from its registration",
+    usage=CAP_USAGE,
+    examples=("/gpu cap box1 3d", "/gpu cap box1 none"),
+    configure=_configure_cap,
+    handler=_cap,
+)
+
+
+def register(registry: Registry) -> None:
+    """Add this module's commands and buttons to ``registry``."""
+    for spec in (
+        POLICY,
+        CAP,
+    ):
+        registry.command(spec)

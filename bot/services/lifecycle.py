@@ -1,0 +1,199 @@
+"""Changing an instance's life: extend its deadline, ask before a release, release (or stop) it,
+and the owner's word that a manual instance is released on its platform.
+
+Changes are the owner's or an admin's (bot.services.access) and audited in the transaction that
+makes them; every network call (the platform's API) happens outside a transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import update
+from sqlmodel import col
+
+from bot import billing
+from bot.errors import AlreadyAnswered, Conflict, NotAuthorized, UsageError
+from bot.providers.base import check_mode
+from bot.runtime import Runtime
+from bot.services import access, audit, budgets, prompts, releases
+from bot.services.access import Caller
+from bot.services.fleet_views import running_jobs
+from bot.services.lookup import by_id, get_live_instance, instance_view, is_manual, require_active
+from bot.services.views import InstanceView, ReleaseAsk, ReleaseView
+from bot.store.models import Instance
+from bot.values import format_duration
+
+
+def extend(
+    rt: Runtime, caller: Caller, name: str, delta: timedelta, *, answering: int | None = None
+) -> InstanceView:
+    """Move the deadline ``delta`` later (from now when it passed or there is none). Owner or
+    admin; only an admin goes past the lifetime cap or a used-up monthly budget.
+
+    ``answering`` is the warning prompt whose button asked for it: it and its group are
+    answered in the same transaction as the extension, so a double click extends once. The
+    deadline moves only from the one read here (compare-and-set). Raises UsageError, NotFound,
+    NotAuthorized, BudgetExceeded, AlreadyAnswered, Conflict (not active, or changed meanwhile).
+    """
+    if delta <= timedelta(0):
+        raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(rt, session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="extend")
+        require_active(inst, "extended")
+        owner_id, project = inst.owner_id, inst.project
+    budgets.check_budget(rt, caller, owner_id, project)
+    with rt.db.session() as session:
+        inst = get_live_instance(rt, session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="extend")
+        require_active(inst, "extended")
+        old = inst.deadline_at
+        new = max(old or now, now) + delta
+        cap = inst.lifetime_cap_at
+        check_cap(
+            rt,
+            caller,
+            inst,
+            new,
+            f"extending by {format_duration(delta)}",
+            "Extend by less, or ask an admin to extend it past the limit.",
+        )
+        if answering is not None and not prompts.resolve_group(
+            session,
+            answering,
+            resolution=f"extended_{format_duration(delta)}",
+            by=caller.user_id,
+            now=now,
+        ):
+            raise AlreadyAnswered(f"The warning about {inst.name} was already answered.")
+        won = session.exec(
+            update(Instance)
+            .where(
+                col(Instance.id) == inst.id,
+                col(Instance.state) == "active",
+                _same_deadline(old),
+            )
+            .values(deadline_at=new)
+        ).rowcount
+        if won != 1:
+            raise Conflict(
+                f"{inst.name} changed while it was being extended (released, or its deadline "
+                "moved).",
+                hint=f"`/gpu status {inst.name}` shows it now; extend again if you still want to.",
+            )
+        audit.record(
+            session,
+            caller.user_id,
+            "extend",
+            inst.id,
+            at=now,
+            old_deadline_at=old,
+            new_deadline_at=new,
+            by_s=int(delta.total_seconds()),
+            past_cap=bool(cap is not None and new > cap),
+        )
+        session.refresh(inst)
+        return instance_view(inst)
+
+
+def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -> ReleaseAsk:
+    """What releasing (or, with ``stop``, stopping) would mean: cost so far, running jobs, and
+    for a stop what the disk goes on costing; changes nothing. Owner or admin. A stopped
+    instance can be released (terminated), not stopped again.
+
+    Raises NotFound, NotAuthorized, Conflict (being released, or already stopped),
+    ProviderError (the platform cannot stop) and ConfigError (it is not configured)."""
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(rt, session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="stop" if stop else "release")
+        if inst.state != releases.STOPPED:
+            require_active(inst, "released again")
+        elif stop:
+            raise Conflict(
+                f"{inst.name} is already stopped.",
+                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
+            )
+        jobs = running_jobs(session, [inst.id] if inst.id is not None else [])
+    if stop:
+        check_mode(rt.providers.get(inst.provider), "stop")
+    return ReleaseAsk(
+        instance=instance_view(inst),
+        manual=is_manual(rt, inst),
+        cost_micros=billing.cost_so_far(inst, now),
+        running_jobs=jobs.get(inst.id or 0, ()),
+        mode="stop" if stop else "terminate",
+    )
+
+
+def release(
+    rt: Runtime, caller: Caller, instance_id: int, *, mode: str = "terminate"
+) -> ReleaseView:
+    """The confirmed release (or stop), by the one route a prompt's button takes too
+    (:func:`bot.services.releases.release_now`): open a Release (reason ``user``) and work on it
+    now. A platform with an API is asked to terminate (or stop); a manual one gets the owner
+    asked to do it there. Raises NotFound, NotAuthorized, Conflict (already released, or already
+    stopped), UsageError (a mode that is not one), ProviderError/ConfigError."""
+    done = releases.release_now(rt, caller, instance_id, mode=mode)
+    assert done.id is not None
+    with rt.db.session() as session:
+        current = by_id(rt, session, instance_id)
+    return ReleaseView(
+        instance=instance_view(current),
+        release_id=done.id,
+        state=done.state,
+        manual=is_manual(rt, current),
+        last_error=done.last_error,
+        mode=done.mode,
+    )
+
+
+def confirm_released(
+    rt: Runtime, caller: Caller, instance_id: int, *, stopped: bool = False
+) -> ReleaseView:
+    """The owner (or an admin) says a manual instance is released on its platform, or only
+    ``stopped`` there (its disk kept and billed): the meter stops now (for compute only when
+    stopped). Idempotent. Raises NotFound, NotAuthorized, Conflict."""
+    done = releases.confirm_manual_release(rt, caller, instance_id, stopped=stopped)
+    with rt.db.session() as session:
+        inst = by_id(rt, session, instance_id)
+    rt.fleet.forget(inst.name)
+    assert done.id is not None
+    return ReleaseView(
+        instance=instance_view(inst),
+        release_id=done.id,
+        state=done.state,
+        manual=True,
+        last_error=done.last_error,
+        mode=done.mode,
+    )
+
+
+def check_cap(
+    rt: Runtime,
+    caller: Caller,
+    inst: Instance,
+    new: datetime,
+    doing: str,
+    hint: str = "Choose an earlier deadline, or ask an admin to go past the limit.",
+) -> None:
+    """Raise NotAuthorized when moving the deadline to ``new`` (naive UTC) passes the lifetime
+    cap an admin set, unless the caller is an admin; ``doing`` names the change."""
+    cap = inst.lifetime_cap_at
+    if cap is None or new <= cap or access.is_admin(rt, caller):
+        return
+    raise NotAuthorized(
+        f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin set); "
+        f"{doing} would go past it.",
+        hint=hint,
+    )
+
+
+def _same_deadline(old: datetime | None) -> Any:
+    """The clause "the deadline is still ``old``" (compare-and-set)."""
+    if old is None:
+        return col(Instance.deadline_at).is_(None)
+    return col(Instance.deadline_at) == old

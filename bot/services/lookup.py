@@ -1,0 +1,239 @@
+"""Finding instances and reaching them: the lookups every instance and job service shares.
+
+Lookups see only what this runtime may see (bot.services.access: ``local`` only in the
+console). A host key that changed (HostKeyChanged from any fleet call) alerts the owner once
+per presented key: a Prompt of kind ``host_key_changed`` keyed by its fingerprint, saying
+:class:`HostKeyAlert`; the fleet refuses the instance until it is registered again from the
+same address, which pins the new key.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import exc as sa_exc
+from sqlmodel import Session, col, select
+
+from agents.protocol import StatusSnapshot
+from bot import billing
+from bot.errors import Conflict, FleetError, GpubotError, HostKeyChanged, NotFound
+from bot.fleet import keys
+from bot.fleet.base import HostKey, Target
+from bot.notify import Notice
+from bot.runtime import Runtime
+from bot.services import access, prompts, releases
+from bot.services.views import GpuView, InstanceView
+from bot.store.models import Instance, Person
+
+log = logging.getLogger(__name__)
+
+#: Instances that are asked for their live status; the others are shown as stored.
+POLLED_STATES = ("active",)
+#: The prompt kind of a host key alert; its key is the presented fingerprint.
+KIND_HOST_KEY_CHANGED = "host_key_changed"
+
+
+@dataclass(frozen=True)
+class HostKeyAlert(Notice):
+    """To the owner: ``instance`` presented the host key ``presented`` (a fingerprint, or words
+    saying none of the pinned type) instead of the pinned ``expected``; the bot refuses it
+    until it is registered again."""
+
+    instance: InstanceView
+    expected: str
+    presented: str
+
+
+def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
+    """An instance by id (button values carry ids). Raises NotFound."""
+    with rt.db.session() as session:
+        return instance_view(by_id(rt, session, instance_id))
+
+
+def get_live_instance(rt: Runtime, session: Session, name: str) -> Instance:
+    """The instance called ``name`` that is not released and that this runtime may see (see
+    bot.services.access). Raises NotFound with a hint."""
+    inst = access.visible(rt, live_by_name(session, name))
+    if inst is None:
+        raise NotFound(
+            f"There is no instance called {name!r}.",
+            hint="`/gpu list` shows the instances; names are lowercase.",
+        )
+    return inst
+
+
+def live_by_name(session: Session, name: str) -> Instance | None:
+    """The registration called ``name`` that is not released, whoever may see it."""
+    return session.exec(
+        select(Instance).where(Instance.name == name, Instance.state != "released")
+    ).first()
+
+
+def by_name_any(rt: Runtime, session: Session, name: str) -> Instance:
+    """The live instance called ``name``, else its last released registration. Raises
+    NotFound."""
+    found = access.visible(rt, live_by_name(session, name))
+    if found is not None:
+        return found
+    released = access.visible(
+        rt,
+        session.exec(
+            select(Instance).where(Instance.name == name).order_by(col(Instance.id).desc())
+        ).first(),
+    )
+    if released is None:
+        return get_live_instance(rt, session, name)
+    return released
+
+
+def by_id(rt: Runtime, session: Session, instance_id: int) -> Instance:
+    """The instance with this id, released or not, that this runtime may see. Raises
+    NotFound."""
+    inst = access.visible(rt, session.get(Instance, instance_id))
+    if inst is None:
+        raise NotFound(
+            f"There is no instance with id {instance_id}.",
+            hint="`/gpu list` shows the instances.",
+        )
+    return inst
+
+
+def target_for(rt: Runtime, inst: Instance) -> Target:
+    """How the fleet reaches a stored instance (its pinned key, key file, Python, agent home).
+    A key no longer in the key directory fails when the fleet dials (AuthenticationFailed)."""
+    host_key = None
+    if inst.host_key_b64 and inst.host_key_type:
+        host_key = HostKey(
+            key_type=inst.host_key_type,
+            key_b64=inst.host_key_b64,
+            fingerprint=inst.host_key_fingerprint or "",
+        )
+    key_path = inst.ssh_key_path
+    if inst.ssh_key_name:
+        key_path = str(keys.stored_key_path(rt.settings, inst.ssh_key_name))
+    return Target(
+        name=inst.name,
+        host=inst.host,
+        port=inst.port,
+        user=inst.ssh_user,
+        key_path=key_path,
+        host_key=host_key,
+        python_path=inst.python_path,
+        agent_home=inst.agent_home,
+    )
+
+
+def handle_fleet_error(rt: Runtime, inst: Instance, exc: FleetError) -> None:
+    """React to a failed fleet call: a changed host key alerts the owner (once per presented
+    key). Never raises; the caller re-raises or shows ``exc``."""
+    if not isinstance(exc, HostKeyChanged) or inst.id is None:
+        return
+    presented = exc.presented_fingerprint or "no key of the pinned type"
+    try:
+        with rt.db.session() as session:
+            prompt = prompts.ensure_prompt(
+                session,
+                instance_id=inst.id,
+                kind=KIND_HOST_KEY_CHANGED,
+                key=presented[:128],
+                recipient=inst.owner_id,
+                due_at=rt.now(),
+            )
+            prompt_id = prompt.id
+        assert prompt_id is not None
+        alert = HostKeyAlert(
+            instance=instance_view(inst),
+            expected=inst.host_key_fingerprint or exc.expected_fingerprint or "unknown",
+            presented=presented,
+        )
+        text, body = rt.message(alert)
+        prompts.deliver(rt, prompt_id, text, body)
+    except Exception:  # an alert must never hide the error the caller shows
+        log.exception("alerting the owner of %s about a changed host key failed", inst.name)
+
+
+def instance_view(inst: Instance) -> InstanceView:
+    """The view of a stored instance."""
+    return InstanceView(
+        id=inst.id or 0,
+        name=inst.name,
+        owner_id=inst.owner_id,
+        state=inst.state,
+        provider=inst.provider,
+        provider_instance_id=inst.provider_instance_id,
+        host=inst.host,
+        port=inst.port,
+        ssh_user=inst.ssh_user,
+        project=inst.project,
+        gpu_model=inst.gpu_model,
+        gpu_count=inst.gpu_count,
+        delivered_gpu_name=inst.delivered_gpu_name,
+        delivered_gpu_count=inst.delivered_gpu_count,
+        price_micros_per_hour=billing.hourly_cost_micros(inst),
+        currency=inst.currency,
+        created_at=inst.created_at,
+        deadline_at=inst.deadline_at,
+        lifetime_cap_at=inst.lifetime_cap_at,
+        host_key_fingerprint=inst.host_key_fingerprint,
+        python_path=inst.python_path,
+        agent_version=inst.agent_version,
+        channel_id=inst.channel_id,
+        stopped_at=inst.stopped_at if inst.state == releases.STOPPED else None,
+        storage_micros_per_hour=billing.storage_micros_per_hour(inst),
+    )
+
+
+def gpu_views(status: StatusSnapshot) -> tuple[GpuView, ...]:
+    """The GPUs of a status snapshot."""
+    return tuple(
+        GpuView(
+            index=g.index,
+            name=g.name,
+            util_pct=g.util_gpu_pct,
+            mem_used_bytes=g.mem_used_bytes,
+            mem_total_bytes=g.mem_total_bytes,
+            temp_c=g.temp_c,
+            power_w=g.power_draw_w,
+        )
+        for g in status.gpus
+    )
+
+
+def ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
+    """Add the person if unknown (a concurrent insert is fine); learn a display name Slack sent
+    for someone known without one."""
+    known = session.get(Person, slack_id)
+    if known is not None:
+        if display_name and not known.display_name:
+            known.display_name = display_name
+        return
+    try:
+        with session.begin_nested():
+            session.add(Person(slack_id=slack_id, display_name=display_name))
+    except sa_exc.IntegrityError:
+        if session.get(Person, slack_id) is None:
+            raise
+
+
+def local_agent_home(rt: Runtime) -> str:
+    """Where the agent of the instance ``local`` keeps its state: in the bot's data dir."""
+    return str(rt.settings.data_dir / "local-agent")
+
+
+def require_active(inst: Instance, what: str) -> None:
+    """Raise Conflict unless the instance is active; ``what`` completes "it cannot be ..."."""
+    if inst.state == "active":
+        return
+    state = inst.state.replace("_", " ")
+    raise Conflict(f"{inst.name} is {state}; it cannot be {what} now.")
+
+
+def is_manual(rt: Runtime, inst: Instance) -> bool:
+    """Whether a person releases the instance on its platform (no id, or no release API)."""
+    if not inst.provider_instance_id:
+        return True
+    try:
+        return not rt.providers.get(inst.provider).capabilities.api_release
+    except GpubotError:  # an unconfigured provider: the release attempt will say so
+        return False

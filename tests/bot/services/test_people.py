@@ -1,0 +1,60 @@
+"""Every command reads a person the same way: mention, member ID or @name."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.errors import UsageError
+from bot.services.access import Caller
+from bot.services.people import resolve_person
+from bot.store.db import Database
+from bot.store.models import Person
+
+
+def _people(db: Database) -> None:
+    with db.session() as session:
+        session.add(Person(slack_id="U0ALICE", display_name="Alice"))
+        session.add(Person(slack_id="U0SAM1", display_name="sam"))
+        session.add(Person(slack_id="U0SAM2", display_name="Sam"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<@U0ALICE|alice>", ("U0ALICE", "alice")),
+        ("<@U0ALICE>", ("U0ALICE", None)),
+        ("U0ALICE", ("U0ALICE", None)),
+        ("@U0ALICE", ("U0ALICE", None)),
+        ("@alice", ("U0ALICE", "Alice")),
+        (" @ALICE ", ("U0ALICE", "Alice")),
+    ],
+)
+def test_a_person_arrives_in_every_form(sqlite_db: Database, text: str, expected: object) -> None:
+    _people(sqlite_db)
+    with sqlite_db.session() as session:
+        assert resolve_person(session, text) == expected
+
+
+def test_the_caller_is_known_by_their_own_name(sqlite_db: Database) -> None:
+    me = Caller("U0ME", user_name="root-admin")
+    with sqlite_db.session() as session:
+        assert resolve_person(session, "@Root-Admin", caller=me) == ("U0ME", "root-admin")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("@bob", "I know nobody called @bob"),
+        ("@sam", "I know 2 people called @sam"),
+        ("bob", "not a Slack user's mention, ID or @name"),
+        ("<#C123|general>", "not a Slack user's mention, ID or @name"),
+        ("@", "not a Slack user's mention, ID or @name"),
+        ("@" + "x" * 10_000, "not a Slack user's mention, ID or @name"),
+    ],
+)
+def test_nobody_or_many_is_one_clear_answer(sqlite_db: Database, text: str, message: str) -> None:
+    _people(sqlite_db)
+    with sqlite_db.session() as session, pytest.raises(UsageError, match=message) as raised:
+        resolve_person(session, text)
+    assert "member ID" in (raised.value.hint or "")
+    assert len(raised.value.message) < 300
