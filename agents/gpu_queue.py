@@ -12,30 +12,45 @@ from agents.protocol import GpuRequest, JobError, JobRequestError, WhoJob
 
 
 def resolve_request(request: GpuRequest, available: Sequence[int], why: str) -> GpuRequest:
-    """Check ``request`` against the GPU indices this machine has; ``all`` becomes exact indices.
+    """Check ``request`` against the GPU indices this machine has: ``all`` becomes exact
+    indices, the default (``auto``) one free GPU, or no GPU when ``available`` is empty.
 
-    ``why`` explains an empty ``available``. Raises JobError when it can never be met.
+    ``why`` explains an empty ``available``. Raises JobError when no GPU can be used here,
+    JobRequestError when the request names GPUs this machine lacks or more than it has; the
+    messages speak of "this machine" (the bot puts the instance's name there).
     """
+    if request.auto:
+        return GpuRequest(count=1) if available else GpuRequest()
     if request.count == 0:
         return request
     if not available:
         raise JobError(
-            f"this job asks for GPUs but no NVIDIA GPU can be used here ({why}); "
-            "run `gpu-agent health` to see why, or run the job without --gpus"
+            f"no NVIDIA GPU can be used on this machine ({why}), and --gpus {request.text} "
+            "asks for GPUs; `gpu-agent health` shows why, or run the job with --gpus none "
+            "for CPU only"
         )
+    have = sorted(available)
     if request.count < 0:
-        return GpuRequest(count=len(available), indices=tuple(sorted(available)))
+        return GpuRequest(count=len(have), indices=tuple(have))
     missing = [i for i in request.indices if i not in available]
     if missing:
+        named = ", ".join(map(str, missing))
         raise JobRequestError(
-            f"--gpus names GPU {', '.join(map(str, missing))}, but this machine has GPUs "
-            f"{', '.join(map(str, sorted(available)))}"
+            f"this machine has {_gpus_of(have)}; --gpus {request.text} names "
+            f"GPU{'' if len(missing) == 1 else 's'} {named}, which it does not have. --gpus "
+            "takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs write "
+            f"--gpus any:N (at most {len(have)} here)"
         )
-    if request.count > len(available):
+    if request.count > len(have):
         raise JobRequestError(
-            f"--gpus {request.count} asks for more GPUs than this machine has ({len(available)})"
+            f"this machine has {_gpus_of(have)}; --gpus {request.text} asks for {request.count}"
         )
     return request
+
+
+def _gpus_of(have: Sequence[int]) -> str:
+    """ "2 GPUs (0, 1)" or "1 GPU (0)"."""
+    return f"{len(have)} GPU{'' if len(have) == 1 else 's'} ({', '.join(map(str, have))})"
 
 
 def plan_starts(

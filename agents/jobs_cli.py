@@ -25,12 +25,16 @@ def register(subparsers: Any) -> None:
         help="queue a command as a detached job",
         description=(
             "Queue a command as a job that outlives this session. The command is given as "
-            "arguments after --, run without a shell. GPUs: --gpus N (any N free GPUs), "
-            "--gpus 0,1 (exactly these; --gpus 3, for GPU 3 alone) or --gpus all; without "
-            "--gpus the job sees no GPU."
+            f"arguments after --, run without a shell. GPUs: {protocol.GPUS_FORMS}, or none "
+            "when this machine has no usable GPU. The job sees its GPUs as "
+            "CUDA_VISIBLE_DEVICES."
         ),
     )
-    run.add_argument("--gpus", metavar="0,1|N", help="GPUs the job needs")
+    run.add_argument(
+        "--gpus",
+        metavar="0,1|any:N|all|none",
+        help="GPUs by index as CUDA_VISIBLE_DEVICES, any N free, all, or none",
+    )
     run.add_argument("--name", help="a name for the job")
     run.add_argument(
         "--retries",
@@ -87,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _emit(protocol.dumps(record))
     else:
         _emit(
-            f"queued job {record.id}{_gpus_phrase(record.gpus_requested)}: "
+            f"queued job {record.id} on {protocol.gpus_phrase(record.gpus_requested)}: "
             f"{_shown_command(record.command)}"
         )
     return 0
@@ -151,7 +155,7 @@ def render_jobs(listing: protocol.JobList) -> str:
             (
                 job.id,
                 job.state,
-                ",".join(str(g) for g in job.gpus_assigned) or (job.gpus_requested or "-"),
+                ",".join(str(g) for g in job.gpus_assigned) or (job.gpus_requested or "none"),
                 f"{job.attempt}/{job.retries + 1}",
                 "-" if job.exit_code is None else str(job.exit_code),
                 job.created_at[:19].replace("T", " "),
@@ -183,6 +187,11 @@ def render_who(report: protocol.WhoReport) -> str:
         if holder is not None:
             started = any(p.job_id == holder.job_id for p in gpu.processes)
             lines.append(f"  held by job {_job_label(holder)}{'' if started else ' (starting)'}")
+        unseen = gpu.unseen_mem_bytes
+        if unseen is not None and not gpu.processes:
+            lines.append("  in use (no process visible: another container?)")
+        elif unseen is not None:
+            lines.append(f"  {format_bytes(unseen)} more in use by processes not visible here")
         if gpu.free:
             lines.append("  free")
         for proc in gpu.processes:
@@ -198,8 +207,7 @@ def render_who(report: protocol.WhoReport) -> str:
         for waiter in gpu.waiting:
             lines.append(f"  waited for by job {_job_label(waiter)}")
     for job in report.waiting_any:
-        wanted = _gpus_phrase(job.gpus_requested).strip()
-        wanted = wanted[len("on ") :] if wanted.startswith("on ") else wanted
+        wanted = protocol.gpus_phrase(job.gpus_requested)
         lines.append(f"queued: job {_job_label(job)} waits for {wanted}")
     return "\n".join(lines)
 
@@ -207,20 +215,6 @@ def render_who(report: protocol.WhoReport) -> str:
 def _job_label(job: protocol.WhoJob) -> str:
     name = f" ({job.name})" if job.name else ""
     return f"{job.job_id}{name}, {job.user or '?'}"
-
-
-def _gpus_phrase(requested: Optional[str]) -> str:
-    """ " on GPUs 0,1" or " on GPU 3" for named GPUs, " on any 2 GPUs" for a count, "" for
-    none (``requested`` as the job record stores it: ``2``, ``0,1`` or ``3,``)."""
-    if not requested:
-        return ""
-    if requested == "all":
-        return " on all GPUs"
-    if requested.isdigit():
-        count = int(requested)
-        return f" on any {count} GPU" if count == 1 else f" on any {count} GPUs"
-    named = requested.rstrip(",")
-    return f" on GPU {named}" if "," not in named else f" on GPUs {named}"
 
 
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -250,9 +244,7 @@ def _env_pair(item: str) -> Tuple[str, str]:
 
 
 def _shown_command(command: Any, limit: Optional[int] = None) -> str:
-    import shlex
-
-    text = " ".join(shlex.quote(part) for part in command)
+    text = protocol.show_command(command)
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return text

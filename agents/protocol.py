@@ -27,7 +27,7 @@ from agents.schema import SCHEMA_VERSION as SCHEMA_VERSION
 # ``typing`` is needed by type checkers only: not importing it keeps the agent's start fast.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional, Tuple, Type, TypeVar
+    from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
     T = TypeVar("T")
 
@@ -261,6 +261,11 @@ class WhoJob:
     since: Optional[str]
 
 
+#: GPU memory in use with no visible process behind it that makes a GPU "in use", in bytes
+#: (an idle GPU's driver reserves well under this).
+UNSEEN_MEM_MIN_BYTES = 2**30
+
+
 @dataclass(frozen=True)
 class WhoGpu:
     """One GPU and every process on it, with the agent job that started it where known.
@@ -279,9 +284,23 @@ class WhoGpu:
     waiting: Tuple[WhoJob, ...] = ()
 
     @property
+    def unseen_mem_bytes(self) -> Optional[int]:
+        """GPU memory in use beyond what the visible processes hold, in bytes, when it is at
+        least :data:`UNSEEN_MEM_MIN_BYTES` (processes of another container or PID namespace,
+        which NVML does not list here); None when there is none or it cannot be told."""
+        if self.mem_used_bytes is None:
+            return None
+        held = [p.used_mem_bytes for p in self.processes]
+        if any(m is None for m in held):
+            return None
+        unseen = self.mem_used_bytes - sum(m or 0 for m in held)
+        return unseen if unseen >= UNSEEN_MEM_MIN_BYTES else None
+
+    @property
     def free(self) -> bool:
-        """No process on it and no agent job holding it."""
-        return not self.processes and self.held_by is None
+        """No process on it, no agent job holding it, and no memory in use by processes that
+        are not visible here."""
+        return not self.processes and self.held_by is None and self.unseen_mem_bytes is None
 
 
 @dataclass(frozen=True)
@@ -421,40 +440,143 @@ class JobNotFound(JobError):
 
 @dataclass(frozen=True)
 class GpuRequest:
-    """GPUs a job wants: ``count`` of them (0: none), exactly ``indices`` when given."""
+    """GPUs a job wants: ``count`` of them (0: none, -1: all, N: any N free ones), exactly
+    ``indices`` when given (then ``count`` is their number). ``auto`` is the default, one free
+    GPU (count 1), which :func:`agents.gpu_queue.resolve_request` turns into no GPU on a
+    machine without a usable one."""
 
     count: int = 0
     indices: Tuple[int, ...] = ()
+    auto: bool = False
 
     @property
-    def text(self) -> Optional[str]:
-        """The request as ``--gpus`` takes it (``all`` for every GPU); None for no GPUs."""
+    def text(self) -> str:
+        """The request as ``--gpus`` takes it: ``auto``, ``none``, ``all``, ``any:N`` or GPU
+        indices (``0,1``; ``3``)."""
+        if self.auto:
+            return GPUS_AUTO
         if self.indices:
-            return ",".join(str(i) for i in self.indices) + ("," if len(self.indices) == 1 else "")
+            return ",".join(str(i) for i in self.indices)
         if self.count < 0:
             return "all"
-        return str(self.count) if self.count else None
+        return f"any:{self.count}" if self.count else "none"
+
+
+#: ``--gpus`` when it is not given: one free GPU (no GPU on a machine without a usable one).
+GPUS_AUTO = "auto"
+#: The forms ``--gpus`` takes, for help texts and error messages.
+GPUS_FORMS = (
+    "--gpus 0 or --gpus 0,1 (these GPUs, numbered as CUDA_VISIBLE_DEVICES and nvidia-smi "
+    "number them), --gpus any:2 (any 2 free GPUs), --gpus all, --gpus none (CPU only); "
+    "without --gpus: one free GPU"
+)
+_ANY = "any"
 
 
 def parse_gpus(text: Optional[str]) -> GpuRequest:
-    """``--gpus``: ``N`` (any N free GPUs), ``0,1`` (exactly these; ``3,`` is GPU 3 alone),
-    ``all``, or None/``0`` for none. Raises JobRequestError."""
+    """``--gpus`` as a request. GPU indices mean what ``CUDA_VISIBLE_DEVICES`` means: ``0``
+    is GPU 0, ``0,1`` GPUs 0 and 1 (``1,`` is GPU 1). ``any:N`` (or ``any``, one) is any N
+    free GPUs, ``all`` every GPU, ``none`` no GPU; None or ``auto`` is the default, one free
+    GPU. Raises JobRequestError, whose message shows the forms."""
     if text is None:
+        return GpuRequest(count=1, auto=True)
+    raw = text.strip().lower().replace(" ", "")
+    if raw == GPUS_AUTO:
+        return GpuRequest(count=1, auto=True)
+    if raw == "none":
         return GpuRequest()
-    raw = text.strip().lower()
     if raw == "all":
         return GpuRequest(count=-1)
-    if raw.isdigit():
-        return GpuRequest(count=int(raw))
-    parts = [p.strip() for p in raw.split(",")]
-    if "," in raw and parts[-1] == "":
-        parts = parts[:-1]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise JobRequestError(
-            f"--gpus {text!r} is not understood: give a count (--gpus 2), GPU indices "
-            "(--gpus 0,1; --gpus 3, for GPU 3 alone) or all"
-        )
+    if raw == _ANY or raw.startswith(_ANY + ":"):
+        return _parse_any(text, raw)
+    parts = raw.split(",")
+    if len(parts) > 1 and parts[-1] == "":
+        parts = parts[:-1]  # "1," is GPU 1, as CUDA_VISIBLE_DEVICES reads it
+    if not all(p.isdigit() for p in parts):
+        raise JobRequestError(_not_understood(text, raw))
     indices = tuple(int(p) for p in parts)
     if len(set(indices)) != len(indices):
-        raise JobRequestError(f"--gpus {text!r} names a GPU twice")
+        raise JobRequestError(f"--gpus {text!r} names a GPU twice; give each GPU once")
     return GpuRequest(count=len(indices), indices=tuple(sorted(indices)))
+
+
+def _parse_any(text: str, raw: str) -> GpuRequest:
+    number = raw[len(_ANY) + 1 :] if raw != _ANY else "1"
+    if not number.isdigit() or int(number) == 0:
+        raise JobRequestError(
+            f"--gpus {text!r}: write any:N with N a number of GPUs from 1 (--gpus any:2), "
+            "or --gpus none for CPU only"
+        )
+    return GpuRequest(count=int(number))
+
+
+def _not_understood(text: str, raw: str) -> str:
+    if raw in ("", "-1"):
+        return f"--gpus {text!r}: for a job without GPUs write --gpus none"
+    return f"--gpus {text!r} is not understood: write {GPUS_FORMS}"
+
+
+def gpus_phrase(text: Optional[str]) -> str:
+    """A request as a job record stores it (``gpus_requested``), in words: "GPU 3",
+    "GPUs 0, 1", "one free GPU", "any 2 free GPUs", "all GPUs", or "no GPU (CPU only)" (also
+    for None, which older records store for no GPU)."""
+    if not text or text.strip().lower() == "none":
+        return "no GPU (CPU only)"
+    try:
+        request = parse_gpus(text)
+    except JobRequestError:
+        return text
+    if request.auto:
+        return "one free GPU"
+    if request.indices:
+        return assigned_phrase(request.indices, with_env=False)
+    if request.count < 0:
+        return "all GPUs"
+    return "one free GPU" if request.count == 1 else f"any {request.count} free GPUs"
+
+
+def assigned_phrase(indices: Sequence[int], *, with_env: bool = True) -> str:
+    """GPUs a job got, as "GPU 0 (CUDA_VISIBLE_DEVICES=0)" or "GPUs 0, 1
+    (CUDA_VISIBLE_DEVICES=0,1)"; "no GPU (CPU only)" for none."""
+    if not indices:
+        return "no GPU (CPU only)"
+    words = ("GPU " if len(indices) == 1 else "GPUs ") + ", ".join(str(i) for i in indices)
+    if not with_env:
+        return words
+    return f"{words} (CUDA_VISIBLE_DEVICES={','.join(str(i) for i in indices)})"
+
+
+# --- commands as people read them ----------------------------------------------------------
+
+#: Characters that make a shell argument need quotes (at any place in it).
+_SHELL_SPECIAL = frozenset(" \t\n\r'\"\\$`|&;<>()*?[]{}!#~")
+_SAFE_IN_DOUBLE = re.compile(r'(["\\$`])')
+
+
+def show_command(argv: Sequence[str]) -> str:
+    """argv as one readable line: an argument is quoted only where a space or a character
+    the shell treats specially needs it, in single quotes, or double quotes when it holds a
+    single quote (``python -c "print('hi')"``); control characters as ``$'\\n'``. For
+    showing only: the exact argv is what runs."""
+    return " ".join(_shown_arg(arg) for arg in argv)
+
+
+def _shown_arg(arg: str) -> str:
+    if arg == "":
+        return "''"
+    if any((ch < " " and ch != "\t") or ch == "\x7f" for ch in arg):
+        return "$'" + "".join(_c_escape(ch) for ch in arg) + "'"
+    if not any(ch in _SHELL_SPECIAL for ch in arg):
+        return arg
+    if "'" not in arg:
+        return f"'{arg}'"
+    return '"' + _SAFE_IN_DOUBLE.sub(r"\\\1", arg) + '"'
+
+
+def _c_escape(ch: str) -> str:
+    named = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "'": "\\'", "\\": "\\\\"}
+    if ch in named:
+        return named[ch]
+    if ch < " " or ch == "\x7f":
+        return f"\\x{ord(ch):02x}"
+    return ch

@@ -32,6 +32,7 @@ from agents.protocol import (
     JobRecord,
     JobRequestError,
     JobSummary,
+    NvmlError,
     WhoGpu,
     WhoReport,
     to_dict,
@@ -91,6 +92,8 @@ def submit(
     """Queue a job and start its detached supervisor; returns the job as queued.
 
     ``available_gpus`` are the GPU indices (default: asked from NVML when GPUs are wanted).
+    The record's ``gpus_requested`` is the request as ``--gpus`` writes it, the default
+    resolved (``any:1``, or ``none`` where no GPU can be used).
     Raises JobRequestError for a bad request, JobError when it cannot be queued.
     """
     environ = os.environ if environ is None else environ
@@ -99,12 +102,14 @@ def submit(
     if gpus.count != 0:
         found, why = (list(available_gpus), "") if available_gpus is not None else gpu_indices()
         gpus = resolve_request(gpus, found, why)
+    # The default is recorded as what it became: any:1, or none on a machine without GPUs.
+    requested = gpus.text if request.gpus.auto else request.gpus.text
     meta: Dict[str, Any] = {
         "name": request.name,
         "state": "queued",
         "command": list(request.command),
         "user": user_name(),
-        "gpus_requested": request.gpus.text,
+        "gpus_requested": requested,
         "want_count": gpus.count,
         "want_indices": list(gpus.indices),
         "gpus_assigned": [],
@@ -209,7 +214,7 @@ def who(store: JobStore) -> WhoReport:
 
     snapshot = nvml.collect_status()
     if snapshot.nvml_error is not None:
-        raise JobError(f"{snapshot.nvml_error.message}. {snapshot.nvml_error.hint}")
+        raise JobError(nvml_failure(snapshot.nvml_error))
     with store.locked():
         reap_lost(store)
         active = store.active_metas()
@@ -235,6 +240,19 @@ def who(store: JobStore) -> WhoReport:
             )
         )
     return WhoReport(gpus=tuple(gpus), waiting_any=tuple(waiting_any))
+
+
+def nvml_failure(error: NvmlError) -> str:
+    """Why this machine's GPUs cannot be read, leading with what it means ("No NVIDIA driver
+    on this machine ...") and ending with what to do; short enough for the bot to show whole
+    (under 600 characters)."""
+    if error.code == "library_not_found" and "pynvml" not in error.message:
+        return f"No NVIDIA driver on this machine (nvidia-smi / NVML not found): {error.hint}"
+    if error.code == "driver_not_loaded":
+        head = "The NVIDIA driver on this machine is installed but not loaded"
+    else:
+        head = f"The GPUs of this machine cannot be read (NVML: {error.code})"
+    return f"{head}: {error.message}. {error.hint}"
 
 
 def jobs_of_pids(

@@ -11,7 +11,6 @@ as empty boxes.
 from __future__ import annotations
 
 import io
-import re
 import threading
 from collections.abc import Sequence
 from datetime import date
@@ -20,7 +19,7 @@ from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import Formatter
 
 from bot.values import MICROS, format_money
 
@@ -47,7 +46,8 @@ CJK_FAMILIES = (
 
 def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "USD") -> bytes:
     """A horizontal bar per (label, micros), largest on top; at most 15 bars, the rest summed
-    into "others". Returns PNG bytes."""
+    into "others"; the amounts on the bars and the axis each with one number of decimals.
+    Returns PNG bytes."""
     rows = _top(items)
     family = font_families()
     height = 1.2 + 0.38 * max(1, len(rows))
@@ -58,9 +58,10 @@ def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "
     axes.barh(range(len(values)), values, color=_BAR)
     axes.set_yticks(range(len(labels)), labels, fontsize=9, fontfamily=family)
     axes.xaxis.set_major_formatter(_money_axis(currency))
+    amounts = tick_labels(values, currency)
     for index, (_, micros) in enumerate(reversed(rows)):
         axes.annotate(
-            format_money(micros, currency),
+            amounts[index],
             (micros / MICROS, index),
             xytext=(4, 0),
             textcoords="offset points",
@@ -131,13 +132,50 @@ def _top(items: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
     return [*head, (f"{len(ordered) - MAX_BARS + 1} others", rest)]
 
 
-def _money_axis(currency: str) -> FuncFormatter:
-    def label(value: float, _position: int) -> str:
-        text = format_money(round(value * MICROS), currency)
-        # Axis ticks are round numbers: "$500", not "$500.00".
-        return re.sub(r"\.0+(?= |$)", "", text)
+def tick_labels(values: Sequence[float], currency: str = "USD") -> list[str]:
+    """Money axis labels for tick ``values`` (currency units), all with the same decimals: none
+    when every tick is a whole amount (``$0``, ``$500``, ``$1,000``), else the fewest from 2
+    to 6 that show every tick exactly (``$0.000``, ``$0.025`` ... ``$0.125``)."""
+    decimals = _decimals(values)
+    return [_tick(value, decimals, currency) for value in values]
 
-    return FuncFormatter(label)
+
+def _tick(value: float, decimals: int, currency: str) -> str:
+    """``value`` with ``decimals`` decimals, marked as format_money marks ``currency``."""
+    if abs(value) < 0.5 * 10**-decimals:
+        value = 0.0  # no "-0.00"
+    return format_money(0, currency).replace("0.00", f"{value:,.{decimals}f}")
+
+
+def _decimals(values: Sequence[float]) -> int:
+    def exact(value: float, digits: int) -> bool:
+        scaled = value * 10**digits
+        return bool(abs(scaled - round(scaled)) < 1e-6)
+
+    if all(exact(value, 0) for value in values):
+        return 0
+    return next((d for d in range(2, 7) if all(exact(value, d) for value in values)), 6)
+
+
+class _MoneyFormatter(Formatter):
+    """Tick labels of a money axis, the same decimals on every tick (:func:`tick_labels`)."""
+
+    def __init__(self, currency: str) -> None:
+        self.currency = currency
+        #: Set from all the ticks at once; None: a label asked for alone decides for itself.
+        self.decimals: int | None = None
+
+    def set_locs(self, locs: list[float]) -> None:
+        super().set_locs(locs)
+        self.decimals = _decimals(list(locs))
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        decimals = _decimals([x]) if self.decimals is None else self.decimals
+        return _tick(x, decimals, self.currency)
+
+
+def _money_axis(currency: str) -> Formatter:
+    return _MoneyFormatter(currency)
 
 
 _FAMILIES_LOCK = threading.Lock()

@@ -58,8 +58,10 @@ Console commands:
   /gpu COMMAND ...   a slash command (the `/gpu` may be left out: `status` works too)
   click N            press button N (buttons are numbered across the session)
   :as USER           speak as another user (a name like alice, or a Slack ID like U123)
-  :tick [DURATION]   move the console's clock forward (e.g. `:tick 25m`), then run one tick of
-                     the scheduler now: polls, deadline warnings, releases, jobs, digests
+  :tick [DURATION]   move the console's clock forward (e.g. `:tick 2h`) one poll interval at a
+                     time, running a tick of the scheduler at each step (polls, idle prompts,
+                     deadline warnings, releases, jobs, digests), as the bot would while it ran;
+                     `:tick` alone runs one tick now
   :help              this text;  `/gpu help` lists the bot's commands
   :quit              leave (so does the end of piped input, or Ctrl-D)"""
 
@@ -296,20 +298,29 @@ class Console:
             self.printer.note(f"Unknown console command `{line}`; type :help.")
 
     def _tick(self, ahead: str) -> None:
-        """Move the clock forward by ``ahead`` (a duration, or nothing) and run one tick."""
+        """Move the clock forward by ``ahead`` (a duration, or nothing), one poll interval at a
+        time with a tick at each step, so the instances are polled as often as the running bot
+        polls them (a longer gap between polls restarts their idle clock)."""
         if self.runtime is None:
             raise RuntimeError("the console is not started")
         try:
-            step = parse_duration(ahead) if ahead else timedelta(0)
+            total = parse_duration(ahead) if ahead else timedelta(0)
         except UsageError as exc:
             self.printer.note(f"{exc.user_text()}\nUse `:tick`, or `:tick 25m` to move ahead.")
             return
-        self._ahead += step
-        report = tick(self.runtime, self.runtime.now())
-        failed = f"; failed steps: {', '.join(report.errors)}" if report.errors else ""
+        failed: set[str] = set()
+        ticks = 0
+        for step in tick_steps(total, timedelta(seconds=self.runtime.settings.poll_interval_s)):
+            self._ahead += step
+            report = tick(self.runtime, self.runtime.now())
+            failed.update(report.errors)
+            ticks += 1
+            self.wait()
+        every = f"{ticks} ticks, " if ticks > 1 else ""
+        failures = f"; failed steps: {', '.join(sorted(failed))}" if failed else ""
         self.printer.note(
-            f"ticked at {report.now:%Y-%m-%d %H:%M} UTC "
-            f"(the console's clock is {format_duration(self._ahead)} ahead){failed}"
+            f"ticked at {report.now:%Y-%m-%d %H:%M} UTC ({every}the console's clock is "
+            f"{format_duration(self._ahead)} ahead){failures}"
         )
 
     def _now(self) -> datetime:
@@ -320,6 +331,15 @@ class Console:
 
     def _display_name(self, user_id: str) -> str:
         return self.slack.user_name(user_id) or user_id
+
+
+def tick_steps(total: timedelta, interval: timedelta) -> list[timedelta]:
+    """``total`` cut into steps of at most ``interval`` (at least one step: zero for no move)."""
+    if total <= timedelta(0):
+        return [timedelta(0)]
+    step = max(interval, timedelta(seconds=1))
+    full, rest = divmod(total, step)
+    return [step] * int(full) + ([rest] if rest else [])
 
 
 def _answer_text(body: str) -> str:

@@ -5,7 +5,8 @@ The executor admits a command only while it has room and the caller is under the
 Listeners are thin: no SQL, no SSH. Errors the bot expects reach the user as an ephemeral
 message; anything else is logged with an error id that the user is shown. A button's value is
 the id of a row; one that is not (not a number, out of range, malformed) is answered at once
-and reaches no handler.
+and reaches no handler. Whoever types a command or clicks is remembered (Slack ID and display
+name), so `@name` in a later command finds them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bot.commands.registry import Registry, Reply
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
 from bot.services.access import Caller
+from bot.services.lookup import ensure_person
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -206,9 +208,22 @@ def send_reply(respond: Respond, reply: Reply) -> None:
         log.exception("could not send a reply through the response URL")
 
 
+def remember_caller(rt: Runtime, caller: Caller) -> None:
+    """Record the caller as a person the bot knows (their display name too, when Slack sent
+    one), so `@name` finds them. A store failure is logged and never stops the command."""
+    if not caller.user_id:
+        return
+    try:
+        with rt.db.session() as session:
+            ensure_person(session, caller.user_id, caller.user_name)
+    except Exception:  # remembering a name must not cost the command
+        log.warning("could not record %s as a person", caller.user_id, exc_info=True)
+
+
 def _run_command(
     rt: Runtime, registry: Registry, caller: Caller, text: str, respond: Respond
 ) -> None:
+    remember_caller(rt, caller)
     send_reply(respond, execute_command(rt, registry, caller, text))
 
 
@@ -220,4 +235,6 @@ def _run_action(
     value: str,
     respond: Respond,
 ) -> None:
+    if action_id in registry.actions and button_id(value) is not None:
+        remember_caller(rt, caller)  # a malformed click reaches nothing and changes nothing
     send_reply(respond, execute_action(rt, registry, caller, action_id, value))

@@ -6,6 +6,7 @@ Every parser raises bot.errors.UsageError with a message that shows the accepted
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from datetime import datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
@@ -22,14 +23,65 @@ _PRICE_UNITS = {
     "": 3600,
     "h": 3600,
     "hr": 3600,
+    "hrs": 3600,
     "hour": 3600,
+    "hours": 3600,
+    "小时": 3600,
+    "个小时": 3600,
+    "时": 3600,
     "m": 60,
     "min": 60,
+    "mins": 60,
     "minute": 60,
+    "minutes": 60,
+    "分钟": 60,
+    "分": 60,
     "s": 1,
     "sec": 1,
+    "secs": 1,
     "second": 1,
+    "seconds": 1,
+    "秒": 1,
+    "秒钟": 1,
+    "d": 86400,
+    "day": 86400,
+    "days": 86400,
+    "天": 86400,
+    "日": 86400,
 }
+#: Chinese duration units as the letters parse_duration reads, longest first.
+_CHINESE_DURATION_UNITS = (
+    ("个小时", "h"),
+    ("小时", "h"),
+    ("分钟", "m"),
+    ("秒钟", "s"),
+    ("时", "h"),
+    ("分", "m"),
+    ("秒", "s"),
+    ("天", "d"),
+    ("日", "d"),
+)
+_DOLLARS = frozenset({"USD", "AUD", "CAD", "HKD", "NZD", "SGD", "TWD"})
+#: Currency marks people type around an amount: (mark, what it is called, the codes it means),
+#: longest first so ``us$`` is taken before ``$``.
+_CURRENCY_MARKS: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("人民币", "CNY (人民币)", frozenset({"CNY"})),
+    ("us$", "USD (US$)", frozenset({"USD"})),
+    ("hk$", "HKD (HK$)", frozenset({"HKD"})),
+    ("rmb", "CNY (RMB)", frozenset({"CNY"})),
+    ("$", "dollars ($)", _DOLLARS),
+    ("€", "EUR (€)", frozenset({"EUR"})),
+    ("£", "GBP (£)", frozenset({"GBP"})),
+    ("¥", "CNY or JPY (¥)", frozenset({"CNY", "JPY"})),
+    ("元", "CNY (元)", frozenset({"CNY"})),
+    ("块", "CNY (块)", frozenset({"CNY"})),
+    ("円", "JPY (円)", frozenset({"JPY"})),
+)
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "CNY": "¥", "JPY": "¥"}
+_CODE = re.compile(r"^([a-z]{3})|([a-z]{3})$")
+_PLAIN_NUMBER = re.compile(r"\d+\.?\d*|\.\d+")
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL_COMMA = re.compile(r"\d+,\d{1,2}")
 
 
 def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
@@ -54,8 +106,12 @@ def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90m``, ``2h``, ``1h30m``, ``3d``, ``1.5h`` as a positive timedelta (at most a year)."""
-    raw = text.strip().lower()
+    """``90m``, ``2h``, ``1h30m``, ``3d``, ``1.5h``, and in Chinese ``2小时``, ``30分钟``,
+    ``1天``, ``1小时30分钟`` (spaces, the ideographic one too, are ignored) as a positive
+    timedelta (at most a year). Raises UsageError."""
+    raw = _clean(text).lower()
+    for word, letter in _CHINESE_DURATION_UNITS:
+        raw = raw.replace(word, letter)
     pos = 0
     total = Decimal(0)
     for match in _DURATION_PART.finditer(raw):
@@ -66,7 +122,7 @@ def parse_duration(text: str) -> timedelta:
     if not raw or pos != len(raw):
         raise UsageError(
             f"{text!r} is not a duration",
-            hint="Write durations like 90m, 2h, 1h30m or 3d.",
+            hint="Write durations like 90m, 2h, 1h30m, 3d or 2小时, 30分钟, 1天.",
         )
     seconds = int(total)
     if seconds <= 0:
@@ -120,31 +176,36 @@ def parse_when(text: str, *, now_utc: datetime, tz: ZoneInfo) -> datetime:
     return at_utc
 
 
-def parse_money(text: str) -> int:
-    """``2.10``, ``$2.10``, ``1,200`` as integer micro-units (non-negative, at most 6 decimals)."""
-    raw = text.strip().lstrip("$€£¥").replace(",", "").replace("_", "")
-    try:
-        value = Decimal(raw)
-    except InvalidOperation as exc:
-        raise UsageError(f"{text!r} is not an amount", hint="Write amounts like 2.10.") from exc
-    if not value.is_finite() or value < 0:
-        raise UsageError(f"{text!r} is not a non-negative amount", hint="Write amounts like 2.10.")
-    micros = value * MICROS
-    if micros != micros.to_integral_value():
-        raise UsageError(f"{text!r} has more than 6 decimals")
-    if micros > 10**15:
-        raise UsageError(f"{text!r} is too large")
-    return int(micros)
+def parse_money(text: str, currency: str) -> int:
+    """An amount in ``currency`` (the configured ISO 4217 code) as integer micro-units
+    (non-negative, at most 6 decimals).
+
+    Accepted: ``2.10``, ``1,200`` and ``12,345,678.5`` (a comma before groups of exactly three
+    digits separates thousands), ``2,10`` and ``1,5`` (a single comma before one or two digits
+    and no period is a decimal comma), a currency symbol or code before or after (``$2.10``,
+    ``¥1.98``, ``￥2``, ``1.98元``, ``2.10 USD``), full-width characters and the ideographic
+    space. Raises UsageError for any other comma (``2,1000``, ``1,2,3``: ambiguous) and for an
+    amount that names a currency other than ``currency``.
+    """
+    return _amount(text, currency, shown=text, hint=_amount_hint(currency))
 
 
-def parse_price(text: str) -> int:
-    """``2.10/h``, ``2.10``, ``$0.035/min``, ``0.0006/s`` as micro-units per hour."""
-    raw = text.strip().lower()
+def parse_price(text: str, currency: str) -> int:
+    """A price in ``currency`` as micro-units per hour: ``2.10/h``, ``2.10`` (per hour),
+    ``$0.035/min``, ``0.0006/s``, ``48/day``, and as typed in Chinese: ``1.98元/小时``,
+    ``¥1.98/h``, ``2元/时``, ``0.03元/分钟``, ``40元/天`` (per day is over 24 h). Per-minute,
+    per-second and per-day prices are converted to per hour, rounded down to a whole micro-unit.
+    Raises UsageError as :func:`parse_money` does, and for a unit it does not know."""
+    raw = _clean(text).lower()
     amount, _, unit = raw.partition("/")
-    if unit not in _PRICE_UNITS:
-        raise UsageError(f"{text!r} is not a price", hint="Write prices like 2.10/h or 0.04/min.")
-    micros = parse_money(amount)
-    return micros * 3600 // _PRICE_UNITS[unit]
+    unit_s = _PRICE_UNITS.get(unit)
+    if unit_s is None:
+        raise UsageError(
+            f"{text!r} is not a price",
+            hint=f"Write prices like {_price_examples(currency)}.",
+        )
+    hint = f"Write prices like {_price_examples(currency)}."
+    return _amount(amount, currency, shown=text, hint=hint) * 3600 // unit_s
 
 
 def format_money(micros: int, currency: str = "USD") -> str:
@@ -175,3 +236,107 @@ def parse_size_gb(text: str) -> float:
     if not value > 0 or value > 10**7:
         raise UsageError(f"{text!r} is not a sensible size in GB")
     return value
+
+
+def _amount(text: str, currency: str, *, shown: str, hint: str) -> int:
+    """:func:`parse_money` of ``text``; errors quote ``shown`` (what was typed) and end with
+    ``hint``."""
+    number, named = _split_currency(text)
+    _require_currency(shown, named, currency)
+    value = _decimal(number, shown, hint)
+    micros = value * MICROS
+    if micros != micros.to_integral_value():
+        raise UsageError(f"{shown!r} has more than 6 decimals", hint=hint)
+    if micros > 10**15:
+        raise UsageError(f"{shown!r} is too large", hint=hint)
+    return int(micros)
+
+
+def _clean(text: str) -> str:
+    """``text`` in compatibility form (full-width digits, signs and punctuation as their plain
+    forms) without any space, the ideographic space included."""
+    return "".join(unicodedata.normalize("NFKC", text).split())
+
+
+def _split_currency(text: str) -> tuple[str, list[tuple[str, frozenset[str]]]]:
+    """The number in ``text`` and the currency marks around it: (what each is called, the
+    codes it may mean)."""
+    raw = _clean(text).replace("_", "")
+    marks: list[tuple[str, frozenset[str]]] = []
+    found = True
+    while found and raw:
+        found = False
+        lowered = raw.lower()
+        for mark, label, codes in _CURRENCY_MARKS:
+            if lowered.startswith(mark):
+                raw, found = raw[len(mark) :], True
+            elif lowered.endswith(mark):
+                raw, found = raw[: -len(mark)], True
+            if found:
+                marks.append((label, codes))
+                break
+        if found:
+            continue
+        code = _CODE.search(lowered)
+        rest = "" if code is None else (raw[3:] if code.group(1) else raw[:-3])
+        if code is not None and (rest[:1].isdigit() or rest[-1:].isdigit()):
+            named = (code.group(1) or code.group(2)).upper()
+            raw = rest
+            marks.append((named, frozenset({named})))
+            found = True
+    return raw, marks
+
+
+def _require_currency(text: str, marks: list[tuple[str, frozenset[str]]], currency: str) -> None:
+    for label, codes in marks:
+        if currency.upper() not in codes:
+            raise UsageError(
+                f"{text!r} is in {label}, but amounts here are in {currency} "
+                "(GPUBOT_CURRENCY); it was not taken.",
+                hint=f"Give it in {currency}, like {_currency_examples(currency)}.",
+            )
+
+
+def _decimal(number: str, text: str, hint: str) -> Decimal:
+    """The number as a Decimal after the comma rules of :func:`parse_money`."""
+    if number.startswith("-"):
+        raise UsageError(f"{text!r} is not a non-negative amount", hint=hint)
+    if _THOUSANDS.fullmatch(number):
+        plain = number.replace(",", "")
+    elif _DECIMAL_COMMA.fullmatch(number):
+        plain = number.replace(",", ".")
+    elif "," in number:
+        raise UsageError(
+            f"{text!r} is ambiguous: a comma separates thousands before groups of 3 digits "
+            "(1,200) or is a decimal comma before 1 or 2 digits (2,10)",
+            hint=hint,
+        )
+    else:
+        plain = number
+    if not _PLAIN_NUMBER.fullmatch(plain):
+        raise UsageError(f"{text!r} is not an amount", hint=hint)
+    try:
+        return Decimal(plain)
+    except InvalidOperation as exc:  # pragma: no cover - the patterns admit only decimals
+        raise UsageError(f"{text!r} is not an amount", hint=hint) from exc
+
+
+def _currency_examples(currency: str) -> str:
+    symbol = _SYMBOLS.get(currency.upper())
+    if currency.upper() == "CNY":
+        return "1.98, ¥1.98 or 1.98元"
+    return f"2.10 or {symbol}2.10" if symbol else f"2.10 or 2.10 {currency}"
+
+
+def _amount_hint(currency: str) -> str:
+    symbol = _SYMBOLS.get(currency.upper())
+    marked = f", {symbol}2.10" if symbol else f", 2.10 {currency}"
+    chinese = ", 1.98元" if currency.upper() == "CNY" else ""
+    return f"Write amounts like 2.10, 1,200 (thousands), 2,10 (decimal comma){marked}{chinese}."
+
+
+def _price_examples(currency: str) -> str:
+    if currency.upper() == "CNY":
+        return "1.98/h, ¥1.98/h, 1.98元/小时, 0.03元/分钟 or 40元/天"
+    symbol = _SYMBOLS.get(currency.upper(), "")
+    return f"2.10/h, {symbol}2.10/h, 0.04/min or 48/day"

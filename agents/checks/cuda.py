@@ -31,6 +31,31 @@ DEFAULT_WHEEL_CUDA = (12, 6)
 BLACKWELL_MIN_CAPABILITY = (10, 0)
 #: Minimum Linux driver for each CUDA major version (minor-version compatibility).
 MIN_DRIVER_FOR_CUDA_MAJOR: Dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+#: Minimum Linux x86_64 driver of each CUDA release on its own (the CUDA Toolkit release
+#: notes' driver table, GA releases). Below it, down to the major's minimum, a build for that
+#: release runs only through minor-version compatibility: without what needs the release's
+#: own driver, such as JIT-compiling its PTX for a GPU the build has no native code for.
+MIN_DRIVER_FOR_CUDA: Dict[Tuple[int, int], str] = {
+    (11, 0): "450.51.05",
+    (11, 1): "455.23",
+    (11, 2): "460.27.03",
+    (11, 3): "465.19.01",
+    (11, 4): "470.42.01",
+    (11, 5): "495.29.05",
+    (11, 6): "510.39.01",
+    (11, 7): "515.43.04",
+    (11, 8): "520.61.05",
+    (12, 0): "525.60.13",
+    (12, 1): "530.30.02",
+    (12, 2): "535.54.03",
+    (12, 3): "545.23.06",
+    (12, 4): "550.54.14",
+    (12, 5): "555.42.02",
+    (12, 6): "560.28.03",
+    (12, 8): "570.26",
+    (12, 9): "575.51.03",
+    (13, 0): "580.65.06",
+}
 
 _CONTAINER_HINT = (
     "The container was started without GPUs: start it with `docker run --gpus all` (the "
@@ -267,17 +292,8 @@ def check_cuda_compat(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
             details,
         )
     if torch_cuda[0] > driver_cuda[0] or _says_driver_too_old(facts.cuda_init_error):
-        need = MIN_DRIVER_FOR_CUDA_MAJOR.get(torch_cuda[0], "a newer driver")
-        command = install_command(facts.python_executable, status, reinstall=True)
-        return make(
-            "cuda_compat",
-            FAIL,
-            f"torch needs CUDA {facts.torch_cuda_version}; the driver runs CUDA {driver_text} "
-            "at most",
-            f"Upgrade the NVIDIA driver to {need} or newer (then reboot), or install a torch built "
-            f"for CUDA {driver_cuda[0]}.x: `{command}`.",
-            details,
-        )
+        summary, hint = _driver_too_old(facts, status, torch_cuda, driver_cuda)
+        return make("cuda_compat", FAIL, summary, hint, details)
     if torch_cuda > driver_cuda:
         return make(
             "cuda_compat",
@@ -294,6 +310,72 @@ def check_cuda_compat(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
         "",
         details,
     )
+
+
+def _driver_too_old(
+    facts: TorchFacts,
+    status: StatusSnapshot,
+    torch_cuda: Tuple[int, int],
+    driver_cuda: Tuple[int, int],
+) -> Tuple[str, str]:
+    """(summary, hint) for a torch whose CUDA the driver cannot run. The hint compares the
+    driver's version with the minimums and never names one older than what runs: a driver
+    new enough for the major gets the real cause (the release's own minimum, or another
+    libcuda loaded than the driver's)."""
+    torch_text = facts.torch_cuda_version or ""
+    version = status.driver.version if status.driver is not None else ""
+    driver_text = f"{version} (CUDA {driver_cuda[0]}.{driver_cuda[1]})".strip()
+    have = _driver_version(version)
+    major_min = MIN_DRIVER_FOR_CUDA_MAJOR.get(torch_cuda[0])
+    own_min = MIN_DRIVER_FOR_CUDA.get(torch_cuda)
+    command = install_command(facts.python_executable, status, reinstall=True)
+    older_torch = (
+        f"install a torch built for CUDA {driver_cuda[0]}.{driver_cuda[1]} or older: `{command}`"
+    )
+    needs_major = torch_cuda[0] > driver_cuda[0] or major_min is None
+    if needs_major or _older(have, major_min):
+        need = major_min or f"a driver for CUDA {torch_text}"
+        if have is None or _older(have, need):
+            return (
+                f"torch needs CUDA {torch_text}; driver {version or '?'} runs CUDA "
+                f"{driver_cuda[0]}.{driver_cuda[1]} at most",
+                f"Upgrade the NVIDIA driver to {need} or newer (then reboot), or {older_torch}.",
+            )
+    if torch_cuda > driver_cuda and (own_min is None or have is None or _older(have, own_min)):
+        target = own_min or f"a driver for CUDA {torch_text} (nvidia-smi's CUDA Version)"
+        return (
+            f"torch (CUDA {torch_text}) cannot start CUDA on driver {driver_text}: CUDA "
+            f"{torch_text}'s own minimum driver is {own_min or 'newer'}",
+            f"Driver {version} runs CUDA {torch_cuda[0]}.x builds only through minor-version "
+            f"compatibility, without what needs CUDA {torch_text}'s own driver (JIT-compiling "
+            f"its PTX for a GPU the build has no native code for). Either {older_torch}, or "
+            f"upgrade the NVIDIA driver to {target} or newer (then reboot).",
+        )
+    python = shlex.quote(facts.python_executable)
+    return (
+        f"torch (CUDA {torch_text}) says the driver is too old, but driver {driver_text} "
+        f"meets CUDA {torch_text}'s minimum ({own_min or major_min})",
+        "The driver is not what is old: torch loads another libcuda.so than the driver's, "
+        "e.g. from a cuda-compat package, a CUDA toolkit's stubs directory or the container "
+        "image. Find it with `ldconfig -p | grep libcuda` and LD_LIBRARY_PATH, and remove it "
+        f"so the driver's own libcuda.so.1 loads; `{python} -c 'import torch; "
+        "torch.cuda.init()'` shows the error.",
+    )
+
+
+def _driver_version(text: Optional[str]) -> Optional[Tuple[int, ...]]:
+    """ "550.54.15" -> (550, 54, 15); None when absent or unreadable."""
+    parts = (text or "").strip().split(".")
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def _older(have: Optional[Tuple[int, ...]], minimum: Optional[str]) -> bool:
+    """Whether driver ``have`` is older than ``minimum`` (a version string); False when
+    either is unknown."""
+    needed = _driver_version(minimum)
+    return have is not None and needed is not None and have < needed
 
 
 def _says_driver_too_old(error: Optional[str]) -> bool:

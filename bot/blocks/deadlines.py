@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 
 from bot.blocks.instances import RELEASE_DONE, STOP_DONE, unregistered_notice
 from bot.blocks.kit import Block, Message, actions, button, escape, fallback, mention, section, when
+from bot.blocks.money import final_cost_sentence
 from bot.notify import Notice
 from bot.services.answers import (
     AnsweredBefore,
@@ -24,6 +25,7 @@ from bot.services.answers import (
     Kept,
     ReleaseAnswered,
     ReleaseConfirmAsk,
+    ReleasePending,
     ReleaseRefused,
 )
 from bot.services.deadlines import (
@@ -42,6 +44,7 @@ from bot.services.releases import (
     CONFIRMED_STOPPED,
     EXTENDED,
     KEPT,
+    RELEASE_CANCELLED,
     RELEASE_REQUESTED,
     Decided,
     ManualReleaseReminder,
@@ -78,8 +81,14 @@ def per_hour(inst: InstanceBrief) -> str:
     return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
 
 
-def reason_text(reason: str) -> str:
-    """A release reason in words (one it does not know, escaped as it is)."""
+def reason_text(
+    reason: str, by: str | None = None, owner_id: str | None = None, mode: str = "terminate"
+) -> str:
+    """A release reason in words (one it does not know, escaped as it is). A release someone
+    other than the owner ``owner_id`` asked for (``by``: only an admin can) names them."""
+    if reason == "user" and by and owner_id and by != owner_id:
+        verb = "stopped" if mode == "stop" else "released"
+        return f"{verb} by {mention(by)} (an admin)"
     return {
         "user": "requested by its owner",
         "deadline": "its deadline passed",
@@ -94,16 +103,16 @@ def reason_text(reason: str) -> str:
 
 
 def deadline_warning(notice: DeadlineWarning) -> Message:
-    """The warning before a deadline, with Extend 1h / Extend 4h / Release now buttons."""
-    inst, tz = notice.instance, ZoneInfo(notice.tz_name)
+    """The warning before a deadline, with Extend 1h / Extend 4h (those the recipient may use)
+    and Release now buttons."""
+    tz = ZoneInfo(notice.tz_name)
     left = format_duration(max(notice.release_at - notice.now, timedelta(0)))
     after_jobs = (
-        "" if notice.policy == "release" else ", or once its jobs finish if they still run then"
+        ", or once its jobs finish if they still run then"
+        if notice.policy == "wait-for-jobs"
+        else ""
     )
-    lines = [
-        f":alarm_clock: *{inst.name}* will be released in *{left}* "
-        f"(at {when(notice.release_at, tz)}){after_jobs}. It costs {per_hour(inst)}.",
-    ]
+    lines = [_warning_head(notice, left, when(notice.release_at, tz), after_jobs)]
     late = notice.release_at != notice.deadline_at
     if late and notice.deadline_at <= notice.now:
         lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")
@@ -112,15 +121,54 @@ def deadline_warning(notice: DeadlineWarning) -> Message:
             f"Its deadline ({when(notice.deadline_at, tz)}) left too little notice, "
             "so the release waits until then."
         )
-    if notice.capped:
-        lines.append("This is the maximum lifetime an admin set; only an admin can extend it.")
+    if notice.cap_at is not None and len(notice.extend_s) < len(_EXTEND_BUTTONS):
+        limit = (
+            "it can be extended only up to then"
+            if notice.extend_s
+            else "only an admin can extend it past that"
+        )
+        lines.append(
+            f"The lifetime cap set by an admin ends it at {when(notice.cap_at, tz)}; {limit}."
+        )
     value = str(notice.prompt_id)
     buttons = [
-        button("Extend 1h", EXTEND_1H, value, style="primary"),
-        button("Extend 4h", EXTEND_4H, value),
-        button("Release now", RELEASE_NOW, value, style="danger"),
+        button(label, action_id, value, style="primary" if i == 0 else None)
+        for i, (label, action_id) in enumerate(
+            _EXTEND_BUTTONS[s] for s in notice.extend_s if s in _EXTEND_BUTTONS
+        )
     ]
+    buttons.append(button("Release now", RELEASE_NOW, value, style="danger"))
     return _with_buttons(" ".join(lines), buttons, f"deadline-{notice.prompt_id}")
+
+
+#: The Extend buttons by what they add, in seconds.
+_EXTEND_BUTTONS = {3600: ("Extend 1h", EXTEND_1H), 4 * 3600: ("Extend 4h", EXTEND_4H)}
+
+
+def _warning_head(notice: DeadlineWarning, left: str, at: str, after_jobs: str) -> str:
+    """The first line of a warning: what happens, when, and what it costs."""
+    inst = notice.instance
+    if notice.action == "stop":
+        final = ""
+        if notice.final_release_at is not None:
+            final = (
+                f" It is released (disk and all) at "
+                f"{when(notice.final_release_at, ZoneInfo(notice.tz_name))} unless someone "
+                "starts it again."
+            )
+        return (
+            f":alarm_clock: *{inst.name}* will be stopped in *{left}* (at {at}); its disk is "
+            f"kept. It costs {per_hour(inst)}.{final}"
+        )
+    if notice.stopped:
+        return (
+            f":alarm_clock: *{inst.name}* (stopped) will be released in *{left}* (at {at}), "
+            f"its disk deleted, unless someone starts it again. {_storage_note(inst)}"
+        )
+    return (
+        f":alarm_clock: *{inst.name}* will be released in *{left}* "
+        f"(at {at}){after_jobs}. It costs {per_hour(inst)}."
+    )
 
 
 def idle_prompt(notice: IdlePrompt) -> Message:
@@ -158,8 +206,10 @@ def jobs_done_prompt(notice: JobsDonePrompt) -> Message:
 
 
 def decided(notice: Decided) -> Message:
-    """A prompt after someone answered it: what was decided, by whom, when."""
+    """A prompt after someone answered it: what was decided, by whom (an admin said so), when."""
     who = f" by {mention(notice.by)}" if notice.by else ""
+    if notice.by and notice.by != notice.instance.owner_id:
+        who += " (an admin)"
     at = when(notice.at, ZoneInfo(notice.tz_name))
     return _plain(f"*{notice.instance.name}*: {_decision_text(notice)}{who} at {at}.")
 
@@ -170,7 +220,10 @@ def superseded(notice: Superseded) -> Message:
     if notice.new_deadline_at is None:
         return _plain(f"*{name}*: this warning is superseded; the instance has no deadline now.")
     new = when(notice.new_deadline_at, ZoneInfo(notice.tz_name))
-    return _plain(f"*{name}*: this warning is superseded; the deadline is now {new}.")
+    who = ""
+    if notice.by and notice.by != notice.instance.owner_id:
+        who = f" (extended by {mention(notice.by)} (an admin))"
+    return _plain(f"*{name}*: this warning is superseded; the deadline is now {new}{who}.")
 
 
 def busy_again(notice: BusyAgain) -> Message:
@@ -197,7 +250,8 @@ def manual_release_request(notice: ManualReleaseRequest) -> Message:
     verb = "stop" if notice.mode == "stop" else "release"
     text = (
         f":warning: Please {verb} *{inst.name}* on its platform now "
-        f"({reason_text(notice.reason)}); it costs {per_hour(inst)} until you do. Press the "
+        f"({reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode)}); "
+        f"it costs {per_hour(inst)} until you do. Press the "
         "button for what you did: *Released* stops the meter, *Stopped* stops it for compute "
         "while its disk bills on."
     )
@@ -212,7 +266,8 @@ def manual_release_reminder(notice: ManualReleaseReminder) -> Message:
     verb = "stopped" if notice.mode == "stop" else "released"
     text = (
         f":warning: Reminder: *{inst.name}* was due to be {verb} {waited} ago and still "
-        f"costs {per_hour(inst)}. Do it on its platform, then press the button for what you did."
+        f"costs {per_hour(inst)}. Do it on its platform, then press the button for what you "
+        f"did, or keep it with `/gpu extend {inst.name} 2h`."
     )
     buttons = _done_buttons(notice.instance_id)
     return _with_buttons(text, buttons, f"release-remind-{notice.instance_id}")
@@ -243,10 +298,17 @@ def released_notice(notice: ReleasedNotice) -> Message:
     who = f" by {mention(notice.by)}" if notice.by else ""
     meter = "Its compute meter stopped." if notice.mode == "stop" else "The meter stopped."
     text = (
-        f":white_check_mark: *{inst.name}* is {verb}{who} ({reason_text(notice.reason)}). {meter}"
+        f":white_check_mark: *{inst.name}* is {verb}{who} "
+        f"({reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode)}). {meter}"
     )
+    text += final_cost_sentence(notice.final_cost, stopped=notice.mode == "stop")
     if notice.mode == "stop" and notice.storage_bills:
         text += " " + _storage_note(inst)
+    if notice.release_at is not None:
+        text += (
+            f" It is released at {when(notice.release_at, ZoneInfo(notice.tz_name))} unless "
+            f"someone starts it again; `/gpu extend {inst.name} 1d` moves that."
+        )
     return _plain(text)
 
 
@@ -263,13 +325,20 @@ def released_unwarned(notice: ReleasedUnwarned) -> Message:
 
 
 def released_outside(notice: ReleasedOutside) -> Message:
-    """Reconcile found the instance gone, stopped, or running again on the platform, without
-    the bot: ``state`` terminated, stopped or started."""
+    """Reconcile found the instance gone, stopped, running again or at another address on the
+    platform, without the bot: ``state`` terminated, stopped, started or moved."""
     inst = notice.instance
+    came_back = f" It came back at `{notice.address}`." if notice.address else ""
+    if notice.state == "moved":
+        return _plain(
+            f":information_source: *{inst.name}* came back at `{notice.address}` on "
+            f"{inst.provider} (restarted there); the bot reaches it there now, and still "
+            "expects the host key it pinned."
+        )
     if notice.state == "started":
         return _plain(
             f":information_source: *{inst.name}* was started again on {inst.provider} outside "
-            f"the bot; its meter runs again ({per_hour(inst)})."
+            f"the bot; its meter runs again ({per_hour(inst)}).{came_back}"
         )
     if notice.state == "stopped":
         return _plain(
@@ -302,6 +371,12 @@ def policy_summary(view: PolicyView) -> Message:
     if view.at_deadline == "wait-for-jobs":
         grace = format_duration(timedelta(seconds=view.max_grace_s))
         lines.append(f"at the deadline: wait for running jobs, at most {grace}")
+    elif view.at_deadline == "stop":
+        after = format_duration(timedelta(seconds=view.max_grace_s))
+        lines.append(
+            f"at the deadline: stop (disk kept and billed), released {after} after the deadline "
+            "unless someone starts it again"
+        )
     else:
         lines.append("at the deadline: release")
     if view.idle_release_after_s:
@@ -322,6 +397,16 @@ def answered_before(notice: AnsweredBefore) -> Message:
     who = f" by {mention(notice.by)}" if notice.by else ""
     decision = (notice.resolution or "answered").replace("_", " ")
     return _plain(f"This was already answered{who}: {escape(decision)}.")
+
+
+def release_pending(notice: ReleasePending) -> Message:
+    """A click on a prompt of a manual instance whose release waits for its owner."""
+    inst = notice.instance
+    who = "you" if notice.by_owner else mention(inst.owner_id)
+    return _plain(
+        f"*{inst.name}*: release requested; waiting for {who} to confirm it is released on the "
+        f"platform (the buttons in my message). To keep it instead: `/gpu extend {inst.name} 2h`."
+    )
 
 
 def being_released(notice: BeingReleased) -> Message:
@@ -463,10 +548,14 @@ def _done_buttons(instance_id: int) -> list[Block]:
 def _decision_text(notice: Decided) -> str:
     if notice.decision == EXTENDED:
         return f"Extended {format_duration(timedelta(seconds=notice.extended_s))}"
-    if notice.decision == RELEASE_REQUESTED and notice.reason:
-        return f"Release requested ({reason_text(notice.reason)})"
+    if notice.decision == RELEASE_CANCELLED:
+        added = format_duration(timedelta(seconds=notice.extended_s))
+        return f"Release request withdrawn: extended {added}"
+    what = "Stop requested" if notice.mode == "stop" else "Release requested"
+    if notice.decision == RELEASE_REQUESTED and notice.reason and notice.reason != "user":
+        return f"{what} ({reason_text(notice.reason)})"
     return {
-        RELEASE_REQUESTED: "Release requested",
+        RELEASE_REQUESTED: what,
         KEPT: "Kept",
         CONFIRMED_RELEASED: "Confirmed released on the platform",
         CONFIRMED_STOPPED: "Confirmed stopped on the platform",
@@ -505,6 +594,7 @@ RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
     UnregisteredFound: unregistered_found,
     AnsweredBefore: answered_before,
     BeingReleased: being_released,
+    ReleasePending: release_pending,
     Extended: extend_answered,
     ReleaseConfirmAsk: release_confirm,
     Kept: kept,

@@ -38,6 +38,7 @@ from bot.blocks.kit import (
     time_left,
     when,
 )
+from bot.blocks.money import final_cost_sentence
 from bot.notify import Notice
 from bot.services.lookup import HostKeyAlert
 from bot.services.registration import GpuMismatch
@@ -48,11 +49,14 @@ from bot.services.views import (
     HealthView,
     InstanceDetail,
     InstanceRow,
+    InstanceSettings,
     InstanceView,
     JobBrief,
+    Mismatch,
     RegisterResult,
     ReleaseAsk,
     ReleaseView,
+    SettingsView,
     UnregisteredView,
 )
 from bot.values import format_duration, format_money
@@ -88,7 +92,7 @@ def register_result(result: RegisterResult) -> Message:
         f"*Address*\n{escape(inst.address)}",
         f"*GPUs*\n{escape(_delivered(result.gpus) or 'none visible')}",
         f"*Price*\n{_price(inst)}",
-        f"*Deadline*\n{_deadline(inst, result.now, tz)}",
+        f"*Deadline*\n{_deadline(inst, result.now, tz)}{_defaulted(result)}",
         f"*Health*\n{STATUS_EMOJI.get(result.health.status, '')} {result.health.status}",
         f"*Agent*\n{escape(result.agent_version)}",
     ]
@@ -100,6 +104,8 @@ def register_result(result: RegisterResult) -> Message:
     if result.mismatch is not None:
         blocks.append(section(_mismatch_text(result)))
         text += " The delivered GPUs do not match what was rented!"
+    if result.settings is not None:
+        blocks.append(section(settings_text(result.settings, tz)))
     bad = [c for c in result.health.checks if c.status in ("fail", "warn")]
     if bad:
         blocks.extend(section(t) for t in pack(_check_lines(bad))[:5])
@@ -161,16 +167,18 @@ def instance_detail(detail: InstanceDetail) -> Message:
         f"*State*\n{_state(inst.state)}",
         f"*Address*\n{escape(inst.address)}",
         f"*Provider*\n{provider}",
-        f"*Rented*\n{escape(_rented(inst))}",
+        f"*Rented*\n{_rented_text(inst, row)}",
         f"*Price*\n{_price(inst)}",
         f"*Deadline*\n{_deadline(inst, detail.now, tz)}",
-        f"*Cost so far*\n{cost}",
+        f"*Cost since registered*\n{cost}",
         *([f"*Stopped*\n{_stopped(inst, detail.now)}"] if inst.is_stopped else []),
         f"*Host key*\n{_host_key(inst)}",
         f"*Software*\n{escape(_software(detail))}",
     ]
     blocks: list[Block] = [header(f"{inst.name}"), fields(items)]
     blocks.append(section(_live_line(row, detail.now)))
+    if detail.settings is not None:
+        blocks.append(section(settings_text(detail.settings, tz)))
     if row.gpus:
         lines = [_gpu_line(g) for g in row.gpus]
         blocks.extend(_listing("", lines, "GPUs", code_block=True))
@@ -194,6 +202,55 @@ def instance_detail(detail: InstanceDetail) -> Message:
     left = time_left(inst.deadline_at, detail.now)
     text = f"{inst.name}: {_state(inst.state)}, {escape(_plain_live(row))}, {left}."
     return fallback(text), fit(blocks)
+
+
+def instance_settings(view: InstanceSettings) -> Message:
+    """`/gpu policy NAME` without options: the deadline and every setting, and how to change
+    them."""
+    tz = ZoneInfo(view.timezone)
+    inst = view.instance
+    text = (
+        f"*{inst.name}*: deadline {_deadline(inst, view.now, tz)}\n"
+        f"{settings_text(view.settings, tz)}"
+    )
+    hint = (
+        f"`/gpu policy {inst.name} --at-deadline ... --idle-release ... --release-when-done ...` "
+        f"changes the policy, `/gpu cap {inst.name} 3d` (admins) the lifetime cap; billing, disk "
+        f"and storage come from `/gpu register`."
+    )
+    return fallback(text), (section(text), context(hint))
+
+
+def settings_text(settings: SettingsView, tz: ZoneInfo) -> str:
+    """An instance's settings as a short list (policy, idle, when done, cap, billing, disk)."""
+    grace = format_duration(timedelta(seconds=settings.max_grace_s))
+    if settings.at_deadline == "wait-for-jobs":
+        at_deadline = f"wait for running jobs, at most {grace}"
+    elif settings.at_deadline == "stop":
+        at_deadline = f"stop (disk kept and billed), released {grace} after the deadline"
+    else:
+        at_deadline = "release"
+    if settings.idle_release_after_s:
+        after = format_duration(timedelta(seconds=settings.idle_release_after_s))
+        idle = f"released {after} after the idle prompt"
+    else:
+        idle = "prompt only"
+    cap = when(settings.lifetime_cap_at, tz) if settings.lifetime_cap_at else "none"
+    minimum = (
+        format_duration(timedelta(seconds=settings.min_charge_s))
+        if settings.min_charge_s
+        else "none"
+    )
+    lines = [
+        "*Settings*",
+        f"• at the deadline: {at_deadline}",
+        f"• idle: {idle}",
+        f"• when its jobs are done: {'released' if settings.release_when_done else 'kept'}",
+        f"• lifetime cap: {cap}",
+        f"• billing: per {escape(settings.billing_increment)}, minimum charge {minimum}",
+        f"• disk: {_disk(settings)}",
+    ]
+    return "\n".join(lines)
 
 
 def health_report(view: HealthView) -> Message:
@@ -276,6 +333,8 @@ def release_result(view: ReleaseView) -> Message:
         )
     elif view.state == "confirmed":
         text = f":white_check_mark: *{inst.name}* is released. The meter stopped."
+    if view.state == "confirmed":
+        text += final_cost_sentence(view.final_cost, stopped=stop)
     elif view.state == "awaiting_owner" or (view.manual and view.state != "escalated"):
         verb = "Stop" if stop else "Release"
         text = (
@@ -358,7 +417,7 @@ def _fleet(overview: FleetOverview, *, title: str) -> Message:
     burn = format_money(overview.hourly_burn_micros, currency)
     spent = format_money(overview.cost_micros, currency)
     down = sum(1 for r in rows if r.problem is not None)
-    summary = f"{len(rows)} instance(s) · {burn}/h together · {spent} so far"
+    summary = f"{len(rows)} instance(s) · {burn}/h together · {spent} so far (since registered)"
     if down:
         summary += f" · {down} not reachable"
     blocks: list[Block] = [
@@ -391,14 +450,14 @@ def _listing(
 
 def _row_text(row: InstanceRow, now: datetime) -> str:
     inst = row.instance
-    first = f"*{inst.name}* · {mention(inst.owner_id)} · {escape(_rented(inst))} · {_price(inst)}"
+    first = f"*{inst.name}* · {mention(inst.owner_id)} · {_rented_text(inst, row)} · {_price(inst)}"
     if inst.state != "active":
         first += f" · _{_state(inst.state)}_"
     second = f":zzz: {_stopped(inst, now)}" if inst.is_stopped else None
     lines = [first, second or _live_line(row, now)]
     spent = format_money(row.cost_micros, inst.currency)
     left = "no deadline while stopped" if inst.is_stopped else time_left(inst.deadline_at, now)
-    third = f":hourglass_flowing_sand: {left} · {spent} so far"
+    third = f":hourglass_flowing_sand: {left} · {spent} so far (since registered)"
     if row.running_jobs:
         job = row.running_jobs[0]
         more = f" (+{len(row.running_jobs) - 1})" if len(row.running_jobs) > 1 else ""
@@ -477,6 +536,35 @@ def _mismatch_text(result: RegisterResult) -> str:
 def _delivered(gpus: Sequence[GpuView]) -> str:
     counts = Counter(g.name for g in gpus)
     return ", ".join(f"{n}x {name}" for name, n in counts.most_common())
+
+
+def _rented_text(inst: InstanceView, row: InstanceRow) -> str:
+    """What was rented, escaped; while the last poll's GPUs differ, what was delivered too."""
+    if row.mismatch is None:
+        return escape(_rented(inst))
+    return ":warning: " + escape(_rented_vs_delivered(inst, row.mismatch, row.gpus))
+
+
+def _rented_vs_delivered(inst: InstanceView, mismatch: Mismatch, gpus: Sequence[GpuView]) -> str:
+    delivered = _delivered(gpus) or ", ".join(mismatch.delivered_names) or "no visible GPU"
+    return f"rented {_rented(inst)}, delivered {delivered}"
+
+
+def _defaulted(result: RegisterResult) -> str:
+    """After the deadline of a registration that gave none: that it is the default."""
+    if result.default_deadline_s is None:
+        return ""
+    return " (the default; `--release-in` or `--release-at` to choose)"
+
+
+def _disk(settings: SettingsView) -> str:
+    if settings.disk_gb is None:
+        return "not given"
+    size = f"{settings.disk_gb:g} GB"
+    if not settings.storage_micros_per_gb_month:
+        return f"{size}, no storage price"
+    price = format_money(settings.storage_micros_per_gb_month, settings.currency)
+    return f"{size} at {price}/GB-month"
 
 
 def _rented(inst: InstanceView) -> str:

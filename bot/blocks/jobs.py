@@ -7,12 +7,12 @@ log is cut from its start so its last lines always fit.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable as _Callable
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from agents.protocol import assigned_phrase, gpus_phrase, show_command
 from bot.blocks.kit import (
     SECTION_TEXT_MAX,
     Block,
@@ -37,6 +37,7 @@ from bot.services.job_views import (
     JobListView,
     JobView,
     LogView,
+    WhoGpuView,
     WhoReservation,
     WhoView,
 )
@@ -60,6 +61,8 @@ CODE_MAX = SECTION_TEXT_MAX - 2 * (len(_FENCE) + 1)
 #: Log sections ``/gpu logs`` may show (the newest lines win).
 LOG_SECTIONS_MAX = 12
 _GIB = 1024**3
+#: A GPU whose memory is in use though no process on it is visible here.
+UNSEEN_IN_USE = "in use (no process visible: another container?)"
 
 
 def queued_message(job: JobView) -> Message:
@@ -69,7 +72,9 @@ def queued_message(job: JobView) -> Message:
         f"{STATE_EMOJI['queued']} *{escape(title)}*"
         + (f" for {mention(job.requested_by)}" if job.requested_by else ""),
     ]
-    details = [f"GPUs: {_gpus_requested(job)}"]
+    details = [f"GPUs: {escape(gpus_text(job))}"]
+    if job.gpus_note:
+        details[0] += f" ({escape(job.gpus_note)})"
     if job.retries:
         details.append(f"retries: {job.retries}")
     if job.release_when_done:
@@ -99,6 +104,8 @@ def completion_reply(job: JobView) -> Message:
         head += f"\nCancelled by {mention(job.cancelled_by)}."
     if job.note and job.note.strip().lower() != job.state:  # "cancelled" says nothing new
         head += f"\n{escape(job.note)}"
+    if job.gpus_note:
+        head += f"\n{escape(job.gpus_note)}."
     blocks: list[Block] = [section(head), fields(_facts(job))]
     blocks.append(section(code_block(command_line(job.command))))
     summary = job.summary
@@ -139,7 +146,8 @@ def job_list(view: JobListView) -> Message:
 def log_message(view: LogView) -> Message:
     """``/gpu logs JOB``: the log's last lines as code, split over sections when long."""
     job = view.job
-    title = f"Log of job {job.ref} on {job.instance_name} ({job.state})"
+    state = f"{job.state}, as the bot last saw it" if view.state_stale else job.state
+    title = f"Log of job {job.ref} on {job.instance_name} ({state})"
     blocks: list[Block] = [section(f"{STATE_EMOJI.get(job.state, '')} *{escape(title)}*".strip())]
     if not view.text.strip():
         blocks.append(context("The log is empty so far."))
@@ -160,11 +168,20 @@ def who_message(view: WhoView) -> Message:
     lines = []
     for gpu in view.gpus:
         busy = f" · {gpu.util_gpu_pct}% busy" if gpu.util_gpu_pct is not None else ""
+        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
+            busy += f" · {_gib(gpu.mem_used_bytes)} of {_gib(gpu.mem_total_bytes)}"
         lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}{busy}")
         if gpu.held_by is not None:
             starting = " (starting)" if gpu.held_by.starting else ""
             lines.append(f"    held by {_reservation_text(gpu.held_by)}{starting}")
-        if not gpu.processes and gpu.held_by is None:
+        if gpu.unseen_mem_bytes is not None and not gpu.processes:
+            lines.append(f"    {UNSEEN_IN_USE} · {_gib(gpu.unseen_mem_bytes)}")
+        elif gpu.unseen_mem_bytes is not None:
+            lines.append(
+                f"    and {_gib(gpu.unseen_mem_bytes)} in use by processes not visible here "
+                "(another container?)"
+            )
+        if gpu.free:
             lines.append("    free")
         for proc in gpu.processes:
             who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or "unknown")
@@ -180,12 +197,17 @@ def who_message(view: WhoView) -> Message:
         lines.append(f"Queued{wanted}: {_reservation_text(waiting)}")
     blocks: list[Block] = [header(title)]
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
-    text = f"{escape(title)}: " + "; ".join(
-        f"GPU {g.index}: {len(g.processes)} process(es)"
-        + (" (reserved)" if g.held_by is not None and not g.processes else "")
-        for g in view.gpus
-    )
+    text = f"{escape(title)}: " + "; ".join(f"GPU {g.index}: {_gpu_state(g)}" for g in view.gpus)
     return fallback(text), fit(blocks)
+
+
+def _gpu_state(gpu: WhoGpuView) -> str:
+    """One GPU in a few words, for the fallback text."""
+    if gpu.processes:
+        return f"{len(gpu.processes)} process(es)"
+    if gpu.held_by is not None:
+        return f"held by job {gpu.held_by.job_ref}"
+    return UNSEEN_IN_USE if gpu.unseen_mem_bytes is not None else "free"
 
 
 def _reservation_text(job: WhoReservation) -> str:
@@ -242,7 +264,8 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
     if not posted:
         return queued_message(job)
     text = escape(
-        f"Queued job {job.ref} on {job.instance_name}; I'll reply in its thread when it ends."
+        f"Queued job {job.ref} on {job.instance_name} with {gpus_text(job)}. I'll reply in "
+        "its thread when it ends."
     )
     return text, (section(text),)
 
@@ -251,8 +274,9 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
 
 
 def command_line(command: Sequence[str]) -> str:
-    """argv as one line a shell would read back to the same argv."""
-    return " ".join(shlex.quote(part) for part in command)
+    """argv as one line as it was typed: quotes only where a space or a character the shell
+    treats specially needs them (the exact argv is what runs)."""
+    return show_command(command)
 
 
 def code_block(text: str, *, keep: str = "start") -> str:
@@ -291,7 +315,7 @@ def _facts(job: JobView) -> list[str]:
         f"*State*\n{job.state}",
         f"*Exit code*\n{_exit_text(job)}",
         f"*Duration*\n{_duration_text(job)}",
-        f"*GPUs*\n{_gpus_assigned(job)}",
+        f"*GPUs*\n{escape(gpus_text(job))}",
         f"*GPU-hours*\n{_gpu_hours_text(job)}",
         f"*Cost*\n{_cost_text(job)}{_cost_basis(job)}",
     ]
@@ -321,26 +345,27 @@ def _list_line(job: JobView, *, with_instance: bool) -> str:
         extra = f" · exit {_exit_text(job)} · {_duration_text(job)}"
         if job.cost_micros is not None:
             extra += f" · {format_money(job.cost_micros, job.currency)}"
-    elif job.gpus_assigned or job.gpus_requested:
-        extra = f" · GPUs {_gpus_assigned(job) if job.gpus_assigned else _gpus_requested(job)}"
+    else:
+        extra = f" · {escape(gpus_text(job))}"
     cmd = code(clip(command_line(job.command), 120))
     return f"{emoji} `{escape(job.ref)}`{where} {job.state}{who}{extra} · {cmd}"
 
 
-def _gpus_requested(job: JobView) -> str:
-    """``any 2`` for a count, ``0, 1`` or ``3`` for named GPUs, ``all``, or ``none``."""
-    wanted = (job.gpus_requested or "").strip()
-    if not wanted or wanted == "0":
-        return "none"
-    if wanted.isdigit():
-        return f"any {int(wanted)}"
-    if wanted == "all":
-        return "all"
-    return ", ".join(part for part in wanted.split(",") if part) or wanted
-
-
-def _gpus_assigned(job: JobView) -> str:
-    return ", ".join(str(g) for g in job.gpus_assigned) or "none"
+def gpus_text(job: JobView) -> str:
+    """Which GPUs the job has, as CUDA_VISIBLE_DEVICES gives them ("GPU 0
+    (CUDA_VISIBLE_DEVICES=0)"), or, before it starts, what it asked for ("one free GPU (the
+    agent picks it when the job starts)"); "no GPU (CPU only)" for a job without."""
+    if job.gpus_assigned:
+        return assigned_phrase(job.gpus_assigned)
+    if job.final:
+        return "no GPU (CPU only)" if job.started_at is not None else "none (it never started)"
+    wanted = job.gpus_requested
+    if wanted and wanted[:1].isdigit():
+        return gpus_phrase(wanted) + f" (CUDA_VISIBLE_DEVICES={wanted.rstrip(',')})"
+    phrase = gpus_phrase(wanted)
+    if wanted and wanted != "none":
+        phrase += " (picked when the job starts)"
+    return phrase
 
 
 def _exit_text(job: JobView) -> str:

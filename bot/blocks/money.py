@@ -7,15 +7,23 @@ as in the blocks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from bot import charts
 from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, section
 from bot.notify import Block, FileAttachment, Message, Notice
-from bot.services.advice import EstimateReport, FitReport, GpuFit, Option
+from bot.services.advice import (
+    HOURS_IN_LONGEST_MONTH,
+    EstimateReport,
+    FitReport,
+    GpuFit,
+    Option,
+)
 from bot.services.budgets import BudgetAlert, BudgetStatus
+from bot.services.costs import FinalCost
 from bot.services.digest import Digest, DigestData
 from bot.services.spend import SpendLine, SpendReport
 from bot.values import format_duration, format_money
@@ -62,10 +70,12 @@ def spend_file_titles(report: SpendReport) -> tuple[str, str]:
     return f"GPU spend by {report.by}, {name}", f"GPU spend per instance, {name}"
 
 
-def spend_message(report: SpendReport) -> Message:
-    """`/gpu spend`: totals, idle cost, the groups asked for and the top instances."""
+def spend_message(report: SpendReport, *, shared: bool = False) -> Message:
+    """`/gpu spend`: totals, idle cost, the groups asked for and the top instances. The current
+    month is this month so far, to ``report.now``; ``shared`` says the chart and the CSV are
+    posted to the channel with it."""
     currency = report.currency
-    title = f"GPU spend, {month_name(report.month)}" + ("" if report.complete else " (so far)")
+    title = f"GPU spend, {month_name(report.month)}" + _so_far(report)
     total = format_money(report.total_micros, currency)
     text = f"{title}: {total}"
     if not report.instances:
@@ -82,11 +92,42 @@ def spend_message(report: SpendReport) -> Message:
         section("*Top instances*\n" + _instance_lines(report)),
     ]
     if not report.complete:
-        blocks.append(context("Charges reach the last full hour; the current hour is not in yet."))
-    blocks.append(
-        context("The chart and a CSV with every instance follow as files. " + EGRESS_NOTE)
+        blocks.append(context(_pending_note(report)))
+    files = (
+        "The chart and a CSV with every instance follow as files in the channel."
+        if shared
+        else "Only you see this; add `--share` to post it with the chart and a CSV to the channel."
     )
+    blocks.append(context(f"{files} {EGRESS_NOTE}"))
     return text, tuple(blocks)
+
+
+def _so_far(report: SpendReport) -> str:
+    if report.complete:
+        return ""
+    if report.now is None:
+        return " (this month so far)"
+    return f" (this month so far, to {_clock(report.now, report.timezone)})"
+
+
+def _pending_note(report: SpendReport) -> str:
+    """Where the charges end and what the total adds beyond them."""
+    pending = format_money(report.pending_micros, report.currency)
+    until = (
+        _clock(report.charged_until, report.timezone)
+        if report.charged_until is not None
+        else "the last full hour"
+    )
+    return (
+        f"Charged up to {until}; the {pending} since (the open hour, and the rounding a "
+        "release now would add) is in the totals as not yet charged: the same figures as "
+        "`/gpu budget list` and `/gpu status`."
+    )
+
+
+def _clock(at: datetime, timezone: str) -> str:
+    """A naive UTC time as ``HH:MM`` in ``timezone``."""
+    return at.replace(tzinfo=UTC).astimezone(ZoneInfo(timezone)).strftime("%H:%M")
 
 
 def digest_message(data: DigestData) -> Message:
@@ -132,15 +173,25 @@ def digest_message(data: DigestData) -> Message:
     return text, tuple(blocks)
 
 
-def budget_list_message(statuses: Sequence[BudgetStatus], month: str, currency: str) -> Message:
-    """`/gpu budget list`: every budget with this month's spend against it."""
+def budget_list_message(
+    statuses: Sequence[BudgetStatus],
+    month: str,
+    currency: str,
+    *,
+    now: datetime | None = None,
+    timezone: str = "UTC",
+) -> Message:
+    """`/gpu budget list`: every budget with this month's spend so far (to ``now``) against
+    it."""
     title = f"Budgets, {month_name(month)}"
     if not statuses:
         text = "No budgets are set. An admin sets one with `/gpu budget set user @alice 500`."
         return text, (section(text),)
     lines = [_budget_line(status, currency) for status in statuses]
     text = f"{title}: {len(statuses)} budget{'s' if len(statuses) != 1 else ''}"
-    return text, (header(title), section("\n".join(lines)))
+    to = f", to {_clock(now, timezone)}" if now is not None else ""
+    note = f"Spent: this month so far{to}, the open hour included: the figures `/gpu spend` shows."
+    return text, (header(title), section("\n".join(lines)), context(note))
 
 
 def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str) -> Message:
@@ -161,7 +212,8 @@ def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str
 
 
 def fit_message(report: FitReport) -> Message:
-    """`/gpu fit`: the estimate by part and which GPUs hold it, with prices where known."""
+    """`/gpu fit`: the estimate by part and which GPUs hold it, each with its usable memory
+    against what it must hold, and prices where known."""
     shape = report.model
     name = shape.name if shape.known else f"{shape.name} (shaped like {shape.shape_from})"
     title = f"{name} {report.mode}, {report.bits}-bit"
@@ -172,55 +224,145 @@ def fit_message(report: FitReport) -> Message:
     )
     blocks: list[Block] = [
         header(title),
-        section(f"About *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"),
+        section(
+            f"Needs about *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"
+        ),
     ]
     if report.fits:
         lines = [_fit_line(fit) for fit in report.fits[:TOP_FITS]]
-        blocks.append(section("*Fits on*\n" + "\n".join(lines)))
+        blocks.append(
+            section("*Fits on* (each card's usable memory vs what it needs)\n" + "\n".join(lines))
+        )
     else:
         blocks.append(section("No GPU in the catalogue holds this, even 64 of them."))
-    blocks.append(
-        context(
-            "Estimates: activation checkpointing for training, a 16-bit KV cache, 1 GiB CUDA "
-            "context per GPU; more GPUs split the rest evenly. Prices: the cheapest offer in the "
-            "bot's price table, a list price on the date shown; an unverified one was not checked "
-            "against the platform's page and may be out of date."
-        )
-    )
+    blocks.append(context(FIT_NOTE))
     return text, tuple(blocks)
+
+
+#: How `/gpu fit` counts, under every answer.
+FIT_NOTE = (
+    "Usable memory: the card's capacity (published in GB of 10^9 bytes: 16 GB is 14.9 GiB) "
+    "less 0.5 GiB for the CUDA context and 5% for fragmentation. Estimates: activation "
+    "checkpointing for training, a 16-bit KV cache; more GPUs split the model evenly. Prices: "
+    "the cheapest offer in the bot's price table, a list price on the date shown; an unverified "
+    "one was not checked against the platform's page and may be out of date."
+)
+
+#: What `/gpu estimate`'s prices and hours mean, under every answer.
+ESTIMATE_NOTE = (
+    "--price, --monthly and --buy are per card (as price pages list them) and multiplied by "
+    "--count; --hours is each card's use a month."
+)
 
 
 def estimate_message(report: EstimateReport, currency: str) -> Message:
-    """`/gpu estimate`: hourly vs a monthly plan vs buying, with the break-even hours."""
+    """`/gpu estimate`: a month of renting by the hour vs a monthly plan, and buying, with the
+    break-evens at the user's own pace."""
     gpus = f"{report.count}x {report.gpu_name}" if report.count > 1 else report.gpu_name
-    title = f"{gpus} for {_number(report.hours)} h"
+    pace = f"{_number(report.hours)} h a month"
+    title = f"{gpus} at {pace}"
     lines = []
     for option in report.options:
         cost = "no price known" if option.cost_micros is None else _money(option, currency)
-        lines.append(f"• *{option.name}*: {cost} — {option.detail}")
-    best = report.cheapest
-    text = f"{escape(title)}: cheapest is {best.name}" if best else escape(title)
-    prices = [
-        f"hourly {_maybe(report.hourly_micros, currency)}/h ({report.hourly_source})",
-        f"monthly {_maybe(report.monthly_micros, currency)} ({report.monthly_source})",
-        f"buy {_maybe(report.buy_micros, currency)} ({report.buy_source})",
-    ]
-    even = []
-    if report.monthly_break_even_hours is not None:
-        even.append(
-            f"A monthly plan pays off from *{_number(report.monthly_break_even_hours)} h* "
-            "in a month."
+        when = (
+            "" if option.cost_micros is None else (" once" if option.name == "buy" else " a month")
         )
-    if report.buy_break_even_hours is not None:
-        even.append(f"Buying pays off after *{_number(report.buy_break_even_hours)} h* of renting.")
+        lines.append(f"• *{option.name}*: {cost}{when} — {option.detail}")
+    best = report.cheapest
+    text = f"{escape(title)}: cheapest to rent is {best.name}" if best else escape(title)
+    per_card = " a card" if report.count > 1 else ""
+    prices = [
+        f"{label} {_maybe(micros, currency)}{unit}{per_card if micros is not None else ''} "
+        f"({source})"
+        for label, micros, unit, source in (
+            ("hourly", report.hourly_per_card_micros, "/h", report.hourly_source),
+            ("monthly plan", report.monthly_per_card_micros, "", report.monthly_source),
+            ("buy", report.buy_per_card_micros, "", report.buy_source),
+        )
+    ]
+    even = [line for line in (_plan_line(report), _buy_line(report)) if line]
     blocks: list[Block] = [
         header(title),
-        section("\n".join(lines) + (f"\nCheapest: *{best.name}*." if best else "")),
+        section(
+            "\n".join(lines) + (f"\nCheapest: *{best.name}* (to rent at {pace})." if best else "")
+        ),
     ]
     if even:
         blocks.append(section(" ".join(even)))
-    blocks.append(context("Prices: " + "; ".join(prices)))
+    blocks.append(context("Prices: " + "; ".join(prices) + ". " + ESTIMATE_NOTE))
     return text, tuple(blocks)
+
+
+def _plan_line(report: EstimateReport) -> str | None:
+    even = report.monthly_break_even_hours
+    if even is None:
+        return None
+    if report.plan_never_pays:
+        return (
+            "A monthly plan *never pays off*, at any usage: "
+            f"{_number(even, whole=True)} h by the hour cost what a month of the plan does, "
+            f"more than a month has ({HOURS_IN_LONGEST_MONTH} h in a 31-day month)."
+        )
+    return (
+        f"A monthly plan pays off from *{_number(even, whole=True)} h* a month of each card "
+        f"(you said {_number(report.hours)} h)."
+    )
+
+
+def _buy_line(report: EstimateReport) -> str | None:
+    hours = report.buy_break_even_hours
+    months = report.buy_break_even_months
+    if hours is None and months is None:
+        return None
+    pace = f"{_number(report.hours)} h a month"
+    if hours is not None:
+        line = f"Buying pays off after *{_number(hours, whole=True)} h* of renting by the hour"
+        if months is not None and report.buy_against == "hourly":
+            return line + f": *{_months(months)}* at {pace}."
+        if months is not None:
+            return line + f"; at {pace} on the monthly plan, after *{_months(months)}*."
+        return line + "."
+    assert months is not None
+    return f"Buying pays off after *{_months(months)}* of the monthly plan."
+
+
+def final_cost_text(cost: FinalCost) -> str:
+    """What a session cost and why, like ``$4.00: 1h10m billed as 2 h at $2.00/h`` (the
+    increment and minimum charge applied), with its storage where it had any."""
+    total = format_money(cost.total_micros, cost.currency)
+    if not cost.started:
+        why = "billing never started"
+    else:
+        used = _span(cost.used_s)
+        billed = "" if cost.billed_s == cost.used_s else f" billed as {_span(cost.billed_s)}"
+        rate = (
+            ", partly at an earlier price"
+            if cost.carried
+            else f" at {format_money(cost.hourly_micros, cost.currency)}/h"
+        )
+        why = f"{used}{billed}{rate}"
+    if cost.storage_micros:
+        why += f", and {format_money(cost.storage_micros, cost.currency)} of storage"
+    return f"{total}: {why}"
+
+
+def final_cost_sentence(cost: FinalCost | None, *, stopped: bool = False) -> str:
+    """The sentence a release (or a stop, ``stopped``) message ends with: what the session
+    cost, and why; empty when it is not known."""
+    if cost is None:
+        return ""
+    lead = "Up to the stop it cost" if stopped else "It cost"
+    return f" {lead} {final_cost_text(cost)}."
+
+
+def _span(seconds: int) -> str:
+    """Seconds as ``2 h`` when whole hours, ``1 min`` when whole minutes under an hour, else
+    like ``1h10m``."""
+    if seconds and seconds % 3600 == 0:
+        return f"{seconds // 3600} h"
+    if seconds and seconds < 3600 and seconds % 60 == 0:
+        return f"{seconds // 60} min"
+    return format_duration(timedelta(seconds=seconds)).replace(" ", "")
 
 
 _BY_TITLE = {
@@ -239,6 +381,8 @@ def _totals_line(report: SpendReport) -> str:
         f"compute {format_money(report.compute_micros, currency)}",
         f"storage {format_money(report.storage_micros, currency)}",
     ]
+    if report.pending_micros:
+        parts.append(f"not yet charged {format_money(report.pending_micros, currency)}")
     return " · ".join(parts) + "\n" + _idle_line(report)
 
 
@@ -319,12 +463,17 @@ def _fit_line(fit: GpuFit) -> str:
         else ""
     )
     machines = -(-fit.count // GPUS_PER_MACHINE)
-    spread = f", {machines} machines of up to {GPUS_PER_MACHINE}" if machines > 1 else ""
-    return f"• {count}*{fit.name}* ({_gb(fit.mem_bytes)} each{spread}){price}"
+    spread = f"; {machines} machines of up to {GPUS_PER_MACHINE}" if machines > 1 else ""
+    each = " each" if fit.count > 1 else ""
+    capacity = f"{fit.mem_bytes // 10**9} GB"
+    return (
+        f"• {count}*{fit.name}* ({capacity}: {_gb(fit.usable_bytes)} usable{each}, "
+        f"needs {_gb(fit.per_gpu_bytes)}{each}{spread}){price}"
+    )
 
 
 def _gb(size: int) -> str:
-    """Bytes in GiB, the unit GPU memory is sold in ("80 GB" cards hold 80 GiB)."""
+    """Bytes in GiB (2^30 bytes), one decimal."""
     return f"{Decimal(size) / Decimal(2**30):.1f} GiB"
 
 
@@ -336,9 +485,18 @@ def _maybe(micros: int | None, currency: str) -> str:
     return "unknown" if micros is None else format_money(micros, currency)
 
 
-def _number(value: Decimal) -> str:
-    text = f"{value:f}"
+def _number(value: Decimal, *, whole: bool = False) -> str:
+    """``value`` with thousands separators and no trailing zeros; rounded to a whole number
+    when ``whole`` (and 10 or more)."""
+    if whole and value >= 10:
+        value = value.quantize(Decimal(1))
+    text = f"{value:,f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _months(months: Decimal) -> str:
+    shown = _number(months, whole=True)
+    return f"{shown} month" if shown == "1" else f"{shown} months"
 
 
 def _seconds(seconds: int) -> timedelta:

@@ -8,6 +8,7 @@ bot.values) before anything changes.
 from __future__ import annotations
 
 import argparse
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from bot import billing
@@ -17,7 +18,10 @@ from bot.errors import UsageError
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.services import fleet_views, lifecycle, lookup, reconcile, registration
 from bot.services.access import Caller
+from bot.services.lookup import echo
+from bot.settings import Settings
 from bot.values import (
+    format_duration,
     parse_duration,
     parse_money,
     parse_price,
@@ -47,6 +51,8 @@ HEALTH_USAGE = "/gpu health NAME [--full]"
 EXTEND_USAGE = "/gpu extend NAME DURATION"
 RELEASE_USAGE = "/gpu release NAME [--stop]"
 
+#: The deadline of a registration that gives none, unless the bot's settings change it.
+_DEFAULT_RELEASE_IN = format_duration(timedelta(seconds=Settings.default_release_in_s))
 #: ``--count``: a whole number of GPUs, 1 or more (the service caps it at MAX_GPU_COUNT).
 GPU_COUNT = whole_number("--count", 1)
 _STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
@@ -60,7 +66,7 @@ def _configure_register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("address", metavar="USER@HOST[:PORT]")
     parser.add_argument("--gpu", required=True, metavar="MODEL")
     parser.add_argument("--count", type=GPU_COUNT, metavar="N")
-    parser.add_argument("--price", required=True, type=parse_price, metavar="2.10/h")
+    parser.add_argument("--price", required=True, metavar="2.10/h")
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--release-in", type=parse_duration, metavar="3h")
     when.add_argument("--release-at", metavar="18:00")
@@ -69,7 +75,7 @@ def _configure_register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--billing", type=billing.parse_increment, metavar="second|minute|hour")
     parser.add_argument("--min-charge", type=parse_duration, metavar="1m")
     parser.add_argument("--disk", type=parse_size_gb, metavar="200")
-    parser.add_argument("--storage", type=parse_storage_price, metavar="0.10/GB-month")
+    parser.add_argument("--storage", metavar="0.10/GB-month")
     parser.add_argument("--project", metavar="P")
     parser.add_argument("--python", metavar="PATH")
     parser.add_argument("--key", metavar="NAME")
@@ -88,7 +94,7 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         address=args.address,
         gpu_model=args.gpu,
         gpu_count=args.count,
-        price_micros_per_hour=args.price,
+        price_micros_per_hour=parse_price(args.price, rt.settings.currency),
         release_in=args.release_in,
         release_at=release_at,
         provider=args.provider,
@@ -96,7 +102,9 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         billing=args.billing,
         min_charge_s=int(args.min_charge.total_seconds()) if args.min_charge else None,
         disk_gb=args.disk,
-        storage_micros_per_gb_month=args.storage or 0,
+        storage_micros_per_gb_month=(
+            0 if args.storage is None else parse_storage_price(args.storage, rt.settings.currency)
+        ),
         project=args.project,
         python_path=args.python,
         key_name=args.key,
@@ -118,7 +126,7 @@ def _configure_adopt(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--release-in", type=parse_duration, metavar="3h")
     when.add_argument("--release-at", metavar="18:00")
-    parser.add_argument("--price", type=parse_price, metavar="2.10/h")
+    parser.add_argument("--price", metavar="2.10/h")
     parser.add_argument("--gpu", metavar="MODEL")
     parser.add_argument("--count", type=GPU_COUNT, metavar="N")
     parser.add_argument("--project", metavar="P")
@@ -137,7 +145,9 @@ def _adopt(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         key_name=args.key,
         release_in=args.release_in,
         release_at=release_at,
-        price_micros_per_hour=args.price,
+        price_micros_per_hour=(
+            None if args.price is None else parse_price(args.price, rt.settings.currency)
+        ),
         gpu_model=args.gpu,
         gpu_count=args.count,
         project=args.project,
@@ -244,14 +254,15 @@ def _stop_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
 # --- values -----------------------------------------------------------------------------------
 
 
-def parse_storage_price(text: str) -> int:
-    """``0.10/GB-month`` (or ``0.10``) as micro-units per GB-month. Raises UsageError."""
+def parse_storage_price(text: str, currency: str) -> int:
+    """``0.10/GB-month`` (or ``0.10``) in ``currency`` as micro-units per GB-month. Raises
+    UsageError (an amount in another currency included)."""
     amount, _, unit = text.strip().lower().partition("/")
     if unit not in _STORAGE_UNITS:
         raise UsageError(
-            f"{text[:40]!r} is not a storage price.", hint="Write it like 0.10/GB-month."
+            f"{echo(text)!r} is not a storage price.", hint="Write it like 0.10/GB-month."
         )
-    return parse_money(amount)
+    return parse_money(amount, currency)
 
 
 # --- the specs --------------------------------------------------------------------------------
@@ -260,7 +271,11 @@ def parse_storage_price(text: str) -> int:
 REGISTER = CommandSpec(
     name="register",
     summary="Adopt an instance rented anywhere: pin its host key, install the agent, "
-    "check its GPUs, start the meter and the deadline",
+    "check its GPUs, start the meter and the deadline. Without --release-in or --release-at "
+    f"the deadline is the default ({_DEFAULT_RELEASE_IN} from now unless the bot's "
+    "GPUBOT_DEFAULT_RELEASE_IN_S says otherwise); the reply says when. GPUs other than the "
+    "rented ones are said in the reply, once in the ops channel, and in `/gpu status` for as "
+    "long as they differ",
     usage=REGISTER_USAGE,
     examples=(
         "/gpu register box1 root@203.0.113.7 --gpu a100 --price 2.10/h --release-in 3h",

@@ -16,7 +16,9 @@ from bot.values import whole_number
 if TYPE_CHECKING:
     from bot.runtime import Runtime
 
-RUN_USAGE = "/gpu run NAME [--gpus 0,1|N] [--retries N] [--release-when-done] -- CMD ..."
+RUN_USAGE = (
+    "/gpu run NAME [--gpus 0,1|any:N|all|none] [--retries N] [--release-when-done] -- CMD ..."
+)
 JOBS_USAGE = "/gpu jobs [NAME]"
 LOGS_USAGE = "/gpu logs JOB [--tail N]"
 CANCEL_USAGE = "/gpu cancel JOB"
@@ -27,7 +29,14 @@ DENY_USAGE = "/gpu deny NAME @user"
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the instance")
-    parser.add_argument("--gpus", metavar="0,1|N", help="exact GPUs, or how many")
+    parser.add_argument(
+        "--gpus",
+        metavar="0,1|any:N|all|none",
+        help=(
+            "GPU indices as CUDA_VISIBLE_DEVICES numbers them (0 is GPU 0), any:N for any N "
+            "free GPUs, all, or none for CPU only; default: one free GPU"
+        ),
+    )
     parser.add_argument(
         "--retries",
         metavar="N",
@@ -117,13 +126,19 @@ RUN = CommandSpec(
     name="run",
     summary=(
         "Queue a job on an instance; I reply in its thread when it ends (exit code, "
-        "duration, cost, GPU use, hints, log tail)"
+        "duration, cost, GPU use, hints, log tail). --gpus names GPUs by index as "
+        "CUDA_VISIBLE_DEVICES does (--gpus 0 is GPU 0, --gpus 0,1 GPUs 0 and 1); --gpus any:2 "
+        "takes any 2 free GPUs, --gpus all every GPU, --gpus none none (CPU only). Without "
+        "--gpus a job gets one free GPU (it waits for one if all are busy; on a machine "
+        "with no usable GPU it runs on the CPU). The job sees its GPUs as "
+        "CUDA_VISIBLE_DEVICES, and my reply says which it got"
     ),
     usage=RUN_USAGE,
     examples=(
-        "/gpu run box1 --gpus 2 -- python train.py --lr 3e-4",
-        "/gpu run box1 --gpus 0,1 --retries 2 -- torchrun --nproc_per_node=2 train.py",
-        "/gpu run box1 --release-when-done -- bash -c 'make data && python eval.py'",
+        "/gpu run box1 -- python train.py --lr 3e-4",
+        "/gpu run box1 --gpus 0 -- ollama serve",
+        "/gpu run box1 --gpus any:2 --retries 2 -- torchrun --nproc_per_node=2 train.py",
+        "/gpu run box1 --gpus none --release-when-done -- bash -c 'make data && python eval.py'",
     ),
     configure=_configure_run,
     handler=handle_run,

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from sqlmodel import col, select
-
 from bot import charts
 from bot.blocks import money as blocks
 from bot.blocks.kit import context, escape
@@ -19,12 +17,11 @@ from bot.errors import GpubotError, UsageError
 from bot.runtime import Runtime
 from bot.services import advice, budgets, ledger, spend
 from bot.services.access import Caller
-from bot.store.models import Person
 from bot.values import parse_money, parse_price, whole_number
 
 log = logging.getLogger(__name__)
 
-SPEND_USAGE = "/gpu spend [YYYY-MM] [--by user|gpu|instance|project|provider]"
+SPEND_USAGE = "/gpu spend [YYYY-MM] [--by user|gpu|instance|project|provider] [--share]"
 BUDGET_USAGE = (
     "/gpu budget list | /gpu budget set user @USER AMOUNT | /gpu budget set project P AMOUNT "
     "| /gpu budget rm user @USER | /gpu budget rm project P"
@@ -32,7 +29,7 @@ BUDGET_USAGE = (
 FIT_USAGE = "/gpu fit SIZE inference|lora|qlora|full [--seq N] [--batch N] [--bits 16|8|4]"
 ESTIMATE_USAGE = (
     "/gpu estimate --gpu MODEL [--count N] --hours N [--price 2.10/h] [--monthly PRICE] "
-    "[--buy PRICE]"
+    "[--buy PRICE] (--hours: each card's use a month; prices per card, times --count)"
 )
 _REMOVE_WORDS = frozenset({"rm", "remove", "delete", "del"})
 
@@ -43,6 +40,7 @@ _REMOVE_WORDS = frozenset({"rm", "remove", "delete", "del"})
 def _configure_spend(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("month", nargs="?", metavar="YYYY-MM")
     parser.add_argument("--by", type=spend.parse_group, default="user")
+    parser.add_argument("--share", action="store_true")
 
 
 def _spend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -59,11 +57,13 @@ def _spend(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         idle_threshold_pct=settings.idle_threshold_pct,
         currency=settings.currency,
     )
-    text, body = blocks.spend_message(report)
-    if report.instances and caller.channel_id:
-        problem = share_spend_files(rt, caller.channel_id, report)
-        if problem:
-            body = (*body, context(problem))
+    shared = bool(args.share and report.instances and caller.channel_id)
+    text, body = blocks.spend_message(report, shared=shared)
+    if not shared:
+        return Reply(text=text, blocks=body)
+    problem = share_spend_files(rt, caller.channel_id or "", report)
+    if problem:
+        body = (*body, context(problem))
     return Reply(text=text, blocks=body, ephemeral=False)
 
 
@@ -71,7 +71,7 @@ def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> s
     """Upload the chart (PNG) and the CSV of a spend report; returns what went wrong, if
     anything (the report itself is still answered)."""
     title, csv_title = blocks.spend_file_titles(report)
-    names = _display_names(rt, [line.key for line in report.groups]) if report.by == "user" else {}
+    names = report.names if report.by == "user" else {}
     items = [(names.get(line.key, line.key), line.total_micros) for line in report.groups]
     try:
         rt.notifier.upload_file(
@@ -108,7 +108,9 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     if action == "list":
         if words:
             raise UsageError("`budget list` takes no arguments.", usage=BUDGET_USAGE)
-        text, body = blocks.budget_list_message(budgets.list_budgets(rt, now), month, currency)
+        text, body = blocks.budget_list_message(
+            budgets.list_budgets(rt, now), month, currency, now=now, timezone=rt.settings.timezone
+        )
         return Reply(text=text, blocks=body)
     if action == "set":
         if len(words) != 3:
@@ -125,10 +127,12 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
             caller,
             scope,
             subject,
-            parse_money(words[2]),
+            parse_money(words[2], currency),
             display_name=budgets.mention_name(words[1]),
         )
-        text, body = blocks.budget_list_message([status], month, currency)
+        text, body = blocks.budget_list_message(
+            [status], month, currency, now=now, timezone=rt.settings.timezone
+        )
         return Reply(text=f"Budget set. {text}", blocks=body, ephemeral=False)
     if action in _REMOVE_WORDS:
         if len(words) != 2:
@@ -166,20 +170,21 @@ def _configure_estimate(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", required=True, metavar="MODEL")
     parser.add_argument("--count", type=whole_number("--count", 1), default=1, metavar="N")
     parser.add_argument("--hours", required=True, type=advice.parse_hours, metavar="N")
-    parser.add_argument("--price", type=parse_price, metavar="2.10/h")
-    parser.add_argument("--monthly", type=parse_money, metavar="PRICE")
-    parser.add_argument("--buy", type=parse_money, metavar="PRICE")
+    parser.add_argument("--price", metavar="2.10/h")
+    parser.add_argument("--monthly", metavar="PRICE")
+    parser.add_argument("--buy", metavar="PRICE")
 
 
 def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
+    currency = rt.settings.currency
     report = advice.estimate(
         args.gpu,
         hours=args.hours,
         count=args.count,
-        hourly_micros=args.price,
-        monthly_micros=args.monthly,
-        buy_micros=args.buy,
-        currency=rt.settings.currency,
+        hourly_micros=None if args.price is None else parse_price(args.price, currency),
+        monthly_micros=None if args.monthly is None else parse_money(args.monthly, currency),
+        buy_micros=None if args.buy is None else parse_money(args.buy, currency),
+        currency=currency,
     )
     text, body = blocks.estimate_message(report, rt.settings.currency)
     return Reply(text=text, blocks=body)
@@ -194,17 +199,13 @@ def _bits(text: str) -> int:
     return int(text)
 
 
-def _display_names(rt: Runtime, user_ids: list[str]) -> dict[str, str]:
-    with rt.db.session() as session:
-        people = session.exec(select(Person).where(col(Person.slack_id).in_(user_ids)))
-        return {p.slack_id: p.display_name for p in people if p.display_name}
-
-
 SPEND = CommandSpec(
     name="spend",
-    summary="What a month cost: by user, GPU, instance, project or provider; idle waste",
+    summary="What a month cost (this month: so far, the open hour included, as budgets and "
+    "status count it): by user, GPU, instance, project or provider; idle waste. Answered to "
+    "you only; --share posts it with a chart and a CSV to the channel",
     usage=SPEND_USAGE,
-    examples=("/gpu spend", "/gpu spend 2026-03 --by project"),
+    examples=("/gpu spend", "/gpu spend 2026-03 --by project --share"),
     configure=_configure_spend,
     handler=_spend,
 )
@@ -234,11 +235,13 @@ FIT = CommandSpec(
 )
 ESTIMATE = CommandSpec(
     name="estimate",
-    summary="Renting by the hour vs a monthly plan vs buying, with the break-even",
+    summary="A month of renting by the hour vs a monthly plan, and buying, with the "
+    "break-evens at your pace: --hours is each card's use a month; --price, --monthly and "
+    "--buy are per card and multiplied by --count",
     usage=ESTIMATE_USAGE,
     examples=(
         "/gpu estimate --gpu a100 --hours 50",
-        "/gpu estimate --gpu 4090 --hours 400 --monthly 350 --buy 1800",
+        "/gpu estimate --gpu 4090 --count 2 --hours 400 --monthly 350 --buy 1800",
     ),
     configure=_configure_estimate,
     handler=_estimate,

@@ -1,5 +1,5 @@
-"""`/gpu policy` (what happens at the deadline, when idle, when the jobs are done) and
-`/gpu cap` (an admin's limit on an instance's lifetime)."""
+"""`/gpu policy` (an instance's settings; with options, what happens at the deadline, when idle,
+when the jobs are done) and `/gpu cap` (an admin's limit on an instance's lifetime)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import argparse
 from datetime import timedelta
 
 from bot.blocks import deadlines as blocks
+from bot.blocks import instances as instance_blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.runtime import Runtime
-from bot.services import deadlines
+from bot.services import deadlines, fleet_views
 from bot.services.access import Caller
+from bot.services.lookup import echo
 from bot.values import parse_duration
 
 POLICY_USAGE = (
-    "/gpu policy NAME [--at-deadline release|wait-for-jobs] [--max-grace 2h] "
+    "/gpu policy NAME [--at-deadline release|wait-for-jobs|stop] [--max-grace 2h] "
+    "[--release-after 24h] "
     "[--idle-release 1h|off] [--release-when-done on|off]"
 )
 CAP_USAGE = "/gpu cap NAME 3d|none"
@@ -24,8 +27,9 @@ CAP_USAGE = "/gpu cap NAME 3d|none"
 def _configure_policy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME")
     parser.add_argument(
-        "--at-deadline", choices=deadlines.POLICIES, metavar="release|wait-for-jobs"
+        "--at-deadline", choices=deadlines.POLICIES, metavar="release|wait-for-jobs|stop"
     )
+    parser.add_argument("--release-after", type=parse_duration, metavar="24h")
     parser.add_argument("--max-grace", type=parse_duration, metavar="2h")
     parser.add_argument("--idle-release", type=_duration_or_off, metavar="1h|off")
     parser.add_argument("--release-when-done", type=_on_off, metavar="on|off")
@@ -37,7 +41,11 @@ def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         max_grace_s=int(args.max_grace.total_seconds()) if args.max_grace else None,
         idle_release_after_s=args.idle_release,
         release_when_done=args.release_when_done,
+        release_after_s=int(args.release_after.total_seconds()) if args.release_after else None,
     )
+    if change == deadlines.PolicyChange():
+        text, body = instance_blocks.instance_settings(fleet_views.instance_settings(rt, args.name))
+        return Reply(text=text, blocks=body)
     return _policy_reply(deadlines.set_policy(rt, caller, args.name, change))
 
 
@@ -76,15 +84,21 @@ def _on_off(text: str) -> bool:
         return True
     if value in ("off", "no", "false"):
         return False
-    raise UsageError(f"{text[:20]!r} is not on or off.")
+    raise UsageError(f"{echo(text)!r} is not on or off.", hint="Like --release-when-done on.")
 
 
 POLICY = CommandSpec(
     name="policy",
-    summary="what happens at the deadline, when idle, and when the jobs are done",
+    summary="an instance's settings (deadline policy, idle release, release when done, "
+    "lifetime cap, billing increment, minimum charge, disk and storage price); with options, "
+    "change what happens at the deadline, when idle, and when the jobs are done "
+    "(--at-deadline stop, where the platform can stop: stopped at the deadline, its disk kept "
+    "and billed, then released --release-after later unless someone starts it again)",
     usage=POLICY_USAGE,
     examples=(
+        "/gpu policy box1",
         "/gpu policy box1 --at-deadline wait-for-jobs --max-grace 2h",
+        "/gpu policy box1 --at-deadline stop --release-after 24h",
         "/gpu policy box1 --idle-release 1h",
         "/gpu policy box1 --release-when-done on",
     ),

@@ -33,7 +33,7 @@ def _configure_rent(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--release-in", type=parse_duration, metavar="3h")
     when.add_argument("--release-at", metavar="18:00")
-    parser.add_argument("--price", type=parse_price, metavar="1.01/h")
+    parser.add_argument("--price", metavar="1.01/h")
     parser.add_argument("--image", metavar="AMI")
     parser.add_argument("--ssh-key", metavar="NAME")
     parser.add_argument("--region", metavar="REGION")
@@ -53,7 +53,9 @@ def _rent(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         instance_type=args.instance_type,
         count=args.count,
         name=args.name,
-        price_micros_per_hour=args.price,
+        price_micros_per_hour=(
+            None if args.price is None else parse_price(args.price, rt.settings.currency)
+        ),
         release_in=args.release_in,
         release_at=release_at,
         image=args.image,

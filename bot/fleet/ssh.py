@@ -61,6 +61,8 @@ IDLE_WAKE_S = 1.0
 #: Channels used at once on one connection (OpenSSH's MaxSessions defaults to 10).
 MAX_CHANNELS = 8
 _READ_CHUNK = 65536
+#: How long to wait for the rest of a command's output once its exit status is in (s).
+EOF_GRACE_S = 2.0
 #: Seconds calls fail at once after a dial failed; doubled after each further failure...
 DIAL_BACKOFF_S = 30.0
 #: ...up to this many seconds.
@@ -402,7 +404,7 @@ class SshTransport:
             else:
                 _wait_readable(chan, remaining)
             self._drain(chan, out, err)
-        self._drain(chan, out, err)
+        self._drain_after_exit(chan, out, err, deadline)
         status = chan.recv_exit_status()
         if status == -1 and _connection_lost(chan):
             raise Unreachable(
@@ -414,6 +416,22 @@ class SshTransport:
             stdout=out.decode("utf-8", errors="replace"),
             stderr=err.decode("utf-8", errors="replace"),
         )
+
+    def _drain_after_exit(
+        self, chan: paramiko.Channel, out: bytearray, err: bytearray, deadline: float
+    ) -> None:
+        """Read what is left once the exit status is in: sshd may send the status before the
+        last of a stream it is still reading from the command, so read until its end of output
+        (EOF), for at most ``EOF_GRACE_S`` (a command that left a child holding its output
+        open never sends EOF) and never past ``deadline``."""
+        until = min(deadline, time.monotonic() + EOF_GRACE_S)
+        while not chan.eof_received:
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                break
+            _wait_readable(chan, remaining)
+            self._drain(chan, out, err)
+        self._drain(chan, out, err)
 
     def _drain(self, chan: paramiko.Channel, out: bytearray, err: bytearray) -> None:
         """Read what has arrived; past a cap, close the channel (the remote command stops)

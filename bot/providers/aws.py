@@ -1,6 +1,8 @@
 """AWS EC2 through boto3: list, get, terminate or stop, launch; GPU model and count from
 ``describe_instance_types``. ``settings.aws_endpoint_url`` (GPUBOT_AWS_ENDPOINT_URL) points the
-client elsewhere; credentials come from boto3's usual chain.
+client elsewhere; credentials come from boto3's usual chain (AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or the machine's instance profile). Missing, refused or
+too narrow credentials are ProviderAuthError saying which (:data:`NO_CREDENTIALS_HINT`).
 
 EC2 bills per second after a one-minute minimum per start, and EBS volumes keep billing while an
 instance is stopped. There is no price API here (the Pricing API is a separate service): prices
@@ -15,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
 
 from bot.errors import (
     ProviderAuthError,
@@ -46,6 +53,21 @@ _STATES = {
 }
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
 _AUTH = ("AuthFailure", "UnauthorizedOperation", "InvalidClientTokenId", "SignatureDoesNotMatch")
+_NOT_ALLOWED = ("UnauthorizedOperation",)
+#: Where the bot's AWS credentials come from (boto3's chain).
+NO_CREDENTIALS_HINT = (
+    "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the bot's environment, "
+    "or give the bot's machine an instance profile; GPUBOT_AWS_REGION picks the region."
+)
+_REFUSED_HINT = (
+    "AWS refused the bot's credentials: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(or AWS_PROFILE) in the bot's environment, and the machine's clock."
+)
+_NOT_ALLOWED_HINT = (
+    "The bot's AWS credentials work but may not do this: grant its IAM user or role the EC2 "
+    "permission named above (ec2:DescribeInstances, DescribeInstanceTypes, RunInstances, "
+    "StopInstances, TerminateInstances)."
+)
 _THROTTLED = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
 
 
@@ -163,6 +185,8 @@ class AwsProvider:
             with _translated("describe_instance_types"):
                 answer = self.client.describe_instance_types(InstanceTypes=[name])  # type: ignore[list-item]
         except ProviderError as exc:
+            if exc.retryable or isinstance(exc, ProviderAuthError):
+                raise  # credentials, throttling or the network: not the type's fault
             raise ProviderError(
                 f"aws: {name!r} is not an EC2 instance type ({exc.message})",
                 retryable=False,
@@ -217,8 +241,11 @@ class _translated:
             return
         if isinstance(exc, ClientError):
             raise _client_error(self.what, exc) from exc
-        if isinstance(exc, NoCredentialsError):
-            raise ProviderAuthError(f"aws: {self.what}: no AWS credentials") from exc
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            raise ProviderAuthError(
+                f"No AWS credentials: the bot could not call {self.what}.",
+                hint=NO_CREDENTIALS_HINT,
+            ) from exc
         if isinstance(exc, BotoCoreError):
             raise ProviderError(f"aws: {self.what} failed: {exc}", retryable=True) from exc
 
@@ -230,8 +257,10 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     if code in _NOT_FOUND:
         return ProviderNotFound(message)
+    if code in _NOT_ALLOWED:
+        return ProviderAuthError(message, hint=_NOT_ALLOWED_HINT)
     if code in _AUTH or status in (401, 403):
-        return ProviderAuthError(message)
+        return ProviderAuthError(message, hint=_REFUSED_HINT)
     if code in _THROTTLED or status == 429:
         return ProviderRateLimited(message)
     return ProviderError(message, retryable=status >= 500 or status == 0)

@@ -7,7 +7,7 @@ Memory model (bytes), after the sources in the module's constants:
   constants of 0.127 bits per parameter, QLoRA's double-quantised NF4);
 - KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x 2 bytes (a 16-bit cache);
 - inference activations and buffers: 20% of the weights ("inference needs about 1.2 x the
-  weights"); overhead: 1 GiB of CUDA context per GPU;
+  weights");
 - full fine-tune with AdamW in mixed precision: 16 bytes per parameter (EleutherAI's
   transformer math): 16-bit weights 2 + 16-bit gradients 2 + fp32 master weights, momentum and
   variance 12;
@@ -18,8 +18,13 @@ Memory model (bytes), after the sources in the module's constants:
   its 16-bit input, 2·s·b·h bytes, and one layer at a time is recomputed in full,
   s·b·h·(34 + 5·a·s/h) bytes.
 
-GPUs needed: model state and activations split evenly across GPUs (FSDP / tensor parallel); every
-GPU pays the CUDA context once.
+GPUs needed: model state and activations split evenly across GPUs (FSDP / tensor parallel), each
+GPU holding its share in its **usable** memory: the catalogue's capacity, published in decimal
+gigabytes (10^9 bytes: a "16 GB" T4 is 14.9 GiB), less a reserve on every GPU of
+``CUDA_CONTEXT_BYTES`` (0.5 GiB: the CUDA context with cuBLAS and cuDNN loaded) and
+``FRAGMENTATION_FRACTION`` (5% of the capacity: the caching allocator's fragmentation and
+workspaces). 5%, not more, keeps the published QLoRA result (a 65B model fine-tuned on one
+48 GB card) inside the model.
 """
 
 from __future__ import annotations
@@ -42,13 +47,18 @@ GB = 1_000_000_000
 MODES = ("inference", "lora", "qlora", "full")
 DEFAULT_SEQ = 2048
 DEFAULT_BATCH = 1
-CUDA_CONTEXT_BYTES = 1 * GIB
+#: Kept free on every GPU for the CUDA context (see the module docstring).
+CUDA_CONTEXT_BYTES = GIB // 2
+#: Kept free on every GPU for fragmentation and workspaces, as a share of its capacity.
+FRAGMENTATION_FRACTION = Decimal("0.05")
 INFERENCE_BUFFER_FRACTION = Decimal("0.2")
 LORA_TRAINABLE_FRACTION = Decimal("0.005")
 LORA_BYTES_PER_TRAINABLE = 16
 FULL_BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer": 12}
 NF4_BITS_PER_PARAM = Decimal("4.127")
 HOURS_PER_MONTH = 730
+#: The hours of a 31-day month: the most a card can be used in one.
+HOURS_IN_LONGEST_MONTH = 744
 MAX_GPUS_SHOWN = 64
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([bm])$")
 _NAME_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
@@ -79,18 +89,17 @@ class MemoryBreakdown:
     optimizer_bytes: int
     gradients_bytes: int
     activations_bytes: int
-    overhead_bytes: int
 
     @property
     def total_bytes(self) -> int:
-        """Everything together, on one GPU."""
+        """Everything together, to be held in the GPUs' usable memory (the CUDA context and
+        fragmentation are reserved there, see :func:`usable_bytes`)."""
         return (
             self.weights_bytes
             + self.kv_cache_bytes
             + self.optimizer_bytes
             + self.gradients_bytes
             + self.activations_bytes
-            + self.overhead_bytes
         )
 
     def parts(self) -> tuple[tuple[str, int], ...]:
@@ -101,7 +110,6 @@ class MemoryBreakdown:
             ("optimizer state", self.optimizer_bytes),
             ("gradients", self.gradients_bytes),
             ("activations", self.activations_bytes),
-            ("overhead", self.overhead_bytes),
         )
 
 
@@ -167,11 +175,14 @@ class PriceTable:
 @dataclass(frozen=True)
 class GpuFit:
     """How many GPUs of one model hold the estimate, and what that costs per hour where the
-    price table knows (``price_micros_per_hour`` for ``count`` GPUs)."""
+    price table knows (``price_micros_per_hour`` for ``count`` GPUs). ``mem_bytes`` is the
+    catalogue capacity (decimal GB as bytes), ``usable_bytes`` what is left of it for the
+    model, ``per_gpu_bytes`` what each of the ``count`` GPUs needs."""
 
     key: str
     name: str
     mem_bytes: int
+    usable_bytes: int
     count: int
     per_gpu_bytes: int
     price_micros_per_hour: int | None
@@ -194,8 +205,8 @@ class FitReport:
 
 @dataclass(frozen=True)
 class Option:
-    """One way to get ``hours`` of GPU time: its cost (micros), or None where no price is
-    known."""
+    """One way to get the GPU time: what it costs for all the cards (micros; a month of it for
+    renting, once for buying), or None where no price is known."""
 
     name: str
     cost_micros: int | None
@@ -204,26 +215,61 @@ class Option:
 
 @dataclass(frozen=True)
 class EstimateReport:
-    """The answer to `/gpu estimate`: hourly vs a monthly plan vs buying, with break-evens."""
+    """The answer to `/gpu estimate`: a month of renting by the hour at ``hours`` a month vs a
+    monthly plan, and buying, with the break-evens. Prices are per card (``*_per_card_micros``:
+    an hour, a month of the plan, a card bought); the totals are for ``count`` cards."""
 
     gpu_key: str
     gpu_name: str
     count: int
     hours: Decimal
-    hourly_micros: int | None
+    hourly_per_card_micros: int | None
     hourly_source: str
-    monthly_micros: int | None
+    monthly_per_card_micros: int | None
     monthly_source: str
-    buy_micros: int | None
+    buy_per_card_micros: int | None
     buy_source: str
     options: tuple[Option, ...]
+    #: Hours a month from which the plan costs less than the hourly price, or None.
     monthly_break_even_hours: Decimal | None
+    #: Hours of renting by the hour that cost what buying does, or None.
     buy_break_even_hours: Decimal | None
+    #: Months at ``hours`` a month, against the cheaper way to rent, until buying pays, or None.
+    buy_break_even_months: Decimal | None
+    #: The way to rent the buy break-even in months is counted against.
+    buy_against: str | None
+
+    @property
+    def hourly_micros(self) -> int | None:
+        """An hour of all the cards."""
+        return _times(self.hourly_per_card_micros, self.count)
+
+    @property
+    def monthly_micros(self) -> int | None:
+        """A month of the plan for all the cards."""
+        return _times(self.monthly_per_card_micros, self.count)
+
+    @property
+    def buy_micros(self) -> int | None:
+        """Buying all the cards."""
+        return _times(self.buy_per_card_micros, self.count)
+
+    @property
+    def plan_never_pays(self) -> bool:
+        """True when the plan costs more than renting by the hour for the longest month around
+        the clock: it pays off at no usage."""
+        even = self.monthly_break_even_hours
+        return even is not None and even > HOURS_IN_LONGEST_MONTH
 
     @property
     def cheapest(self) -> Option | None:
-        """The cheapest option with a known cost."""
-        priced = [option for option in self.options if option.cost_micros is not None]
+        """The cheaper way to rent for a month at ``hours`` (buying is a one-off, compared by
+        its break-even instead)."""
+        priced = [
+            option
+            for option in self.options
+            if option.cost_micros is not None and option.name != "buy"
+        ]
         return min(priced, key=lambda option: option.cost_micros or 0) if priced else None
 
 
@@ -302,7 +348,7 @@ def estimate_memory(
     if mode == "inference":
         kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * seq * batch * 2
         buffers = int(weights * INFERENCE_BUFFER_FRACTION)
-        return MemoryBreakdown(weights, kv, 0, 0, buffers, CUDA_CONTEXT_BYTES)
+        return MemoryBreakdown(weights, kv, 0, 0, buffers)
     activations = _training_activations(shape, seq=seq, batch=batch)
     if mode == "full":
         return MemoryBreakdown(
@@ -311,7 +357,6 @@ def estimate_memory(
             optimizer_bytes=shape.params * FULL_BYTES_PER_PARAM["optimizer"],
             gradients_bytes=shape.params * FULL_BYTES_PER_PARAM["gradients"],
             activations_bytes=activations,
-            overhead_bytes=CUDA_CONTEXT_BYTES,
         )
     trainable = int(shape.params * LORA_TRAINABLE_FRACTION)
     return MemoryBreakdown(
@@ -320,16 +365,26 @@ def estimate_memory(
         optimizer_bytes=trainable * 8,
         gradients_bytes=trainable * 4,
         activations_bytes=activations,
-        overhead_bytes=CUDA_CONTEXT_BYTES,
     )
 
 
-def gpus_needed(memory: MemoryBreakdown, mem_bytes: int) -> int:
-    """How many GPUs of ``mem_bytes`` hold the estimate, each paying the CUDA context once."""
-    usable = mem_bytes - memory.overhead_bytes
+def capacity_bytes(spec: specs.GpuSpec) -> int:
+    """A catalogue GPU's memory in bytes: its published gigabytes are decimal (10^9 bytes)."""
+    return spec.mem_gb * GB
+
+
+def usable_bytes(capacity: int) -> int:
+    """What a GPU of ``capacity`` bytes holds for the model: the capacity less the CUDA context
+    (0.5 GiB) and 5% for fragmentation; 0 when nothing is left."""
+    reserve = CUDA_CONTEXT_BYTES + _ceil(capacity * FRAGMENTATION_FRACTION)
+    return max(0, capacity - reserve)
+
+
+def gpus_needed(memory: MemoryBreakdown, usable: int) -> int:
+    """How many GPUs with ``usable`` bytes each hold the estimate split evenly; 0 for none."""
     if usable <= 0:
         return 0
-    return max(1, -(-(memory.total_bytes - memory.overhead_bytes) // usable))
+    return max(1, -(-memory.total_bytes // usable))
 
 
 def fit(
@@ -359,7 +414,9 @@ def fit(
     fits: list[GpuFit] = []
     too_big: list[str] = []
     for spec in catalogue or specs.load_catalogue():
-        count = gpus_needed(memory, spec.mem_bytes)
+        capacity = capacity_bytes(spec)
+        usable = usable_bytes(capacity)
+        count = gpus_needed(memory, usable)
         if count == 0 or count > MAX_GPUS_SHOWN:
             too_big.append(spec.key)
             continue
@@ -368,10 +425,10 @@ def fit(
             GpuFit(
                 key=spec.key,
                 name=spec.name,
-                mem_bytes=spec.mem_bytes,
+                mem_bytes=capacity,
+                usable_bytes=usable,
                 count=count,
-                per_gpu_bytes=-(-(memory.total_bytes - memory.overhead_bytes) // count)
-                + memory.overhead_bytes,
+                per_gpu_bytes=-(-memory.total_bytes // count),
                 price_micros_per_hour=price.per_gpu_micros * count if price else None,
                 price_source=price.label if price else None,
             )
@@ -391,12 +448,14 @@ def estimate(
     table: PriceTable | None = None,
     currency: str | None = None,
 ) -> EstimateReport:
-    """`/gpu estimate`: renting by the hour vs a monthly plan vs buying, for ``count`` GPUs over
-    ``hours``. Prices given win over the table: ``hourly_micros`` and ``monthly_micros`` are for
-    the whole instance, ``buy_micros`` the whole machine. A plan is paid by the started month
-    (730 h). Given prices are in ``currency``; the table's are used only when it is the
-    table's currency (or None). Raises UsageError for an unknown GPU, a bad count or hours, or
-    no price at all.
+    """`/gpu estimate`: ``count`` cards used ``hours`` a month each, rented by the hour vs on a
+    monthly plan, and bought. Every price is **per card**, given or from the table:
+    ``hourly_micros`` an hour, ``monthly_micros`` a month of the plan, ``buy_micros`` one card;
+    totals are for ``count`` cards. Given prices are in ``currency``; the table's are used only
+    when it is the table's currency (or None).
+
+    Raises UsageError for an unknown GPU, a bad count, hours that are not 0 < h <= 744 (the
+    hours of a 31-day month), a given price of 0, or no price at all.
     """
     table = table or load_price_table()
     foreign = currency is not None and currency != table.currency
@@ -408,52 +467,58 @@ def estimate(
         )
     if not 1 <= count <= 1024:
         raise UsageError(f"--count {count} is out of range", hint="Give 1 to 1024 GPUs.")
-    if not Decimal(0) < hours <= Decimal(10 * 8760):
-        raise UsageError(f"--hours {hours} is out of range", hint="Give hours like 50 or 1.5.")
+    if not Decimal(0) < hours <= HOURS_IN_LONGEST_MONTH:
+        raise UsageError(
+            f"--hours {hours} is not hours a month",
+            hint=f"--hours is the hours each card is used a month: more than 0, at most "
+            f"{HOURS_IN_LONGEST_MONTH} (a 31-day month), like 50 or 400.",
+        )
+    for option, given in (("--price", hourly_micros), ("--monthly", monthly_micros)):
+        _require_positive(option, given)
+    _require_positive("--buy", buy_micros)
     missing = f"the price table is in {table.currency}" if foreign else "not in the price table"
     hourly, hourly_source = _priced(
-        hourly_micros, None if foreign else table.cheapest_hourly(spec.key), count, missing
+        hourly_micros, None if foreign else table.cheapest_hourly(spec.key), missing
     )
     monthly, monthly_source = _priced(
-        monthly_micros, None if foreign else table.cheapest_monthly(spec.key), count, missing
+        monthly_micros, None if foreign else table.cheapest_monthly(spec.key), missing
     )
     buy, buy_source = _priced(
-        buy_micros, None if foreign else table.purchase_price(spec.key), count, missing
+        buy_micros, None if foreign else table.purchase_price(spec.key), missing
     )
     if hourly is None and monthly is None and buy is None:
         raise UsageError(
             f"no prices known for {spec.name}"
             + (f" in {currency} (the price table is in {table.currency})" if foreign else ""),
-            hint="Give them: --price 2.10 (per hour), --monthly 1200, --buy 30000.",
+            hint="Give them per card: --price 2.10 (an hour), --monthly 1200, --buy 30000.",
         )
-    months = math.ceil(hours / HOURS_PER_MONTH)
+    rent_month = None if hourly is None else _ceil(hours * hourly * count)
+    plan_month = _times(monthly, count)
+    cards = f"{count} cards" if count > 1 else "one card"
     options = (
-        Option(
-            "hourly",
-            None if hourly is None else _ceil(hours * hourly),
-            f"{hours} h at the hourly price",
-        ),
-        Option(
-            "monthly plan",
-            None if monthly is None else monthly * months,
-            f"{months} month{'s' if months != 1 else ''} of the plan",
-        ),
-        Option("buy", buy, "the purchase price (power and hosting not included)"),
+        Option("hourly", rent_month, f"{_plain(hours)} h by the hour, {cards}"),
+        Option("monthly plan", plan_month, f"the plan, {cards}"),
+        Option("buy", _times(buy, count), f"{cards} (power and hosting not included)"),
     )
+    against = _cheaper_rent(rent_month, plan_month)
     return EstimateReport(
         gpu_key=spec.key,
         gpu_name=spec.name,
         count=count,
         hours=hours,
-        hourly_micros=hourly,
+        hourly_per_card_micros=hourly,
         hourly_source=hourly_source,
-        monthly_micros=monthly,
+        monthly_per_card_micros=monthly,
         monthly_source=monthly_source,
-        buy_micros=buy,
+        buy_per_card_micros=buy,
         buy_source=buy_source,
         options=options,
         monthly_break_even_hours=_ratio(monthly, hourly),
         buy_break_even_hours=_ratio(buy, hourly),
+        buy_break_even_months=(
+            None if buy is None or against is None else _ratio(buy * count, against[1])
+        ),
+        buy_against=None if against is None else against[0],
     )
 
 
@@ -469,14 +534,40 @@ def parse_hours(text: str) -> Decimal:
     return value
 
 
-def _priced(
-    given: int | None, row: PriceRow | None, count: int, missing: str
-) -> tuple[int | None, str]:
+def _priced(given: int | None, row: PriceRow | None, missing: str) -> tuple[int | None, str]:
+    """A per-card price: the one given, else the table's, else None and why."""
     if given is not None:
         return given, "as given"
     if row is None:
         return None, missing
-    return row.per_gpu_micros * count, row.label
+    return row.per_gpu_micros, row.label
+
+
+def _require_positive(option: str, micros: int | None) -> None:
+    if micros is not None and micros <= 0:
+        raise UsageError(
+            f"{option} 0 means nothing to compare",
+            hint=f"Give {option} the price of one card, more than 0, or leave it out.",
+        )
+
+
+def _times(micros: int | None, count: int) -> int | None:
+    return None if micros is None else micros * count
+
+
+def _cheaper_rent(rent_month: int | None, plan_month: int | None) -> tuple[str, int] | None:
+    """The cheaper way to rent a month (name, micros), or None when neither is priced."""
+    priced = [
+        (name, micros)
+        for name, micros in (("hourly", rent_month), ("monthly plan", plan_month))
+        if micros
+    ]
+    return min(priced, key=lambda item: item[1]) if priced else None
+
+
+def _plain(value: Decimal) -> str:
+    text = f"{value:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _ratio(numerator: int | None, per_hour: int | None) -> Decimal | None:
@@ -522,12 +613,13 @@ def _model_key(name: str) -> str:
 def _load_price_table() -> PriceTable:
     raw = resources.files("bot").joinpath("data/prices.json").read_text(encoding="utf-8")
     data = json.loads(raw)
+    currency = str(data.get("currency", "USD"))
     try:
         return PriceTable(
-            currency=str(data.get("currency", "USD")),
-            hourly=tuple(_row(item, "per_hour") for item in data["hourly"]),
-            monthly=tuple(_row(item, "per_month") for item in data["monthly"]),
-            purchase=tuple(_row(item, "price") for item in data["purchase"]),
+            currency=currency,
+            hourly=tuple(_row(item, "per_hour", currency) for item in data["hourly"]),
+            monthly=tuple(_row(item, "per_month", currency) for item in data["monthly"]),
+            purchase=tuple(_row(item, "price", currency) for item in data["purchase"]),
             models=tuple(
                 ModelShape(
                     name=name,
@@ -545,13 +637,13 @@ def _load_price_table() -> PriceTable:
         raise ValueError(f"bot/data/prices.json is malformed: {exc}") from exc
 
 
-def _row(item: dict[str, Any], price_field: str) -> PriceRow:
+def _row(item: dict[str, Any], price_field: str, currency: str) -> PriceRow:
     return PriceRow(
         platform=str(item.get("platform", "list price")),
         offer=str(item.get("offer", "one card")),
         gpu=str(item["gpu"]),
         count=int(item.get("count", 1)),
-        micros=parse_money(str(item[price_field])),
+        micros=parse_money(str(item[price_field]), currency),
         source=str(item["source"]),
         as_of=str(item["as_of"]),
         verified=item.get("verified") is True,

@@ -43,6 +43,15 @@ class BeingReleased(Notice):
 
 
 @dataclass(frozen=True)
+class ReleasePending(Notice):
+    """The prompt's manual instance waits for its owner to confirm it is released on the
+    platform; ``by_owner`` when the owner clicked."""
+
+    instance: InstanceBrief
+    by_owner: bool
+
+
+@dataclass(frozen=True)
 class Extended(Notice):
     """The deadline moved ``extended_s`` seconds later, to ``deadline_at`` (naive UTC, shown in
     ``tz_name``)."""
@@ -167,9 +176,11 @@ def _open_prompt(
         inst = session.get(Instance, prompt.instance_id)
         assert inst is not None
     access.require_owner_or_admin(rt, caller, inst, action="answer prompts about")
+    if inst.state == "awaiting_confirmation":
+        return ReleasePending(releases.instance_view(inst), caller.user_id == inst.owner_id)
     if prompt.resolved_at is not None:
         return _answered_before(rt, prompt_id)
-    if inst.state != "active":
+    if inst.state != "active" and not _stopped_warning(rt, prompt, inst):
         return BeingReleased(inst.name, inst.state)
     if prompt.kind == deadlines.KIND_WARNING:
         deadline = deadlines.effective_deadline(inst)
@@ -184,6 +195,15 @@ def _open_prompt(
             prompts.update_message(rt, prompt, superseded)
             return superseded
     return _Clicked(prompt, inst)
+
+
+def _stopped_warning(rt: Runtime, prompt: Prompt, inst: Instance) -> bool:
+    """A warning about a stopped instance with no release under way: it can still be answered
+    (extended, or released now)."""
+    if prompt.kind != deadlines.KIND_WARNING or inst.state != releases.STOPPED:
+        return False
+    with rt.db.session() as session:
+        return releases.open_release(session, inst.id or 0) is None
 
 
 def _release(rt: Runtime, caller: Caller, clicked: _Clicked, *, reason: str) -> Notice:

@@ -1,9 +1,10 @@
 """Monthly budgets per user or project: admins set them; alerts at 50, 80 and 100%; past the
 cap, new rentals and extensions need an admin (:func:`check_budget`).
 
-A month's spend against a budget is every charge of the month (the month in the configured zone)
-on the user's instances (``owner_id``) or the project's (``project``), plus what running
-instances owe beyond their charges (the open hour, and the rounding a release now would add).
+A month's spend against a budget is this month so far (bot.services.costs.month_to_date, the
+figure `/gpu spend` shows): every charge of the month (the month in the configured zone) on the
+user's instances (``owner_id``) or the project's (``project``), plus what running instances owe
+beyond their charges (the open hour, and the rounding a release now would add).
 
 Alerts are decided once per budget, month and threshold: the alert rows (unique) and the
 alert's messages in the outbox are written in one transaction, so a crash either leaves both
@@ -24,12 +25,12 @@ from sqlmodel import col, delete, select
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, audit, ledger, outbox
+from bot.services import access, audit, costs, ledger, outbox
 from bot.services.access import Caller
 from bot.services.people import resolve_person
 from bot.store import models
 from bot.store.db import Database
-from bot.store.models import Budget, Instance, Person
+from bot.store.models import Budget, Person
 from bot.values import format_money
 
 log = logging.getLogger(__name__)
@@ -193,41 +194,14 @@ def list_budgets(rt: Runtime, now: datetime) -> list[BudgetStatus]:
 
 
 def month_to_date(db: Database, now: datetime, tz: ZoneInfo) -> Spent:
-    """This month's spend per owner and per project, up to ``now`` (after accruing charges)."""
-    ledger.accrue(db, now, tz)
-    month = ledger.month_of(now, tz)
-    start, _ = ledger.month_bounds(month, tz)
-    with db.session() as session:
-        month_rows = list(ledger.month_charged_micros(session, month, tz).items())
-        open_instances = list(
-            session.exec(
-                select(Instance).where(
-                    (col(Instance.released_at).is_(None)) | (col(Instance.released_at) >= start)
-                )
-            ).all()
-        )
-        month_ids = {instance_id for instance_id, _ in month_rows}
-        known = {item.id for item in open_instances}
-        others = list(
-            session.exec(select(Instance).where(col(Instance.id).in_(month_ids - known))).all()
-        )
-        charged = ledger.charged_micros(
-            session, [item.id for item in open_instances if item.id is not None]
-        )
-    per_instance: dict[int, int] = {int(i): int(total or 0) for i, total in month_rows}
-    for item in open_instances:
-        if item.id is None:
-            continue
-        pending = ledger.unaccrued_micros(item, charged.get(item.id, 0), now)
-        per_instance[item.id] = per_instance.get(item.id, 0) + pending
+    """This month's spend so far per owner and per project, up to ``now``: the sums of
+    :func:`bot.services.costs.month_to_date`, the figure `/gpu spend` shows for the month."""
     by_user: dict[str, int] = defaultdict(int)
     by_project: dict[str, int] = defaultdict(int)
-    for item in (*open_instances, *others):
-        if item.id is None or item.id not in per_instance:
-            continue
-        by_user[item.owner_id] += per_instance[item.id]
+    for item in costs.month_to_date(db, now, tz).values():
+        by_user[item.owner_id] += item.total_micros
         if item.project:
-            by_project[item.project] += per_instance[item.id]
+            by_project[item.project] += item.total_micros
     return Spent(dict(by_user), dict(by_project))
 
 
@@ -374,18 +348,26 @@ def _queue_alert(
                     blocks=blocks,
                     now=now,
                 )
-                for recipient in _recipients(rt, status)
+                for recipient in _recipients(rt, status, top)
             ]
     except sa_exc.IntegrityError:
         return None
 
 
-def _recipients(rt: Runtime, status: BudgetStatus) -> list[str]:
-    if status.scope == "user":
+#: From this share of a person's budget on, the admins hear of it too (they decide what's next).
+ADMINS_TOLD_AT_PCT = 100
+
+
+def _recipients(rt: Runtime, status: BudgetStatus, threshold_pct: int) -> list[str]:
+    """Who hears of an alert: a person's own budget goes to them, and once it is used up also
+    to the ops channel (or, with none, every admin); a project's goes to the ops channel (or
+    the admins)."""
+    team = [rt.settings.channel] if rt.settings.channel else sorted(rt.settings.admins)
+    if status.scope != "user":
+        return team
+    if threshold_pct < ADMINS_TOLD_AT_PCT:
         return [status.subject]
-    if rt.settings.channel:
-        return [rt.settings.channel]
-    return sorted(rt.settings.admins)
+    return [status.subject, *(r for r in team if r != status.subject)]
 
 
 def _status(budget: Budget, spent: Spent) -> BudgetStatus:

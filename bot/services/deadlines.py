@@ -17,6 +17,10 @@ Deadlines:
   (``notice_s``, 10 minutes by default).
 - Policy ``wait-for-jobs`` holds the release while jobs run, up to ``max_grace_s`` past the
   deadline. An admin's lifetime cap is a hard stop and ignores this policy.
+- Policy ``stop`` (platforms that can stop): at the deadline the instance is stopped, its disk
+  kept (and billed); it is released ``max_grace_s`` after the deadline (``--release-after``),
+  with the usual warnings before. Started again after that stop (reconcile notices it), it is
+  neither stopped again nor released for that deadline; extending moves both times.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from bot.services.access import Caller
 from bot.services.lookup import get_live_instance
 from bot.services.releases import Decided
 from bot.services.views import InstanceBrief
-from bot.store.models import Instance, Job, Prompt, Release, UtilSample
+from bot.store.models import AuditLog, Instance, Job, Prompt, Release, UtilSample
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,10 @@ JOBS_DONE_GRACE_S = 600
 DEFAULT_NOTICE_S = 600
 
 ACTIVE_JOB_STATES = ("queued", "running")
+#: The deadline policy that stops the instance at the deadline and releases it later.
+STOP_POLICY = "stop"
+#: What the Extend buttons of a warning offer, in seconds.
+EXTEND_CHOICES_S = (3600, 4 * 3600)
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,11 @@ class DeadlineWarning(Notice):
     """To the owner before a deadline release; its buttons answer prompt ``prompt_id``. The
     release happens at ``release_at``: the deadline, or later when the deadline left too little
     notice or passed while the bot could not warn. With ``policy`` ``wait-for-jobs`` it waits
-    for running jobs; ``capped`` when an admin's lifetime cap is the deadline. Times naive UTC,
-    shown in ``tz_name``."""
+    for running jobs; ``capped`` when an admin's lifetime cap is the deadline. ``action`` is
+    ``stop`` when the instance is stopped then (policy ``stop``), to be released at
+    ``final_release_at``; ``stopped`` when it is stopped already. ``extend_s`` lists the Extend
+    choices (seconds) the recipient may use; ``cap_at`` is the admin's lifetime cap. Times naive
+    UTC, shown in ``tz_name``."""
 
     instance: InstanceBrief
     prompt_id: int
@@ -77,6 +88,11 @@ class DeadlineWarning(Notice):
     tz_name: str
     policy: str = "release"
     capped: bool = False
+    action: str = "release"
+    final_release_at: datetime | None = None
+    stopped: bool = False
+    extend_s: tuple[int, ...] = EXTEND_CHOICES_S
+    cap_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -107,11 +123,12 @@ class JobsDonePrompt(Notice):
 @dataclass(frozen=True)
 class Superseded(Notice):
     """A warning whose deadline moved (to ``new_deadline_at``, None when there is none now):
-    its buttons are gone."""
+    its buttons are gone. ``by`` is who last extended it (None: not known)."""
 
     instance: InstanceBrief
     new_deadline_at: datetime | None
     tz_name: str
+    by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,13 +167,22 @@ class Deadline:
 
 
 def effective_deadline(inst: Instance) -> Deadline | None:
-    """The earlier of the deadline and the lifetime cap, or None when neither is set."""
+    """The earlier of the deadline and the lifetime cap, or None when neither is set. A stopped
+    instance under policy ``stop`` is released ``max_grace_s`` after its deadline."""
     cap = inst.lifetime_cap_at
-    if cap is not None and (inst.deadline_at is None or cap <= inst.deadline_at):
+    at = inst.deadline_at
+    if at is not None and inst.deadline_policy == STOP_POLICY and inst.state == releases.STOPPED:
+        at += timedelta(seconds=inst.max_grace_s)
+    if cap is not None and (at is None or cap <= at):
         return Deadline(cap, True)
-    if inst.deadline_at is None:
+    if at is None:
         return None
-    return Deadline(inst.deadline_at, False)
+    return Deadline(at, False)
+
+
+def stops_at_deadline(inst: Instance, deadline: Deadline) -> bool:
+    """Whether reaching ``deadline`` stops the instance rather than releasing it."""
+    return inst.deadline_policy == STOP_POLICY and inst.state == "active" and not deadline.capped
 
 
 def deadline_key(at: datetime) -> str:
@@ -180,7 +206,7 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
     """Create due warnings and request the releases that came due, for running and for stopped
     instances (a stopped one still bills its disk: at its deadline it is released for good);
     returns the instance ids whose release was requested."""
-    due: list[tuple[int, str, Deadline, tuple[datetime | None, datetime | None]]] = []
+    due: list[tuple[int, str, str, Deadline, tuple[datetime | None, datetime | None]]] = []
     # Only deadlines close enough to need a warning or a release (indexed ranges): the cost
     # follows what is due, not the size of the fleet.
     horizon = now + timedelta(seconds=max((*rt.settings.warning_offsets_s, 0)))
@@ -204,11 +230,13 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
             reason = _deadline_step(rt, session, inst, now)
             deadline = effective_deadline(inst)
             if reason is not None and inst.id is not None and deadline is not None:
-                due.append((inst.id, reason, deadline, (inst.deadline_at, inst.lifetime_cap_at)))
+                mode = "stop" if stops_at_deadline(inst, deadline) else "terminate"
+                seen = (inst.deadline_at, inst.lifetime_cap_at)
+                due.append((inst.id, reason, mode, deadline, seen))
     requested: list[int] = []
-    for instance_id, reason, deadline, seen in due:
+    for instance_id, reason, mode, deadline, seen in due:
         # Only for the deadline seen here: an extension committed since then wins.
-        if _request(rt, instance_id, reason=reason, now=now, seen_deadline=seen):
+        if _request(rt, instance_id, reason=reason, now=now, seen_deadline=seen, mode=mode):
             requested.append(instance_id)
             _escalate_if_unwarned(rt, instance_id, deadline, now)
     return requested
@@ -268,6 +296,8 @@ def _deadline_step(rt: Runtime, session: Session, inst: Instance, now: datetime)
                 due_at=deadline.at - timedelta(seconds=offset),
             )
         return None
+    if stops_at_deadline(inst, deadline) and _stopped_at(session, inst.id, deadline) is not None:
+        return None  # started again after its deadline stop: not stopped again for this one
     first_sent = _first_warning_sent(session, inst.id, deadline)
     if first_sent is None:
         prompts.ensure_prompt(
@@ -290,6 +320,19 @@ def _deadline_step(rt: Runtime, session: Session, inst: Instance, now: datetime)
     ):
         return None
     return "deadline"
+
+
+def _stopped_at(session: Session, instance_id: int, deadline: Deadline) -> datetime | None:
+    """When the bot stopped the instance for this deadline (policy ``stop``), or None."""
+    return session.exec(
+        select(func.max(Release.confirmed_at)).where(
+            Release.instance_id == instance_id,
+            Release.reason == "deadline",
+            Release.mode == "stop",
+            Release.state == "confirmed",
+            col(Release.requested_at) >= deadline.at,
+        )
+    ).first()
 
 
 def release_time(rt: Runtime, deadline: Deadline, first_warning_sent_at: datetime) -> datetime:
@@ -351,6 +394,7 @@ def _request(
     reason: str,
     now: datetime,
     seen_deadline: tuple[datetime | None, datetime | None] | None = None,
+    mode: str = "terminate",
 ) -> bool:
     try:
         releases.request_release(
@@ -358,7 +402,7 @@ def _request(
             instance_id,
             reason=reason,
             requested_by="gpubot",
-            mode="terminate",
+            mode=mode,
             now=now,
             seen_deadline=seen_deadline,
         )
@@ -496,7 +540,7 @@ def _stale_outcome(
     session: Session, prompt: Prompt, inst: Instance, tz_name: str, now: datetime
 ) -> tuple[str, Notice] | None:
     view = releases.instance_view(inst)
-    if inst.state != "active":
+    if inst.state != "active" and not _warns_while_stopped(session, prompt, inst):
         release = session.exec(
             select(Release).where(Release.instance_id == inst.id).order_by(col(Release.id).desc())
         ).first()
@@ -505,14 +549,21 @@ def _stale_outcome(
         if release is not None and release.requested_by != "gpubot":
             by = release.requested_by
         decided = Decided(
-            view, releases.RELEASE_REQUESTED, by=by, at=now, tz_name=tz_name, reason=reason
+            view,
+            releases.RELEASE_REQUESTED,
+            by=by,
+            at=now,
+            tz_name=tz_name,
+            reason=reason,
+            mode=release.mode if release is not None else "terminate",
         )
         return "released", decided
     if prompt.kind == KIND_WARNING:
         deadline = effective_deadline(inst)
         if deadline is not None and prompt.key.startswith(f"{deadline.key}:"):
             return None
-        return "superseded", Superseded(view, deadline.at if deadline else None, tz_name)
+        at = deadline.at if deadline else None
+        return "superseded", Superseded(view, at, tz_name, by=_extended_by(session, inst))
     if prompt.kind == KIND_IDLE:
         if inst.idle_since is not None and deadline_key(inst.idle_since) == prompt.key:
             return None
@@ -520,6 +571,26 @@ def _stale_outcome(
     if not jobs_running(session, inst):
         return None
     return "superseded", NewJobs(view)
+
+
+def _warns_while_stopped(session: Session, prompt: Prompt, inst: Instance) -> bool:
+    """A warning about the current deadline of a stopped instance with no release under way:
+    still open (its disk bills until that deadline's release)."""
+    if prompt.kind != KIND_WARNING or inst.state != releases.STOPPED or inst.id is None:
+        return False
+    deadline = effective_deadline(inst)
+    if deadline is None or not prompt.key.startswith(f"{deadline.key}:"):
+        return False
+    return releases.open_release(session, inst.id) is None
+
+
+def _extended_by(session: Session, inst: Instance) -> str | None:
+    """Who last extended the instance (a Slack user ID), or None."""
+    return session.exec(
+        select(AuditLog.actor)
+        .where(AuditLog.instance_id == inst.id, AuditLog.action == "extend")
+        .order_by(col(AuditLog.id).desc())
+    ).first()
 
 
 # --- reconcile ------------------------------------------------------------------------------------
@@ -545,6 +616,8 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
         return platform_reconcile.ReleasedOutside(view, state=prompt.key)
     if prompt.kind == KIND_UNWARNED:
         return ReleasedUnwarned(view)
+    if prompt.kind == KIND_WARNING and _warns_while_stopped(session, prompt, inst):
+        return _warning(rt, session, prompt, inst, view)
     if inst.state != "active":
         return None
     if prompt.kind == KIND_WARNING:
@@ -576,6 +649,10 @@ def _warning(
         return None  # a later warning for the same deadline replaces this unsent one
     now = rt.now()
     first_sent = _first_warning_sent(session, inst.id or 0, deadline) or now
+    stop = stops_at_deadline(inst, deadline)
+    final = deadline.at + timedelta(seconds=inst.max_grace_s) if stop else None
+    if final is not None and inst.lifetime_cap_at is not None:
+        final = min(final, inst.lifetime_cap_at)
     return DeadlineWarning(
         view,
         prompt_id=prompt.id,
@@ -585,7 +662,22 @@ def _warning(
         tz_name=rt.settings.timezone,
         policy="release" if deadline.capped else inst.deadline_policy,
         capped=deadline.capped,
+        action="stop" if stop else "release",
+        final_release_at=final,
+        stopped=inst.state == releases.STOPPED,
+        extend_s=extend_choices(rt, inst, prompt.recipient, now),
+        cap_at=inst.lifetime_cap_at,
     )
+
+
+def extend_choices(rt: Runtime, inst: Instance, user_id: str, now: datetime) -> tuple[int, ...]:
+    """The Extend choices (seconds, of ``EXTEND_CHOICES_S``) that ``user_id`` may use now: all
+    for an admin; for anyone else those that stay within the admin's lifetime cap."""
+    cap = inst.lifetime_cap_at
+    if cap is None or rt.settings.is_admin(user_id):
+        return EXTEND_CHOICES_S
+    start = max(inst.deadline_at or now, now)
+    return tuple(s for s in EXTEND_CHOICES_S if start + timedelta(seconds=s) <= cap)
 
 
 def _idle(rt: Runtime, prompt: Prompt, inst: Instance, view: InstanceBrief) -> IdlePrompt | None:
@@ -601,18 +693,20 @@ def _idle(rt: Runtime, prompt: Prompt, inst: Instance, view: InstanceBrief) -> I
 
 # --- policies and caps ----------------------------------------------------------------------------
 
-POLICIES = ("release", "wait-for-jobs")
+POLICIES = ("release", "wait-for-jobs", STOP_POLICY)
 
 
 @dataclass(frozen=True)
 class PolicyChange:
     """What ``set_policy`` may change; None leaves a field as it is. ``idle_release_after_s``
-    0 turns idle release off."""
+    0 turns idle release off. ``release_after_s``: with policy ``stop``, how long after the
+    deadline the stopped instance is released (kept as the instance's ``max_grace_s``)."""
 
     at_deadline: str | None = None
     max_grace_s: int | None = None
     idle_release_after_s: int | None = None
     release_when_done: bool | None = None
+    release_after_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -636,24 +730,30 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
     if change.at_deadline is not None and change.at_deadline not in POLICIES:
         raise UsageError(
             f"{change.at_deadline!r} is not a deadline policy.",
-            hint="Use --at-deadline release or --at-deadline wait-for-jobs.",
+            hint="Use --at-deadline release, wait-for-jobs or stop.",
         )
     if change == PolicyChange():
         raise UsageError(
             "Nothing to change.",
-            hint="Give --at-deadline, --max-grace, --idle-release or --release-when-done.",
+            hint="Give --at-deadline, --max-grace, --release-after, --idle-release or "
+            "--release-when-done.",
         )
+    if change.release_after_s is not None and change.release_after_s <= 0:
+        raise UsageError("--release-after must be a positive duration.", hint="Like 24h.")
     now = rt.now()
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="change the policy of")
         if inst.state != "active":
             raise Conflict(f"{inst.name} is being released; its policy can no longer change.")
+        _check_stop_policy(rt, inst, change)
         before = _policy_of(inst)
         if change.at_deadline is not None:
             inst.deadline_policy = change.at_deadline
         if change.max_grace_s is not None:
             inst.max_grace_s = change.max_grace_s
+        if change.release_after_s is not None:
+            inst.max_grace_s = change.release_after_s
         if change.idle_release_after_s is not None:
             inst.idle_release_after_s = change.idle_release_after_s or None
         if change.release_when_done is not None:
@@ -670,6 +770,31 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
         )
         session.flush()
         return policy_view(inst, rt.settings.timezone)
+
+
+def _check_stop_policy(rt: Runtime, inst: Instance, change: PolicyChange) -> None:
+    """Raise UsageError when the change asks for policy ``stop`` where it cannot be: a platform
+    that cannot stop, no --release-after, or --release-after with another policy."""
+    policy = change.at_deadline or inst.deadline_policy
+    if policy != STOP_POLICY:
+        if change.release_after_s is not None:
+            raise UsageError(
+                "--release-after goes with --at-deadline stop.",
+                hint=f"`/gpu policy {inst.name} --at-deadline stop --release-after 24h`.",
+            )
+        return
+    if change.at_deadline == STOP_POLICY and inst.deadline_policy != STOP_POLICY:
+        if change.release_after_s is None:
+            raise UsageError(
+                "Say when the stopped instance is released: --release-after.",
+                hint=f"`/gpu policy {inst.name} --at-deadline stop --release-after 24h`.",
+            )
+        if not rt.providers.get(inst.provider).capabilities.can_stop:
+            raise UsageError(
+                f"{inst.name} runs on {inst.provider}, which cannot stop an instance (only "
+                "terminate it), so it cannot be stopped at its deadline.",
+                hint="Use --at-deadline release or --at-deadline wait-for-jobs.",
+            )
 
 
 def _ask_an_admin(rt: Runtime) -> str:

@@ -1,4 +1,6 @@
-"""Looking at instances: the fleet overview, the stored list, one instance in detail, health.
+"""Looking at instances: the fleet overview, the stored list, one instance in detail (with its
+settings), its settings alone, health. A row carries how its GPUs differ from the rented ones for
+as long as the last poll says they do.
 
 Looking asks the active instances for their live status (all at once, outside any transaction)
 and records what each said on its row; the poller's own columns are left to bot.services.polling.
@@ -16,20 +18,21 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
-from bot import billing
 from bot.errors import FleetError, HostKeyNotPinned
 from bot.fleet.base import Target
 from bot.runtime import Runtime
-from bot.services import access
+from bot.services import access, costs
 from bot.services.access import Caller
 from bot.services.lookup import (
     POLLED_STATES,
     by_name_any,
+    compare_gpus,
     get_live_instance,
     gpu_views,
     handle_fleet_error,
     instance_view,
     require_active,
+    settings_view,
     target_for,
 )
 from bot.services.views import (
@@ -38,6 +41,7 @@ from bot.services.views import (
     HealthView,
     InstanceDetail,
     InstanceRow,
+    InstanceSettings,
     InstanceView,
     JobBrief,
     ProblemView,
@@ -76,7 +80,7 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
     outcome = _poll(rt, [inst], now).get(inst.name) if inst.state in POLLED_STATES else None
     row = _row(inst, outcome, jobs, now)
     snapshot = outcome if isinstance(outcome, StatusSnapshot) else _stored_status(inst)
-    cost = billing.cost_breakdown(inst, now)
+    cost = costs.since_registered(inst, now)
     return InstanceDetail(
         row=row,
         now=now,
@@ -90,6 +94,20 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
         ),
         compute_cost_micros=cost.compute_micros,
         storage_cost_micros=cost.storage_micros,
+        settings=settings_view(inst),
+    )
+
+
+def instance_settings(rt: Runtime, name: str) -> InstanceSettings:
+    """The settings of a live instance (`/gpu policy NAME` without options); asks nobody,
+    changes nothing. Raises NotFound."""
+    with rt.db.session() as session:
+        inst = get_live_instance(rt, session, name)
+    return InstanceSettings(
+        instance=instance_view(inst),
+        settings=settings_view(inst),
+        now=rt.now(),
+        timezone=rt.settings.timezone,
     )
 
 
@@ -239,9 +257,10 @@ def _row(
         gpus=gpu_views(snapshot) if snapshot else (),
         problem=problem,
         running_jobs=jobs.get(inst.id or 0, ()),
-        cost_micros=billing.cost_so_far(inst, now),
+        cost_micros=costs.since_registered_micros(inst, now),
         polled_at=polled_at,
         nvml_problem=snapshot.nvml_error.message if snapshot and snapshot.nvml_error else None,
+        mismatch=compare_gpus(inst.gpu_model, inst.gpu_count, snapshot) if snapshot else None,
     )
 
 

@@ -46,6 +46,9 @@ class JobView:
     instance_active: bool = True
     instance_gpu_count: int | None = None
     cancelled_by: str | None = None  # the Slack user whose `/gpu cancel` stopped it
+    #: Why the job has no GPU though none was refused it (the default on a machine without
+    #: a usable GPU); None otherwise.
+    gpus_note: str | None = None
 
     @property
     def ref(self) -> str:
@@ -83,11 +86,14 @@ class JobListView:
 
 @dataclass(frozen=True)
 class LogView:
-    """The end of a job's log: ``text`` holds at most ``tail`` lines."""
+    """The end of a job's log: ``text`` holds at most ``tail`` lines. ``job`` is the job as
+    its agent had it after the log was read, or, with ``state_stale``, as the bot last saw it
+    (the agent could not be asked)."""
 
     job: JobView
     text: str
     tail: int
+    state_stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,7 @@ class WhoProcess:
 @dataclass(frozen=True)
 class WhoReservation:
     """An agent job that holds a GPU (``starting``: none of its processes is on it yet) or
-    waits for GPUs (``wanted`` says which, e.g. "any 2 GPUs")."""
+    waits for GPUs (``wanted`` says which, e.g. "any 2 free GPUs")."""
 
     job_ref: str
     slack_user: str | None
@@ -121,7 +127,9 @@ class WhoReservation:
 
 @dataclass(frozen=True)
 class WhoGpuView:
-    """One GPU, its processes, the job holding it and the jobs waiting for it."""
+    """One GPU, its processes, the job holding it and the jobs waiting for it. Memory in
+    bytes; ``unseen_mem_bytes`` is memory in use beyond what the visible processes hold
+    (processes of another container), None when there is none worth telling."""
 
     index: int
     name: str
@@ -129,6 +137,14 @@ class WhoGpuView:
     util_gpu_pct: int | None = None
     held_by: WhoReservation | None = None
     waiting: tuple[WhoReservation, ...] = ()
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    unseen_mem_bytes: int | None = None
+
+    @property
+    def free(self) -> bool:
+        """No process, no job holding it and no memory in use by processes not visible."""
+        return not self.processes and self.held_by is None and self.unseen_mem_bytes is None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,13 @@ Polling (``poll_all``, a tick hook) asks each instance with unfinished jobs for
 ``jobs --since T``, where T is the agent's own creation time of the oldest unfinished job: every
 unfinished job appears in the answer, so a job the agent no longer knows is marked ``lost``, and
 an instance that was unreachable or a bot that was down catches up on its next poll.
+``/gpu jobs`` (fleet or one instance) and ``/gpu logs`` ask the agents in the same way before
+they answer, so what they show is the agents' word now; only the clock posts the replies.
+
+``--gpus`` is parsed by :func:`agents.protocol.parse_gpus`, shared with the agent: GPU indices
+as CUDA_VISIBLE_DEVICES numbers them, ``any:N``, ``all``, ``none``; the default ``auto`` is one
+free GPU (the CPU on a machine without a usable one). The agent's own error message, with
+"this machine" replaced by the instance's name, is what a refused request shows.
 
 Completion replies go through the outbox (:mod:`bot.services.outbox`): the job is marked
 ``replied_at`` in the transaction that queues its reply (key ``job_reply:<id>``), so each
@@ -33,12 +40,14 @@ from sqlalchemy import CursorResult, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import (
+    GPUS_AUTO,
     JobList,
     JobRecord,
     JobRequestError,
     ProtocolError,
     WhoJob,
     dumps,
+    gpus_phrase,
     loads,
     parse_gpus,
 )
@@ -90,6 +99,13 @@ MAX_RETRIES = 100
 #: ``/gpu jobs NAME`` shows the instance's jobs of this period, ``/gpu jobs`` the fleet's.
 LIST_WINDOW = timedelta(days=3)
 LIST_LIMIT = 40
+#: How long ``/gpu jobs`` waits for the agents of its unfinished jobs, in seconds; slower
+#: ones are shown as the bot last saw them.
+LIST_REFRESH_TIMEOUT_S = 10.0
+#: How the agent starts its message on stderr when a command fails; its exit code for a
+#: request it refuses.
+AGENT_SAYS = "gpu-agent: error: "
+AGENT_USAGE_EXIT = 2
 #: Instance states whose agents are asked about jobs; others have no agent to ask any more.
 REACHABLE_STATES = ("registering", "active", "releasing", "awaiting_confirmation")
 
@@ -190,24 +206,30 @@ def submit(
 
 
 def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
-    """The jobs of one instance as its agent lists them (the bot's records when it cannot be
-    reached), or the fleet's recent and unfinished jobs from the bot's records."""
+    """The jobs of one instance as its agent lists them, or the fleet's recent and unfinished
+    jobs; either way the bot's rows of unfinished jobs are brought up to date from their
+    agents first, so both lists agree. Where an agent cannot be reached its jobs are shown as
+    the bot last saw them and ``problem`` says so."""
     now = rt.now()
     if instance_name is None:
         return _fleet_jobs(rt, now)
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, instance_name)
         target = target_for(rt, inst)
+        active = _active_rows(session, inst.id)
+    window = _iso(now - LIST_WINDOW - CLOCK_SLACK)
+    since = min(window, _since(active)) if active else window
     try:
-        since = _iso(now - LIST_WINDOW - CLOCK_SLACK)
         listing = rt.fleet.agent(target).jobs(since=since)
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         with rt.db.session() as session:
             rows = _recent_rows(session, now, inst.id)
         stored = tuple(job_view(row, inst, _stored_record(row)) for row in rows)
-        return JobListView(inst.name, stored, problem=f"From the bot's records: {exc.message}")
-    shown = listing.jobs[-LIST_LIMIT:]
+        return JobListView(inst.name, stored, problem=f"As the bot last saw them: {exc.message}")
+    _apply_listing(rt, _id(inst), listing, now)
+    recent = [r for r in listing.jobs if r.state not in FINAL_STATES or _recent(r, now)]
+    shown = recent[-LIST_LIMIT:]
     with rt.db.session() as session:
         known = {
             row.agent_job_id: row
@@ -243,13 +265,53 @@ def logs(rt: Runtime, caller: Caller, job_ref: str, tail: int | None = None) -> 
         missing = _not_on_instance(exc, inst, agent_job_id)
         if missing is None:
             handle_fleet_error(rt, inst, exc)
-            raise
+            raise _agent_error(exc, inst) from exc
         raise missing from exc
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         raise
-    view = job_view(row, inst, _stored_record(row)) if row else _bare_view(inst, agent_job_id)
-    return LogView(job=view, text=text, tail=lines)
+    # The state is asked after the log: a job shown running was still running when its log
+    # had been read, and a finished job's log is whole.
+    view, stale = _current_view(rt, inst, target, agent_job_id, row)
+    return LogView(job=view, text=text, tail=lines, state_stale=stale)
+
+
+def _current_view(
+    rt: Runtime, inst: Instance, target: Target, agent_job_id: str, row: Job | None
+) -> tuple[JobView, bool]:
+    """The job as its agent has it now, its row brought up to date; with True when the agent
+    could not be asked and the view is the bot's last record. A row already final is shown
+    as stored (it no longer changes)."""
+    stored = _stored_record(row) if row is not None else None
+    if row is not None and row.state in FINAL_STATES:
+        return job_view(row, inst, stored), False
+    created = _aware(stored.created_at) if stored is not None else None
+    since = (
+        _iso(created - timedelta(seconds=1))
+        if created is not None
+        else _iso(rt.now() - LIST_WINDOW - CLOCK_SLACK)
+    )
+    try:
+        listing = rt.fleet.agent(target).jobs(since=since)
+    except FleetError as exc:
+        handle_fleet_error(rt, inst, exc)
+        log.info("job state after logs: %s", exc.message)
+        return _stored_view(inst, agent_job_id, row, stored), True
+    record = next((r for r in listing.jobs if r.id == agent_job_id), None)
+    if record is None:
+        return _stored_view(inst, agent_job_id, row, stored), True
+    if row is None:
+        return _agent_only_view(inst, record), False
+    with rt.db.session() as session:
+        job = _job(session, _id(row))
+        _apply_record(job, record, inst)
+        return job_view(job, inst, record), False
+
+
+def _stored_view(
+    inst: Instance, agent_job_id: str, row: Job | None, stored: JobRecord | None
+) -> JobView:
+    return job_view(row, inst, stored) if row is not None else _bare_view(inst, agent_job_id)
 
 
 def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
@@ -269,7 +331,7 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
             raise Conflict(f"Job {job_ref} has already finished.") from exc
         missing = _not_on_instance(exc, inst, agent_job_id)
         if missing is None:
-            raise
+            raise _agent_error(exc, inst) from exc
         raise missing from exc
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
@@ -288,7 +350,9 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
 def who(rt: Runtime, name: str) -> WhoView:
     """Every GPU of the instance and its processes, shown as Slack users where the process
     belongs to a job the bot ran, with the agent's reservations: the job each GPU is assigned
-    to (also while it starts) and the queued jobs waiting. Raises NotFound, FleetError."""
+    to (also while it starts) and the queued jobs waiting; and the memory in use that no
+    visible process holds (another container's), so such a GPU is never called free. Raises
+    NotFound, FleetError (the agent's own words when it answered with an error)."""
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         target = target_for(rt, inst)
@@ -296,7 +360,7 @@ def who(rt: Runtime, name: str) -> WhoView:
         report = rt.fleet.agent(target).who()
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
-        raise
+        raise _agent_error(exc, inst) from exc
     held = [g.held_by for g in report.gpus if g.held_by is not None]
     queued = [j for g in report.gpus for j in g.waiting] + list(report.waiting_any)
     job_ids = {p.job_id for g in report.gpus for p in g.processes if p.job_id}
@@ -315,12 +379,7 @@ def who(rt: Runtime, name: str) -> WhoView:
 
     def reservation(job: WhoJob, starting: bool = False) -> WhoReservation:
         row = rows.get(job.job_id)
-        wanted = None
-        if not job.gpus and job.gpus_requested:
-            count = job.gpus_requested
-            wanted = (
-                "all GPUs" if count == "all" else f"any {count} GPU{'' if count == '1' else 's'}"
-            )
+        wanted = gpus_phrase(job.gpus_requested) if not job.gpus and job.gpus_requested else None
         return WhoReservation(
             job_ref=ref_of(job.job_id),
             slack_user=row.requested_by if row is not None else None,
@@ -355,6 +414,9 @@ def who(rt: Runtime, name: str) -> WhoView:
                 name=gpu.name,
                 processes=tuple(procs),
                 util_gpu_pct=gpu.util_gpu_pct,
+                mem_used_bytes=gpu.mem_used_bytes,
+                mem_total_bytes=gpu.mem_total_bytes,
+                unseen_mem_bytes=gpu.unseen_mem_bytes,
                 held_by=None if holder is None else reservation(holder, starting=not started),
                 waiting=tuple(reservation(j) for j in gpu.waiting),
             )
@@ -374,12 +436,12 @@ def poll_all(rt: Runtime, now: datetime | None = None) -> PollReport:
     completion replies due. For the scheduler's tick; safe to run late, twice, or from two
     processes at once."""
     now = now or rt.now()
-    return _poll(rt, now, instance_id=None)
+    return _poll(rt, now, instance_ids=None)
 
 
 def poll_jobs(rt: Runtime, instance_id: int, now: datetime | None = None) -> PollReport:
     """``poll_all`` for one instance."""
-    return _poll(rt, now or rt.now(), instance_id=instance_id)
+    return _poll(rt, now or rt.now(), instance_ids={instance_id})
 
 
 def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | None = None) -> int:
@@ -405,7 +467,13 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
     """The view of a stored job; ``record``, the agent's latest word on it, wins over the row
     for state, times and exit code."""
     summary = record.summary if record is not None else None
-    assigned = record.gpus_assigned if record is not None else _assigned_from(row.gpus)
+    if record is not None:
+        assigned = record.gpus_assigned
+    else:
+        assigned = _assigned_from(row.gpus) if row.started_at is not None else ()
+    defaulted_to_cpu = (
+        row.gpus == GPUS_AUTO and record is not None and record.gpus_requested == "none"
+    )
     duration = _duration_s(row, record)
     return JobView(
         id=row.id,
@@ -434,13 +502,18 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
         note=record.note if record is not None else None,
         instance_active=inst.state == "active",
         instance_gpu_count=inst.gpu_count or inst.delivered_gpu_count,
+        gpus_note=(
+            f"{inst.name} has no usable NVIDIA GPU, so the job runs on the CPU"
+            if defaulted_to_cpu
+            else None
+        ),
     )
 
 
 # --- internals ----------------------------------------------------------------------------
 
 
-def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str | None:
+def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str:
     if not argv:
         raise UsageError(
             "Nothing to run.", hint="Put the command after a double dash: `-- python train.py`."
@@ -450,8 +523,8 @@ def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str
     try:
         request = parse_gpus(gpus)
     except JobRequestError as exc:
-        raise UsageError(str(exc)[0].upper() + str(exc)[1:] + ".") from exc
-    return request.text if request.count >= 0 else "all"
+        raise UsageError(_sentence(str(exc))) from exc
+    return request.text
 
 
 def _run_on_agent(
@@ -485,16 +558,31 @@ def _run_on_agent(
                 instance=inst.name,
                 hint=f"`/gpu jobs {inst.name}` shows the queue; run it again if it is not there.",
             ) from exc
-        raise
+        raise _agent_error(exc, inst) from exc
 
 
-def _poll(rt: Runtime, now: datetime, instance_id: int | None) -> PollReport:
+def _poll(rt: Runtime, now: datetime, instance_ids: set[int] | None) -> PollReport:
+    updated, unreachable = _refresh(rt, now, instance_ids)
+    replied = 0
+    if instance_ids is None:
+        replied = send_replies(rt, now)
+    else:
+        replied = sum(send_replies(rt, now, iid) for iid in sorted(instance_ids))
+    return PollReport(updated=updated, replied=replied, unreachable=tuple(unreachable))
+
+
+def _refresh(
+    rt: Runtime, now: datetime, instance_ids: set[int] | None, timeout_s: float | None = None
+) -> tuple[int, list[str]]:
+    """Bring the unfinished rows of ``instance_ids`` (None: every instance) up to date from
+    their agents, asked at once, each for at most ``timeout_s`` seconds (default the SSH
+    command timeout); returns (rows changed, instances that could not be asked)."""
     plans: dict[str, tuple[int, Target, str]] = {}
     updated = 0
     with rt.db.session() as session:
         query = select(Job).where(col(Job.state).in_(ACTIVE_STATES))
-        if instance_id is not None:
-            query = query.where(Job.instance_id == instance_id)
+        if instance_ids is not None:
+            query = query.where(col(Job.instance_id).in_(instance_ids))
         rows = session.exec(query).all()
         by_instance: dict[int, list[Job]] = {}
         for row in rows:
@@ -517,6 +605,7 @@ def _poll(rt: Runtime, now: datetime, instance_id: int | None) -> PollReport:
         answers = rt.fleet.fan_out(
             [target for _, target, _ in plans.values()],
             lambda agent: agent.jobs(since=since_by_name[agent.target.name]),
+            timeout_s=timeout_s,
         )
         for name, answer in answers.items():
             iid = plans[name][0]
@@ -525,8 +614,7 @@ def _poll(rt: Runtime, now: datetime, instance_id: int | None) -> PollReport:
                 _note_unreachable(rt, iid, answer)
                 continue
             updated += _apply_listing(rt, iid, answer, now)
-    replied = send_replies(rt, now, instance_id)
-    return PollReport(updated=updated, replied=replied, unreachable=tuple(unreachable))
+    return updated, sorted(unreachable)
 
 
 def _apply_listing(rt: Runtime, instance_id: int, listing: JobList, now: datetime) -> int:
@@ -572,6 +660,8 @@ def _apply_record(job: Job, record: JobRecord, inst: Instance) -> bool:
     if record.gpus_assigned:
         job.gpus = ",".join(str(g) for g in record.gpus_assigned)
         job.gpu_count = len(record.gpus_assigned)
+    elif record.state != "queued" or record.gpus_requested in (None, "none"):
+        job.gpu_count = 0  # it runs (or ran) on the CPU: charged the whole instance's time
     job.summary_json = dumps(record)
     if record.state in FINAL_STATES:
         job.cost_micros = _cost(job, record, inst)
@@ -681,6 +771,14 @@ def _since(rows: Sequence[Job]) -> str:
 
 
 def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
+    """The fleet's recent and unfinished jobs; the instances with unfinished ones among them
+    are asked first (as the clock's poll does, without posting replies)."""
+    with rt.db.session() as session:
+        rows = _recent_rows(session, now, None)
+    unfinished = {row.instance_id for row in rows if row.state in ACTIVE_STATES}
+    unreachable: list[str] = []
+    if unfinished:
+        _, unreachable = _refresh(rt, now, unfinished, timeout_s=LIST_REFRESH_TIMEOUT_S)
     with rt.db.session() as session:
         rows = _recent_rows(session, now, None)
         instances = {
@@ -696,7 +794,28 @@ def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
         for row in rows
         if row.instance_id in instances
     )
-    return JobListView(None, views)
+    problem = None
+    if unreachable:
+        names = ", ".join(unreachable)
+        whose = "its" if len(unreachable) == 1 else "their"
+        problem = f"Could not ask {names} now: {whose} jobs are shown as the bot last saw them."
+    return JobListView(None, views, problem=problem)
+
+
+def _active_rows(session: Session, instance_id: int | None) -> list[Job]:
+    return list(
+        session.exec(
+            select(Job).where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+        ).all()
+    )
+
+
+def _recent(record: JobRecord, now: datetime) -> bool:
+    """Whether a record changed within the list's window (by the agent's clock, give or take
+    CLOCK_SLACK)."""
+    changed = _aware(record.updated_at or record.finished_at or record.created_at)
+    cutoff = now.replace(tzinfo=UTC) - LIST_WINDOW - CLOCK_SLACK
+    return changed is None or changed >= cutoff
 
 
 def _recent_rows(session: Session, now: datetime, instance_id: int | None) -> list[Job]:
@@ -744,6 +863,31 @@ def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
             f"There is no job {ref!r}.",
             hint="Name a job by its number (`/gpu jobs` lists them) or as INSTANCE:AGENT_ID.",
         )
+
+
+def _agent_error(exc: FleetError, inst: Instance) -> FleetError | UsageError:
+    """The agent's own words for what it refused or could not do, first and alone, with the
+    instance named where it says "this machine": a UsageError when it refused the request
+    (exit code 2), else an AgentBroken. ``exc`` itself when the agent said nothing of its
+    own."""
+    if not isinstance(exc, AgentBroken):
+        return exc
+    head, _, said = exc.message.partition(AGENT_SAYS)
+    said = said.strip()
+    if not said:
+        return exc
+    text = _sentence(said).replace("This machine", inst.name).replace("this machine", inst.name)
+    if head.rstrip().endswith(f"exit code {AGENT_USAGE_EXIT}"):
+        return UsageError(text)
+    return AgentBroken(text, instance=inst.name, hint="")
+
+
+def _sentence(text: str) -> str:
+    """``text`` starting with a capital (unless it starts with a name) and ending in a stop."""
+    text = text.strip()
+    if text.split(" ", 1)[0].isalpha():
+        text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _not_on_instance(exc: AgentBroken, inst: Instance, agent_job_id: str) -> NotFound | None:

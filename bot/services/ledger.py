@@ -88,7 +88,7 @@ def accrue(db: Database, now: datetime, tz: ZoneInfo) -> int:
         due = [
             int(instance_id)
             for instance_id in session.exec(
-                select(Instance.id).where(_due_clause(now)).order_by(col(Instance.id))
+                select(Instance.id).where(due_clause(now)).order_by(col(Instance.id))
             ).all()
             if instance_id is not None
         ]
@@ -283,7 +283,7 @@ def ledger_tick(rt: Runtime, now: datetime) -> None:
     accrue(rt.db, now, rt.settings.tz())
 
 
-def _due_clause(now: datetime) -> Any:
+def due_clause(now: datetime) -> Any:
     """Instances the ledger must look at: not settled, and due by their schedule, never looked
     at, or released since (each an indexed range). A stop or a deleted disk is charged at the
     next bucket boundary, or at once by the caller (:func:`accrue_instance`)."""

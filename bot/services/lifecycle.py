@@ -13,11 +13,10 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import col
 
-from bot import billing
 from bot.errors import AlreadyAnswered, Conflict, NotAuthorized, UsageError
 from bot.providers.base import check_mode
 from bot.runtime import Runtime
-from bot.services import access, audit, budgets, prompts, releases
+from bot.services import access, audit, budgets, costs, prompts, releases
 from bot.services.access import Caller
 from bot.services.fleet_views import running_jobs
 from bot.services.lookup import by_id, get_live_instance, instance_view, is_manual, require_active
@@ -34,8 +33,11 @@ def extend(
 
     ``answering`` is the warning prompt whose button asked for it: it and its group are
     answered in the same transaction as the extension, so a double click extends once. The
-    deadline moves only from the one read here (compare-and-set). Raises UsageError, NotFound,
-    NotAuthorized, BudgetExceeded, AlreadyAnswered, Conflict (not active, or changed meanwhile).
+    deadline moves only from the one read here (compare-and-set). A stopped instance keeps its
+    state; a manual one awaiting its owner's release confirmation runs on, that release request
+    withdrawn (bot.services.releases.cancel_awaiting_release). Raises UsageError, NotFound,
+    NotAuthorized, BudgetExceeded, AlreadyAnswered, Conflict (being released, or changed
+    meanwhile).
     """
     if delta <= timedelta(0):
         raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
@@ -43,13 +45,13 @@ def extend(
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")
-        require_active(inst, "extended")
+        releases.require_extendable(rt, session, inst)
         owner_id, project = inst.owner_id, inst.project
     budgets.check_budget(rt, caller, owner_id, project)
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")
-        require_active(inst, "extended")
+        releases.require_extendable(rt, session, inst)
         old = inst.deadline_at
         new = max(old or now, now) + delta
         cap = inst.lifetime_cap_at
@@ -73,10 +75,10 @@ def extend(
             update(Instance)
             .where(
                 col(Instance.id) == inst.id,
-                col(Instance.state) == "active",
+                col(Instance.state) == inst.state,
                 _same_deadline(old),
             )
-            .values(deadline_at=new)
+            .values(deadline_at=new, state=releases.state_after_extend(inst.state))
         ).rowcount
         if won != 1:
             raise Conflict(
@@ -95,8 +97,13 @@ def extend(
             by_s=int(delta.total_seconds()),
             past_cap=bool(cap is not None and new > cap),
         )
+        cancelled = releases.cancel_awaiting_release(session, inst, by=caller.user_id, now=now)
         session.refresh(inst)
-        return instance_view(inst)
+        view = instance_view(inst)
+    by_s = int(delta.total_seconds())
+    brief = releases.instance_view(inst)
+    releases.show_cancelled(rt, cancelled, brief, by=caller.user_id, extended_s=by_s)
+    return view
 
 
 def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -> ReleaseAsk:
@@ -123,7 +130,7 @@ def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -
     return ReleaseAsk(
         instance=instance_view(inst),
         manual=is_manual(rt, inst),
-        cost_micros=billing.cost_so_far(inst, now),
+        cost_micros=costs.since_registered_micros(inst, now),
         running_jobs=jobs.get(inst.id or 0, ()),
         mode="stop" if stop else "terminate",
     )
@@ -148,6 +155,7 @@ def release(
         manual=is_manual(rt, current),
         last_error=done.last_error,
         mode=done.mode,
+        final_cost=costs.final_cost(current) if done.state == "confirmed" else None,
     )
 
 
@@ -169,6 +177,7 @@ def confirm_released(
         manual=True,
         last_error=done.last_error,
         mode=done.mode,
+        final_cost=costs.final_cost(inst) if done.state == "confirmed" else None,
     )
 
 

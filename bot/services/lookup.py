@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
 
+from agents import specs
 from agents.protocol import StatusSnapshot
 from bot import billing
 from bot.errors import Conflict, FleetError, GpubotError, HostKeyChanged, NotFound
@@ -23,7 +24,7 @@ from bot.fleet.base import HostKey, Target
 from bot.notify import Notice
 from bot.runtime import Runtime
 from bot.services import access, prompts, releases
-from bot.services.views import GpuView, InstanceView
+from bot.services.views import GpuView, InstanceView, Mismatch, SettingsView
 from bot.store.models import Instance, Person
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 POLLED_STATES = ("active",)
 #: The prompt kind of a host key alert; its key is the presented fingerprint.
 KIND_HOST_KEY_CHANGED = "host_key_changed"
+#: How many characters of a user's word a message echoes; longer ones end in an ellipsis.
+ECHO_MAX = 40
+_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,11 @@ class HostKeyAlert(Notice):
     instance: InstanceView
     expected: str
     presented: str
+
+
+def echo(text: str, limit: int = ECHO_MAX) -> str:
+    """The user's ``text`` as a message echoes it: at most ``limit`` characters, then "…"."""
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
@@ -57,7 +66,7 @@ def get_live_instance(rt: Runtime, session: Session, name: str) -> Instance:
     inst = access.visible(rt, live_by_name(session, name))
     if inst is None:
         raise NotFound(
-            f"There is no instance called {name!r}.",
+            f"There is no instance called {echo(name)!r}.",
             hint="`/gpu list` shows the instances; names are lowercase.",
         )
     return inst
@@ -184,6 +193,50 @@ def instance_view(inst: Instance) -> InstanceView:
     )
 
 
+def settings_view(inst: Instance) -> SettingsView:
+    """The instance's settings; billing as :func:`bot.billing.rules_for` applies it (the
+    platform's increment and minimum where the registration gave none)."""
+    rules = billing.rules_for(inst)
+    return SettingsView(
+        name=inst.name,
+        at_deadline=inst.deadline_policy,
+        max_grace_s=inst.max_grace_s,
+        idle_release_after_s=inst.idle_release_after_s,
+        release_when_done=inst.release_when_done,
+        lifetime_cap_at=inst.lifetime_cap_at,
+        billing_increment=rules.increment,
+        min_charge_s=rules.min_charge_s,
+        disk_gb=inst.disk_gb,
+        storage_micros_per_gb_month=inst.storage_micros_per_gb_month,
+        currency=inst.currency,
+    )
+
+
+def compare_gpus(
+    expected_model: str | None, expected_count: int | None, status: StatusSnapshot
+) -> Mismatch | None:
+    """What differs between the rented GPUs and the delivered ones (fewer cards, another model,
+    less memory per card), or None when they agree or nothing was expected."""
+    if expected_model is None and expected_count is None:
+        return None
+    problems: list[str] = []
+    delivered = len(status.gpus)
+    if status.nvml_error is not None:
+        problems.append(f"no GPU is visible: {status.nvml_error.message}")
+    elif expected_count is not None and delivered < expected_count:
+        problems.append(f"fewer cards: {delivered} delivered, {expected_count} rented")
+    if expected_model:
+        problems.extend(_model_problems(expected_model, status))
+    if not problems:
+        return None
+    return Mismatch(
+        expected_model=expected_model,
+        expected_count=expected_count,
+        delivered_names=tuple(g.name for g in status.gpus),
+        problems=tuple(problems),
+    )
+
+
 def gpu_views(status: StatusSnapshot) -> tuple[GpuView, ...]:
     """The GPUs of a status snapshot."""
     return tuple(
@@ -237,3 +290,31 @@ def is_manual(rt: Runtime, inst: Instance) -> bool:
         return not rt.providers.get(inst.provider).capabilities.api_release
     except GpubotError:  # an unconfigured provider: the release attempt will say so
         return False
+
+
+def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
+    wanted = specs.candidates(expected_model)
+    if not wanted or not status.gpus:
+        return []
+    keys = {spec.key for spec in wanted}
+    least_mem = min(spec.mem_min_bytes for spec in wanted)
+    problems: list[str] = []
+    seen: set[str] = set()
+    for gpu in status.gpus:
+        found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
+        label = gpu.name
+        problem: str | None = None
+        if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < least_mem:
+            problem = (
+                f"less memory: {label} has {gpu.mem_total_bytes / _GIB:.0f} GiB, the rented "
+                f"{expected_model} has {min(spec.mem_gb for spec in wanted)} GiB or more"
+            )
+        elif found is None:
+            problem = f"another model: {label} is not a whole {expected_model}"
+        elif found.key not in keys:
+            problem = f"another model: {found.name} instead of {expected_model}"
+        if problem is not None and problem not in seen:
+            seen.add(problem)
+            count = sum(1 for g in status.gpus if g.name == gpu.name)
+            problems.append(problem if count == 1 else f"{problem} ({count} cards)")
+    return problems

@@ -6,8 +6,16 @@ An instance is idle in a sample when the poll succeeded, the mean GPU utilisatio
 A failed poll, a GPU that reports no utilisation, or a gap in polling longer than
 ``GAP_FACTOR`` poll intervals counts as activity (never as idle).
 
-Each instance is claimed for a poll with a conditional UPDATE of ``last_polled_at``, so two bot
-processes never poll it twice in one interval; the SSH calls run outside any transaction.
+Polls are spread over the interval: each instance has a stable place in it (a hash of its id,
+:func:`next_poll_at`), so a fleet's polls fall evenly on the ticks instead of all on one. A new
+registration is polled at once; after that, at its place in each interval (``poll_due_at``),
+never sooner than half an interval after the poll before. A row without a place (written before
+polls were spread) is due a poll interval after its last poll; one whose place was set under a
+longer interval is due ``OVERDUE_FACTOR`` intervals after its last poll.
+
+A batch of due instances is claimed with one conditional UPDATE (still due, still polled), so
+two bot processes never poll one twice in an interval; the SSH calls run outside any
+transaction.
 """
 
 from __future__ import annotations
@@ -15,8 +23,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, or_, update
+from sqlalchemy import and_, case, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
@@ -37,6 +46,14 @@ GAP_FACTOR = 3
 #: Instances per fan-out: twice the polling pool's width. A batch waits for its slowest agent
 #: (at most the SSH command timeout), so the next batch starts only while the time budget lasts.
 POLL_BATCH = 2 * FAN_OUT_WORKERS
+#: A row whose ``poll_due_at`` lies further ahead (its place was set under a longer interval) is
+#: polled this many poll intervals after its last poll.
+OVERDUE_FACTOR = 2
+#: Knuth's multiplicative hash (2^32 / golden ratio): consecutive ids land far apart in the
+#: interval.
+_SPREAD = 2_654_435_761
+_EPOCH = datetime(1970, 1, 1)
+_US = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -53,9 +70,10 @@ class PollResult:
 def poll_instances(
     rt: Runtime, now: datetime, *, timebox: Timebox | None = None
 ) -> list[PollResult]:
-    """Poll every active instance whose last poll is at least a poll interval old, least
-    recently polled first, ``POLL_BATCH`` at a time. Given a ``timebox``, no further batch is
-    started once it is spent: the instances left stay due and come first on the next call."""
+    """Poll every active instance due (at once when never polled, else at its place in the
+    interval: see the module docstring), least recently polled first, ``POLL_BATCH`` at a
+    time. Given a ``timebox``, no further batch is started once it is spent: the instances
+    left stay due and come first on the next call."""
     due = _due(rt, now)
     results: list[PollResult] = []
     for start in range(0, len(due), POLL_BATCH):
@@ -75,6 +93,9 @@ def _poll_batch(
     answers = rt.fleet.fan_out(targets, lambda agent: agent.status())
     results: list[PollResult] = []
     with rt.db.session() as session:
+        # One query loads the batch; each record below finds its row in the session.
+        ids = [instance_id for instance_id, _, _ in claimed]
+        session.exec(select(Instance).where(col(Instance.id).in_(ids))).all()
         for instance_id, target, previous in claimed:
             answer = answers.get(target.name)
             if answer is None:
@@ -119,27 +140,57 @@ def sample_from(
     return util, procs, jobs, idle
 
 
+def next_poll_at(instance_id: int, after: datetime, interval_s: float) -> datetime:
+    """When instance ``instance_id`` is next polled after a poll at ``after`` (naive UTC): the
+    first start of its place in the interval (``interval_s`` seconds, offset by a hash of the
+    id) that is at least half an interval after ``after``."""
+    period_us = max(1, round(interval_s * 1_000_000))
+    phase_us = ((instance_id * _SPREAD) % 2**32) * period_us >> 32
+    earliest_us = (after - _EPOCH) // _US + period_us // 2
+    slots = -((phase_us - earliest_us) // period_us)  # ceil((earliest - phase) / period)
+    return _EPOCH + timedelta(microseconds=phase_us + slots * period_us)
+
+
+def due_clause(rt: Runtime, now: datetime) -> Any:
+    """A WHERE clause for the instances due a poll at ``now`` (see the module docstring)."""
+    return or_(*due_branches(rt, **due_times(rt, now)))
+
+
+def due_times(rt: Runtime, now: datetime) -> dict[str, datetime]:
+    """The times :func:`due_branches` compares with, at ``now``."""
+    interval = timedelta(seconds=rt.settings.poll_interval_s)
+    return {
+        "now": now,
+        "unplaced_before": now - interval + timedelta(seconds=1),
+        "overdue_before": now - OVERDUE_FACTOR * interval,
+    }
+
+
+def due_branches(rt: Runtime, *, now: Any, unplaced_before: Any, overdue_before: Any) -> list[Any]:
+    """The instances due a poll, as clauses any of which holds: each an indexed range (state,
+    last poll) or (state, poll due), so released instances never weigh on the clock. The
+    times are datetimes or bound parameters (see :func:`due_times`)."""
+    visible = access.visible_clause(rt)
+    polled = col(Instance.state).in_(POLLED_STATES)
+    return [
+        and_(visible, polled, col(Instance.last_polled_at).is_(None)),
+        and_(visible, polled, col(Instance.poll_due_at) <= now),
+        and_(
+            visible,
+            polled,
+            col(Instance.poll_due_at).is_(None),
+            col(Instance.last_polled_at) < unplaced_before,
+        ),
+        and_(visible, polled, col(Instance.last_polled_at) < overdue_before),
+    ]
+
+
 def _due(rt: Runtime, now: datetime) -> list[tuple[int, datetime | None]]:
     """(id, last poll) of the instances due for a poll, least recently polled first."""
-    due_before = now - timedelta(seconds=rt.settings.poll_interval_s) + timedelta(seconds=1)
     with rt.db.session() as session:
         rows = session.exec(
             select(Instance.id, Instance.last_polled_at)
-            .where(
-                access.visible_clause(rt),
-                # Each branch an indexed range (state, last poll): released instances never
-                # weigh on the clock.
-                or_(
-                    and_(
-                        col(Instance.state).in_(POLLED_STATES),
-                        col(Instance.last_polled_at).is_(None),
-                    ),
-                    and_(
-                        col(Instance.state).in_(POLLED_STATES),
-                        col(Instance.last_polled_at) < due_before,
-                    ),
-                ),
-            )
+            .where(due_clause(rt, now))
             .order_by(col(Instance.last_polled_at).asc().nulls_first(), col(Instance.id))
         ).all()
     return [(instance_id, previous) for instance_id, previous in rows if instance_id is not None]
@@ -148,28 +199,26 @@ def _due(rt: Runtime, now: datetime) -> list[tuple[int, datetime | None]]:
 def _claim(
     rt: Runtime, batch: list[tuple[int, datetime | None]], now: datetime
 ) -> list[tuple[int, Target, datetime | None]]:
-    """Claim each instance of ``batch`` still polled and not polled since it was read."""
-    claimed: list[tuple[int, Target, datetime | None]] = []
+    """Claim the instances of ``batch`` still due and polled, in one UPDATE that also sets
+    each one's next poll; another process's claim since the read makes a row not due."""
+    if not batch:
+        return []
+    interval_s = rt.settings.poll_interval_s
+    previous = dict(batch)
+    next_due = {iid: next_poll_at(iid, now, interval_s) for iid in previous}
     with rt.db.session() as session:
-        for instance_id, previous in batch:
-            guard = (
-                col(Instance.last_polled_at).is_(None)
-                if previous is None
-                else col(Instance.last_polled_at) == previous
+        won = session.exec(
+            update(Instance)
+            .where(col(Instance.id).in_(list(previous)), due_clause(rt, now))
+            .values(
+                last_polled_at=now,
+                poll_due_at=case(next_due, value=col(Instance.id)),
             )
-            won = session.exec(
-                update(Instance)
-                .where(
-                    col(Instance.id) == instance_id,
-                    col(Instance.state).in_(POLLED_STATES),
-                    guard,
-                )
-                .values(last_polled_at=now)
-            ).rowcount
-            inst = session.get(Instance, instance_id) if won == 1 else None
-            if inst is not None:
-                claimed.append((instance_id, target_for(rt, inst), previous))
-    return claimed
+            .returning(col(Instance.id))
+        ).all()
+        rows = session.exec(select(Instance).where(col(Instance.id).in_([i for (i,) in won])))
+        targets = {inst.id: target_for(rt, inst) for inst in rows.all()}
+    return [(iid, targets[iid], prev) for iid, prev in batch if iid is not None and iid in targets]
 
 
 def _record(

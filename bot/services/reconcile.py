@@ -10,6 +10,14 @@ the same transaction (so a notice goes out once, whatever crashes).
   ``stop``). **Started** again, it is ``active`` with its meter running from then
   (bot.billing.restart). **Terminated** (or unknown to the platform), it is released, disk and
   all. A ``crashed`` instance (a container that died) is not a stop: its meter runs on.
+- An instance that **came back at another address** (a restart gives many platforms' instances
+  a new public IP or SSH port) is reached there from then on: when the platform lists it
+  running at another host or port and it was seen starting again, or the bot cannot reach it
+  at the stored address (its last poll failed), the registration takes the platform's address
+  in the same conditional update, the change is audited (``address_changed``), the fleet's
+  pooled connection is dropped, and the owner is told once. A registered address that answers
+  is left alone (it may be a proxy or an alias of the platform's). The pinned host key stays:
+  another key at the new address is refused like any changed host key.
 - An instance the account holds that **no registration holds** (started from the platform's
   console, say) and that holds compute is reported to the ops channel once (the outbox key
   names the platform and its id), with what it costs per hour, how long it has run and the
@@ -28,6 +36,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
@@ -49,6 +58,9 @@ from bot.services.access import Caller
 from bot.services.views import InstanceBrief, RegisterResult, UnregisteredView
 from bot.store.models import Instance, Release
 
+if TYPE_CHECKING:
+    from bot.fleet.fleet import Fleet
+
 log = logging.getLogger(__name__)
 
 #: Instances younger than this are left alone (a platform's list lags behind a launch, and a
@@ -58,17 +70,21 @@ MIN_AGE_S = 300
 #: stopped ones (started or terminated outside).
 RUNNING_STATES = ("active", "registering", "lost")
 WATCHED_STATES = (*RUNNING_STATES, releases.STOPPED)
-#: What reconcile found out about a registered instance.
-STOPPED, STARTED, TERMINATED = "stopped", "started", "terminated"
+#: What reconcile found out about a registered instance (MOVED: running at another address).
+STOPPED, STARTED, TERMINATED, MOVED = "stopped", "started", "terminated", "moved"
+#: Registration states whose address follows the platform's.
+MOVABLE_STATES = ("active", "lost", releases.STOPPED)
 
 
 @dataclass(frozen=True)
 class ReleasedOutside(Notice):
-    """To the owner: the platform shows the instance ``state`` (terminated, stopped or started)
-    without the bot having done it; the registration now says so."""
+    """To the owner: the platform shows the instance ``state`` (terminated, stopped, started or
+    moved) without the bot having done it; the registration now says so. ``address``
+    (``host:port``) is where it came back, when that changed."""
 
     instance: InstanceBrief
     state: str
+    address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,17 +96,31 @@ class UnregisteredFound(Notice):
 
 @dataclass(frozen=True)
 class Registered:
-    """A registration reconcile compares with its platform."""
+    """A registration reconcile compares with its platform: its state, its address and whether
+    its last poll reached it (None: never polled)."""
 
     instance_id: int
     provider_id: str
     state: str
+    host: str = ""
+    port: int = 22
+    last_poll_ok: bool | None = None
+
+
+@dataclass(frozen=True)
+class Change:
+    """What changed for one registration: ``kind`` (STOPPED, STARTED, TERMINATED, MOVED) and
+    the platform's ``address`` (host, port) to take, if any."""
+
+    member: Registered
+    kind: str
+    address: tuple[str, int] | None = None
 
 
 def reconcile(rt: Runtime, now: datetime) -> list[int]:
     """Compare each account's list with the registrations and report what nobody registered
-    (see the module docstring). Returns the ids of the instances whose state changed. A
-    platform that cannot be asked is skipped until the next run."""
+    (see the module docstring). Returns the ids of the instances whose state or address
+    changed. A platform that cannot be asked is skipped until the next run."""
     registered, in_use = _registrations(rt, now)
     launches: rent.RecentLaunches | None = None
     changed: list[int] = []
@@ -100,9 +130,9 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
         except GpubotError as exc:
             log.warning("reconcile with %s skipped: %s", provider.name, exc)
             continue
-        for instance_id, change in _changes(provider, registered.get(provider.name, ()), listed):
-            if _record(rt, instance_id, change, now):
-                changed.append(instance_id)
+        for change in _changes(provider, registered.get(provider.name, ()), listed):
+            if _record(rt, change, now):
+                changed.append(change.member.instance_id)
         if launches is None:
             launches = rent.recent_launches(rt, now)
         report_unregistered(rt, provider.name, listed, now, launches=launches)
@@ -245,7 +275,7 @@ def _registrations(
     by_provider: dict[str, list[Registered]] = {}
     with rt.db.session() as session:
         rows = session.exec(
-            select(Instance.id, Instance.provider, Instance.provider_instance_id, Instance.state)
+            select(Instance)
             .where(
                 col(Instance.state).in_(WATCHED_STATES),
                 col(Instance.provider_instance_id).is_not(None),
@@ -254,9 +284,17 @@ def _registrations(
             .order_by(col(Instance.id))
         ).all()
         in_use = frozenset(session.exec(select(Instance.provider).distinct()).all())
-    for instance_id, provider, provider_id, state in rows:
-        if instance_id is not None and provider_id:
-            by_provider.setdefault(provider, []).append(Registered(instance_id, provider_id, state))
+    for row in rows:
+        if row.id is not None and row.provider_instance_id:
+            member = Registered(
+                row.id,
+                row.provider_instance_id,
+                row.state,
+                row.host,
+                row.port,
+                row.last_poll_ok,
+            )
+            by_provider.setdefault(row.provider, []).append(member)
     return by_provider, in_use
 
 
@@ -274,25 +312,42 @@ def _held(session: Session, provider: str) -> set[str]:
 
 def _changes(
     provider: Provider, members: Iterable[Registered], listed: list[ProviderInstance]
-) -> list[tuple[int, str]]:
-    """(instance id, change) for the registrations whose platform state moved."""
+) -> list[Change]:
+    """The changes of the registrations whose platform state or address moved."""
     by_id = {i.provider_id: i for i in listed}
-    found: list[tuple[int, str]] = []
+    found: list[Change] = []
     for member in members:
         seen = by_id.get(member.provider_id)
         if seen is None:
             try:
                 seen = provider.get(member.provider_id)
             except ProviderNotFound:
-                found.append((member.instance_id, TERMINATED))
+                found.append(Change(member, TERMINATED))
                 continue
             except ProviderError as exc:
                 log.warning("reconcile: %s %s: %s", provider.name, member.provider_id, exc)
                 continue
-        change = _change(member.state, seen)
-        if change is not None:
-            found.append((member.instance_id, change))
+        kind = _change(member.state, seen)
+        address = _new_address(member, seen, kind)
+        if kind is None and address is not None:
+            kind = MOVED
+        if kind is not None:
+            found.append(Change(member, kind, address))
     return found
+
+
+def _new_address(
+    member: Registered, seen: ProviderInstance, kind: str | None
+) -> tuple[str, int] | None:
+    """The platform's address for a registration that must take it: the instance runs at
+    another host or port, and it was seen starting again or its last poll failed."""
+    if seen.state != "running" or not seen.host or member.state not in MOVABLE_STATES:
+        return None
+    if (seen.host, seen.ssh_port) == (member.host, member.port):
+        return None
+    if kind == STARTED or (kind is None and member.last_poll_ok is False):
+        return seen.host, seen.ssh_port
+    return None
 
 
 def _change(state: str, seen: ProviderInstance) -> str | None:
@@ -303,35 +358,45 @@ def _change(state: str, seen: ProviderInstance) -> str | None:
     return STOPPED if seen.state == "stopped" else None
 
 
-def _record(rt: Runtime, instance_id: int, change: str, now: datetime) -> bool:
+def _record(rt: Runtime, found: Change, now: datetime) -> bool:
     """Write one change with its Release (or audit) row and the owner's notice; False when the
     row moved meanwhile (a release opened, another process recorded it first)."""
+    instance_id, change = found.member.instance_id, found.kind
     with rt.db.session() as session:
         if releases.open_release(session, instance_id) is not None:
             return False
         inst = session.get(Instance, instance_id)
         if inst is None or inst.state not in WATCHED_STATES:
             return False
-        if change == STARTED:
-            if not _restart(session, inst, now):
+        address = _free_address(session, inst, found.address)
+        if change == MOVED and address is None:
+            return False
+        if change in (STARTED, MOVED):
+            update_row = _restart if change == STARTED else _move
+            if not update_row(session, inst, found.member, address, now):
                 return False
-            key = f"outside:{instance_id}:{STARTED}:{now.isoformat()}"
+            key = f"outside:{instance_id}:{change}:{now.isoformat()}"
         else:
             release_id = _stop_or_release(session, inst, change, now)
             if release_id is None:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
         session.refresh(inst)
-        audit.record(
-            session,
-            at=now,
-            actor="gpubot",
-            action=f"{'released' if change == TERMINATED else change}_outside",
-            instance_id=instance_id,
-            provider=inst.provider,
-            provider_state=change,
-        )
-        text, body = rt.message(ReleasedOutside(releases.instance_view(inst), state=change))
+        if change != MOVED:
+            audit.record(
+                session,
+                at=now,
+                actor="gpubot",
+                action=f"{'released' if change == TERMINATED else change}_outside",
+                instance_id=instance_id,
+                provider=inst.provider,
+                provider_state=change,
+            )
+        shown = None
+        if address is not None and change in (STARTED, MOVED):
+            shown = _audit_move(session, inst, found.member, now)
+        notice = ReleasedOutside(releases.instance_view(inst), state=change, address=shown)
+        text, body = rt.message(notice)
         outbox.enqueue(
             session,
             key=key,
@@ -342,6 +407,8 @@ def _record(rt: Runtime, instance_id: int, change: str, now: datetime) -> bool:
             now=now,
             instance_id=instance_id,
         )
+    if shown is not None:
+        _forget(rt, inst.name)
     return True
 
 
@@ -371,20 +438,117 @@ def _stop_or_release(session: Session, inst: Instance, change: str, now: datetim
     return release.id
 
 
-def _restart(session: Session, inst: Instance, now: datetime) -> bool:
-    """A stopped registration runs again: active, its meter running from ``now``."""
+def _restart(
+    session: Session,
+    inst: Instance,
+    seen: Registered,
+    address: tuple[str, int] | None,
+    now: datetime,
+) -> bool:
+    """A stopped registration runs again: active, its meter running from ``now``, at
+    ``address`` when it came back at another one."""
     values = billing.restart(inst, now)
     values.update(state="active", release_mode=None, idle_since=None)
+    values.update(_address_values(address, now))
     won = session.exec(
         update(Instance)
         .where(
             col(Instance.id) == inst.id,
             col(Instance.state) == releases.STOPPED,
             col(Instance.released_at).is_(None),
+            *_same_address(seen),
         )
         .values(**values)
     ).rowcount
     return bool(won == 1)
+
+
+def _move(
+    session: Session,
+    inst: Instance,
+    seen: Registered,
+    address: tuple[str, int] | None,
+    now: datetime,
+) -> bool:
+    """A running registration takes the platform's ``address`` (polled there at once)."""
+    won = session.exec(
+        update(Instance)
+        .where(
+            col(Instance.id) == inst.id,
+            col(Instance.state).in_(MOVABLE_STATES),
+            col(Instance.released_at).is_(None),
+            *_same_address(seen),
+        )
+        .values(**_address_values(address, now))
+    ).rowcount
+    return bool(won == 1)
+
+
+def _same_address(seen: Registered) -> tuple[Any, ...]:
+    """Guards: the row's address is still the one compared with the platform's."""
+    return col(Instance.host) == seen.host, col(Instance.port) == seen.port
+
+
+def _address_values(address: tuple[str, int] | None, now: datetime) -> dict[str, Any]:
+    """The columns a new address sets: host, port, and a poll due at once."""
+    if address is None:
+        return {}
+    return {"host": address[0], "port": address[1], "poll_due_at": now}
+
+
+def _free_address(
+    session: Session, inst: Instance, address: tuple[str, int] | None
+) -> tuple[str, int] | None:
+    """``address``, unless another live registration holds it with the same SSH user (then
+    the platform's word cannot be taken: logged, and the registration keeps its address)."""
+    if address is None:
+        return None
+    holder = session.exec(
+        select(Instance.name).where(
+            Instance.host == address[0],
+            Instance.port == address[1],
+            Instance.ssh_user == inst.ssh_user,
+            Instance.state != "released",
+            col(Instance.id) != inst.id,
+        )
+    ).first()
+    if holder is None:
+        return address
+    log.warning(
+        "reconcile: %s runs at %s:%s, which %s holds; its address is left as it was",
+        inst.name,
+        address[0],
+        address[1],
+        holder,
+    )
+    return None
+
+
+def _audit_move(session: Session, inst: Instance, seen: Registered, now: datetime) -> str:
+    """Audit the registration's new address (``inst`` as refreshed); returns it as host:port."""
+    shown = _host_port(inst.host, inst.port)
+    audit.record(
+        session,
+        at=now,
+        actor="gpubot",
+        action="address_changed",
+        instance_id=inst.id,
+        provider=inst.provider,
+        old=_host_port(seen.host, seen.port),
+        new=shown,
+    )
+    return shown
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _forget(rt: Runtime, name: str) -> None:
+    """Drop the fleet's pooled connection to ``name``, so the next call dials the new address."""
+    fleet: Fleet | None = rt.fleet  # a runtime without a fleet pools nothing
+    if fleet is not None:
+        fleet.forget(name)
 
 
 def _unregistered_view(

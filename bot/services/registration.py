@@ -4,7 +4,10 @@ its GPUs), register it again or rename it, and the instance ``local`` of the con
 Every network call (SSH, provider API) happens outside a database transaction; transactions are
 short and come after. Changes are authorised (bot.services.access) and audited
 (bot.services.audit) in the same transaction as the change. Errors are bot.errors types.
-Delivered GPUs that differ from the rented ones are told loudly (:class:`GpuMismatch`).
+Delivered GPUs that differ from the rented ones are said in the reply and told once to the ops
+channel (:class:`GpuMismatch`); status and list show them for as long as they differ. A new
+registration, and a re-registration that moves the deadline later, pass the budget check of
+``extend`` (bot.services.budgets.check_budget).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Any
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
 
-from agents import specs
 from agents.protocol import StatusSnapshot, dumps
 from bot import billing
 from bot.errors import Conflict, FleetError, NotFound, ProviderError, ProviderNotFound, UsageError
@@ -38,13 +40,16 @@ from bot.services.lookup import (
     KIND_HOST_KEY_CHANGED,
     POLLED_STATES,
     HostKeyAlert,
+    compare_gpus,
+    echo,
     ensure_person,
     gpu_views,
     instance_view,
     live_by_name,
     local_agent_home,
+    settings_view,
 )
-from bot.services.views import InstanceView, Mismatch, RegisterResult
+from bot.services.views import InstanceView, RegisterResult
 from bot.store.models import Instance, Prompt
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
@@ -58,7 +63,6 @@ MAX_GPU_COUNT = 64
 LOCAL_NAME = access.LOCAL_NAME
 #: Agent homes of registrations, relative to the login directory on the instance.
 AGENT_HOMES = ".gpu-agent/registrations"
-_GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,8 @@ class _Registration:
 
 @dataclass(frozen=True)
 class GpuMismatch(Notice):
-    """To the owner and the channels: the registration ``result`` delivered other GPUs than
-    were rented (``result.mismatch`` says how)."""
+    """To the ops channel: the registration ``result`` delivered other GPUs than were rented
+    (``result.mismatch`` says how)."""
 
     result: RegisterResult
 
@@ -123,7 +127,10 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     A machine has one live registration (bot.services.access): registering a machine someone
     holds is refused, naming the holder, unless the caller owns it or is an admin; then it is a
     re-registration (same name) or a rename (another name), which re-pins its key and is
-    checked like ``extend`` when it moves the deadline later. New billing rules apply from now.
+    checked like ``extend`` when it moves the deadline later. A new registration is checked
+    against the caller's and the project's budgets before the machine is changed. Without
+    ``release_in``/``release_at`` a new registration gets the default deadline
+    (``default_release_in_s``; the result says so). New billing rules apply from now.
 
     Nothing is stored when anything fails. Raises UsageError (bad input), Conflict (name or
     machine in use), NotAuthorized, BudgetExceeded, ConfigError/NotFound/ProviderError
@@ -142,7 +149,9 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     identity = _identity(address, req, host_key.fingerprint if host_key else None)
     holder = _holder(rt, caller, name, identity)
     deadline_at = _deadline(rt, req, now, holder)
-    if holder is not None and deadline_at is not None:
+    if holder is None:
+        budgets.check_budget(rt, caller, caller.user_id, req.project)
+    elif deadline_at is not None:
         _check_later_deadline(rt, caller, holder, deadline_at, req.project or holder.project)
     target = Target(
         name=name,
@@ -173,6 +182,7 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     if holder is not None and holder.name != name:
         rt.fleet.forget(holder.name)
     view = instance_view(stored)
+    defaulted = holder is None and deadline_at is not None and not _deadline_given(req)
     result = RegisterResult(
         instance=view,
         host_key_fingerprint=host_key.fingerprint if host_key else None,
@@ -183,6 +193,8 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         re_registered=holder is not None,
         now=now,
         timezone=rt.settings.timezone,
+        settings=settings_view(stored),
+        default_deadline_s=rt.settings.default_release_in_s if defaulted else None,
     )
     if mismatch is not None:
         _announce_mismatch(rt, caller, result)
@@ -225,35 +237,10 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
     raise Conflict("The instance local could not be stored.", hint="Try again.")
 
 
-def compare_gpus(
-    expected_model: str | None, expected_count: int | None, status: StatusSnapshot
-) -> Mismatch | None:
-    """What differs between the rented GPUs and the delivered ones (fewer cards, another model,
-    less memory per card), or None when they agree or nothing was expected."""
-    if expected_model is None and expected_count is None:
-        return None
-    problems: list[str] = []
-    delivered = len(status.gpus)
-    if status.nvml_error is not None:
-        problems.append(f"no GPU is visible: {status.nvml_error.message}")
-    elif expected_count is not None and delivered < expected_count:
-        problems.append(f"fewer cards: {delivered} delivered, {expected_count} rented")
-    if expected_model:
-        problems.extend(_model_problems(expected_model, status))
-    if not problems:
-        return None
-    return Mismatch(
-        expected_model=expected_model,
-        expected_count=expected_count,
-        delivered_names=tuple(g.name for g in status.gpus),
-        problems=tuple(problems),
-    )
-
-
 def validate_name(text: str) -> str:
     """An instance name as typed. Raises UsageError when it does not fit the pattern."""
     if not NAME_RE.fullmatch(text):
-        raise UsageError(f"{text[:60]!r} is not a valid instance name.", hint=NAME_HINT)
+        raise UsageError(f"{echo(text)!r} is not a valid instance name.", hint=NAME_HINT)
     return text
 
 
@@ -266,9 +253,9 @@ def parse_address(text: str) -> Address:
         return Address(user=getpass.getuser(), host=LOCAL_HOST, port=0)
     user, at, rest = raw.rpartition("@")
     if not at or not user:
-        raise UsageError(f"{raw[:80]!r} has no user name.", hint=ADDRESS_HINT)
+        raise UsageError(f"{echo(raw)!r} has no user name.", hint=ADDRESS_HINT)
     if not _USER_RE.fullmatch(user):
-        raise UsageError(f"{user[:40]!r} is not a valid user name.", hint=ADDRESS_HINT)
+        raise UsageError(f"{echo(user)!r} is not a valid user name.", hint=ADDRESS_HINT)
     host, port = _split_host_port(rest, raw)
     return Address(user=user, host=host, port=port)
 
@@ -336,7 +323,7 @@ def _validate(rt: Runtime, req: RegisterRequest) -> None:
         raise UsageError("Prices cannot be negative.", hint="Like --price 2.10/h.")
     if req.provider not in KNOWN_PROVIDERS:
         raise UsageError(
-            f"{req.provider[:40]!r} is not a provider.",
+            f"{echo(req.provider)!r} is not a provider.",
             hint=f"Use one of: {', '.join(KNOWN_PROVIDERS)}.",
         )
     if req.provider != "manual" and not req.provider_id:
@@ -375,6 +362,10 @@ def _deadline(
     if holder is not None or req.address.strip() == LOCAL_HOST:
         return None
     return now + timedelta(seconds=rt.settings.default_release_in_s)
+
+
+def _deadline_given(req: RegisterRequest) -> bool:
+    return req.release_in is not None or req.release_at is not None
 
 
 def _identity(
@@ -464,7 +455,7 @@ def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
         provider.get(req.provider_id)
     except ProviderNotFound as exc:
         raise NotFound(
-            f"{req.provider} does not know an instance {req.provider_id[:100]!r}.",
+            f"{req.provider} does not know an instance {echo(req.provider_id)!r}.",
             hint="Copy the id from the platform's console.",
         ) from exc
     except ProviderError:
@@ -627,18 +618,21 @@ def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:
 
 
 def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
-    text, body = rt.message(GpuMismatch(result))
-    recipients = [result.instance.owner_id, rt.settings.channel, caller.channel_id]
+    """Tell the ops channel once per registration; the reply (in the caller's channel) already
+    says it, so nothing is sent when the ops channel is that channel or there is none."""
+    channel = rt.settings.channel
+    if not channel or channel == caller.channel_id:
+        return
     inst = result.instance
-    for recipient in dict.fromkeys(r for r in recipients if r):
-        prompts.notify(
-            rt,
-            recipient,
-            text,
-            body,
-            key=f"mismatch:{inst.id}:{inst.created_at:%Y%m%d%H%M%S%f}:{recipient}",
-            instance_id=inst.id,
-        )
+    text, body = rt.message(GpuMismatch(result))
+    prompts.notify(
+        rt,
+        channel,
+        text,
+        body,
+        key=f"mismatch:{inst.id}:{inst.created_at:%Y%m%d%H%M%S%f}",
+        instance_id=inst.id,
+    )
 
 
 def _agent_home(
@@ -656,40 +650,12 @@ def _agent_home(
     return f"{AGENT_HOMES}/{secrets.token_hex(6)}"
 
 
-def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
-    wanted = specs.candidates(expected_model)
-    if not wanted or not status.gpus:
-        return []
-    keys = {spec.key for spec in wanted}
-    least_mem = min(spec.mem_min_bytes for spec in wanted)
-    problems: list[str] = []
-    seen: set[str] = set()
-    for gpu in status.gpus:
-        found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
-        label = gpu.name
-        problem: str | None = None
-        if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < least_mem:
-            problem = (
-                f"less memory: {label} has {gpu.mem_total_bytes / _GIB:.0f} GiB, the rented "
-                f"{expected_model} has {min(spec.mem_gb for spec in wanted)} GiB or more"
-            )
-        elif found is None:
-            problem = f"another model: {label} is not a whole {expected_model}"
-        elif found.key not in keys:
-            problem = f"another model: {found.name} instead of {expected_model}"
-        if problem is not None and problem not in seen:
-            seen.add(problem)
-            count = sum(1 for g in status.gpus if g.name == gpu.name)
-            problems.append(problem if count == 1 else f"{problem} ({count} cards)")
-    return problems
-
-
 def _split_host_port(rest: str, raw: str) -> tuple[str, int]:
     port_text: str | None = None
     if rest.startswith("["):
         host, bracket, after = rest[1:].partition("]")
         if not bracket or (after and not after.startswith(":")):
-            raise UsageError(f"{raw[:80]!r}: the IPv6 address is not closed.", hint=ADDRESS_HINT)
+            raise UsageError(f"{echo(raw)!r}: the IPv6 address is not closed.", hint=ADDRESS_HINT)
         port_text = after[1:] if after else None
         _check_ipv6(host, raw)
     elif rest.count(":") > 1:
@@ -702,7 +668,7 @@ def _split_host_port(rest: str, raw: str) -> tuple[str, int]:
     port = 22
     if port_text is not None:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise UsageError(f"{port_text[:20]!r} is not a port.", hint="Use 1 to 65535.")
+            raise UsageError(f"{echo(port_text)!r} is not a port.", hint="Use 1 to 65535.")
         port = int(port_text)
     return host, port
 
@@ -712,12 +678,12 @@ def _check_ipv6(host: str, raw: str) -> None:
         ipaddress.IPv6Address(host)
     except ValueError as exc:
         raise UsageError(
-            f"{raw[:80]!r}: {host[:60]!r} is not an IPv6 address.", hint=ADDRESS_HINT
+            f"{echo(raw)!r}: {echo(host)!r} is not an IPv6 address.", hint=ADDRESS_HINT
         ) from exc
 
 
 def _check_hostname(host: str, raw: str) -> None:
     if not host:
-        raise UsageError(f"{raw[:80]!r} has no host.", hint=ADDRESS_HINT)
+        raise UsageError(f"{echo(raw)!r} has no host.", hint=ADDRESS_HINT)
     if len(host) > 253 or not all(_HOST_LABEL_RE.fullmatch(p) for p in host.rstrip(".").split(".")):
-        raise UsageError(f"{host[:80]!r} is not a host name or address.", hint=ADDRESS_HINT)
+        raise UsageError(f"{echo(host)!r} is not a host name or address.", hint=ADDRESS_HINT)

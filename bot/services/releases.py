@@ -52,8 +52,9 @@ from bot.logging_setup import log_context, log_ids
 from bot.notify import Notice
 from bot.providers.base import RELEASE_MODES, check_mode
 from bot.runtime import Runtime
-from bot.services import access, audit, prompts
+from bot.services import access, audit, costs, prompts
 from bot.services.access import Caller
+from bot.services.costs import FinalCost
 from bot.services.views import InstanceBrief
 from bot.store.models import Instance, Prompt, Release
 from bot.timebox import Timebox, expired
@@ -87,6 +88,9 @@ RELEASE_REQUESTED = "release_requested"
 KEPT = "kept"
 CONFIRMED_RELEASED = "confirmed_released"
 CONFIRMED_STOPPED = "confirmed_stopped"
+RELEASE_CANCELLED = "release_cancelled"
+#: A Release an extension withdrew before the owner confirmed it (a manual instance).
+CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ class Decided(Notice):
     """A prompt once answered, its buttons gone: ``decision`` (EXTENDED by ``extended_s``
     seconds, RELEASE_REQUESTED for ``reason`` where given, KEPT, CONFIRMED_RELEASED or
     CONFIRMED_STOPPED), by the Slack user ``by`` (None: the bot), at ``at`` (naive UTC, shown
-    in ``tz_name``)."""
+    in ``tz_name``); ``mode`` ``stop`` when the release asked for is a stop."""
 
     instance: InstanceBrief
     decision: str
@@ -103,18 +107,20 @@ class Decided(Notice):
     tz_name: str
     reason: str | None = None
     extended_s: int = 0
+    mode: str = "terminate"
 
 
 @dataclass(frozen=True)
 class ManualReleaseRequest(Notice):
     """To the owner of an instance without a release API: release it (``mode`` terminate) or
     stop it (``stop``) on its platform for ``reason``, then say which was done with the buttons
-    (their values carry ``instance_id``)."""
+    (their values carry ``instance_id``); ``requested_by`` is who asked (None: the bot)."""
 
     instance: InstanceBrief
     instance_id: int
     reason: str
     mode: str = "terminate"
+    requested_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,13 +150,19 @@ class ReleaseEscalation(Notice):
 class ReleasedNotice(Notice):
     """To the owner: the instance is released (``mode`` terminate) or stopped (``stop``) for
     ``reason``, as the platform or ``by`` confirmed; ``storage_bills`` when its platform bills
-    the disk of a stopped instance."""
+    the disk of a stopped instance. ``requested_by`` is who asked for it (None: the bot);
+    ``release_at`` is when a stopped instance is released unless started again (policy
+    ``stop``), shown in ``tz_name``; ``final_cost`` what the session cost, and why."""
 
     instance: InstanceBrief
     mode: str
     reason: str
     storage_bills: bool
     by: str | None = None
+    requested_by: str | None = None
+    release_at: datetime | None = None
+    tz_name: str = "UTC"
+    final_cost: FinalCost | None = None
 
 
 def request_release(
@@ -397,6 +409,77 @@ def confirm_manual_release(
     for prompt in to_update:
         prompts.update_message(rt, prompt, decided)
     return release
+
+
+# --- extending past a release request ---------------------------------------------------------
+
+
+def require_extendable(rt: Runtime, session: Session, inst: Instance) -> None:
+    """Raise Conflict unless the instance's deadline can move: it is active, stopped (its
+    release comes later), or a manual instance whose release waits for its owner to confirm it
+    (extending withdraws that request: :func:`cancel_awaiting_release`)."""
+    if inst.state in ("active", STOPPED) or _awaiting_owner(rt, session, inst):
+        return
+    state = inst.state.replace("_", " ")
+    raise Conflict(f"{inst.name} is {state}; it cannot be extended now.")
+
+
+def _awaiting_owner(rt: Runtime, session: Session, inst: Instance) -> bool:
+    if inst.state != "awaiting_confirmation" or inst.id is None or not _is_manual(rt, inst):
+        return False
+    release = open_release(session, inst.id)
+    return release is not None and release.state == "awaiting_owner"
+
+
+def state_after_extend(state: str) -> str:
+    """The instance's state once extended: a manual one awaiting confirmation runs on."""
+    return "active" if state == "awaiting_confirmation" else state
+
+
+def cancel_awaiting_release(
+    session: Session, inst: Instance, *, by: str, now: datetime
+) -> list[Prompt]:
+    """In the extension's transaction: withdraw the release a manual instance awaits its owner
+    to confirm (the Release ``cancelled``, no more reminders) and answer its ask and reminders.
+    Returns the posted prompts whose messages to edit (:func:`show_cancelled`)."""
+    if inst.id is None:
+        return []
+    release = open_release(session, inst.id)
+    if release is None or release.state != "awaiting_owner":
+        return []
+    won = session.exec(
+        update(Release)
+        .where(col(Release.id) == release.id, col(Release.state) == "awaiting_owner")
+        .values(state=CANCELLED, next_attempt_at=None)
+    ).rowcount
+    if won != 1:
+        return []
+    audit.record(
+        session,
+        at=now,
+        actor=by,
+        action="release_cancelled",
+        instance_id=inst.id,
+        release_id=release.id,
+    )
+    return _resolve_release_prompts(session, inst.id, by=by, now=now, resolution=CANCELLED)
+
+
+def show_cancelled(
+    rt: Runtime, prompts_to_edit: list[Prompt], inst: InstanceBrief, *, by: str, extended_s: int
+) -> None:
+    """Edit the ask and reminders of a withdrawn release: their buttons go, and they say who
+    extended it by how much."""
+    decided = Decided(
+        inst,
+        RELEASE_CANCELLED,
+        by=by,
+        at=rt.now(),
+        tz_name=rt.settings.timezone,
+        extended_s=extended_s,
+    )
+    for prompt in prompts_to_edit:
+        prompts.update_message(rt, prompt, decided)
 
 
 def load_release(rt: Runtime, release_id: int) -> Release:
@@ -776,7 +859,12 @@ def _count_prompts(session: Session, instance_id: int, kind: str, release_id: in
 
 
 def _resolve_release_prompts(
-    session: Session, instance_id: int, *, by: str | None, now: datetime
+    session: Session,
+    instance_id: int,
+    *,
+    by: str | None,
+    now: datetime,
+    resolution: str = "released",
 ) -> list[Prompt]:
     """Close the manual ask and reminders; returns those that were posted (to update them)."""
     open_prompts = session.exec(
@@ -789,7 +877,7 @@ def _resolve_release_prompts(
     posted: list[Prompt] = []
     for prompt in open_prompts:
         assert prompt.id is not None
-        resolved = prompts.resolve(session, prompt.id, resolution="released", by=by, now=now)
+        resolved = prompts.resolve(session, prompt.id, resolution=resolution, by=by, now=now)
         if resolved and prompts.posted_ref(prompt) is not None:
             posted.append(prompt)
     return posted
@@ -830,13 +918,17 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
     if release is None:
         return None
     if prompt.kind == KIND_MANUAL_ASK:
-        if release.state == "confirmed":
+        if release.state not in OPEN_STATES:
             return None
         return ManualReleaseRequest(
-            view, instance_id=inst.id or 0, reason=release.reason, mode=release.mode
+            view,
+            instance_id=inst.id or 0,
+            reason=release.reason,
+            mode=release.mode,
+            requested_by=_person(release.requested_by),
         )
     if prompt.kind == KIND_MANUAL_REMINDER:
-        if release.state == "confirmed":
+        if release.state not in OPEN_STATES:
             return None
         return ManualReleaseReminder(
             view,
@@ -846,7 +938,7 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
             mode=release.mode,
         )
     if prompt.kind == KIND_ESCALATION:
-        if release.state == "confirmed":
+        if release.state not in OPEN_STATES:
             return None
         return ReleaseEscalation(
             view,
@@ -861,9 +953,32 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
         except GpubotError:
             storage_bills = True
         return ReleasedNotice(
-            view, mode=release.mode, reason=release.reason, storage_bills=storage_bills
+            view,
+            mode=release.mode,
+            reason=release.reason,
+            storage_bills=storage_bills,
+            requested_by=_person(release.requested_by),
+            release_at=_stop_policy_release_at(inst, release),
+            tz_name=rt.settings.timezone,
+            final_cost=costs.final_cost(inst),
         )
     return None
+
+
+def _person(requested_by: str) -> str | None:
+    """A Release's requester as a Slack user ID; None for the bot's own decisions."""
+    return None if requested_by == "gpubot" else requested_by
+
+
+def _stop_policy_release_at(inst: Instance, release: Release) -> datetime | None:
+    """When an instance stopped at its deadline under policy ``stop`` is released, or None."""
+    if release.mode != "stop" or release.reason != "deadline" or inst.deadline_at is None:
+        return None
+    if inst.deadline_policy != "stop" or inst.state != STOPPED:
+        return None
+    at = inst.deadline_at + timedelta(seconds=inst.max_grace_s)
+    cap = inst.lifetime_cap_at
+    return at if cap is None else min(at, cap)
 
 
 #: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).

@@ -5,6 +5,10 @@ A month is a calendar month in the configured time zone; it holds the charges th
 was polled during it and every poll succeeded with GPU utilisation under the idle threshold; a
 failed poll counts as active. A bucket without polls is neither: its compute is reported as
 **unmeasured**, so that a month nobody polled does not read as "idle cost $0".
+
+The current month is **this month so far** (bot.services.costs): its charges, which reach the
+last full hour, plus what each instance owes beyond them now (``pending``: the open hour and the
+rounding a release now would add), the figure budgets and `/gpu status` show too.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import csv
 import io
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -25,9 +29,9 @@ from sqlmodel import Session, col, select
 
 from bot import billing
 from bot.errors import UsageError
-from bot.services import ledger
+from bot.services import costs, ledger
 from bot.store.db import Database
-from bot.store.models import Charge, Instance
+from bot.store.models import Charge, Instance, Person
 from bot.values import MICROS
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
@@ -52,11 +56,13 @@ class InstanceSpend:
     compute_s: int
     #: Compute charged for hours without a single poll: whether the GPUs were idle is unknown.
     unmeasured_micros: int = 0
+    #: Owed now beyond the charges written (the current month only): not yet charged.
+    pending_micros: int = 0
 
     @property
     def total_micros(self) -> int:
-        """Compute and storage."""
-        return self.compute_micros + self.storage_micros
+        """Compute, storage and what is not yet charged: this month so far."""
+        return self.compute_micros + self.storage_micros + self.pending_micros
 
     @property
     def gpu_label(self) -> str:
@@ -77,8 +83,9 @@ class SpendLine:
 
 @dataclass(frozen=True)
 class SpendReport:
-    """A month's spend. ``complete`` is False while the month is still running (charges then
-    reach the last full hour)."""
+    """A month's spend. ``complete`` is False while the month is still running: its charges
+    then reach ``charged_until`` and what is owed since is each instance's ``pending_micros``,
+    up to ``now``. ``names`` maps the owners' Slack IDs to their display names, where known."""
 
     month: str
     start_at: datetime
@@ -89,6 +96,15 @@ class SpendReport:
     instances: tuple[InstanceSpend, ...]
     groups: tuple[SpendLine, ...]
     days: tuple[tuple[date, int, int], ...]
+    now: datetime | None = None
+    charged_until: datetime | None = None
+    timezone: str = "UTC"
+    names: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pending_micros(self) -> int:
+        """Owed beyond the charges written, not yet charged (the current month only)."""
+        return sum(item.pending_micros for item in self.instances)
 
     @property
     def total_micros(self) -> int:
@@ -162,21 +178,31 @@ def spend_report(
     idle_threshold_pct: float,
     currency: str,
 ) -> SpendReport:
-    """The spend of ``month`` grouped ``by``, after accruing every charge due up to ``now``.
+    """The spend of ``month`` grouped ``by``, after accruing every charge due up to ``now``;
+    the current month is this month so far (its charges plus what is owed beyond them now).
 
     Raises StoreError when the database fails.
     """
     ledger.accrue(db, now, tz)
     start, end = ledger.month_bounds(month, tz)
+    current = month == ledger.month_of(now, tz)
     with db.read_session() as session:
         classified = _classified(start, end, idle_threshold_pct)
         sums = _instance_sums(session, classified)
+        pending = costs.pending_now(session, now) if current else {}
+        ids = set(sums) | set(pending)
         instances = {
             item.id: item
-            for item in session.exec(select(Instance).where(col(Instance.id).in_(list(sums))))
+            for item in session.exec(select(Instance).where(col(Instance.id).in_(list(ids))))
         }
         hours = _hour_sums(session, classified)
-    spends = _per_instance(sums, instances)
+        owners = {item.owner_id for item in instances.values()}
+        names = {
+            person.slack_id: person.display_name
+            for person in session.exec(select(Person).where(col(Person.slack_id).in_(owners)))
+            if person.display_name
+        }
+    spends = _per_instance(sums, pending, instances)
     return SpendReport(
         month=month,
         start_at=start,
@@ -187,6 +213,10 @@ def spend_report(
         instances=spends,
         groups=group_lines(spends, by),
         days=_per_day(hours, start, end, tz),
+        now=now,
+        charged_until=costs.charged_until(now, tz) if current else None,
+        timezone=str(tz.key),
+        names=names,
     )
 
 
@@ -217,7 +247,9 @@ def group_key(item: InstanceSpend, by: str) -> str:
 
 
 def spend_csv(report: SpendReport) -> bytes:
-    """One row per instance with amounts in currency units (6 decimals, exact). UTF-8."""
+    """One row per instance with amounts in currency units (6 decimals, exact); the owner by
+    Slack ID and by display name. UTF-8 with a byte order mark, so that Excel (Chinese
+    Windows included) reads it as UTF-8."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
@@ -225,6 +257,7 @@ def spend_csv(report: SpendReport) -> bytes:
             "month",
             "instance",
             "owner",
+            "owner_name",
             "project",
             "provider",
             "gpu_model",
@@ -234,6 +267,7 @@ def spend_csv(report: SpendReport) -> bytes:
             f"storage_{report.currency}",
             f"idle_{report.currency}",
             f"unmeasured_{report.currency}",
+            f"not_yet_charged_{report.currency}",
             f"total_{report.currency}",
         ]
     )
@@ -243,6 +277,7 @@ def spend_csv(report: SpendReport) -> bytes:
                 report.month,
                 item.name,
                 item.owner_id,
+                report.names.get(item.owner_id, ""),
                 item.project or "",
                 item.provider,
                 item.gpu_model or "",
@@ -252,10 +287,11 @@ def spend_csv(report: SpendReport) -> bytes:
                 _units(item.storage_micros),
                 _units(item.idle_micros),
                 _units(item.unmeasured_micros),
+                _units(item.pending_micros),
                 _units(item.total_micros),
             ]
         )
-    return buffer.getvalue().encode("utf-8")
+    return buffer.getvalue().encode("utf-8-sig")
 
 
 def _classified(start: datetime, end: datetime, threshold_pct: float) -> Any:
@@ -328,10 +364,13 @@ def _hour_sums(session: Session, classified: Any) -> list[tuple[datetime, int, i
 
 
 def _per_instance(
-    sums: dict[int, tuple[int, ...]], instances: dict[int | None, Instance]
+    sums: dict[int, tuple[int, ...]],
+    pending: dict[int, int],
+    instances: dict[int | None, Instance],
 ) -> tuple[InstanceSpend, ...]:
     spends = []
-    for instance_id, (compute, other, idle, seconds, unmeasured) in sums.items():
+    for instance_id in set(sums) | set(pending):
+        compute, other, idle, seconds, unmeasured = sums.get(instance_id, (0, 0, 0, 0, 0))
         instance = instances.get(instance_id)
         if instance is None:
             continue
@@ -349,6 +388,7 @@ def _per_instance(
                 idle_micros=idle,
                 compute_s=seconds,
                 unmeasured_micros=unmeasured,
+                pending_micros=pending.get(instance_id, 0),
             )
         )
     spends.sort(key=lambda item: (-item.total_micros, item.name, item.instance_id))

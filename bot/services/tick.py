@@ -21,6 +21,14 @@ instance or release, and what is left stays due for the next tick, first in line
 hand is finished, so they can overrun by one item (bounded by the SSH command timeout, or the
 platform's HTTP timeout). The other steps are measured only: the rules and ``TICK_STEPS`` work on
 rows, and posting takes every due message, each bounded by Slack's timeout.
+
+What is due is looked up first: one statement (``DUE_CHECKS``, an indexed ``EXISTS`` per step)
+says which steps may have work, and the others are skipped (named in ``TickReport.skipped``,
+measured as 0 s), so a tick with nothing due costs about one query. Each check selects at least
+what its step would (a superset); after a step that had work the checks are made again, since
+it may have made work for the steps after it (a warning to post, a release to work on). Steps
+without a check always run, and the first tick of every ``FULL_TICK_EVERY_S`` slot of the clock
+runs every step whatever the checks say.
 """
 
 from __future__ import annotations
@@ -30,9 +38,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
+from sqlalchemy import DateTime, bindparam, exists, or_
 from sqlalchemy import exc as sa_exc
+from sqlmodel import col, select
 
 from bot.runtime import Runtime
 from bot.services import (
@@ -49,7 +59,8 @@ from bot.services import (
     rent,
     samples,
 )
-from bot.store.models import StepClaim
+from bot.services.job_views import FINAL_STATES
+from bot.store.models import Budget, Instance, Job, OutboxMessage, Prompt, Release, StepClaim
 from bot.timebox import Timebox
 
 log = logging.getLogger(__name__)
@@ -73,6 +84,8 @@ RECONCILE_EVERY_S = 300
 PRUNE_EVERY_S = 3600
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
+#: Every step runs on the first tick of each slot this long, whatever ``DUE_CHECKS`` say.
+FULL_TICK_EVERY_S = 300
 
 #: A step's time budget as a share of the tick interval, by step name.
 STEP_SHARES: dict[str, float] = {"poll": 0.2, "releases": 0.2, "prompts": 0.1}
@@ -89,7 +102,8 @@ class TickReport:
     """What one tick did; ``errors`` names the steps that failed, ``durations_s`` says how long
     each step took (seconds, summed when a step ran twice) and ``over_budget`` names those that
     ran past their budget. ``interval_s`` is the tick interval the budgets derive from (None:
-    steps are measured against no budget)."""
+    steps are measured against no budget). ``skipped`` names the steps left out because
+    nothing was due for them."""
 
     now: datetime
     interval_s: float | None = None
@@ -104,30 +118,32 @@ class TickReport:
     prompts_posted: int = 0
     outbox_posted: int = 0
     errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     """Run every step once at ``now`` (naive UTC; default the runtime's clock)."""
     now = now or rt.now()
     report = TickReport(now=now, interval_s=rt.settings.tick_interval_s)
+    run = partial(_run_due, report, _Due(rt, now, full=_full_tick(rt, now)))
     poll = partial(polling.poll_instances, rt, now)
-    report.polled = len(_run(report, "poll", lambda: poll(timebox=_box(report, "poll"))) or ())
+    report.polled = len(run("poll", lambda: poll(timebox=_box(report, "poll"))) or ())
     for name, step in TICK_STEPS:
-        _run(report, name, partial(step, rt, now))
+        run(name, partial(step, rt, now))
     rules: tuple[tuple[str, Callable[[Runtime, datetime], list[int]]], ...] = (
         ("deadlines", deadlines.check_deadlines),
         ("idle", deadlines.check_idle),
         ("jobs_done", deadlines.check_jobs_done),
     )
     for name, rule in rules:
-        report.released_requested.extend(_run(report, name, partial(rule, rt, now)) or ())
+        report.released_requested.extend(run(name, partial(rule, rt, now)) or ())
     # What people must hear goes out before the platforms are asked anything.
-    report.prompts_closed = _run(report, "refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
+    report.prompts_closed = run("refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
     post = partial(prompts.deliver_pending, rt, now, prompt_kinds.KINDS)
-    report.prompts_posted = _run(report, "prompts", post) or 0
-    report.outbox_posted = _run(report, "outbox", lambda: outbox.deliver_due(rt, now)) or 0
+    report.prompts_posted = run("prompts", post) or 0
+    report.outbox_posted = run("outbox", lambda: outbox.deliver_due(rt, now)) or 0
     due = partial(releases.process_due_releases, rt, now)
-    processed = _run(report, "releases", lambda: due(timebox=_box(report, "releases")))
+    processed = run("releases", lambda: due(timebox=_box(report, "releases")))
     report.releases_processed = len(processed or ())
     if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and claim_step(
         rt, "prune", _slot(now, PRUNE_EVERY_S)
@@ -151,6 +167,205 @@ def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
     # What reconciling found out (stopped or released outside the bot) is said at once.
     _run(into, "prompts", lambda: prompts.deliver_pending(rt, now, prompt_kinds.KINDS))
     _run(into, "outbox", lambda: outbox.deliver_due(rt, now))
+
+
+# --- what is due -------------------------------------------------------------------------------
+
+#: A step's check: a clause true when the step may have work (never false when it has), over
+#: the bound parameters of :func:`_due_params` (``now`` and the times derived from it).
+DueCheck = Callable[[Runtime], Any]
+
+_NOW = bindparam("now", type_=DateTime())
+
+
+def _param(name: str) -> Any:
+    return bindparam(name, type_=DateTime())
+
+
+def _any(*queries: Any) -> Any:
+    """True when any of ``queries`` finds a row: one indexed EXISTS each."""
+    return or_(*(exists(query) for query in queries))
+
+
+def _poll_due(rt: Runtime) -> Any:
+    branches = polling.due_branches(
+        rt,
+        now=_NOW,
+        unplaced_before=_param("unplaced_before"),
+        overdue_before=_param("overdue_before"),
+    )
+    return _any(*(select(Instance.id).where(branch) for branch in branches))
+
+
+def _jobs_due(rt: Runtime) -> Any:
+    """Unfinished jobs to bring up to date, or finished ones without their reply."""
+    return _any(
+        select(Job.id).where(col(Job.state).in_(jobs.ACTIVE_STATES)),
+        select(Job.id).where(col(Job.state).in_(FINAL_STATES), col(Job.replied_at).is_(None)),
+    )
+
+
+def _ledger_due(rt: Runtime) -> Any:
+    # The step's own clause (an OR of indexed ranges), one EXISTS per range.
+    clause = ledger.due_clause(cast(datetime, _NOW))
+    branches = getattr(clause, "clauses", None) or [clause]
+    return _any(*(select(Instance.id).where(branch) for branch in branches))
+
+
+def _budgets_due(rt: Runtime) -> Any:
+    return _any(select(Budget.id))
+
+
+def _deadlines_due(rt: Runtime) -> Any:
+    """A deadline or a cap within the earliest warning (as check_deadlines selects)."""
+    horizon = _param("horizon")
+    watched = col(Instance.state).in_(deadlines.DEADLINE_STATES)
+    return _any(
+        select(Instance.id).where(watched, col(Instance.deadline_at) <= horizon),
+        select(Instance.id).where(watched, col(Instance.lifetime_cap_at) <= horizon),
+    )
+
+
+def _idle_due(rt: Runtime) -> Any:
+    return _any(
+        select(Instance.id).where(
+            col(Instance.state) == "active", col(Instance.idle_since) <= _param("idle_before")
+        )
+    )
+
+
+def _jobs_done_due(rt: Runtime) -> Any:
+    """An active instance to release when done, by its flag or a job's."""
+    active = col(Instance.state) == "active"
+    return _any(
+        select(Instance.id).where(active, col(Instance.release_when_done).is_(True)),
+        select(Job.id)
+        .join(Instance, col(Instance.id) == col(Job.instance_id))
+        .where(col(Job.release_when_done).is_(True), active),
+    )
+
+
+def _refresh_due(rt: Runtime) -> Any:
+    """A posted prompt still open (of any kind)."""
+    return _any(
+        select(Prompt.id).where(
+            col(Prompt.resolved_at).is_(None), col(Prompt.message_ts).is_not(None)
+        )
+    )
+
+
+def _prompts_due(rt: Runtime) -> Any:
+    """An open prompt not posted yet whose time came (whatever its claim)."""
+    return _any(
+        select(Prompt.id).where(
+            col(Prompt.resolved_at).is_(None),
+            col(Prompt.due_at) <= _NOW,
+            col(Prompt.message_ts).is_(None),
+            col(Prompt.delivery).is_(None),
+        )
+    )
+
+
+def _outbox_due(rt: Runtime) -> Any:
+    """A message to post whose time came (whatever its claim)."""
+    return _any(
+        select(OutboxMessage.id).where(
+            col(OutboxMessage.delivery).is_(None), col(OutboxMessage.due_at) <= _NOW
+        )
+    )
+
+
+def _releases_due(rt: Runtime) -> Any:
+    open_ = col(Release.state).in_(releases.OPEN_STATES)
+    return _any(
+        select(Release.id).where(open_, col(Release.next_attempt_at).is_(None)),
+        select(Release.id).where(open_, col(Release.next_attempt_at) <= _NOW),
+    )
+
+
+#: The steps that are skipped when their check finds nothing due, by step name.
+DUE_CHECKS: dict[str, DueCheck] = {
+    "poll": _poll_due,
+    "jobs": _jobs_due,
+    "ledger": _ledger_due,
+    "budgets": _budgets_due,
+    "deadlines": _deadlines_due,
+    "idle": _idle_due,
+    "jobs_done": _jobs_done_due,
+    "refresh": _refresh_due,
+    "prompts": _prompts_due,
+    "outbox": _outbox_due,
+    "releases": _releases_due,
+}
+
+#: The statement of every check, by what its shape depends on (built once per process).
+_PROBES: dict[tuple[object, ...], Any] = {}
+
+
+def _probe(rt: Runtime) -> Any:
+    """The one SELECT of every check, each as a column named after its step."""
+    key = (rt.console, tuple(DUE_CHECKS.items()))
+    probe = _PROBES.get(key)
+    if probe is None:
+        probe = select(*(check(rt).label(name) for name, check in DUE_CHECKS.items()))
+        _PROBES[key] = probe
+    return probe
+
+
+def _due_params(rt: Runtime, now: datetime) -> dict[str, datetime]:
+    """The values of the checks' bound parameters at ``now``."""
+    offsets = rt.settings.warning_offsets_s
+    return {
+        **polling.due_times(rt, now),
+        "horizon": now + timedelta(seconds=max((*offsets, 0))),
+        "idle_before": now - timedelta(seconds=rt.settings.idle_window_s),
+    }
+
+
+class _Due:
+    """Which steps of one tick may have work: every check in one statement, made again after a
+    step that had work. A check that fails counts as due."""
+
+    def __init__(self, rt: Runtime, now: datetime, *, full: bool) -> None:
+        self.rt, self.now, self.full = rt, now, full
+        self.known: dict[str, bool] | None = None
+
+    def __call__(self, name: str) -> bool:
+        if self.full or name not in DUE_CHECKS:
+            return True
+        if self.known is None:
+            self.known = self._look()
+        due = self.known.get(name, True)
+        if due:
+            self.known = None  # the step may make work for the steps after it
+        return due
+
+    def _look(self) -> dict[str, bool]:
+        try:
+            probe = _probe(self.rt)
+            with self.rt.db.session() as session:
+                row = session.execute(probe, _due_params(self.rt, self.now)).one()
+        except Exception:  # a check that fails must not hold a step back
+            log.exception("tick: looking up what is due failed; every step runs")
+            self.full = True
+            return {}
+        return {name: bool(value) for name, value in row._mapping.items()}
+
+
+def _full_tick(rt: Runtime, now: datetime) -> bool:
+    """True on the first tick in each ``FULL_TICK_EVERY_S`` slot of the clock."""
+    every = max(FULL_TICK_EVERY_S, rt.settings.tick_interval_s)
+    return _slot(now, every) != _slot(_previous(rt, now), every)
+
+
+def _run_due(report: TickReport, due: _Due, name: str, fn: Callable[[], T]) -> T | None:
+    """Run step ``name`` when it may have work (see :class:`_Due`); otherwise name it in
+    ``report.skipped`` with a duration of 0 s."""
+    if due(name):
+        return _run(report, name, fn)
+    report.skipped.append(name)
+    report.durations_s.setdefault(name, 0.0)
+    return None
 
 
 def claim_step(rt: Runtime, step: str, slot: int) -> bool:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.services.costs import FinalCost
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,39 @@ class InstanceBrief:
 
 
 @dataclass(frozen=True)
+class SettingsView:
+    """An instance's settings: what happens at its deadline (``at_deadline`` ``release`` or
+    ``wait-for-jobs``, at most ``max_grace_s`` seconds), when idle (released
+    ``idle_release_after_s`` seconds after the idle prompt; None: prompt only), when its jobs are
+    done; the admin's lifetime cap (naive UTC); how it is billed (``billing_increment``
+    ``second``/``minute``/``hour`` and ``min_charge_s``, the platform's where not given); its
+    disk in GB and what storage costs per GB-month (micro-units of ``currency``)."""
+
+    name: str
+    at_deadline: str
+    max_grace_s: int
+    idle_release_after_s: int | None
+    release_when_done: bool
+    lifetime_cap_at: datetime | None
+    billing_increment: str
+    min_charge_s: int
+    disk_gb: float | None
+    storage_micros_per_gb_month: int
+    currency: str = "USD"
+
+
+@dataclass(frozen=True)
+class InstanceSettings:
+    """`/gpu policy NAME` without options: the instance's deadline and settings, nothing
+    changed; times shown in ``timezone``."""
+
+    instance: InstanceView
+    settings: SettingsView
+    now: datetime
+    timezone: str
+
+
+@dataclass(frozen=True)
 class GpuView:
     """One GPU at the last poll; None where the GPU does not report a value."""
 
@@ -128,6 +165,8 @@ class InstanceRow:
     cost_micros: int
     polled_at: datetime | None
     nvml_problem: str | None = None
+    #: How the GPUs of the last poll differ from the rented ones, for as long as they do.
+    mismatch: Mismatch | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +213,7 @@ class InstanceDetail:
     processes: tuple[ProcessView, ...]
     compute_cost_micros: int
     storage_cost_micros: int
+    settings: SettingsView | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +261,9 @@ class RegisterResult:
     re_registered: bool
     now: datetime
     timezone: str
+    settings: SettingsView | None = None
+    #: The deadline is the default one (none was given): its length in seconds, else None.
+    default_deadline_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -238,7 +281,8 @@ class ReleaseAsk:
 @dataclass(frozen=True)
 class ReleaseView:
     """After a confirmed release request: the Release row's state (``confirmed``,
-    ``awaiting_owner`` for a manual platform, ``pending``/``escalated`` while retrying)."""
+    ``awaiting_owner`` for a manual platform, ``pending``/``escalated`` while retrying);
+    ``final_cost`` once it is confirmed (what the session cost, and why)."""
 
     instance: InstanceView
     release_id: int
@@ -246,6 +290,7 @@ class ReleaseView:
     manual: bool
     last_error: str | None
     mode: str = "terminate"
+    final_cost: FinalCost | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ class Instance(SQLModel, table=True):
         Index("ix_instance_state_cap", "state", "lifetime_cap_at"),
         Index("ix_instance_state_idle", "state", "idle_since"),
         Index("ix_instance_state_polled", "state", "last_polled_at"),
+        Index("ix_instance_state_poll_due", "state", "poll_due_at"),
         Index("ix_instance_state_when_done", "state", "release_when_done"),
         Index("ix_instance_ledger_due", "ledger_settled", "ledger_due_at"),
         Index("ix_instance_ledger_released", "ledger_settled", "released_at"),
@@ -147,8 +148,10 @@ class Instance(SQLModel, table=True):
     idle_release_after_s: int | None = None
     release_when_done: bool = False
 
-    # Last poll of the agent.
+    # Last poll of the agent, and when the next is due (bot.services.polling spreads the
+    # polls over the interval; None: a poll interval after the last poll, or at once).
     last_polled_at: NaiveDatetime | None = None
+    poll_due_at: NaiveDatetime | None = None
     # The ledger's schedule (bot.services.ledger): when a charge may next be due (None: look
     # now), when it last looked, and whether every charge of a released instance is written.
     ledger_due_at: NaiveDatetime | None = None

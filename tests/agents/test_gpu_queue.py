@@ -14,46 +14,62 @@ def test_resolve_request():
     every = gpu_queue.resolve_request(GpuRequest(count=-1), [0, 1, 2], "")
     assert every == GpuRequest(3, (0, 1, 2))
     assert gpu_queue.resolve_request(GpuRequest(count=2), [0, 1], "") == GpuRequest(count=2)
-    with pytest.raises(protocol.JobError, match="no NVIDIA GPU can be used here \\(no driver\\)"):
+    with pytest.raises(protocol.JobError, match="no NVIDIA GPU can be used on this machine"):
         gpu_queue.resolve_request(GpuRequest(count=1), [], "no driver")
-    with pytest.raises(protocol.JobRequestError, match="more GPUs than this machine has \\(2\\)"):
-        gpu_queue.resolve_request(GpuRequest(count=3), [0, 1], "")
     with pytest.raises(protocol.JobRequestError, match="names GPU 5"):
         gpu_queue.resolve_request(GpuRequest(2, (0, 5)), [0, 1], "")
 
 
-def q(*items: tuple[str, str | None]) -> list[tuple[str, GpuRequest]]:
+def test_the_default_is_one_free_gpu_or_the_cpu_where_there_is_none():
+    default = protocol.parse_gpus(None)
+    assert gpu_queue.resolve_request(default, [0, 1], "") == GpuRequest(count=1)
+    assert gpu_queue.resolve_request(default, [], "NVML lists no GPUs") == GpuRequest()
+
+
+def test_a_missing_gpu_index_says_what_the_machine_has_and_the_other_forms():
+    with pytest.raises(protocol.JobRequestError) as err:
+        gpu_queue.resolve_request(protocol.parse_gpus("3"), [0, 1], "")
+    assert str(err.value).startswith("this machine has 2 GPUs (0, 1); --gpus 3 names GPU 3,")
+    assert "--gpus any:N (at most 2 here)" in str(err.value)
+    with pytest.raises(protocol.JobRequestError) as err:
+        gpu_queue.resolve_request(protocol.parse_gpus("any:3"), [0, 1], "")
+    assert str(err.value) == "this machine has 2 GPUs (0, 1); --gpus any:3 asks for 3"
+
+
+def q(*items: tuple[str, str]) -> list[tuple[str, GpuRequest]]:
     return [(job_id, protocol.parse_gpus(text)) for job_id, text in items]
 
 
 def test_plan_first_come_first_served_on_free_gpus():
-    plan = plan_starts(q(("a", "2"), ("b", "1"), ("c", "2")), [0, 1, 2, 3], [])
+    plan = plan_starts(q(("a", "any:2"), ("b", "any:1"), ("c", "any:2")), [0, 1, 2, 3], [])
     assert plan == {"a": (0, 1), "b": (2,)}  # c waits: only GPU 3 is left
 
 
 def test_plan_nothing_starts_on_busy_gpus():
-    assert plan_starts(q(("a", "0,"), ("b", "1")), [0, 1], [0, 1]) == {}
+    assert plan_starts(q(("a", "0"), ("b", "any:1")), [0, 1], [0, 1]) == {}
 
 
 def test_plan_exact_request_reserves_its_gpus_for_itself():
     # a waits for GPU 0 (busy); b wants any one GPU and may take GPU 1 but never GPU 0.
-    plan = plan_starts(q(("a", "0,1"), ("b", "1"), ("c", "2,")), [0, 1, 2], [0])
+    plan = plan_starts(q(("a", "0,1"), ("b", "any:1"), ("c", "2")), [0, 1, 2], [0])
     assert plan == {"b": (2,)}  # GPU 1 is reserved for a; c's GPU 2 went to b first
 
 
 def test_plan_exact_requests_on_other_gpus_pass_a_waiting_exact_one():
-    plan = plan_starts(q(("a", "0,"), ("b", "1,")), [0, 1], [0])
+    plan = plan_starts(q(("a", "0"), ("b", "1")), [0, 1], [0])
     assert plan == {"b": (1,)}
 
 
 def test_plan_waiting_count_request_holds_back_every_gpu_job_behind_it():
-    plan = plan_starts(q(("a", "2"), ("b", "1"), ("c", "3,"), ("d", None)), [0, 1, 2, 3], [0, 1, 2])
+    plan = plan_starts(
+        q(("a", "any:2"), ("b", "any:1"), ("c", "3"), ("d", "none")), [0, 1, 2, 3], [0, 1, 2]
+    )
     assert plan == {"d": ()}  # a needs two; b and c would delay it; d needs no GPU
 
 
 def test_plan_jobs_without_gpus_always_start():
-    assert plan_starts(q(("a", None), ("b", None)), [], []) == {"a": (), "b": ()}
+    assert plan_starts(q(("a", "none"), ("b", "none")), [], []) == {"a": (), "b": ()}
 
 
 def test_plan_exact_request_for_a_missing_gpu_never_starts():
-    assert plan_starts(q(("a", "7,"), ("b", "1")), [0, 1], []) == {"b": (0,)}
+    assert plan_starts(q(("a", "7"), ("b", "any:1")), [0, 1], []) == {"b": (0,)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agents import probe as probe_mod
@@ -232,6 +234,55 @@ def test_cuda_compat_driver_too_old_error_from_torch():
     )
     result = cuda.check_cuda_compat(probe, make_status())
     assert result.status == "fail"
+
+
+TOO_OLD = "RuntimeError: The NVIDIA driver on your system is too old (found version 12040)."
+
+
+def test_a_driver_new_enough_for_the_major_is_never_told_to_upgrade_to_an_older_one():
+    # Driver 550.54.15 (CUDA 12.4) and a torch for CUDA 12.6 that reports the driver too old.
+    probe = make_probe(
+        torch_cuda_version="12.6", cuda_available=False, device_count=0, cuda_init_error=TOO_OLD
+    )
+    result = cuda.check_cuda_compat(probe, make_status())
+    assert result.status == "fail"
+    assert "525.60.13 or newer" not in result.hint
+    assert "CUDA 12.6's own minimum driver is 560.28.03" in result.summary
+    assert "upgrade the NVIDIA driver to 560.28.03 or newer" in result.hint
+    assert "install a torch built for CUDA 12.4 or older" in result.hint
+    assert "whl/cu124" in result.hint
+
+
+def test_a_driver_that_meets_the_minimum_points_at_another_libcuda():
+    probe = make_probe(
+        torch_cuda_version="12.4", cuda_available=False, device_count=0, cuda_init_error=TOO_OLD
+    )
+    result = cuda.check_cuda_compat(probe, make_status())  # driver 550.54.15 runs CUDA 12.4
+    assert result.status == "fail"
+    assert "meets CUDA 12.4's minimum (550.54.14)" in result.summary
+    assert "Upgrade" not in result.hint
+    assert "libcuda" in result.hint
+
+
+def test_every_driver_hint_names_a_version_newer_than_the_one_running():
+    versions = [
+        ("470.82.01", "11.4"),
+        ("525.60.13", "12.0"),
+        ("550.54.15", "12.4"),
+        ("560.35.03", "12.6"),
+        ("570.124.06", "12.8"),
+    ]
+    for driver, driver_cuda in versions:
+        status = make_status(driver=make_driver(version=driver, cuda_version=driver_cuda))
+        for torch_cuda in ("11.8", "12.1", "12.4", "12.6", "12.8", "12.9", "13.0"):
+            probe = make_probe(torch_cuda_version=torch_cuda, cuda_init_error=TOO_OLD)
+            hint = cuda.check_cuda_compat(probe, status).hint
+            for named in re.findall(r"driver to (\d+(?:\.\d+)+) or newer", hint):
+                assert cuda._driver_version(named) > cuda._driver_version(driver), (
+                    driver,
+                    torch_cuda,
+                    hint,
+                )
 
 
 def test_cuda_compat_skips():

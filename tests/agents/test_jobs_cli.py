@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,7 @@ def record(**changes) -> JobRecord:
         state="running",
         command=("python", "train.py", "--lr", "3e-4"),
         user="alice",
-        gpus_requested="2",
+        gpus_requested="any:2",
         gpus_assigned=(0, 1),
         retries=1,
         attempt=1,
@@ -96,7 +97,8 @@ def test_run_json_strips_only_the_first_separator(home, capsys):
     job = protocol.loads(JobRecord, capsys.readouterr().out)
     assert job.state == "queued"
     assert job.attempt == 0
-    assert job.gpus_requested is None
+    # No --gpus on a machine without a usable GPU: the default became "none" (CPU only).
+    assert job.gpus_requested == "none"
     assert job.command == (sys.executable, "-c", WRITE_ARGV, "--", "--gpus", "1")
     assert wait_final(home, job.id)["state"] == "succeeded"
     assert json.loads((home / "jobs" / job.id / "argv.json").read_text()) == ["--", "--gpus", "1"]
@@ -106,8 +108,8 @@ def test_run_without_separator_and_text_output(home, capsys):
     assert cli.main(["run", "--name", "hello", "echo", "hi there"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("queued job ")
-    assert out.rstrip().endswith("echo 'hi there'")
-    job_id = out.split()[2].rstrip(":")
+    assert " on no GPU (CPU only): echo 'hi there'" in out
+    job_id = out.split()[2]
     assert wait_final(home, job_id)["state"] == "succeeded"
     assert cli.main(["logs", "hello"]) == 0
     assert capsys.readouterr().out == "hi there\n"
@@ -172,8 +174,8 @@ def _who_job(job_id: str, state: str, gpus: tuple[int, ...], requested: str) -> 
 
 
 def test_render_who():
-    running = _who_job("j-1", "running", (0,), "0,")
-    starting = _who_job("j-2", "running", (1,), "1,")
+    running = _who_job("j-1", "running", (0,), "0")
+    starting = _who_job("j-2", "running", (1,), "1")
     report = WhoReport(
         gpus=(
             WhoGpu(
@@ -205,10 +207,18 @@ def test_render_who():
                 index=2,
                 name="NVIDIA H100 80GB HBM3",
                 processes=(),
-                waiting=(_who_job("j-3", "queued", (2,), "2,"),),
+                waiting=(_who_job("j-3", "queued", (2,), "2"),),
+            ),
+            WhoGpu(
+                index=3,
+                name="NVIDIA H100 80GB HBM3",
+                processes=(),
+                util_gpu_pct=0,
+                mem_used_bytes=20 * 1024**3,
+                mem_total_bytes=80 * 1024**3,
             ),
         ),
-        waiting_any=(_who_job("j-4", "queued", (), "2"),),
+        waiting_any=(_who_job("j-4", "queued", (), "any:2"),),
     )
     text = jobs_cli.render_who(report)
     assert text.splitlines() == [
@@ -221,20 +231,30 @@ def test_render_who():
         "GPU 2  NVIDIA H100 80GB HBM3",
         "  free",
         "  waited for by job j-3, alice",
-        "queued: job j-4, alice waits for any 2 GPUs",
+        "GPU 3  NVIDIA H100 80GB HBM3  0% busy, 20.0 GiB of 80.0 GiB",
+        "  in use (no process visible: another container?)",
+        "queued: job j-4, alice waits for any 2 free GPUs",
     ]
     assert not report.gpus[1].free
     assert report.gpus[2].free
+    assert not report.gpus[3].free  # 20 GiB in use by processes this agent cannot see
     assert jobs_cli.render_who(WhoReport(gpus=())) == "no GPUs"
 
 
-def test_run_text_says_whether_gpus_are_a_count_or_named() -> None:
-    assert jobs_cli._gpus_phrase(None) == ""
-    assert jobs_cli._gpus_phrase("2") == " on any 2 GPUs"
-    assert jobs_cli._gpus_phrase("1") == " on any 1 GPU"
-    assert jobs_cli._gpus_phrase("3,") == " on GPU 3"
-    assert jobs_cli._gpus_phrase("0,1") == " on GPUs 0,1"
-    assert jobs_cli._gpus_phrase("all") == " on all GPUs"
+def test_render_who_counts_memory_no_visible_process_holds() -> None:
+    partly_seen = WhoGpu(
+        index=0,
+        name="NVIDIA A800 80GB PCIe",
+        processes=(ProcessSnapshot(0, 42, "bob", "python serve.py", 2 * 1024**3),),
+        mem_used_bytes=22 * 1024**3,
+        mem_total_bytes=80 * 1024**3,
+    )
+    idle = replace(partly_seen, processes=(), mem_used_bytes=300 * 1024**2)
+    lines = jobs_cli.render_who(WhoReport(gpus=(partly_seen, idle))).splitlines()
+    assert "  20.0 GiB more in use by processes not visible here" in lines
+    assert lines[-1] == "  free"  # what an idle driver reserves is no one's use
+    assert partly_seen.unseen_mem_bytes == 20 * 1024**3
+    assert idle.free
 
 
 def test_all_gpus_reads_back_as_all() -> None:

@@ -202,13 +202,13 @@ def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
     gate = tmp_path / "gate"
     gated = [
         gpu_agent.submit(
-            *python_job(RECORD_SPAN, str(spans_file), str(gate)), options=["--gpus", "2"]
+            *python_job(RECORD_SPAN, str(spans_file), str(gate)), options=["--gpus", "any:2"]
         ).id
         for _ in range(2)
     ]
     holding = [set(gpu_agent.running(job_id)["gpus_assigned"]) for job_id in gated]
     assert holding[0] | holding[1] == {0, 1, 2, 3}  # two 2-GPU jobs share the 4 GPUs at once
-    requests = ["0,1", "1", "3,", "4", "2,3", "2"]
+    requests = ["0,1", "any:1", "3", "any:4", "2,3", "any:2"]
     ids = [
         gpu_agent.submit(*python_job(RECORD_SPAN, str(spans_file), "0.2"), options=["--gpus", r]).id
         for r in requests
@@ -219,11 +219,10 @@ def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
     records = [gpu_agent.wait(job_id) for job_id in [*gated, *ids]]
     assert all(r.state == "succeeded" for r in records)
     spans = {s[0]: s for s in _spans(spans_file)}
-    for record, request in zip(records, ["2", "2", *requests], strict=True):
+    for record, request in zip(records, ["any:2", "any:2", *requests], strict=True):
         assigned = spans[record.id][3]
         assert assigned == record.gpus_assigned
-        expected = int(request) if request.isdigit() else len(request.strip(",").split(","))
-        assert len(assigned) == expected
+        assert len(assigned) == protocol.parse_gpus(request).count
     for a in spans.values():
         for b in spans.values():
             if a[0] < b[0] and a[1] < b[2] and b[1] < a[2]:
@@ -231,15 +230,16 @@ def test_no_two_jobs_share_a_gpu(gpu_agent: Agent, tmp_path: Path):
 
 
 def test_gpu_requests_that_cannot_be_met_fail_at_once(agent: Agent, gpu_agent: Agent):
-    no_gpu = agent.cli("run", "--gpus", "1", "--", "true")
+    no_gpu = agent.cli("run", "--gpus", "any:1", "--", "true")
     assert no_gpu.returncode == 1
-    assert "no NVIDIA GPU can be used here" in no_gpu.stderr
-    too_many = gpu_agent.cli("run", "--gpus", "5", "--", "true")
+    assert "no NVIDIA GPU can be used on this machine" in no_gpu.stderr
+    assert "--gpus none" in no_gpu.stderr
+    too_many = gpu_agent.cli("run", "--gpus", "any:5", "--", "true")
     assert too_many.returncode == 2
-    assert "more GPUs than this machine has (4)" in too_many.stderr
+    assert "this machine has 4 GPUs (0, 1, 2, 3); --gpus any:5 asks for 5" in too_many.stderr
     missing = gpu_agent.cli("run", "--gpus", "7,", "--", "true")
     assert missing.returncode == 2
-    assert "names GPU 7" in missing.stderr
+    assert "--gpus 7 names GPU 7, which it does not have" in missing.stderr
     assert agent.store.all_ids() == []
     assert gpu_agent.store.all_ids() == []
 
@@ -376,7 +376,7 @@ def test_summary_reports_gpus_and_out_of_memory(gpu_agent: Agent):
         "while time.time() - t < 0.8: pass\n"
         "print('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'); raise SystemExit(1)"
     )
-    record = gpu_agent.submit(*python_job(code), options=["--gpus", "2"])
+    record = gpu_agent.submit(*python_job(code), options=["--gpus", "any:2"])
     final = gpu_agent.wait(record.id)
     assert (final.state, final.exit_code) == ("failed", 1)
     summary = final.summary
@@ -420,7 +420,7 @@ def test_who_counts_gpus_the_agent_reserved(gpu_agent: Agent, fake_nvml):
     holder = gpu_agent.submit("sleep", "30", options=["--gpus", "0,2"])
     gpu_agent.running(holder.id)
     named = gpu_agent.submit("sleep", "30", options=["--gpus", "2,"])
-    three = gpu_agent.submit("sleep", "30", options=["--gpus", "3"])
+    three = gpu_agent.submit("sleep", "30", options=["--gpus", "any:3"])
     outsider = os.getpid()
     fake_nvml.gpus(
         4,
@@ -439,7 +439,7 @@ def test_who_counts_gpus_the_agent_reserved(gpu_agent: Agent, fake_nvml):
     assert not gpus[0].free
     assert [w.job_id for w in gpus[2].waiting] == [named.id]
     assert [(w.job_id, w.gpus, w.gpus_requested) for w in report.waiting_any] == [
-        (three.id, (), "3")
+        (three.id, (), "any:3")
     ]
     assert gpus[3].free
     (proc,) = gpus[1].processes
@@ -463,7 +463,7 @@ def test_reservations_are_worked_out_from_the_job_metadata():
             "state": "queued",
             "want_count": 2,
             "want_indices": [],
-            "gpus_requested": "2",
+            "gpus_requested": "any:2",
         },
         {"id": "a", "seq": 1, "state": "running", "gpus_assigned": [0, 1], "started_at": "T1"},
         {
@@ -549,7 +549,7 @@ def test_gpu_job_fails_when_its_supervisor_sees_no_gpu(agent: Agent):
         "state": "queued",
         "command": ["true"],
         "user": "me",
-        "gpus_requested": "1",
+        "gpus_requested": "any:1",
         "want_count": 1,
         "want_indices": [],
         "gpus_assigned": [],

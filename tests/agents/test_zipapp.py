@@ -347,3 +347,39 @@ def test_status_and_health_run_under_python_3_9(pyz, tmp_path):
     checks = {c["id"]: c for c in json.loads(health.stdout)["checks"]}
     assert {"xid", "disk", "shm"} <= set(checks)
     assert checks["disk"]["status"] in ("pass", "warn", "fail")
+
+
+def test_job_commands_run_under_python_3_9(pyz, tmp_path):
+    """The job commands' GPU requests and messages under the oldest Python the agent
+    supports, on a machine without a driver: the default runs on the CPU, a GPU request is
+    refused in words, and who says there is no driver."""
+    python = _python_3_9()
+    if python is None:
+        pytest.skip("no working Python 3.9 (on PATH or installed by pyenv)")
+    env = dict(clean_env(), GPU_AGENT_HOME=str(tmp_path / "home"))
+
+    def agent(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [python, "-I", str(pyz), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+
+    queued = agent("run", "--json", "--", "echo", "it's")
+    assert queued.returncode == 0, queued.stderr
+    assert protocol.loads(protocol.JobRecord, queued.stdout).gpus_requested == "none"
+    asked = agent("run", "--gpus", "any:1", "--", "true")
+    assert asked.returncode == 1
+    assert "no NVIDIA GPU can be used on this machine" in asked.stderr
+    bad = agent("run", "--gpus", "gpu0", "--", "true")
+    assert bad.returncode == 2
+    assert "--gpus any:2 (any 2 free GPUs)" in bad.stderr
+    who = agent("who")
+    assert who.returncode == 1
+    assert "No NVIDIA driver on this machine (nvidia-smi / NVML not found)" in who.stderr
+    listed = agent("jobs")
+    assert listed.returncode == 0, listed.stderr
+    assert """echo "it's\"""" in listed.stdout

@@ -395,3 +395,21 @@ def test_button_id_reads_only_canonical_ids_in_bigint_range() -> None:
     assert button_id("42") == 42
     assert button_id(str(MAX_BUTTON_ID)) == MAX_BUTTON_ID
     assert [v for v in BAD_BUTTON_VALUES if button_id(v) is not None] == []
+
+
+def test_whoever_used_the_bot_is_known_by_name(sqlite_db: Database, tmp_path: Path) -> None:
+    add_instance(sqlite_db, name="box", owner_id="U0BOB")
+    with start_slack_bot(sqlite_db, tmp_path) as bot:
+        assert bot.command("allow box @carol", user="U0BOB", user_name="bob") == 200
+        (unknown,) = bot.replies(1)
+        assert "I don't know who @carol is" in unknown.payload["text"]
+        assert bot.command("list", user="U0CAROL", user_name="carol") == 200
+        assert bot.click("deadline_extend_1h", "999", user="U0DAVE", user_name="dave") == 200
+        bot.replies(3)
+        assert bot.command("allow box @carol", user="U0BOB", user_name="bob") == 200
+        allowed = bot.replies(4)[3]
+        assert "I don't know" not in allowed.payload["text"]
+    rows = _store_rows(sqlite_db)
+    assert ("U0CAROL", "carol") in [row[:2] for row in rows["person"]]
+    assert ("U0DAVE", "dave") in [row[:2] for row in rows["person"]]
+    assert any("U0CAROL" in row for row in rows["instanceaccess"])

@@ -106,3 +106,32 @@ def test_a_latin_only_font_list_is_caught_missing_the_chinese(
     monkeypatch.setattr(charts, "font_families", lambda: [charts.LATIN_FAMILY])
     missing = missing_glyphs(draw_chinese)
     assert any("CJK UNIFIED IDEOGRAPH" in message for message in missing), missing
+
+
+def test_money_axis_ticks_share_their_decimals() -> None:
+    # Ticks from 2.5 cents to 12 cents read $0.0250 ... $0.12 one tick at a time.
+    assert charts.tick_labels([0.0, 0.025, 0.05, 0.075, 0.1, 0.125]) == [
+        "$0.000",
+        "$0.025",
+        "$0.050",
+        "$0.075",
+        "$0.100",
+        "$0.125",
+    ]
+    assert charts.tick_labels([0.0, 0.02, 0.04, 0.12]) == ["$0.00", "$0.02", "$0.04", "$0.12"]
+    assert charts.tick_labels([0.0, 500.0, 1500.0]) == ["$0", "$500", "$1,500"]
+    assert charts.tick_labels([0.0, 0.5], "CHF") == ["0.00 CHF", "0.50 CHF"]
+
+
+def test_a_drawn_axis_labels_every_tick_alike() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure()
+    axes = figure.add_subplot()
+    axes.barh([0, 1, 2], [0.025, 0.12, 0.06])
+    axes.xaxis.set_major_formatter(charts._money_axis("USD"))
+    FigureCanvasAgg(figure).draw()
+    labels = [tick.get_text() for tick in axes.get_xticklabels()]
+    assert labels
+    assert {len(label.split(".")[1]) for label in labels} == {2}

@@ -151,3 +151,49 @@ def test_every_notice_of_the_area_has_a_renderer() -> None:
 def test_a_button_value_too_long_for_slack_is_refused() -> None:
     with pytest.raises(ValueError, match="button value"):
         blocks.release_confirm(ReleaseConfirmAsk(PRICED, prompt_id=10**2001))
+
+
+def _labels(rendered: tuple[dict[str, object], ...]) -> list[str]:
+    return [
+        e["text"]["text"]  # type: ignore[index]
+        for b in rendered
+        if b["type"] == "actions"
+        for e in b["elements"]  # type: ignore[attr-defined]
+    ]
+
+
+def test_a_warning_offers_only_the_extends_the_recipient_may_use() -> None:
+    cap = NOW + timedelta(minutes=30)
+    text, rendered = render(_warning(PRICED, cap, None, capped=True, cap_at=cap, extend_s=()))
+    assert _labels(rendered) == ["Release now"]
+    assert "The lifetime cap set by an admin ends it at Tue 03 Mar 12:30 UTC" in text
+    text, rendered = render(_warning(PRICED, cap, None, cap_at=cap, extend_s=(3600,)))
+    assert _labels(rendered) == ["Extend 1h", "Release now"]
+    assert "it can be extended only up to then" in text
+
+
+def test_a_stop_policy_warning_says_stop_then_when_it_is_released() -> None:
+    at = NOW + timedelta(minutes=30)
+    text, _ = render(
+        _warning(PRICED, at, None, action="stop", final_release_at=at + timedelta(hours=24))
+    )
+    assert "*box* will be stopped in *30m* (at Tue 03 Mar 12:30 UTC); its disk is kept" in text
+    assert "released (disk and all) at Wed 04 Mar 12:30 UTC unless someone starts it" in text
+
+
+def test_a_click_on_a_release_awaiting_confirmation_says_so() -> None:
+    text, _ = render(answers.ReleasePending(PRICED, by_owner=True))
+    assert "release requested; waiting for you to confirm it is released on the platform" in text
+    text, _ = render(answers.ReleasePending(PRICED, by_owner=False))
+    assert "waiting for <@UOWNER> to confirm" in text
+
+
+def test_an_admins_release_names_the_admin() -> None:
+    text, _ = render(
+        releases.ReleasedNotice(
+            PRICED, mode="terminate", reason="user", storage_bills=False, requested_by="UADMIN"
+        )
+    )
+    assert "(released by <@UADMIN> (an admin))" in text
+    text, _ = render(releases.ManualReleaseRequest(PRICED, 1, reason="user", requested_by="UOWNER"))
+    assert "(requested by its owner)" in text

@@ -38,6 +38,7 @@ from bot.services.views import (
     HealthView,
     InstanceBrief,
     InstanceDetail,
+    InstanceSettings,
     JobBrief,
     Mismatch,
     ProblemView,
@@ -45,6 +46,7 @@ from bot.services.views import (
     RegisterResult,
     ReleaseAsk,
     ReleaseView,
+    SettingsView,
     UnregisteredView,
 )
 from tests.bot.blocks.test_instances import NOW, gpus, inst, overview, row
@@ -197,6 +199,14 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         ReleaseView(_HOSTILE_INST, 1, "escalated", False, HOSTILE)
     ),
     "release_cancelled": lambda: instances.release_cancelled(_HOSTILE_INST),
+    "instance_settings": lambda: instances.instance_settings(
+        InstanceSettings(
+            _HOSTILE_INST,
+            SettingsView(HOSTILE, "release", 0, None, False, None, "hour", 0, None, 0),
+            NOW,
+            "UTC",
+        )
+    ),
     "unregistered_notice": lambda: instances.unregistered_notice(
         UnregisteredView(
             provider="vast",
@@ -295,6 +305,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         answers.AnsweredBefore("U0ALICE", "extended_1h")
     ),
     "being_released": lambda: deadlines.being_released(answers.BeingReleased("box", "releasing")),
+    "release_pending": lambda: deadlines.release_pending(answers.ReleasePending(_LAMBDA, True)),
     "extend_answered": lambda: deadlines.extend_answered(
         answers.Extended(_LAMBDA, 3600, NOW, "UTC")
     ),

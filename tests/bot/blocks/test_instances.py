@@ -18,6 +18,7 @@ from bot.services.views import (
     HealthView,
     InstanceDetail,
     InstanceRow,
+    InstanceSettings,
     InstanceView,
     JobBrief,
     Mismatch,
@@ -26,6 +27,7 @@ from bot.services.views import (
     RegisterResult,
     ReleaseAsk,
     ReleaseView,
+    SettingsView,
 )
 from tests.bot.blocks.slack_limits import all_text, buttons, check_message
 
@@ -378,3 +380,106 @@ def test_release_ask_of_an_instance_without_a_price() -> None:
     text, _ = render.release_ask(ask)
     assert "It has cost $0.00 so far." in text
     assert "no price" not in text
+
+
+# --- what was rented against what was delivered, and the settings ------------------------------
+
+RTX_MISMATCH = Mismatch(
+    "a100", 8, ("NVIDIA GeForce RTX 4090",) * 4, ("fewer cards: 4 delivered, 8 rented",)
+)
+
+
+def test_a_row_whose_gpus_differ_says_rented_and_delivered() -> None:
+    odd = row(
+        inst(gpu_model="A100", gpu_count=8),
+        gpus=gpus(4, "NVIDIA GeForce RTX 4090"),
+        mismatch=RTX_MISMATCH,
+    )
+    said = "rented 8x A100, delivered 4x NVIDIA GeForce RTX 4090"
+    for message in (
+        render.fleet_overview(overview([odd])),
+        render.instance_list(overview([odd])),
+        render.instance_detail(detail(row=odd)),
+    ):
+        text = all_text(check_message(message))
+        assert f":warning: {said}" in text
+    fine = all_text(check_message(render.fleet_overview(overview([row()]))))
+    assert "delivered" not in fine
+    assert "8x h100" in fine
+
+
+def test_a_row_with_no_visible_gpu_says_so() -> None:
+    none = Mismatch("a100", 1, (), ("no GPU is visible: driver not loaded",))
+    odd = row(inst(gpu_model="A100", gpu_count=1), gpus=(), mismatch=none)
+    text = all_text(check_message(render.fleet_overview(overview([odd]))))
+    assert "rented 1x A100, delivered no visible GPU" in text
+
+
+def settings(**changes: object) -> SettingsView:
+    base = SettingsView(
+        name="box1",
+        at_deadline="wait-for-jobs",
+        max_grace_s=7200,
+        idle_release_after_s=1800,
+        release_when_done=True,
+        lifetime_cap_at=NOW + timedelta(days=3),
+        billing_increment="minute",
+        min_charge_s=60,
+        disk_gb=200.0,
+        storage_micros_per_gb_month=100_000,
+        currency="USD",
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_the_settings_show_policy_cap_billing_and_disk() -> None:
+    view = InstanceSettings(inst(), settings(), NOW, "Europe/Berlin")
+    text = all_text(check_message(render.instance_settings(view)))
+    for line in (
+        "*box1*: deadline Wed 02 Dec 16:15 CET (3h 15m left)",
+        "at the deadline: wait for running jobs, at most 2h",
+        "idle: released 30m after the idle prompt",
+        "when its jobs are done: released",
+        "lifetime cap: Sat 05 Dec 13:00 CET",
+        "billing: per minute, minimum charge 1m",
+        "disk: 200 GB at $0.10/GB-month",
+        "/gpu policy box1 --at-deadline",
+    ):
+        assert line in text, line
+    plain = settings(
+        at_deadline="release",
+        idle_release_after_s=None,
+        release_when_done=False,
+        lifetime_cap_at=None,
+        min_charge_s=0,
+        disk_gb=None,
+        storage_micros_per_gb_month=0,
+    )
+    stop = settings(at_deadline="stop", max_grace_s=86_400)
+    text = all_text(check_message(render.instance_settings(replace(view, settings=stop))))
+    assert "at the deadline: stop (disk kept and billed), released 1d after the deadline" in text
+    text = all_text(check_message(render.instance_settings(replace(view, settings=plain))))
+    for line in (
+        "at the deadline: release",
+        "idle: prompt only",
+        "when its jobs are done: kept",
+        "lifetime cap: none",
+        "minimum charge none",
+        "disk: not given",
+    ):
+        assert line in text, line
+
+
+def test_registration_and_detail_carry_the_settings() -> None:
+    result = registered(settings=settings())
+    assert "*Settings*" in all_text(check_message(render.register_result(result)))
+    assert "*Settings*" in all_text(
+        check_message(render.instance_detail(detail(settings=settings())))
+    )
+    assert "*Settings*" not in all_text(check_message(render.register_result(registered())))
+
+
+def test_a_default_deadline_is_called_the_default() -> None:
+    text = all_text(check_message(render.register_result(registered(default_deadline_s=3600))))
+    assert "(the default; `--release-in` or `--release-at` to choose)" in text
+    assert "the default" not in all_text(check_message(render.register_result(registered())))

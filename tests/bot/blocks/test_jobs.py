@@ -4,6 +4,7 @@ commands), with the text escaped and the newest log lines kept."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +39,7 @@ def job(**changes: Any) -> JobView:
         state="succeeded",
         command=("python", "train.py", "--lr", "3e-4"),
         requested_by="U0ALICE",
-        gpus_requested="2",
+        gpus_requested="any:2",
         gpus_assigned=(0, 1),
         retries=0,
         attempt=1,
@@ -129,7 +130,7 @@ def test_failed_job_shows_note_attempts_and_diagnoses() -> None:
     assert "killed by SIGKILL" in shown
     assert "*Attempts*\\n3 of 3" in shown
     assert "*Exit code*\\n137" in shown
-    assert "*GPUs*\\nnone" in shown
+    assert "*GPUs*\\nno GPU (CPU only)" in shown
     assert "lower the batch size &lt;now&gt;." in shown
     assert "Data loading is the bottleneck." in shown
     assert "*Duration*\\n12s" in shown
@@ -191,7 +192,7 @@ def test_eight_gpus_and_a_very_long_command() -> None:
     assert len(message[1]) <= MAX_BLOCKS
     shown = all_text(message)
     assert "GPU 7: 70% busy on average, peak memory 7.0 GiB" in shown
-    assert "*GPUs*\\n0, 1, 2, 3, 4, 5, 6, 7" in shown
+    assert "*GPUs*\\nGPUs 0, 1, 2, 3, 4, 5, 6, 7 (CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7)" in shown
     assert len(message[0]) <= 4000
 
 
@@ -200,6 +201,7 @@ def test_queued_message_quotes_the_command_as_typed() -> None:
     text, body = blocks.queued_message(job(state="queued", command=argv, retries=2))
     assert check_blocks(body) == []
     assert shlex.split(text.split(": ", 1)[1]) == list(argv)
+    assert text.endswith(""": python -c "print('a b')" '$HOME' 'a;b|c' ''""")
     shown = all_text((text, body))
     assert "Job 42 queued on box1" in shown
     assert "retries: 2" in shown
@@ -208,7 +210,10 @@ def test_queued_message_quotes_the_command_as_typed() -> None:
 
 def test_submitted_reply_is_short_when_the_message_was_posted() -> None:
     text, body = blocks.submitted_reply(job(state="queued"), posted=True)
-    assert text == "Queued job 42 on box1; I'll reply in its thread when it ends."
+    assert text == (
+        "Queued job 42 on box1 with GPUs 0, 1 (CUDA_VISIBLE_DEVICES=0,1). I'll reply in its "
+        "thread when it ends."
+    )
     assert check_blocks(body) == []
     fallback_text, _ = blocks.submitted_reply(job(state="queued"), posted=False)
     assert fallback_text.startswith("Job 42 queued on box1")
@@ -303,7 +308,7 @@ def test_who_message_shows_use_reservations_and_queued_jobs() -> None:
             ),
             WhoGpuView(2, "NVIDIA H100 80GB HBM3", ()),
         ),
-        waiting_any=(WhoReservation("45", "U0DAN", "ubuntu", wanted="any 2 GPUs"),),
+        waiting_any=(WhoReservation("45", "U0DAN", "ubuntu", wanted="any 2 free GPUs"),),
     )
     text, body = blocks.who_message(view)
     assert check_blocks(body) == []
@@ -316,9 +321,9 @@ def test_who_message_shows_use_reservations_and_queued_jobs() -> None:
     )
     assert "held by job `43` · <@U0BOB> (starting)" in shown
     assert "waiting: job `44` · carol" in shown
-    assert "Queued for any 2 GPUs: job `45` · <@U0DAN>" in shown
+    assert "Queued for any 2 free GPUs: job `45` · <@U0DAN>" in shown
     assert shown.count("    free") == 1  # GPU 2 only: GPU 1 is reserved though empty
-    assert "GPU 1: 0 process(es) (reserved)" in text
+    assert "GPU 1: held by job 43; GPU 2: free" in text
 
 
 @pytest.mark.parametrize("state", ["cancelled", "succeeded"])
@@ -352,7 +357,7 @@ def test_a_job_without_gpus_is_charged_the_instance_and_says_so() -> None:
     no_gpus = job(gpus_requested=None, gpus_assigned=(), gpu_hours=0.0, instance_gpu_count=4)
     _, body = blocks.completion_reply(no_gpus)
     assert check_blocks(body) == []
-    assert fact(body, "GPUs") == "none"
+    assert fact(body, "GPUs") == "no GPU (CPU only)"
     assert fact(body, "GPU-hours") == "0 (no GPU held)"
     assert fact(body, "Cost") == "$6.30\n_the whole instance's time (the job held no GPU)_"
 
@@ -392,10 +397,19 @@ def test_a_note_that_repeats_the_state_is_not_shown_twice() -> None:
 
 @pytest.mark.parametrize(
     ("requested", "shown"),
-    [("2", "GPUs: any 2"), ("3,", "GPUs: 3"), ("0,1", "GPUs: 0, 1"), (None, "GPUs: none")],
+    [
+        ("any:2", "GPUs: any 2 free GPUs (picked when the job starts)"),
+        ("any:1", "GPUs: one free GPU (picked when the job starts)"),
+        ("3", "GPUs: GPU 3 (CUDA_VISIBLE_DEVICES=3)"),
+        ("0,1", "GPUs: GPUs 0, 1 (CUDA_VISIBLE_DEVICES=0,1)"),
+        ("all", "GPUs: all GPUs (picked when the job starts)"),
+        ("none", "GPUs: no GPU (CPU only)"),
+        (None, "GPUs: no GPU (CPU only)"),
+    ],
 )
 def test_queued_message_tells_a_count_from_named_gpus(requested: str | None, shown: str) -> None:
-    _, body = blocks.queued_message(job(state="queued", gpus_requested=requested))
+    queued = job(state="queued", gpus_requested=requested, gpus_assigned=(), started_at=None)
+    _, body = blocks.queued_message(queued)
     assert check_blocks(body) == []
     (notes,) = [b for b in body if b["type"] == "context"]
     assert notes["elements"][0]["text"] == shown
@@ -414,3 +428,52 @@ def test_the_notices_render_as_their_messages() -> None:
     queued = job(state="queued", finished_at=None, exit_code=None)
     assert render(JobQueued(queued)) == blocks.queued_message(queued)
     assert render(JobFinished(job())) == blocks.completion_reply(job())
+
+
+def test_gpus_say_which_cards_a_running_job_got_as_cuda_visible_devices() -> None:
+    running = job(state="running", gpus_requested="any:1", gpus_assigned=(1,), exit_code=None)
+    (line,) = section_texts(blocks.job_list(JobListView("box1", (running,)))[1])
+    assert "running · <@U0ALICE> · GPU 1 (CUDA_VISIBLE_DEVICES=1) · `python train.py" in line
+    _, body = blocks.completion_reply(job(gpus_assigned=(1,)))
+    assert fact(body, "GPUs") == "GPU 1 (CUDA_VISIBLE_DEVICES=1)"
+
+
+def test_a_job_that_defaulted_to_the_cpu_says_why() -> None:
+    why = "box1 has no usable NVIDIA GPU, so the job runs on the CPU"
+    queued = job(
+        state="queued", gpus_requested="none", gpus_assigned=(), started_at=None, gpus_note=why
+    )
+    _, body = blocks.queued_message(queued)
+    (notes,) = [b for b in body if b["type"] == "context"]
+    assert notes["elements"][0]["text"] == f"GPUs: no GPU (CPU only) ({why})"
+    _, body = blocks.completion_reply(
+        replace(queued, state="succeeded", started_at=queued.submitted_at)
+    )
+    assert f"{why}." in section_texts(body)[0]
+
+
+def test_who_never_calls_a_gpu_free_while_memory_is_in_use_unseen() -> None:
+    unseen = WhoGpuView(
+        0,
+        "NVIDIA A800 80GB PCIe",
+        (),
+        util_gpu_pct=35,
+        mem_used_bytes=20 * GIB,
+        mem_total_bytes=80 * GIB,
+        unseen_mem_bytes=20 * GIB,
+    )
+    text, body = blocks.who_message(WhoView("box1", (unseen,)))
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    assert "*GPU 0* NVIDIA A800 80GB PCIe · 35% busy · 20.0 GiB of 80.0 GiB" in shown
+    assert "in use (no process visible: another container?) · 20.0 GiB" in shown
+    assert "free" not in shown
+    assert text.endswith("GPU 0: in use (no process visible: another container?)")
+
+
+def test_log_of_a_job_whose_state_could_not_be_asked_says_so() -> None:
+    view = LogView(job(state="running"), "step 1\n", 50, state_stale=True)
+    text, body = blocks.log_message(view)
+    assert "Log of job 42 on box1 (running, as the bot last saw it)" in all_text((text, body))
+    fresh = blocks.log_message(LogView(job(), "done\n", 50))
+    assert "Log of job 42 on box1 (succeeded)" in all_text(fresh)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,7 @@ from slack_sdk.models.blocks import Block
 from bot.blocks import money, render
 from bot.services import advice
 from bot.services.budgets import BudgetAlert, BudgetStatus
+from bot.services.costs import FinalCost
 from bot.services.digest import Digest, DigestData, JobSpend, PlanSaving
 from bot.services.spend import InstanceSpend, SpendReport, group_lines
 
@@ -71,12 +73,13 @@ def test_spend_message_shows_totals_idle_and_top_instances() -> None:
         spend_item(1, project="llm"),
     ]
     shown = validate(money.spend_message(report(items, by="project", complete=False)))
-    assert "GPU spend, March 2026 (so far)" in shown
+    # The current month counts the open hour too (as budgets and status do), and says so.
+    assert "GPU spend, March 2026 (this month so far)" in shown
     assert "*Total $3.25*" in shown
     assert "Idle GPUs cost *$0.50* (17% of compute)" in shown
     assert "*By project*" in shown
     assert "llm: $2.00" in shown
-    assert "current hour is not in yet" in shown
+    assert "Charged up to the last full hour" in shown
     assert "egress) is not metered" in shown
 
 
@@ -140,20 +143,58 @@ def test_fit_message() -> None:
     shown = validate(money.fit_message(advice.fit("70b", "full")))
     assert "70B (shaped like llama-3.1-70b) full, 16-bit" in shown
     assert "optimizer state" in shown
-    assert "14x *NVIDIA H100" in shown
+    # 80 GB is 74.5 GiB, 70.3 GiB of it usable: 15 cards, not 14 at a full 80 GiB each.
+    assert "15x *NVIDIA H100" in shown
+    assert "usable each" in shown
+    assert "0.5 GiB for the CUDA context and 5% for fragmentation" in shown
     small = validate(money.fit_message(advice.fit("llama-3.1-8b", "inference")))
     assert "KV cache" in small
     assert "/h on runpod" in small
 
 
-@pytest.mark.parametrize("hours", [Decimal("1.5"), Decimal(5000)])
-def test_estimate_message(hours: Decimal) -> None:
+@pytest.mark.parametrize(("hours", "months"), [(Decimal("1.5"), "2,400"), (Decimal(500), "7.2")])
+def test_estimate_message(hours: Decimal, months: str) -> None:
     report_ = advice.estimate("4090", hours=hours, hourly_micros=500_000, buy_micros=1800 * USD)
     shown = validate(money.estimate_message(report_, "USD"))
-    assert f"NVIDIA GeForce RTX 4090 for {hours} h" in shown
-    assert "Buying pays off after *3600 h*" in shown
-    expected = "hourly" if hours < 3600 else "buy"
-    assert f"Cheapest: *{expected}*" in shown
+    assert f"NVIDIA GeForce RTX 4090 at {hours} h a month" in shown
+    assert "Buying pays off after *3,600 h* of renting by the hour" in shown
+    assert f"*{months} months* at {hours} h a month" in shown
+    assert "Cheapest: *hourly* (to rent at" in shown
+    assert "--price, --monthly and --buy are per card" in shown
+
+
+def test_estimate_for_two_cards_says_per_card_and_never_one_card_for_a_total() -> None:
+    report_ = advice.estimate(
+        "a100-sxm4-80gb",
+        hours=Decimal(50),
+        count=2,
+        hourly_micros=869_000,
+        monthly_micros=1015 * USD,
+        buy_micros=4031 * USD,
+    )
+    shown = validate(money.estimate_message(report_, "USD"))
+    assert "buy $4,031.00 a card (as given)" in shown
+    assert "*$8,062.00* once" in shown
+    assert "one card" not in shown
+    assert "A monthly plan *never pays off*, at any usage" in shown
+    assert "pays off from" not in shown
+
+
+def test_final_cost_explains_the_rounding() -> None:
+    cost = FinalCost(
+        total_micros=4 * USD,
+        compute_micros=4 * USD,
+        storage_micros=0,
+        used_s=4200,
+        billed_s=7200,
+        hourly_micros=2 * USD,
+        currency="USD",
+    )
+    assert money.final_cost_text(cost) == "$4.00: 1h10m billed as 2 h at $2.00/h"
+    exact = replace(cost, total_micros=2_333_334, billed_s=4200, storage_micros=0)
+    assert money.final_cost_text(exact) == "$2.33: 1h10m at $2.00/h"
+    never = replace(cost, total_micros=0, used_s=0, billed_s=0, started=False)
+    assert money.final_cost_text(never) == "$0.00: billing never started"
 
 
 def test_month_names() -> None:
@@ -163,8 +204,9 @@ def test_month_names() -> None:
 
 def test_fit_lines_say_when_the_gpus_span_machines() -> None:
     shown = validate(money.fit_message(advice.fit("70b", "full")))
-    assert "80.0 GiB each, 2 machines of up to 8)" in shown
-    assert "141.0 GiB each)" in shown
+    # A card's capacity in decimal GB, and what of it is usable in GiB.
+    assert "(80 GB: 70.3 GiB usable each, needs 69.8 GiB each; 2 machines of up to 8)" in shown
+    assert "(141 GB: 124.3 GiB usable each, needs" in shown
 
 
 def test_money_notices_render_through_the_one_door() -> None:

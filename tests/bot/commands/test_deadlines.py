@@ -209,8 +209,12 @@ def test_owners_extend_within_the_cap_only_admins_past_it(rt, clock, iid):
     assert cap == T0 + timedelta(hours=3)
 
     _ticks(rt, clock, D - timedelta(minutes=30))
-    value = _warnings(rt)[0].button_value("deadline_extend_4h")
-    with pytest.raises(NotAuthorized):
+    [warning] = _warnings(rt)
+    # Only the Extend the owner may use is offered; the cap is named.
+    assert warning.action_ids() == ["deadline_extend_1h", "deadline_release_now"]
+    assert "The lifetime cap set by an admin ends it at" in warning.text
+    value = warning.button_value("deadline_extend_1h")
+    with pytest.raises(NotAuthorized):  # a click on an Extend 4h of an older message
         _click(rt, "deadline_extend_4h", OWNER, value)
     _click(rt, "deadline_extend_1h", OWNER, value)
     assert get_instance(rt.db, iid).deadline_at == D + timedelta(hours=1)
@@ -250,3 +254,147 @@ def test_idle_keep_and_idle_release(rt, clock, platform):
 def test_a_broken_button_value_is_refused(rt):
     with pytest.raises(UsageError, match="broken"):
         _click(rt, "deadline_extend_1h", OWNER, "7; drop")
+
+
+# --- who asked, Extend only where it can work, manual instances past their deadline -----------
+
+
+def test_an_admin_release_tells_the_owner_who_released_it(rt, clock, iid):
+    assert "Release *box*" in _command(rt, ADMIN, "release box").text
+    _click(rt, "instance_release_confirm", ADMIN, str(iid))
+    [told] = rt.notifier.containing("is released")
+    assert told.channel == "UOWNER"
+    assert "released by <@UADMIN> (an admin)" in told.text
+    assert "requested by its owner" not in told.text
+
+
+def test_the_owner_releasing_is_still_said_so(rt, clock, iid):
+    _command(rt, OWNER, "release box")
+    _click(rt, "instance_release_confirm", OWNER, str(iid))
+    [told] = rt.notifier.containing("is released")
+    assert "(requested by its owner)" in told.text
+
+
+def test_an_admin_extending_names_the_admin_on_the_owners_warning(rt, clock, iid):
+    _ticks(rt, clock, D - timedelta(minutes=30))
+    [warning] = _warnings(rt)
+    _click(rt, "deadline_extend_1h", ADMIN, warning.button_value("deadline_extend_1h"))
+    assert "Extended 1h by <@UADMIN> (an admin)" in warning.current_text
+
+
+def test_an_admin_extend_command_names_the_admin_on_the_superseded_warning(rt, clock, iid):
+    _ticks(rt, clock, D - timedelta(minutes=30))
+    [warning] = _warnings(rt)
+    _command(rt, ADMIN, "extend box 2h")
+    _ticks(rt, clock, clock.now)
+    assert "superseded" in warning.current_text
+    assert "extended by <@UADMIN> (an admin)" in warning.current_text
+
+
+def test_a_warning_at_the_cap_offers_no_extend_to_the_owner(rt, clock, iid):
+    _command(rt, ADMIN, "cap box 2h")  # the cap is the deadline
+    _ticks(rt, clock, D - timedelta(minutes=30))
+    [warning] = _warnings(rt)
+    assert warning.action_ids() == ["deadline_release_now"]
+    assert "The lifetime cap set by an admin ends it at Wed 02 Dec 14:00 UTC" in warning.text
+    assert "only an admin can extend it past that" in warning.text
+
+
+def test_an_admin_owner_gets_every_extend_under_a_cap(rt, clock):
+    add_instance(
+        rt.db,
+        owner_id="UADMIN",
+        provider="scripted",
+        provider_instance_id="i-1",
+        deadline_at=D,
+        lifetime_cap_at=D,
+        last_polled_at=T0,
+    )
+    _ticks(rt, clock, D - timedelta(minutes=30))
+    [warning] = _warnings(rt)
+    assert warning.action_ids() == [
+        "deadline_extend_1h",
+        "deadline_extend_4h",
+        "deadline_release_now",
+    ]
+
+
+def _manual_past_deadline(rt, clock):
+    iid = add_instance(rt.db, provider="manual", deadline_at=D, last_polled_at=T0)
+    _ticks(rt, clock, D)
+    assert get_instance(rt.db, iid).state == "awaiting_confirmation"
+    return iid
+
+
+def test_a_stale_extend_on_a_manual_release_says_it_awaits_confirmation(rt, clock):
+    _manual_past_deadline(rt, clock)
+    warning = _warnings(rt)[0]
+    reply = _click(rt, "deadline_extend_1h", OWNER, warning.button_value("deadline_extend_1h"))
+    assert "release requested; waiting for you to confirm it is released on the platform" in (
+        reply.text
+    )
+    assert "`/gpu extend box 2h`" in reply.text
+    assert "already answered" not in reply.text
+
+
+def test_extend_takes_back_a_manual_release_awaiting_confirmation(rt, clock):
+    iid = _manual_past_deadline(rt, clock)
+    [ask] = rt.notifier.containing("Please release *box* on its platform")
+    clock.advance(minutes=5)
+    reply = _command(rt, OWNER, "extend box 2h")
+    assert "box" in reply.text
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.deadline_at) == ("active", clock.now + timedelta(hours=2))
+    with rt.db.session() as session:
+        assert session.exec(select(Release.state)).all() == ["cancelled"]
+    assert "Release request withdrawn: extended 2h by <@UOWNER>" in ask.current_text
+    assert ask.action_ids() == []
+    # No reminder comes any more, and the next deadline is watched as usual.
+    before = len(rt.notifier.posts)
+    _ticks(rt, clock, clock.now + timedelta(hours=1), step_s=300)
+    assert rt.notifier.posts[before:] == []
+    _ticks(rt, clock, inst.deadline_at, step_s=60)
+    assert get_instance(rt.db, iid).state == "awaiting_confirmation"
+
+
+def test_only_the_owner_or_an_admin_takes_back_a_manual_release(rt, clock):
+    iid = _manual_past_deadline(rt, clock)
+    with pytest.raises(NotAuthorized):
+        _command(rt, OTHER, "extend box 2h")
+    _command(rt, ADMIN, "extend box 1h")
+    assert get_instance(rt.db, iid).state == "active"
+
+
+def test_reminder_buttons_and_extend_work_after_a_restart(rt, clock, sqlite_db, platform):
+    iid = _manual_past_deadline(rt, clock)
+    _ticks(rt, clock, clock.now + timedelta(minutes=31), step_s=300)
+    [reminder] = rt.notifier.containing("Reminder: *box*")
+    assert "`/gpu extend box 2h`" in reminder.text
+    restarted = make_runtime(
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+    )
+    value = reminder.button_value("instance_release_done")
+    reply = _click(restarted, "instance_release_done", OWNER, value)
+    assert "released" in reply.text
+    assert get_instance(restarted.db, iid).state == "released"
+
+
+def test_extend_after_a_restart_takes_back_the_manual_release(rt, clock, sqlite_db, platform):
+    iid = _manual_past_deadline(rt, clock)
+    restarted = make_runtime(
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+    )
+    _command(restarted, OWNER, "extend box 2h")
+    assert get_instance(restarted.db, iid).state == "active"
+
+
+def test_the_stop_policy_needs_its_release_after(rt, clock, iid):
+    with pytest.raises(UsageError, match="--release-after"):
+        _command(rt, OWNER, "policy box --at-deadline stop")
+    with pytest.raises(UsageError, match="goes with --at-deadline stop"):
+        _command(rt, OWNER, "policy box --release-after 24h")
+    reply = _command(rt, OWNER, "policy box --at-deadline stop --release-after 24h")
+    assert "at the deadline: stop (disk kept and billed), released 1d after the deadline" in (
+        reply.text
+    )
+    assert get_instance(rt.db, iid).deadline_policy == "stop"

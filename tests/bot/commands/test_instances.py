@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from datetime import timedelta
 from typing import Any, cast
@@ -11,7 +12,7 @@ from sqlmodel import select
 
 import bot.commands.instances as commands
 from bot.commands import build_registry
-from bot.commands.parser import parse
+from bot.commands.parser import CommandArgumentParser, parse
 from bot.commands.registry import Reply
 from bot.errors import NotAuthorized, NotFound, UsageError
 from bot.runtime import Runtime
@@ -66,23 +67,26 @@ def test_the_commands_and_buttons_are_registered() -> None:
         assert action in REGISTRY.actions
 
 
-@pytest.mark.parametrize(
-    "spec",
-    [
-        commands.REGISTER,
-        commands.ADOPT,
-        commands.STATUS,
-        commands.LIST,
-        commands.HEALTH,
-        commands.EXTEND,
-        commands.RELEASE,
-    ],
-)
-def test_every_example_parses(spec: Any) -> None:
+@pytest.mark.parametrize("spec", REGISTRY.primary_commands(), ids=lambda spec: spec.name)
+def test_every_example_of_every_command_parses(spec: Any) -> None:
+    assert spec.examples, f"/gpu help {spec.name} shows no example"
     for example in spec.examples:
+        assert example.startswith(f"/gpu {spec.name}"), example
         parsed, _ = parse(example.removeprefix("/gpu "), REGISTRY)
-        assert parsed is spec
+        assert parsed.name == spec.name, example
     assert spec.usage.startswith(f"/gpu {spec.name}")
+
+
+@pytest.mark.parametrize("spec", REGISTRY.primary_commands(), ids=lambda spec: spec.name)
+def test_help_names_only_options_the_command_has_and_every_one_it_has(spec: Any) -> None:
+    parser = CommandArgumentParser(spec)
+    spec.configure(parser)
+    known = {option for action in parser._actions for option in action.option_strings}
+    said = " ".join((spec.usage, spec.summary, *(e.split(" -- ")[0] for e in spec.examples)))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", said))
+    assert named <= known, f"{spec.name}: help names {sorted(named - known)}"
+    in_usage = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", spec.usage))
+    assert known <= in_usage, f"{spec.name}: usage lacks {sorted(known - in_usage)}"
 
 
 def test_usage_lines_follow_the_design() -> None:
@@ -261,9 +265,45 @@ def test_broken_button_values_are_usage_errors(rt: Runtime, value: str) -> None:
     [("0.10/GB-month", 100_000), ("0.1", 100_000), ("$0.08/gb/month", 80_000)],
 )
 def test_parse_storage_price(text: str, micros: int) -> None:
-    assert commands.parse_storage_price(text) == micros
+    assert commands.parse_storage_price(text, "USD") == micros
 
 
 def test_quoted_names_reach_the_service_unchanged(rt: Runtime) -> None:
     with pytest.raises(UsageError, match="not a valid instance name"):
         run(rt, f"register {shlex.quote('my box')} root@h --gpu a100 --price 1/h")
+
+
+LONG_NAME = "n" * 10_000
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"register {LONG_NAME} local --gpu a100 --price 2.10/h",
+        f"register {LONG_NAME.upper()} root@10.0.0.1 --gpu a100 --price 2.10/h",
+        f"status {LONG_NAME}",
+        f"health {LONG_NAME}",
+        f"health {LONG_NAME} --full",
+        f"extend {LONG_NAME} 1h",
+        f"release {LONG_NAME}",
+        f"policy {LONG_NAME}",
+        f"policy {LONG_NAME} --idle-release 1h",
+        f"cap {LONG_NAME} 3d",
+        f"register local local --gpu a100 --price 2.10/h --provider-id {LONG_NAME} "
+        "--provider runpod",
+        f"register box root@{LONG_NAME} --gpu a100 --price 2.10/h",
+        f"register box {LONG_NAME}@host --gpu a100 --price 2.10/h",
+    ],
+)
+def test_a_10000_character_name_is_echoed_cut(rt: Runtime, db: Database, text: str) -> None:
+    from bot.errors import GpubotError
+    from bot.listeners import error_reply
+
+    with pytest.raises(GpubotError) as info:
+        run(rt, text, caller=Caller(user_id="UADMIN", channel_id="CTEAM"))
+    shown = error_reply(info.value).text
+    assert "n" * 41 not in shown, shown[:300]
+    assert "N" * 41 not in shown, shown[:300]
+    assert len(info.value.message) <= 200, info.value.message[:300]
+    assert rows(db, Instance) == []

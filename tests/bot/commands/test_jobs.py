@@ -274,3 +274,44 @@ def test_run_keeps_everything_after_the_double_dash_as_the_command() -> None:
     assert args.command == ["python", "t.py", "--gpus", "3", "--", "a b"]
     _, listing = parse("jobs", build_registry())
     assert listing.name is None
+
+
+def test_run_says_which_gpus_and_refuses_a_missing_one_in_the_agents_words(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    box: int,
+    agent_home: Path,
+) -> None:
+    with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+        missing = payload_json(ask(bot, "run box --gpus 3 -- true"))
+        assert "box has 2 GPUs (0, 1); --gpus 3 names GPU 3, which it does not have." in missing
+        assert "exit code" not in missing
+        assert "gpu-agent" not in missing
+        refused = payload_json(ask(bot, "run box --gpus 2gpus -- true"))
+        assert "--gpus any:2 (any 2 free GPUs)" in refused
+        pinned = ask(bot, """run box --gpus 1 -- python3 -c "print('it ran')" """)
+        assert "Queued job 1 on box with GPU 1 (CUDA_VISIBLE_DEVICES=1)." in payload_json(pinned)
+        default = ask(bot, "run box -- true")
+        assert "with one free GPU (picked when the job starts)" in payload_json(default)
+        (first, _) = channel_messages(bot)
+        shown = json.dumps(first.blocks)
+        assert """python3 -c \\"print('it ran')\\\"""" in shown
+        assert "'\"'\"'" not in shown
+        assert "GPUs: GPU 1 (CUDA_VISIBLE_DEVICES=1)" in shown
+
+
+def test_help_for_run_states_what_gpus_means() -> None:
+    from bot.commands.jobs import RUN
+
+    text = RUN.summary + " ".join(RUN.examples) + RUN.usage
+    for fragment in (
+        "--gpus 0 is GPU 0",
+        "CUDA_VISIBLE_DEVICES",
+        "--gpus any:2",
+        "--gpus none",
+        "Without --gpus a job gets one free GPU",
+        "[--gpus 0,1|any:N|all|none]",
+    ):
+        assert fragment in text, fragment

@@ -54,7 +54,7 @@ def files(bot: SlackBot) -> list[SharedFile]:
 
 
 def test_spend_answers_and_uploads_chart_and_csv(bot: SlackBot) -> None:
-    assert bot.command("spend 2026-03 --by project") == 200
+    assert bot.command("spend 2026-03 --by project --share") == 200
     (reply,) = bot.replies(1)
     assert reply.payload["response_type"] == "in_channel"
     assert not check_blocks(reply.payload["blocks"])
@@ -69,8 +69,58 @@ def test_spend_answers_and_uploads_chart_and_csv(bot: SlackBot) -> None:
     assert chart.filename == "gpu-spend-2026-03-by-project.png"
     assert chart.content.startswith(b"\x89PNG")
     assert chart.channel == "C0GENERAL"
-    rows = list(csv.DictReader(io.StringIO(table.content.decode())))
+    rows = list(csv.DictReader(io.StringIO(table.content.decode("utf-8-sig"))))
     assert [(r["instance"], r["total_USD"]) for r in rows] == [("trainer", "30.000000")]
+
+
+def test_spend_answers_only_the_caller_unless_shared(bot: SlackBot, sqlite_db: Database) -> None:
+    with sqlite_db.session() as session:
+        bob = session.get(Person, "U0BOB")
+        assert bob is not None
+        bob.display_name = "鲍勃"
+        session.add(bob)
+    private = ask(bot, "spend 2026-03")
+    assert private.payload["response_type"] == "ephemeral"
+    assert "add `--share`" in payload_json(private)
+    assert files(bot) == []
+    shared = ask(bot, "spend 2026-03 --share")
+    assert shared.payload["response_type"] == "in_channel"
+    assert bot.slack.wait_for(lambda s: len(files(bot)) == 2)
+    _, table = files(bot)
+    assert table.content.startswith(b"\xef\xbb\xbf")
+    (row,) = csv.DictReader(io.StringIO(table.content.decode("utf-8-sig")))
+    assert (row["owner"], row["owner_name"]) == ("U0BOB", "鲍勃")
+    assert "--share" in ask(bot, "help spend").payload["text"] + payload_json(
+        ask(bot, "help spend")
+    )
+
+
+def test_estimate_prices_are_per_card(bot: SlackBot) -> None:
+    shown = payload_json(
+        ask(bot, "estimate --gpu a100-sxm4-80gb --count 2 --hours 50 --price 1.74/h --buy 4031")
+    )
+    assert "*$174.00* a month" in shown  # 50 h x $1.74 x 2 cards
+    assert "*$8,062.00* once" in shown
+    assert "buy $4,031.00 a card (as given)" in shown
+    assert "one card" not in shown
+    assert "*2,317 h* of renting by the hour: *46 months* at 50 h a month" in shown
+    plan = payload_json(ask(bot, "estimate --gpu a100-sxm4-80gb --hours 50 --price 0.869/h"))
+    assert "*never pays off*" in plan
+    refused = ask(bot, "estimate --gpu 4090 --hours 50 --buy 0").payload["text"]
+    assert "--buy 0 means nothing to compare" in refused
+
+
+def test_amounts_in_another_currency_are_refused(bot: SlackBot, sqlite_db: Database) -> None:
+    refused = ask(bot, "budget set project llm 2000元").payload["text"]
+    assert "is in CNY" in refused
+    assert "amounts here are in USD" in refused
+    with sqlite_db.session() as session:
+        assert list(session.exec(select(Budget))) == []
+    assert "Budget set" in ask(bot, "budget set project llm 2,000.50").payload["text"]
+    with sqlite_db.session() as session:
+        assert [b.limit_micros for b in session.exec(select(Budget))] == [2_000_500_000]
+    price = ask(bot, "estimate --gpu 4090 --hours 50 --price ¥2/h").payload["text"]
+    assert "is in CNY or JPY" in price
 
 
 def test_spend_of_an_empty_month_uploads_nothing(bot: SlackBot) -> None:

@@ -311,3 +311,79 @@ def test_any_text_parses_or_gives_a_usage_error(text: str) -> None:
 @given(st.lists(_WORDS, max_size=10))
 def test_any_command_like_words_parse_or_give_a_usage_error(words: list[str]) -> None:
     _check(" ".join(words))
+
+
+# --- negative values and long words -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("extend local -1h", "-1h is negative: give a positive duration like 1h."),
+        ("extend local -90m", "-90m is negative: give a positive duration like 90m."),
+        (
+            "register box root@h --gpu a100 --price 1/h --min-charge -5m",
+            "-5m is negative: give a positive duration like 5m.",
+        ),
+        (
+            "register box root@h --gpu a100 --price 1/h --min-charge=-5m",
+            "-5m is negative: give a positive duration like 5m.",
+        ),
+        (
+            "register box root@h --gpu a100 --price 1/h --release-in -2h",
+            "-2h is negative: give a positive duration like 2h.",
+        ),
+        ("register box root@h --gpu a100 --price 1/h --disk -5", "-5 is negative: give a positive"),
+        ("policy box --max-grace -2h", "-2h is negative: give a positive duration like 2h."),
+        ("policy box --idle-release -1h", "-1h is negative: give a positive duration like 1h."),
+        ("cap box -3d", "-3d is negative: give a positive duration like 3d."),
+        ("extend local -1x", "-1x is negative: give a positive duration."),
+    ],
+)
+def test_a_negative_value_reaches_its_parser_and_is_refused_as_negative(
+    text: str, message: str
+) -> None:
+    with pytest.raises(UsageError) as err:
+        parse(text, REGISTRY)
+    assert err.value.message.startswith(message)
+    assert "required" not in err.value.message
+    assert "expected one argument" not in err.value.message
+    assert err.value.usage == REGISTRY.commands[text.split()[0]].usage
+
+
+def test_dashes_still_mean_options_and_help(registry: Registry) -> None:
+    spec, args = parse("run box --retries 2 -- python train.py --lr -3e-4", registry)
+    assert args.command == ["python", "train.py", "--lr", "-3e-4"]
+    spec, args = parse("extend box -h", registry)
+    assert spec.name == "help"
+    with pytest.raises(UsageError, match="Unrecognized arguments: -x"):
+        parse("status box -x", registry)
+
+
+LONG = "a" * 10_000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        LONG,
+        f"help {LONG}",
+        f"status {LONG} {LONG}",
+        f"status box {'x ' * 5000}",
+        f"extend box {LONG}",
+        f"register box root@h --gpu a100 --price 1/h --provider {LONG}",
+        f"register box root@h --gpu a100 --price 1/h --{LONG} 1",
+        f"register box root@h --gpu a100 --price 1/h --min-charge {LONG}",
+        f"register box root@h --gpu a100 --price 1/h --count {LONG}",
+        f"policy box --release-when-done {LONG}",
+        f"extend box -{'1' * 10_000}h",
+        f"extend box {'1' * 10_000}h",
+    ],
+)
+def test_a_long_word_is_echoed_cut(text: str) -> None:
+    with pytest.raises(UsageError) as err:
+        parse(text, REGISTRY)
+    assert len(err.value.message) <= 300, err.value.message[:400]
+    assert "a" * 41 not in err.value.message
+    assert "1" * 41 not in err.value.message
+    assert len(err.value.hint) <= 300

@@ -109,3 +109,60 @@ def test_unreachable_endpoint_is_retryable():
     with pytest.raises(ProviderError) as caught:
         aws.list_instances()
     assert caught.value.retryable
+
+
+@pytest.fixture
+def no_credentials(aws_endpoint, monkeypatch, tmp_path):
+    """moto's URL with no AWS credentials anywhere boto3 looks (environment, files, metadata)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # it keeps what it found before
+    return aws_endpoint
+
+
+def test_missing_credentials_are_named_not_blamed_on_the_type(no_credentials):
+    aws = AwsProvider.from_settings(Settings(aws_endpoint_url=no_credentials))
+    with pytest.raises(ProviderAuthError) as caught:
+        aws.instance_type("g5.xlarge")
+    assert caught.value.message.startswith("No AWS credentials")
+    assert "not an EC2 instance type" not in caught.value.user_text()
+    assert "AWS_ACCESS_KEY_ID" in caught.value.hint
+    assert "instance profile" in caught.value.hint
+    assert not caught.value.retryable
+
+
+def test_renting_without_credentials_says_so_through_the_command(no_credentials, sqlite_db):
+    from bot.commands import build_registry
+    from bot.commands.parser import parse
+    from bot.services.access import Caller
+    from tests.bot.services.support import Clock, make_runtime
+
+    aws = AwsProvider.from_settings(Settings(aws_endpoint_url=no_credentials))
+    rt = make_runtime(sqlite_db, Clock(), providers=[aws])
+    spec, args = parse(
+        "rent aws g5.xlarge --image ami-0abc1234 --price 1.01/h --release-in 3h",
+        build_registry(),
+    )
+    with pytest.raises(ProviderAuthError, match="No AWS credentials") as caught:
+        spec.handler(rt, Caller("UOWNER", channel_id="CTEAM"), args)
+    assert "not an EC2 instance type" not in caught.value.user_text()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "hint"),
+    [
+        (401, "AuthFailure", "refused the bot's credentials"),
+        (403, "UnauthorizedOperation", "grant its IAM user or role"),
+    ],
+)
+def test_refused_credentials_are_not_an_unknown_type(ec2_error_server, status, code, hint):
+    ec2_error_server.answer(status, code)
+    aws = AwsProvider.from_settings(Settings(aws_endpoint_url=ec2_error_server.url))
+    with pytest.raises(ProviderAuthError) as caught:
+        aws.instance_type("g5.xlarge")
+    assert code in caught.value.message
+    assert "not an EC2 instance type" not in caught.value.message
+    assert hint in caught.value.hint

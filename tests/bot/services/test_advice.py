@@ -132,11 +132,14 @@ def test_estimate_hourly_monthly_buy_with_break_even() -> None:
     assert report.buy_break_even_hours == Decimal(4000)
     assert report.cheapest is not None
     assert report.cheapest.name == "hourly"
-    # Past a month the plan is paid twice.
-    longer = advice.estimate(
+    # --hours is each card's use a month: a plan is paid once a month, and no month has more
+    # than 744 hours.
+    busy = advice.estimate(
         "4090", hours=Decimal(731), hourly_micros=500_000, monthly_micros=300_000_000
     )
-    assert {o.name: o.cost_micros for o in longer.options}["monthly plan"] == 600_000_000
+    assert {o.name: o.cost_micros for o in busy.options}["monthly plan"] == 300_000_000
+    with pytest.raises(UsageError, match="--hours 745 is not hours a month"):
+        advice.estimate("4090", hours=Decimal(745), hourly_micros=500_000)
 
 
 def test_estimate_uses_the_table_scaled_to_the_count() -> None:
@@ -204,3 +207,75 @@ def test_estimate_in_another_currency_needs_given_prices() -> None:
     assert report.monthly_micros is None
     assert report.monthly_source == "the price table is in USD"
     assert advice.estimate("4090", hours=Decimal(10), currency="USD").hourly_micros == 690_000
+
+
+# --- `/gpu estimate --count`: prices per card ------------------------------------------------
+
+
+def test_given_prices_are_per_card_and_multiplied_by_the_count() -> None:
+    one = advice.estimate(
+        "4090", hours=Decimal(100), hourly_micros=500_000, buy_micros=1_800_000_000
+    )
+    two = advice.estimate(
+        "4090", hours=Decimal(100), count=2, hourly_micros=500_000, buy_micros=1_800_000_000
+    )
+    costs = {option.name: option.cost_micros for option in two.options}
+    assert costs["hourly"] == 2 * 100 * 500_000
+    assert costs["buy"] == 2 * 1_800_000_000
+    assert two.hourly_per_card_micros == one.hourly_per_card_micros == 500_000
+    assert two.buy_micros == 2 * one.buy_micros  # type: ignore[operator]
+    # The break-even is the same per card whatever the count.
+    assert two.buy_break_even_hours == one.buy_break_even_hours == Decimal(3600)
+    assert all("one card" not in option.detail for option in two.options)
+    assert "2 cards" in {o.name: o.detail for o in two.options}["buy"]
+
+
+def test_a_plan_dearer_than_a_month_around_the_clock_never_pays_off() -> None:
+    report = advice.estimate(
+        "a100-sxm4-80gb", hours=Decimal(50), hourly_micros=869_000, monthly_micros=1015 * 10**6
+    )
+    assert report.monthly_break_even_hours == Decimal("1168.0")
+    assert report.plan_never_pays
+    fine = advice.estimate(
+        "4090", hours=Decimal(50), hourly_micros=500_000, monthly_micros=300_000_000
+    )
+    assert not fine.plan_never_pays
+
+
+def test_buying_pays_off_in_months_at_the_users_pace() -> None:
+    report = advice.estimate(
+        "a100-sxm4-80gb", hours=Decimal(50), hourly_micros=1_740_000, buy_micros=4031 * 10**6
+    )
+    assert report.buy_break_even_hours == Decimal("2316.7")
+    assert report.buy_break_even_months == Decimal("46.3")
+    assert report.buy_against == "hourly"
+
+
+@pytest.mark.parametrize("option", ["hourly_micros", "monthly_micros", "buy_micros"])
+def test_a_price_of_zero_is_refused(option: str) -> None:
+    flag = {"hourly_micros": "--price", "monthly_micros": "--monthly", "buy_micros": "--buy"}
+    with pytest.raises(UsageError, match=f"^{flag[option]} 0 means nothing") as err:
+        advice.estimate("4090", hours=Decimal(10), **{option: 0})  # type: ignore[arg-type]
+    assert "more than 0" in (err.value.hint or "")
+
+
+# --- `/gpu fit`: decimal gigabytes and a reserve per card -------------------------------------
+
+
+def test_catalogue_gigabytes_are_decimal_and_a_reserve_is_kept() -> None:
+    t4 = specs.lookup("t4")
+    assert t4 is not None
+    capacity = advice.capacity_bytes(t4)
+    assert capacity == 16 * GB  # 14.9 GiB, not 16
+    reserve = advice.CUDA_CONTEXT_BYTES + int(capacity * advice.FRAGMENTATION_FRACTION)
+    assert advice.usable_bytes(capacity) == capacity - reserve
+    assert advice.usable_bytes(capacity) < 14 * GIB
+
+
+def test_7b_lora_does_not_fit_one_t4() -> None:
+    report = advice.fit("7b", "lora")
+    t4 = by_key(report)["t4"]
+    assert report.memory.total_bytes > t4.usable_bytes
+    assert t4.count == 2
+    assert t4.per_gpu_bytes <= t4.usable_bytes < t4.mem_bytes
+    assert by_key(report)["rtx-4090"].count == 1

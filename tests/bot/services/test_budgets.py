@@ -190,3 +190,21 @@ def test_resolve_subject_knows_the_caller_and_names_learned_from_mentions(
         person = session.get(Person, "U0DANA")
         assert person is not None
         assert person.display_name == "dana"
+
+
+def test_a_used_up_personal_budget_is_told_to_the_admins_once(db: Database, clock: Clock) -> None:
+    notifier = RecordingNotifier()
+    rt = make_runtime(db, clock, notifier=notifier, channel="COPS")
+    add_instance(db, owner_id="UALICE", project="llm", price_micros=10 * USD, created_at=START)
+    budgets.set_budget(rt, ADMIN, "user", "UALICE", 100 * USD)
+    clock.advance(hours=5)  # $50: only Alice hears of half her budget
+    budgets.check_alerts(rt, clock.now)
+    assert len(notifier.to("UALICE")) == 1
+    assert notifier.to("COPS") == []
+    clock.advance(hours=6)  # $110: used up; the team channel hears of it too
+    budgets.check_alerts(rt, clock.now)
+    budgets.check_alerts(rt, clock.now)
+    [told] = notifier.to("COPS")
+    assert "used up" in told.text
+    assert "UALICE" in told.text
+    assert len(notifier.to("UALICE")) == 2

@@ -18,7 +18,15 @@ from sqlmodel import select
 
 from agents.jobstore import JobStore
 from agents.protocol import FINAL_JOB_STATES
-from bot.errors import Conflict, NotAuthorized, NotFound, SlackError, UsageError
+from bot.errors import (
+    AgentBroken,
+    Conflict,
+    NotAuthorized,
+    NotFound,
+    SlackError,
+    Unreachable,
+    UsageError,
+)
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
 from bot.notify import MessageRef
@@ -159,7 +167,8 @@ def run(world: World, caller: Caller, command: list[str], **kwargs: Any) -> Job:
 
 
 def test_run_posts_the_message_and_exactly_one_completion_reply_in_its_thread(world: World):
-    job = run(world, OWNER, [PY, "-c", "print('hello from the job')"], gpus="1")
+    # No --gpus: the job gets one free GPU (GPU 0 here), not the CPU.
+    job = run(world, OWNER, [PY, "-c", "print('hello from the job')"])
     assert job.agent_job_id.startswith("2")  # the agent's id, no longer pending
     assert job.requested_by == "UOWNER"
     assert job.reply_claimed_at is None
@@ -414,11 +423,16 @@ def test_bad_requests_change_nothing(world: World):
             svc.submit(world.rt, OWNER, "box", **kwargs)
     with pytest.raises(NotFound):
         svc.submit(world.rt, OWNER, "nope", ["true"])
-    from bot.errors import AgentBroken
-
-    with pytest.raises(AgentBroken, match="more GPUs than this machine has"):
+    # The agent's own words, first and alone, with the instance named.
+    with pytest.raises(UsageError) as caught:
         svc.submit(world.rt, OWNER, "box", ["true"], gpus="3")
-    with pytest.raises(AgentBroken, match="command not found"):
+    assert caught.value.message.startswith("box has 2 GPUs (0, 1); --gpus 3 names GPU 3, ")
+    assert "--gpus any:N (at most 2 here)" in caught.value.message
+    assert "exit code" not in caught.value.user_text()
+    with pytest.raises(UsageError) as caught:
+        svc.submit(world.rt, OWNER, "box", ["true"], gpus="any:3")
+    assert caught.value.message == "box has 2 GPUs (0, 1); --gpus any:3 asks for 3."
+    with pytest.raises(UsageError, match=r"^no-such-program-xyz: command not found on PATH\.$"):
         svc.submit(world.rt, OWNER, "box", ["no-such-program-xyz"])
     with world.db.session() as session:
         assert session.exec(select(Job)).all() == []
@@ -456,7 +470,7 @@ def test_who_counts_the_agents_reservations(world: World, fake_nvml: FakeNvml):
     starting = run(world, OWNER, ["sleep", "30"], gpus="0,")
     world.wait_agent(starting.agent_job_id, ("running",))
     waiting = run(world, OWNER, ["sleep", "30"], gpus="0,")
-    any_two = run(world, OWNER, ["sleep", "30"], gpus="2")
+    any_two = run(world, OWNER, ["sleep", "30"], gpus="any:2")
     pid = world.store.read(starting.agent_job_id)["job_pid"]
     fake_nvml.gpus(
         2,
@@ -473,7 +487,9 @@ def test_who_counts_the_agents_reservations(world: World, fake_nvml: FakeNvml):
         True,
     )
     assert [w.job_ref for w in first.waiting] == [str(waiting.id)]
-    assert [(w.job_ref, w.wanted) for w in view.waiting_any] == [(str(any_two.id), "any 2 GPUs")]
+    assert [(w.job_ref, w.wanted) for w in view.waiting_any] == [
+        (str(any_two.id), "any 2 free GPUs")
+    ]
     (proc,) = second.processes  # the job's process, seen on the other GPU
     assert (proc.job_ref, proc.sm_util_pct) == (str(starting.id), 55)
     assert proc.elapsed_s is not None
@@ -597,3 +613,114 @@ def test_logs_and_cancel_of_a_job_the_instance_does_not_have_say_how_to_list_the
         assert caught.value.hint == "`/gpu jobs box` lists its jobs."
     with world.db.session() as session:
         assert session.exec(select(Job)).all() == []
+
+
+def test_gpus_name_cards_as_cuda_visible_devices_does(world: World):
+    """``--gpus 1`` is GPU 1 (not "any one"), ``--gpus 0`` GPU 0 (not none); the job sees it
+    as CUDA_VISIBLE_DEVICES and the job's messages say which card it got."""
+    code = "import os; print('CVD=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+    second = run(world, OWNER, [PY, "-c", code], gpus="1")
+    first = run(world, OWNER, [PY, "-c", code], gpus="0")
+    cpu = run(world, OWNER, [PY, "-c", code], gpus="none")
+    queued = [p.text for p in world.notifier.posts]
+    for job in (second, first, cpu):
+        world.wait_agent(job.agent_job_id)
+    svc.poll_all(world.rt)
+    assert [world.row(j.id or 0).gpus for j in (second, first)] == ["1", "0"]
+    assert world.row(cpu.id or 0).gpu_count == 0
+    bodies = {r.thread_ts: json.dumps(r.blocks) for r in world.replies()}
+    assert "CVD=1" in bodies[second.message_ts]
+    assert "GPU 1 (CUDA_VISIBLE_DEVICES=1)" in bodies[second.message_ts]
+    assert "GPU 0 (CUDA_VISIBLE_DEVICES=0)" in bodies[first.message_ts]
+    assert "no GPU (CPU only)" in bodies[cpu.message_ts]
+    assert len(queued) == 3
+    listing = {j.id: j for j in svc.list_jobs(world.rt, "box").jobs}
+    assert listing[second.id].gpus_assigned == (1,)
+
+
+def test_who_shows_a_reserved_gpu_as_held_and_unseen_memory_as_in_use(
+    world: World, fake_nvml: FakeNvml
+):
+    # GPU 1: 20 GiB in use and no process visible (another container's); GPU 0: a job holds
+    # it but has not opened CUDA yet.
+    fake_nvml.gpus(2, per_gpu={1: {"memory_used": 20 * 1024**3}})
+    holder = run(world, OWNER, ["sleep", "30"], gpus="0")
+    world.wait_agent(holder.agent_job_id, ("running",))
+    view = svc.who(world.rt, "box")
+    reserved, unseen = view.gpus
+    assert reserved.held_by is not None
+    assert (reserved.held_by.job_ref, reserved.held_by.starting) == (str(holder.id), True)
+    assert not reserved.free
+    assert unseen.processes == ()
+    assert unseen.unseen_mem_bytes == 20 * 1024**3
+    assert not unseen.free
+    from bot.blocks.jobs import who_message
+
+    text, _ = who_message(view)
+    assert text.endswith(
+        f"GPU 0: held by job {holder.id}; GPU 1: in use (no process visible: another container?)"
+    )
+    assert svc.cancel(world.rt, OWNER, str(holder.id)).state == "cancelled"
+
+
+def test_who_without_a_driver_says_so_in_the_agents_words(world: World, fake_nvml: FakeNvml):
+    fake_nvml.no_library()
+    with pytest.raises(AgentBroken) as caught:
+        svc.who(world.rt, "box")
+    message = caught.value.message
+    assert message.startswith("No NVIDIA driver on box (nvidia-smi / NVML not found): ")
+    assert "libnvidia-ml.so.1" in message
+    assert "exit code" not in caught.value.user_text()
+
+
+def test_without_a_usable_gpu_the_default_runs_on_the_cpu_and_says_why(
+    world: World, fake_nvml: FakeNvml
+):
+    fake_nvml.no_library()
+    job = run(world, OWNER, ["true"])
+    (message,) = world.notifier.posts
+    assert "GPUs: no GPU (CPU only) (box has no usable NVIDIA GPU, so the job runs on the CPU)" in (
+        json.dumps(message.blocks)
+    )
+    with pytest.raises(AgentBroken, match=r"^No NVIDIA GPU can be used on box "):
+        svc.submit(world.rt, OWNER, "box", ["true"], gpus="any:1")
+    world.wait_agent(job.agent_job_id)
+    svc.poll_all(world.rt)
+    assert world.row(job.id or 0).gpu_count == 0
+
+
+def test_logs_and_the_fleet_list_show_the_state_the_agent_has_now(world: World):
+    job = run(world, OWNER, ["sh", "-c", "echo all done"])
+    world.wait_agent(job.agent_job_id)
+    # No poll has run: the bot's row still says queued.
+    assert world.row(job.id or 0).state == "queued"
+    shown = svc.logs(world.rt, OWNER, str(job.id))
+    assert (shown.text, shown.job.state) == ("all done\n", "succeeded")
+    assert not shown.state_stale
+    other = run(world, OWNER, ["sh", "-c", "echo second"])
+    world.wait_agent(other.agent_job_id)
+    fleet = {j.id: j.state for j in svc.list_jobs(world.rt).jobs}
+    assert fleet == {job.id: "succeeded", other.id: "succeeded"}
+    one = {j.id: j.state for j in svc.list_jobs(world.rt, "box").jobs}
+    assert one == fleet
+    assert world.row(other.id or 0).state == "succeeded"
+    assert svc.poll_all(world.rt).replied == 2  # the replies still come from the clock, once
+
+
+def test_the_fleet_list_labels_jobs_of_an_instance_it_could_not_ask(world: World):
+    job = run(world, OWNER, ["sleep", "30"])
+    world.wait_agent(job.agent_job_id, ("running",))
+
+    class Down:
+        def fan_out(self, targets: Any, call: Any, **_: Any) -> dict[str, Any]:
+            return {t.name: Unreachable(f"{t.name}: no route to host") for t in targets}
+
+    real = world.rt.fleet
+    world.rt.fleet = Down()  # type: ignore[assignment]
+    try:
+        listing = svc.list_jobs(world.rt)
+    finally:
+        world.rt.fleet = real
+    assert [(j.id, j.state) for j in listing.jobs] == [(job.id, "queued")]
+    assert listing.problem == "Could not ask box now: its jobs are shown as the bot last saw them."
+    assert svc.cancel(world.rt, OWNER, str(job.id)).state == "cancelled"

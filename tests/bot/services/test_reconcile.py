@@ -104,8 +104,11 @@ def _runtime(db, *providers: Provider, **settings) -> Runtime:
 
 def _registered(rt: Runtime, account: Account) -> tuple[int, str]:
     provider_id = account.create()
+    seen = account.provider.get(provider_id)  # registered at the address the platform lists
     iid = add_instance(
         rt.db,
+        host=seen.host or "127.0.0.1",
+        port=seen.ssh_port,
         provider=account.provider.name,
         provider_instance_id=provider_id,
         created_at=T0 - timedelta(hours=2),
@@ -139,11 +142,16 @@ def test_stopped_outside_the_bot_then_started_again(db, account: Account):
     assert later.storage_micros == stopped_cost.storage_micros + 3 * 100_000
     assert reconcile.reconcile(rt, clock.advance(minutes=5)) == []  # nothing new
 
+    registered_at = (inst.host, inst.port)
     account.start_outside(provider_id)
     started_at = clock.advance(hours=3)
     assert reconcile.reconcile(rt, clock.now) == [iid]
     inst = get_instance(rt.db, iid)
     assert (inst.state, inst.stopped_at) == ("active", None)
+    # Where the platform runs it now (EC2 gives a started instance a new public IP).
+    listed = account.provider.get(provider_id)
+    assert (inst.host, inst.port) == (listed.host, listed.ssh_port)
+    moved = (inst.host, inst.port) != registered_at
     # Billed again from the start on, not for the three hours it stood stopped: exactly on a
     # per-second platform, within one increment where a platform rounds (see bot.billing).
     slack = billing.rules_for(inst).increment_s * 1_000  # $0.001 a second
@@ -157,12 +165,13 @@ def test_stopped_outside_the_bot_then_started_again(db, account: Account):
     assert f"was stopped on {account.provider.name} outside the bot" in told[0]
     assert "keeps billing ($0.10/h)" in told[0]
     assert "started again" in told[1]
+    assert (f"It came back at `{inst.host}:{inst.port}`" in told[1]) == moved
     with rt.db.session() as session:
         assert session.exec(select(Release.reason, Release.mode, Release.state)).all() == [
             ("reconcile", "stop", "confirmed")
         ]
         actions = session.exec(select(AuditLog.action).order_by(AuditLog.id)).all()
-    assert actions == ["stopped_outside", "started_outside"]
+    assert actions == ["stopped_outside", "started_outside"] + ["address_changed"] * moved
 
 
 def test_the_ledger_charges_nothing_for_the_stopped_hours(db, vast_cloud: VastStandIn):

@@ -29,7 +29,7 @@ from bot.errors import (
 )
 from bot.listeners import error_reply
 from bot.runtime import Runtime
-from bot.services import audit, fleet_views, lifecycle, polling, registration
+from bot.services import audit, fleet_views, lifecycle, lookup, polling, registration
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Prompt
@@ -99,7 +99,7 @@ def test_register_local_stores_the_instance_with_meter_and_deadline(
     assert notifier.posts == []
 
 
-def test_register_reports_a_gpu_mismatch_loudly_to_owner_and_channels(
+def test_register_reports_a_gpu_mismatch_in_the_reply_and_once_to_the_ops_channel(
     rt: Runtime, db: Database, fake_nvml: FakeNvml, notifier: RecordingNotifier
 ) -> None:
     fake_nvml.gpus(1, A100_40)
@@ -109,9 +109,120 @@ def test_register_reports_a_gpu_mismatch_loudly_to_owner_and_channels(
     problems = " ".join(result.mismatch.problems)
     assert "fewer cards: 1 delivered, 2 rented" in problems
     assert "less memory" in problems
-    assert sorted(p.channel for p in notifier.posts) == ["COPS", "CTEAM", "UOWNER"]
-    assert all("GPU mismatch on local" in p.text for p in notifier.posts)
+    # One message (it used to be three: the owner, the ops channel and the caller's channel,
+    # where the reply already says it).
+    assert [p.channel for p in notifier.posts] == ["COPS"]
+    assert "GPU mismatch on local" in notifier.posts[0].text
+    assert "GPU mismatch on local" in blocks.register_result(result)[0] + str(
+        blocks.register_result(result)[1]
+    )
     assert len(rows(db, Instance)) == 1  # still registered: the owner decides what to do
+
+
+def test_a_mismatch_is_not_posted_again_where_the_reply_went(
+    rt: Runtime, fake_nvml: FakeNvml, notifier: RecordingNotifier
+) -> None:
+    fake_nvml.gpus(1, A100_40)
+    in_ops = Caller(user_id="UOWNER", channel_id="COPS")
+    result = registration.register(rt, in_ops, local_request(gpu_model="a100", gpu_count=2))
+    assert result.mismatch is not None
+    assert notifier.posts == []
+
+
+def _shown(message: tuple[str, object]) -> str:
+    return message[0] + json.dumps(message[1])
+
+
+def test_a_mismatch_shows_in_status_list_and_detail_while_it_holds(
+    rt: Runtime, fake_nvml: FakeNvml
+) -> None:
+    fake_nvml.gpus(4, "NVIDIA GeForce RTX 4090")
+    registration.register(rt, OWNER, local_request(gpu_model="A100", gpu_count=8))
+    said = "rented 8x A100, delivered 4x NVIDIA GeForce RTX 4090"
+
+    assert said in _shown(blocks.fleet_overview(fleet_views.fleet_overview(rt)))
+    assert said in _shown(blocks.instance_list(fleet_views.list_instances(rt)))
+    assert said in _shown(blocks.instance_detail(fleet_views.instance_detail(rt, "local")))
+
+    fake_nvml.gpus(8, A100_80)  # the platform fixed it
+    for shown in (
+        _shown(blocks.fleet_overview(fleet_views.fleet_overview(rt))),
+        _shown(blocks.instance_list(fleet_views.list_instances(rt))),
+        _shown(blocks.instance_detail(fleet_views.instance_detail(rt, "local"))),
+    ):
+        assert "delivered" not in shown
+        assert "8x A100" in shown
+
+
+@pytest.mark.integration
+def test_a_registration_without_a_deadline_says_it_got_the_default(
+    rt: Runtime, db: Database, clock: Clock, sshd: SshServer, tmp_path: Path
+) -> None:
+    rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory, default_release_in_s=3600)
+    request = local_request(
+        name="box1",
+        address=f"{sshd.user}@{sshd.host}:{sshd.port}",
+        key_name=sshd.client_key_path.name,
+        agent_home=str(tmp_path / "remote-home"),
+        gpu_model=None,
+        gpu_count=None,
+        release_in=None,
+    )
+    result = registration.register(rt, OWNER, request)
+    [inst] = rows(db, Instance)
+    assert inst.deadline_at == clock.now + timedelta(hours=1)
+    assert result.default_deadline_s == 3600
+    shown = _shown(blocks.register_result(result))
+    assert "(1h left) (the default; `--release-in` or `--release-at` to choose)" in shown
+
+    again = registration.register(rt, OWNER, request)  # a re-registration keeps its deadline
+    assert again.re_registered
+    assert again.default_deadline_s is None
+    assert "the default" not in _shown(blocks.register_result(again))
+
+
+def test_a_registration_with_a_deadline_does_not_call_it_the_default(rt: Runtime) -> None:
+    result = registration.register(rt, OWNER, local_request())
+    assert result.default_deadline_s is None
+    assert "the default" not in _shown(blocks.register_result(result))
+
+
+def test_the_registration_reply_and_status_show_the_settings(rt: Runtime) -> None:
+    request = local_request(
+        billing="minute", min_charge_s=600, disk_gb=200.0, storage_micros_per_gb_month=100_000
+    )
+    result = registration.register(rt, OWNER, request)
+    detail = _shown(blocks.instance_detail(fleet_views.instance_detail(rt, "local")))
+    for shown in (_shown(blocks.register_result(result)), detail):
+        for line in (
+            "at the deadline: release",
+            "idle: prompt only",
+            "when its jobs are done: kept",
+            "lifetime cap: none",
+            "billing: per minute, minimum charge 10m",
+            "disk: 200 GB at $0.10/GB-month",
+        ):
+            assert line in shown, line
+
+
+def test_a_used_up_budget_stops_a_new_registration_but_not_an_admin(
+    rt: Runtime, db: Database, clock: Clock
+) -> None:
+    from bot.errors import BudgetExceeded
+    from bot.services import budgets
+    from tests.bot.services.support import add_instance
+
+    add_instance(db, name="old", owner_id="UOWNER", created_at=clock.now, price_micros=10_000_000)
+    budgets.set_budget(rt, ADMIN, "user", "UOWNER", 5_000_000)
+    clock.advance(hours=1)  # $10 of a $5 budget
+    with pytest.raises(BudgetExceeded, match="is used up") as info:
+        registration.register(rt, OWNER, local_request())
+    assert "admin" in info.value.hint
+    assert [i.name for i in rows(db, Instance)] == ["old"]
+    assert [r.action for r in rows(db, AuditLog)] == ["budget_set"]
+
+    registration.register(rt, ADMIN, local_request())
+    assert sorted(i.name for i in rows(db, Instance)) == ["local", "old"]
 
 
 def test_register_rejects_bad_input_and_changes_nothing(rt: Runtime, db: Database) -> None:
@@ -373,39 +484,37 @@ RTX4090 = ("NVIDIA GeForce RTX 4090", 24564 * MIB, 128)
 
 
 def test_compare_gpus_agrees_when_delivered_as_rented() -> None:
-    assert registration.compare_gpus("h100", 2, _snapshot(H100, H100)) is None
-    assert (
-        registration.compare_gpus("a100", 1, _snapshot(A100_40_GPU)) is None
-    )  # either A100 will do
-    assert registration.compare_gpus(None, None, _snapshot()) is None
-    assert registration.compare_gpus("h100", 1, _snapshot(H100, H100)) is None  # more is not less
+    assert lookup.compare_gpus("h100", 2, _snapshot(H100, H100)) is None
+    assert lookup.compare_gpus("a100", 1, _snapshot(A100_40_GPU)) is None  # either A100 will do
+    assert lookup.compare_gpus(None, None, _snapshot()) is None
+    assert lookup.compare_gpus("h100", 1, _snapshot(H100, H100)) is None  # more is not less
 
 
 def test_compare_gpus_finds_fewer_cards_another_model_and_less_memory() -> None:
-    fewer = registration.compare_gpus("h100", 8, _snapshot(H100, H100))
+    fewer = lookup.compare_gpus("h100", 8, _snapshot(H100, H100))
     assert fewer is not None
     assert fewer.problems == ("fewer cards: 2 delivered, 8 rented",)
-    other = registration.compare_gpus("a100", 2, _snapshot(RTX4090, RTX4090))
+    other = lookup.compare_gpus("a100", 2, _snapshot(RTX4090, RTX4090))
     assert other is not None
     assert other.problems == (
         "less memory: NVIDIA GeForce RTX 4090 has 24 GiB, the rented a100 has 40 GiB or more "
         "(2 cards)",
     )
-    wrong = registration.compare_gpus("h100", 1, _snapshot(A100_80_GPU))
+    wrong = lookup.compare_gpus("h100", 1, _snapshot(A100_80_GPU))
     assert wrong is not None
     assert "another model" in wrong.problems[0]
-    smaller = registration.compare_gpus("a100 80gb", 1, _snapshot(A100_40_GPU))
+    smaller = lookup.compare_gpus("a100 80gb", 1, _snapshot(A100_40_GPU))
     assert smaller is not None
     assert smaller.problems[0].startswith("less memory: NVIDIA A100-SXM4-40GB has 40 GiB")
     mig = ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * 1024 * MIB, 42)
-    slice_ = registration.compare_gpus("a100", 1, _snapshot(mig))
+    slice_ = lookup.compare_gpus("a100", 1, _snapshot(mig))
     assert slice_ is not None
     assert slice_.problems[0].startswith("another model: NVIDIA A100-SXM4-80GB MIG 3g.40gb is not")
 
 
 def test_compare_gpus_without_nvml_says_no_gpu_is_visible() -> None:
     error = NvmlError("library_not_found", "libnvidia-ml.so.1 not found", "install the driver")
-    found = registration.compare_gpus("a100", 1, _snapshot(nvml_error=error))
+    found = lookup.compare_gpus("a100", 1, _snapshot(nvml_error=error))
     assert found is not None
     assert found.problems == ("no GPU is visible: libnvidia-ml.so.1 not found",)
 
@@ -468,3 +577,21 @@ def test_valid_names(name: str) -> None:
 def test_invalid_names(name: str) -> None:
     with pytest.raises(UsageError, match="not a valid instance name"):
         registration.validate_name(name)
+
+
+def test_a_used_up_budget_stops_a_re_registration_that_moves_the_deadline_later(
+    rt: Runtime, db: Database, clock: Clock
+) -> None:
+    from bot.errors import BudgetExceeded
+    from bot.services import budgets
+
+    registration.register(rt, OWNER, local_request())
+    budgets.set_budget(rt, ADMIN, "user", "UOWNER", 1_000_000)
+    clock.advance(hours=1)  # $4.20 of a $1 budget
+    [before] = rows(db, Instance)
+    with pytest.raises(BudgetExceeded, match="is used up"):
+        registration.register(rt, OWNER, local_request(release_in=timedelta(hours=10)))
+    [after] = rows(db, Instance)
+    assert after.deadline_at == before.deadline_at
+    again = registration.register(rt, OWNER, local_request(release_in=timedelta(hours=1)))
+    assert again.re_registered  # an earlier deadline needs no budget

@@ -245,7 +245,14 @@ def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
     clock = cast(Clock, rt.clock)
     notifier = cast(RecordingNotifier, rt.notifier)
     registered = runpod_cloud.add()
-    add_instance(rt.db, name="kept", provider="runpod", provider_instance_id=registered)
+    add_instance(
+        rt.db,
+        name="kept",
+        host=runpod_cloud.ssh_host,  # where the platform lists it
+        port=runpod_cloud.ssh_port,
+        provider="runpod",
+        provider_instance_id=registered,
+    )
     pod = _crashed_rental(rt, runpod_cloud, monkeypatch, "pod5")
 
     # While a rental could still be in progress, nothing is touched.

@@ -587,12 +587,15 @@ class TrustModel(RuleBasedStateMachine):
             expect = Expect(NotFound, why=f"no live {name}")
         elif not _may_change(caller, reg.owner):
             expect = Expect(NotAuthorized, names=reg.owner, why="not the owner nor an admin")
-        elif reg.state != "active":
+        elif reg.state not in ("active", "awaiting_confirmation"):
             expect = Expect(Conflict, why=f"{name} is {reg.state}")
         else:
             found = reg
 
             def apply(_after: Snapshot) -> None:
+                # Extending a manual instance that awaits its release confirmation keeps it:
+                # the release request is withdrawn.
+                found.state = "active"
                 found.deadline = max(found.deadline, now) + delta
 
             expect = Expect(apply=apply)
