@@ -166,19 +166,11 @@ def build_digest(
         idle_threshold_pct=idle_threshold_pct,
         currency=currency,
     )
-    previous = spend.spend_report(
-        db,
-        ledger.previous_month(month),
-        by="user",
-        tz=tz,
-        now=now,
-        idle_threshold_pct=idle_threshold_pct,
-        currency=currency,
-    )
+    previous_total = spend.month_total_micros(db, ledger.previous_month(month), tz=tz, now=now)
     return DigestData(
         month=month,
         report=report,
-        previous_total_micros=previous.total_micros,
+        previous_total_micros=previous_total,
         savings=plan_savings(report, table),
         jobs=top_jobs(db, report.start_at, report.end_at),
     )

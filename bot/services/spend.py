@@ -220,6 +220,21 @@ def spend_report(
     )
 
 
+def month_total_micros(db: Database, month: str, *, tz: ZoneInfo, now: datetime) -> int:
+    """What ``month`` (``YYYY-MM`` in ``tz``, complete by ``now``) cost in all: one SUM over its
+    charges, the same total :func:`spend_report` gives for a past month, without its groups.
+    Raises StoreError when the database fails."""
+    ledger.accrue(db, now, tz)
+    start, end = ledger.month_bounds(month, tz)
+    with db.read_session() as session:
+        total = session.exec(
+            select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
+                col(Charge.start_at) >= start, col(Charge.start_at) < end
+            )
+        ).one()
+    return int(total)
+
+
 def group_lines(instances: Iterable[InstanceSpend], by: str) -> tuple[SpendLine, ...]:
     """Totals per group, most expensive first."""
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])

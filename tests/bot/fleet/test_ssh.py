@@ -23,6 +23,7 @@ from bot.errors import (
     HostKeyNotPinned,
     Unreachable,
 )
+from bot.fleet import ssh as ssh_module
 from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import AgentClient
 from bot.fleet.fleet import Fleet
@@ -339,6 +340,19 @@ def test_large_output_on_both_streams(fleet: Fleet, sshd: SshServer) -> None:
     result = transport.exec(["python3", "-c", code], timeout_s=30)
 
     assert (len(result.stdout), len(result.stderr)) == (3_000_000, 1_000_000)
+
+
+def test_output_after_the_exit_status_is_read_and_a_held_stream_waits_only_a_grace(
+    fleet: Fleet, sshd: SshServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = fleet.transport(sshd.target("gpu-a"))
+    # A child that outlives the command keeps its output open: sshd sends the exit status but
+    # no end of output, so the rest is awaited for the grace only, not up to the timeout.
+    monkeypatch.setattr(ssh_module, "EOF_GRACE_S", 0.5)
+    started = time.monotonic()
+    result = transport.exec(["sh", "-c", "echo first; (sleep 30; echo late) &"], timeout_s=20)
+    assert (result.exit_code, result.stdout) == (0, "first\n")
+    assert time.monotonic() - started < 10
 
 
 def test_slow_command_times_out(fleet: Fleet, sshd: SshServer) -> None:

@@ -137,6 +137,15 @@ def test_other_months_hold_their_own_charges(db: Database, fleet: dict[str, int]
     assert april.compute_micros == 0
 
 
+def test_a_past_month_s_total_is_one_sum_equal_to_its_report(
+    db: Database, fleet: dict[str, int]
+) -> None:
+    now = datetime(2026, 4, 2, 12, 0)
+    for month in ("2026-02", "2026-03"):
+        total = spend.month_total_micros(db, month, tz=UTC_TZ, now=now)
+        assert total == report(db, month).total_micros > 0
+
+
 def test_days_split_active_and_idle(db: Database, fleet: dict[str, int]) -> None:
     result = report(db)
     assert len(result.days) == 31
