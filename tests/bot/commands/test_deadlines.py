@@ -21,6 +21,7 @@ from bot.store.models import AuditLog, Instance, Release
 from tests.bot.services.support import (
     T0,
     Clock,
+    NoFleet,
     ScriptedPlatform,
     add_instance,
     get_instance,
@@ -32,11 +33,6 @@ OWNER = Caller("UOWNER", channel_id="CTEAM")
 OTHER = Caller("UOTHER", channel_id="CTEAM")
 ADMIN = Caller("UADMIN", channel_id="CTEAM")
 D = T0 + timedelta(hours=2)
-
-
-class _NoFleet:
-    def forget(self, name: str) -> None:
-        return None
 
 
 @pytest.fixture
@@ -52,7 +48,7 @@ def platform():
 @pytest.fixture
 def rt(sqlite_db, clock, platform):
     return make_runtime(
-        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=NoFleet()
     )
 
 
@@ -109,7 +105,7 @@ def test_extend_1h_updates_every_warning_and_moves_the_deadline(rt, clock, iid):
 
 @pytest.mark.parametrize("clicks", [2, 4])
 def test_a_double_click_extends_once(db, clock, platform, monkeypatch, clicks):
-    rt = make_runtime(db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet())
+    rt = make_runtime(db, clock, providers=[platform], poll_interval_s=10**7, fleet=NoFleet())
     iid = add_instance(
         rt.db, provider="scripted", provider_instance_id="i-1", deadline_at=D, last_polled_at=T0
     )
@@ -371,7 +367,7 @@ def test_reminder_buttons_and_extend_work_after_a_restart(rt, clock, sqlite_db, 
     [reminder] = rt.notifier.containing("Reminder: *box*")
     assert "`/gpu extend box 2h`" in reminder.text
     restarted = make_runtime(
-        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=NoFleet()
     )
     value = reminder.button_value("instance_release_done")
     reply = _click(restarted, "instance_release_done", OWNER, value)
@@ -382,7 +378,7 @@ def test_reminder_buttons_and_extend_work_after_a_restart(rt, clock, sqlite_db, 
 def test_extend_after_a_restart_takes_back_the_manual_release(rt, clock, sqlite_db, platform):
     iid = _manual_past_deadline(rt, clock)
     restarted = make_runtime(
-        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=NoFleet()
     )
     _command(restarted, OWNER, "extend box 2h")
     assert get_instance(restarted.db, iid).state == "active"

@@ -276,3 +276,10 @@ def rows(db: Database, model: type[Any]) -> list[Any]:
     """Every row of ``model``."""
     with db.session() as session:
         return list(session.exec(select(model)).all())
+
+
+class NoFleet:
+    """A fleet that holds no connections (releasing only forgets the instance's)."""
+
+    def forget(self, name: str) -> None:
+        return None

@@ -15,6 +15,7 @@ from bot.store.models import Instance, Prompt, Release
 from tests.bot.services.support import (
     T0,
     Clock,
+    NoFleet,
     ScriptedPlatform,
     add_instance,
     get_instance,
@@ -24,11 +25,6 @@ from tests.bot.services.support import (
 D = T0 + timedelta(hours=2)
 OWNER = Caller("UOWNER", channel_id="CTEAM")
 OTHER = Caller("UOTHER", channel_id="CTEAM")
-
-
-class _NoFleet:
-    def forget(self, name: str) -> None:
-        return None
 
 
 @pytest.fixture
@@ -44,7 +40,7 @@ def platform():
 @pytest.fixture
 def rt(sqlite_db, clock, platform):
     return make_runtime(
-        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=_NoFleet()
+        sqlite_db, clock, providers=[platform], poll_interval_s=10**7, fleet=NoFleet()
     )
 
 

@@ -19,7 +19,7 @@ from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.store.models import Instance, Release
-from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
+from tests.bot.services.support import T0, Clock, NoFleet, add_instance, get_instance, make_runtime
 from tests.fixtures.providers import LambdaStandIn, RunpodStandIn
 
 pytestmark = pytest.mark.integration
@@ -32,11 +32,6 @@ AFTER = timedelta(hours=24)
 DISK = {"disk_gb": 730.0, "storage_micros_per_gb_month": 100_000}
 
 
-class _NoFleet:
-    def forget(self, name: str) -> None:
-        return None
-
-
 @pytest.fixture
 def clock() -> Clock:
     return Clock()
@@ -46,7 +41,7 @@ def clock() -> Clock:
 def rt(db, clock, runpod_cloud: RunpodStandIn) -> Runtime:
     settings = Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
     runpod = ProviderRegistry.from_settings(settings).get("runpod")
-    return make_runtime(db, clock, providers=[runpod], poll_interval_s=10**7, fleet=_NoFleet())
+    return make_runtime(db, clock, providers=[runpod], poll_interval_s=10**7, fleet=NoFleet())
 
 
 def run(rt: Runtime, text: str, caller: Caller = OWNER) -> Reply:
@@ -146,7 +141,7 @@ def test_a_platform_that_cannot_stop_refuses_the_policy(db, clock, lambda_cloud:
         lambda_api_url=lambda_cloud.url + "/api/v1", lambda_api_key=lambda_cloud.api_key
     )
     lam = ProviderRegistry.from_settings(settings).get("lambda")
-    rt = make_runtime(db, clock, providers=[lam], poll_interval_s=10**7, fleet=_NoFleet())
+    rt = make_runtime(db, clock, providers=[lam], poll_interval_s=10**7, fleet=NoFleet())
     iid = add_instance(rt.db, provider="lambda", provider_instance_id=lambda_cloud.add())
     with pytest.raises(UsageError, match="cannot stop an instance") as refused:
         run(rt, "policy box --at-deadline stop --release-after 24h")

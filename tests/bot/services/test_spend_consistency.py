@@ -18,6 +18,7 @@ from bot.store.db import Database
 from bot.store.models import Person
 from tests.bot.services.support import (
     Clock,
+    NoFleet,
     RecordingNotifier,
     ScriptedPlatform,
     add_instance,
@@ -30,13 +31,6 @@ OWNER = Caller("UOWNER", "COPS")
 USD = 1_000_000
 START = datetime(2026, 12, 2, 12, 0)
 UTC = ZoneInfo("UTC")
-
-
-class _NoFleet:
-    """A fleet that holds no connections (releasing forgets the instance's)."""
-
-    def forget(self, name: str) -> None:
-        return None
 
 
 @pytest.fixture
@@ -91,9 +85,7 @@ def test_status_spend_and_budgets_show_one_figure(db: Database, clock: Clock) ->
 
 def test_a_release_says_its_final_cost_and_spend_agrees(db: Database, clock: Clock) -> None:
     notifier = RecordingNotifier()
-    rt = make_runtime(
-        db, clock, providers=[ScriptedPlatform()], notifier=notifier, fleet=_NoFleet()
-    )
+    rt = make_runtime(db, clock, providers=[ScriptedPlatform()], notifier=notifier, fleet=NoFleet())
     instance_id = add_instance(
         db,
         name="hourly",
