@@ -63,6 +63,8 @@ MAX_CHANNELS = 8
 _READ_CHUNK = 65536
 #: How long to wait for the rest of a command's output once its exit status is in (s).
 EOF_GRACE_S = 2.0
+# How often a wait for output also looks for the exit status, in seconds.
+_STATUS_POLL_S = 0.25
 #: Seconds calls fail at once after a dial failed; doubled after each further failure...
 DIAL_BACKOFF_S = 30.0
 #: ...up to this many seconds.
@@ -402,7 +404,9 @@ class SshTransport:
                 # All output is in; only the exit status is still on its way.
                 chan.status_event.wait(remaining)
             else:
-                _wait_readable(chan, remaining)
+                # The exit status does not wake a poll on the channel (a child holding the
+                # output open means no EOF follows it), so poll in short slices.
+                _wait_readable(chan, min(remaining, _STATUS_POLL_S))
             self._drain(chan, out, err)
         self._drain_after_exit(chan, out, err, deadline)
         status = chan.recv_exit_status()

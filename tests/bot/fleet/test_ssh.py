@@ -352,7 +352,7 @@ def test_output_after_the_exit_status_is_read_and_a_held_stream_waits_only_a_gra
     started = time.monotonic()
     result = transport.exec(["sh", "-c", "echo first; (sleep 30; echo late) &"], timeout_s=20)
     assert (result.exit_code, result.stdout) == (0, "first\n")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 5
 
 
 def test_slow_command_times_out(fleet: Fleet, sshd: SshServer) -> None:
