@@ -26,6 +26,7 @@ from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
 from bot.health import Health
 from bot.http_server import OpsEndpoints
+from bot.i18n import language_of, set_default_language
 from bot.listeners import register_listeners
 from bot.metrics import METRICS, Metrics, StoreStats
 from bot.notify import Notifier
@@ -140,6 +141,7 @@ def build_runtime(
     database = db if db is not None else Database(settings.effective_database_url)
     if db is None:
         database.migrate()
+    set_default_language(language_of(settings.language) or "en")
     return Runtime(
         settings=settings,
         db=database,

@@ -25,8 +25,10 @@ from bot.commands.parser import parse
 from bot.commands.registry import Registry, Reply
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
+from bot.i18n import speaking
 from bot.services.access import Caller
 from bot.services.lookup import ensure_person
+from bot.services.people import language_for
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -224,7 +226,8 @@ def _run_command(
     rt: Runtime, registry: Registry, caller: Caller, text: str, respond: Respond
 ) -> None:
     remember_caller(rt, caller)
-    send_reply(respond, execute_command(rt, registry, caller, text))
+    with speaking(language_for(rt, caller.user_id)):
+        send_reply(respond, execute_command(rt, registry, caller, text))
 
 
 def _run_action(
@@ -237,4 +240,5 @@ def _run_action(
 ) -> None:
     if action_id in registry.actions and button_id(value) is not None:
         remember_caller(rt, caller)  # a malformed click reaches nothing and changes nothing
-    send_reply(respond, execute_action(rt, registry, caller, action_id, value))
+    with speaking(language_for(rt, caller.user_id)):
+        send_reply(respond, execute_action(rt, registry, caller, action_id, value))

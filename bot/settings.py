@@ -12,6 +12,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from bot.errors import ConfigError
+from bot.i18n import language_of
 from bot.logging_setup import FORMATS, LEVELS
 
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
@@ -32,6 +33,8 @@ class Settings:
     channel: str | None = None
     timezone: str = "UTC"
     currency: str = "USD"
+    #: The workspace's language: ``en`` or ``zh`` (each person may choose with `/gpu lang`).
+    language: str = "en"
     ssh_key: Path | None = None
     ssh_key_dir: Path | None = None
     ssh_connect_timeout_s: float = 10.0
@@ -83,6 +86,13 @@ class Settings:
             if value not in choices:
                 raise ConfigError(f"{var}={raw!r} is not accepted.", hint=hint)
             object.__setattr__(self, name, value)
+        language = language_of(self.language)
+        if language is None:
+            raise ConfigError(
+                f"GPUBOT_LANGUAGE={self.language!r} is not accepted.",
+                hint="Use en (English) or zh (简体中文).",
+            )
+        object.__setattr__(self, "language", language)
         if not self.metrics_host.strip():
             raise ConfigError(
                 "GPUBOT_METRICS_HOST is empty.",
@@ -104,6 +114,7 @@ class Settings:
         _put(values, "database_url", env.get("GPUBOT_DATABASE_URL"))
         _put(values, "channel", env.get("GPUBOT_CHANNEL"))
         _put(values, "currency", env.get("GPUBOT_CURRENCY"))
+        _put(values, "language", env.get("GPUBOT_LANGUAGE"))
         _put(values, "aws_endpoint_url", env.get("GPUBOT_AWS_ENDPOINT_URL"))
         _put(values, "aws_region", env.get("GPUBOT_AWS_REGION"))
         _put(values, "lambda_api_url", env.get("GPUBOT_LAMBDA_API_URL"))

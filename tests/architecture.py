@@ -51,7 +51,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "bot.metrics",
         "bot.timebox",
     ),
-    "values": ("bot.values", "bot.errors", "bot.settings", "bot.logging_setup", "bot"),
+    "values": ("bot.values", "bot.errors", "bot.settings", "bot.logging_setup", "bot.i18n", "bot"),
     "agent": ("agents",),
 }
 ORDER = ("surface", "presentation", "services", "lower", "values")

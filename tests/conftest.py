@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+
+from bot.i18n import set_default_language
 
 pytest_plugins = [
     "tests.fixtures.fake_nvml",
@@ -26,3 +29,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(no_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _workspace_language_is_english() -> Iterator[None]:
+    """A test that sets the workspace's language (GPUBOT_LANGUAGE) leaves English behind."""
+    yield
+    set_default_language("en")

@@ -7,7 +7,7 @@ command.
 
 from __future__ import annotations
 
-from bot.commands import deadlines, help, instances, jobs, money, policy, rent
+from bot.commands import deadlines, help, instances, jobs, lang, money, policy, rent
 from bot.commands.registry import Registry
 
 
@@ -21,4 +21,5 @@ def build_registry() -> Registry:
     jobs.register(registry)
     money.register(registry)
     deadlines.register(registry)
+    lang.register(registry)
     return registry

@@ -43,6 +43,7 @@ HELP_ORDER = (
     "budget",
     "fit",
     "estimate",
+    "lang",
 )
 
 

@@ -7,15 +7,23 @@ the same answer.
 
 from __future__ import annotations
 
+import logging
 import re
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
+from bot.i18n import LANGUAGE_NAMES, Language, language_of, t
 from bot.services import access
 from bot.services.access import Caller
 from bot.store.models import Person
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 #: A bare Slack member ID ``U123``/``W123`` (an ``@`` before it is fine).
 _SLACK_ID = re.compile(r"@?([UW][A-Z0-9]{2,})")
@@ -48,6 +56,45 @@ def resolve_person(
             hint=_HOW,
         )
     return _by_name(session, named.group(1), caller)
+
+
+def language_for(rt: Runtime, slack_id: str | None) -> Language:
+    """The language to speak to ``slack_id`` in: the one they chose with `/gpu lang`, else the
+    workspace's (GPUBOT_LANGUAGE). A store failure is logged and the workspace's is used."""
+    default = language_of(rt.settings.language) or "en"
+    if not slack_id:
+        return default
+    try:
+        with rt.db.session() as session:
+            person = session.get(Person, slack_id)
+            chosen = None if person is None else person.language
+    except Exception:  # the language must never cost the message
+        log.warning("could not read the language of %s", slack_id, exc_info=True)
+        return default
+    return language_of(chosen) or default
+
+
+def set_language(rt: Runtime, caller: Caller, text: str) -> Language:
+    """Remember the language ``caller`` chose (``zh``, ``中文``, ``en``…) and return it.
+    Raises UsageError, changing nothing, for a language gpubot does not speak."""
+    language = language_of(text)
+    if language is None:
+        raise UsageError(
+            t("gpubot does not speak {language!r}.", language=text[:40]),
+            hint=t("Use `/gpu lang zh` for 简体中文 or `/gpu lang en` for English."),
+        )
+    with rt.db.session() as session:
+        person = session.get(Person, caller.user_id)
+        if person is None:
+            person = Person(slack_id=caller.user_id, display_name=caller.user_name)
+        person.language = language
+        session.add(person)
+    return language
+
+
+def language_name(language: Language) -> str:
+    """What ``language`` calls itself."""
+    return LANGUAGE_NAMES[language]
 
 
 def _by_name(session: Session, name: str, caller: Caller | None) -> tuple[str, str | None]:

@@ -32,6 +32,8 @@ class Person(SQLModel, table=True):
     slack_id: str = Field(primary_key=True, max_length=64)
     display_name: str | None = Field(default=None, max_length=200)
     created_at: NaiveDatetime = Field(default_factory=utcnow)
+    #: The language they chose with `/gpu lang` (``en``, ``zh``); None: the workspace's.
+    language: str | None = Field(default=None, max_length=8)
 
 
 #: A registration is live until it is released; the unique indexes below hold over live rows.
