@@ -10,6 +10,7 @@ later tick. The work itself stays safe to run from two processes (rows and claim
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -51,7 +52,7 @@ class PlatformWork:
             if pool is None:
                 pool = ThreadPoolExecutor(self._workers, thread_name_prefix=f"platform-{platform}")
                 self._pools[platform] = pool
-        future = pool.submit(work)
+        future = pool.submit(contextvars.copy_context().run, work)
         future.add_done_callback(lambda done: self._finished(platform, key, done))
         return True
 

@@ -2,7 +2,7 @@
 
 Code spans, links, mentions, emoji codes, commands (``/gpu …``), options (``--x``), names and
 numbers are what they are in any language; a run of three or more English words outside them
-is a sentence nobody translated."""
+is a sentence nobody translated (a list of choices, `user, gpu, project`, is not)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _KEEP = re.compile(
     r"|/gpu(?:\s+[\w\-./=@:]+)*"  # commands as typed
     r"|(?<!\S)--?[\w\-]+"  # options
 )
-_ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?:[ ,;]+[A-Za-z][a-z']+){2,}\b")
+_ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z']+(?: +[A-Za-z][a-z']+){2,}\b")
 
 
 def english_left(text: str) -> list[str]:

@@ -28,6 +28,7 @@ from agents.protocol import (
 )
 from bot.errors import AgentBroken, AgentMissing, FleetError
 from bot.fleet.base import ExecResult, Target, Transport
+from bot.i18n import t
 
 #: Where the zipapp goes, relative to the login directory (or under GPU_AGENT_HOME when set).
 INSTALL_DIR = ".gpubot"
@@ -167,11 +168,19 @@ class RemoteAgent:
             return loads(cls, result.stdout)
         except ProtocolError as exc:
             raise AgentBroken(
-                f"{self.target.name}: gpu-agent {args[0]} answered something that is not its "
-                f"JSON ({exc}){_tail(result)}",
+                t(
+                    "{name}: gpu-agent {value} answered something that is not its "
+                    "JSON ({exc}){tail}",
+                    name=self.target.name,
+                    value=args[0],
+                    exc=exc,
+                    tail=_tail(result),
+                ),
                 instance=self.target.name,
-                hint="Check the instance's Python (3.9 or newer); the bot re-uploads the agent "
-                "when its version changes.",
+                hint=t(
+                    "Check the instance's Python (3.9 or newer); the bot "
+                    "re-uploads the agent when its version changes."
+                ),
             ) from exc
 
     def _run_agent(self, args: list[str]) -> ExecResult:
@@ -182,10 +191,14 @@ class RemoteAgent:
         result = self._exec(args)
         if self._file_missing(result):
             raise AgentMissing(
-                f"{self.target.name}: gpu-agent is still missing at {self.remote_path} after "
-                f"uploading it{_tail(result)}",
+                t(
+                    "{name}: gpu-agent is still missing at {remote_path} after uploading it{tail}",
+                    name=self.target.name,
+                    remote_path=self.remote_path,
+                    tail=_tail(result),
+                ),
                 instance=self.target.name,
-                hint="Check that the instance's disk is not full and its home is writable.",
+                hint=t("Check that the instance's disk is not full and its home is writable."),
             )
         return result
 
@@ -199,12 +212,22 @@ class RemoteAgent:
             return result
         if result.exit_code in _EXIT_NO_PROGRAM:
             raise AgentMissing(
-                f"{self.target.name}: cannot run {self.python} on the instance{_tail(result)}",
+                t(
+                    "{name}: cannot run {python} on the instance{tail}",
+                    name=self.target.name,
+                    python=self.python,
+                    tail=_tail(result),
+                ),
                 instance=self.target.name,
             )
         raise AgentBroken(
-            f"{self.target.name}: gpu-agent {args[0]} failed with exit code "
-            f"{result.exit_code}{_tail(result)}",
+            t(
+                "{name}: gpu-agent {value} failed with exit code {exit_code}{tail}",
+                name=self.target.name,
+                value=args[0],
+                exit_code=result.exit_code,
+                tail=_tail(result),
+            ),
             instance=self.target.name,
         )
 
@@ -222,7 +245,11 @@ class RemoteAgent:
             if type(exc) is not FleetError:
                 raise
             raise AgentMissing(
-                f"{self.target.name}: could not upload gpu-agent: {exc.message}",
+                t(
+                    "{name}: could not upload gpu-agent: {message}",
+                    name=self.target.name,
+                    message=exc.message,
+                ),
                 instance=self.target.name,
                 hint=exc.hint or None,
             ) from exc
@@ -241,8 +268,8 @@ def zipapp_digest(path: Path) -> str:
         stat = path.stat()
     except OSError as exc:
         raise AgentMissing(
-            f"the agent build {path} is missing on the bot's machine",
-            hint="Build it with `make agent` (python -m agents.zipapp dist/gpu-agent.pyz).",
+            t("the agent build {path} is missing on the bot's machine", path=path),
+            hint=t("Build it with `make agent` (python -m agents.zipapp dist/gpu-agent.pyz)."),
         ) from exc
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _digest_lock:

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from agents.protocol import HealthReport, JobList, JobRecord, StatusSnapshot, WhoReport
 from bot.errors import OutputTooLarge
+from bot.i18n import t
 
 LOCAL_HOST = "local"
 #: Bytes of standard output the bot reads from one command; past this the command is stopped.
@@ -62,8 +63,13 @@ def output_too_large(instance: str, stream: str, cap_bytes: int) -> OutputTooLar
     """The error for a command on ``instance`` whose ``stream`` (stdout, stderr) passed
     ``cap_bytes``."""
     return OutputTooLarge(
-        f"{instance}: the command printed more than {_size(cap_bytes)} on {stream}; "
-        "the bot stopped it and read no more",
+        t(
+            "{instance}: the command printed more than {size} on {stream}; "
+            "the bot stopped it and read no more",
+            instance=instance,
+            size=_size(cap_bytes),
+            stream=stream,
+        ),
         instance=instance,
     )
 

@@ -10,6 +10,7 @@ each other's threads.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import sys
 import threading
@@ -27,6 +28,7 @@ from bot.fleet.agent_client import RemoteAgent
 from bot.fleet.base import HostKey, Target, Transport
 from bot.fleet.local import LocalTransport
 from bot.fleet.ssh import SshTransport, scan_host_key
+from bot.i18n import t
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -98,16 +100,16 @@ class Fleet:
         if target.is_local:
             if self._local is None:
                 raise LocalRefused(
-                    "local is the machine the bot runs on; it is reached only from the console",
+                    t("local is the machine the bot runs on; it is reached only from the console"),
                     instance=target.name,
-                    hint="Register a remote instance over SSH instead.",
+                    hint=t("Register a remote instance over SSH instead."),
                 )
             return self._local
         key = _pool_key(target)
         stale: SshTransport | None = None
         with self._lock:
             if self._closed:
-                raise FleetError("the fleet is shut down", instance=target.name)
+                raise FleetError(t("the fleet is shut down"), instance=target.name)
             entry = self._pool.get(target.name)
             if entry is not None and entry[0] == key:
                 return entry[1]
@@ -156,7 +158,8 @@ class Fleet:
             except FleetError as exc:
                 results[target.name] = exc
                 continue
-            futures[target.name] = pool.submit(_call, fn, agent)
+            # The caller's context (its language among it) goes with the call.
+            futures[target.name] = pool.submit(contextvars.copy_context().run, _call, fn, agent)
         wait_futures(futures.values(), timeout=timeout + _GRACE_S)
         for name, future in futures.items():
             outcome: T | FleetError = _outcome(name, future, timeout)
@@ -212,4 +215,4 @@ def _outcome(name: str, future: Future[R], timeout_s: float) -> R | FleetError:
     if isinstance(exc, FleetError):
         return exc
     log.error("fan_out: unexpected error for %s", name, exc_info=exc)
-    return AgentBroken(f"{name}: unexpected error: {exc}", instance=name)
+    return AgentBroken(t("{name}: unexpected error: {exc}", name=name, exc=exc), instance=name)

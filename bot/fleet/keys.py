@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from bot.errors import UsageError
+from bot.i18n import t
 from bot.settings import Settings
 
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -21,7 +22,7 @@ _SHOWN = 10
 def check_key_name(name: str) -> str:
     """``name`` when it can name a key. Raises UsageError."""
     if not KEY_NAME_RE.fullmatch(name) or ".." in name:
-        raise UsageError(f"{name[:60]!r} is not a key name.", hint=KEY_NAME_HINT)
+        raise UsageError(t("{value!r} is not a key name.", value=name[:60]), hint=KEY_NAME_HINT)
     return name
 
 
@@ -32,9 +33,11 @@ def key_path(settings: Settings, name: str) -> Path:
     directory = settings.ssh_key_dir
     if directory is None:
         raise UsageError(
-            "No SSH keys can be chosen by name here: GPUBOT_SSH_KEY_DIR is not set.",
-            hint="Leave --key out to use the bot's default key, or ask an admin to set up a key "
-            "directory.",
+            t("No SSH keys can be chosen by name here: GPUBOT_SSH_KEY_DIR is not set."),
+            hint=t(
+                "Leave --key out to use the bot's default key, or ask an admin "
+                "to set up a key directory."
+            ),
         )
     base = directory.resolve()
     candidate = (base / name).resolve()
@@ -42,8 +45,8 @@ def key_path(settings: Settings, name: str) -> Path:
         names = key_names(settings)
         known = ", ".join(names[:_SHOWN]) if names else "none"
         raise UsageError(
-            f"There is no SSH key called {name!r} in the bot's key directory.",
-            hint=f"Keys it has: {known}. Leave --key out to use the default key.",
+            t("There is no SSH key called {name!r} in the bot's key directory.", name=name),
+            hint=t("Keys it has: {known}. Leave --key out to use the default key.", known=known),
         )
     return candidate
 

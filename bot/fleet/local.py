@@ -26,6 +26,7 @@ from bot.fleet.base import (
     ExecResult,
     output_too_large,
 )
+from bot.i18n import t
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -99,9 +100,14 @@ class LocalTransport:
         except OSError as exc:
             _remove_quietly(temp)
             raise FleetError(
-                f"could not copy {Path(local_path).name} to {dest}: {exc}",
+                t(
+                    "could not copy {name} to {dest}: {exc}",
+                    name=Path(local_path).name,
+                    dest=dest,
+                    exc=exc,
+                ),
                 instance=self.name,
-                hint="Check free disk space and write permission on this machine.",
+                hint=t("Check free disk space and write permission on this machine."),
             ) from exc
 
     def _communicate(

@@ -47,6 +47,7 @@ from bot.fleet.base import (
     output_too_large,
 )
 from bot.fleet.hostkeys import algorithms_for, host_key_from_blob
+from bot.i18n import t
 from bot.metrics import METRICS, error_kind
 from bot.settings import Settings
 
@@ -180,10 +181,15 @@ class SshTransport:
                 if alarm.fired or chan.closed:
                     raise self._lost(exc) from exc
                 raise FleetError(
-                    f"could not copy {Path(local_path).name} to {self.target.name}:{remote_path}:"
-                    f" {exc}",
+                    t(
+                        "could not copy {name} to {name2}:{remote_path}: {exc}",
+                        name=Path(local_path).name,
+                        name2=self.target.name,
+                        remote_path=remote_path,
+                        exc=exc,
+                    ),
                     instance=self.target.name,
-                    hint="Check free disk space and write permission on the instance.",
+                    hint=t("Check free disk space and write permission on the instance."),
                 ) from exc
             finally:
                 alarm.cancel()
@@ -271,9 +277,9 @@ class SshTransport:
                 return conn
         conn.close()
         raise Unreachable(
-            f"{self.target.name}: the connection was closed while it was being made",
+            t("{name}: the connection was closed while it was being made", name=self.target.name),
             instance=self.target.name,
-            hint="Try again.",
+            hint=t("Try again."),
         )
 
     def _await_dial(self, deadline: float) -> paramiko.Transport | None:
@@ -298,11 +304,17 @@ class SshTransport:
                 )
             if now >= started + self._join_dial_s:
                 raise Unreachable(
-                    f"{self.target.name}: connecting has taken {now - started:.0f} s so far "
-                    "(another call is still at it)",
+                    t(
+                        "{name}: connecting has taken {value:.0f} s so far (another "
+                        "call is still at it)",
+                        name=self.target.name,
+                        value=now - started,
+                    ),
                     instance=self.target.name,
-                    hint="Try again in a moment; if it keeps failing check that the instance "
-                    "is running and that its SSH port is open to the bot.",
+                    hint=t(
+                        "Try again in a moment; if it keeps failing check that the "
+                        "instance is running and that its SSH port is open to the bot."
+                    ),
                 )
             self._state.wait(min(deadline, started + self._join_dial_s) - now)
 
@@ -346,20 +358,32 @@ class SshTransport:
         if now < failure.retry_at:
             wait_s = math.ceil(failure.retry_at - now)
             raise Unreachable(
-                f"{self.target.name}: connecting failed {now - failure.at:.0f} s ago "
-                f"({failure.reason}); the bot tries again in {wait_s} s",
+                t(
+                    "{name}: connecting failed {value:.0f} s ago ({reason}); the "
+                    "bot tries again in {wait_s} s",
+                    name=self.target.name,
+                    value=now - failure.at,
+                    reason=failure.reason,
+                    wait_s=wait_s,
+                ),
                 instance=self.target.name,
                 hint=(
-                    "Check that the instance is running and that its SSH port is open to the "
-                    f"bot, then try again in {wait_s} s."
+                    t(
+                        "Check that the instance is running and that its SSH port is "
+                        "open to the bot, then try again in {wait_s} s.",
+                        wait_s=wait_s,
+                    )
                 ),
             )
         if self._dial_started is not None:
             raise Unreachable(
-                f"{self.target.name}: connecting failed before ({failure.reason}) and the bot "
-                "is trying again now",
+                t(
+                    "{name}: connecting failed before ({reason}) and the bot is trying again now",
+                    name=self.target.name,
+                    reason=failure.reason,
+                ),
                 instance=self.target.name,
-                hint="Try again in a moment; if it keeps failing check the instance.",
+                hint=t("Try again in a moment; if it keeps failing check the instance."),
             )
 
     def _drop(self, conn: paramiko.Transport) -> None:
@@ -372,9 +396,9 @@ class SshTransport:
         path = self.target.key_path or self._settings.ssh_key
         if path is None:
             raise AuthenticationFailed(
-                f"{self.target.name}: no SSH key configured",
+                t("{name}: no SSH key configured", name=self.target.name),
                 instance=self.target.name,
-                hint="Set GPUBOT_SSH_KEY to the private key the bot uses for instances.",
+                hint=t("Set GPUBOT_SSH_KEY to the private key the bot uses for instances."),
             )
         try:
             return self._load_key(Path(path).expanduser())
@@ -412,7 +436,7 @@ class SshTransport:
         status = chan.recv_exit_status()
         if status == -1 and _connection_lost(chan):
             raise Unreachable(
-                f"{self.target.name}: the connection dropped during the command",
+                t("{name}: the connection dropped during the command", name=self.target.name),
                 instance=self.target.name,
             )
         return ExecResult(
@@ -483,7 +507,11 @@ class SshTransport:
                 f"{self.target.name}: SSH timed out ({exc})", instance=self.target.name
             )
         return Unreachable(
-            f"{self.target.name}: the SSH connection failed ({_describe(exc)})",
+            t(
+                "{name}: the SSH connection failed ({describe})",
+                name=self.target.name,
+                describe=_describe(exc),
+            ),
             instance=self.target.name,
         )
 
@@ -496,7 +524,9 @@ def dial(target: Target, *, timeout_s: float, key: paramiko.PKey) -> paramiko.Tr
     """
     pinned = target.host_key
     if pinned is None:
-        raise HostKeyNotPinned(f"{target.name}: no host key is pinned", instance=target.name)
+        raise HostKeyNotPinned(
+            t("{name}: no host key is pinned", name=target.name), instance=target.name
+        )
     try:
         conn = _handshake(
             target.host,
@@ -515,9 +545,15 @@ def dial(target: Target, *, timeout_s: float, key: paramiko.PKey) -> paramiko.Tr
         presented = _server_key(conn)
         if presented.key_b64 != pinned.key_b64 or presented.key_type != pinned.key_type:
             raise HostKeyChanged(
-                f"{target.name}: the host key of {target.host}:{target.port} changed: "
-                f"pinned {pinned.fingerprint}, presented {presented.fingerprint}; "
-                "refusing to connect",
+                t(
+                    "{name}: the host key of {host}:{port} changed: pinned "
+                    "{fingerprint}, presented {fingerprint2}; refusing to connect",
+                    name=target.name,
+                    host=target.host,
+                    port=target.port,
+                    fingerprint=pinned.fingerprint,
+                    fingerprint2=presented.fingerprint,
+                ),
                 instance=target.name,
                 expected_fingerprint=pinned.fingerprint,
                 presented_fingerprint=presented.fingerprint,
@@ -552,13 +588,13 @@ def load_private_key(path: Path) -> paramiko.PKey:
         return _read_key(path)
     except paramiko.PasswordRequiredException as exc:
         raise AuthenticationFailed(
-            f"the SSH key {path} is protected by a passphrase",
-            hint="Give the bot a key without a passphrase (GPUBOT_SSH_KEY).",
+            t("the SSH key {path} is protected by a passphrase", path=path),
+            hint=t("Give the bot a key without a passphrase (GPUBOT_SSH_KEY)."),
         ) from exc
     except (paramiko.SSHException, OSError, ValueError) as exc:
         raise AuthenticationFailed(
-            f"cannot read the SSH key {path}: {exc}",
-            hint="Point GPUBOT_SSH_KEY (or the instance's key) at a readable private key file.",
+            t("cannot read the SSH key {path}: {exc}", path=path, exc=exc),
+            hint=t("Point GPUBOT_SSH_KEY (or the instance's key) at a readable private key file."),
         ) from exc
 
 
@@ -575,13 +611,17 @@ def _handshake(
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except socket.gaierror as exc:
         raise Unreachable(
-            f"cannot resolve {host!r}: {exc.strerror}",
-            hint="Check the host name (or use the instance's IP address) and the bot's DNS.",
+            t("cannot resolve {host!r}: {strerror}", host=host, strerror=exc.strerror),
+            hint=t("Check the host name (or use the instance's IP address) and the bot's DNS."),
         ) from exc
     except TimeoutError as exc:
-        raise Unreachable(f"{where} did not answer within {timeout_s:g} s") from exc
+        raise Unreachable(
+            t("{where} did not answer within {timeout_s:g} s", where=where, timeout_s=timeout_s)
+        ) from exc
     except OSError as exc:
-        raise Unreachable(f"cannot connect to {where}: {_describe(exc)}") from exc
+        raise Unreachable(
+            t("cannot connect to {where}: {describe}", where=where, describe=_describe(exc))
+        ) from exc
     # Commands are a few small packets each way: without this, Nagle's algorithm holds a packet
     # back until the previous one is acknowledged (up to a delayed-ACK time per command).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -589,7 +629,9 @@ def _handshake(
         conn = paramiko.Transport(sock)
     except (paramiko.SSHException, OSError) as exc:
         sock.close()
-        raise Unreachable(f"cannot start SSH with {where}: {_describe(exc)}") from exc
+        raise Unreachable(
+            t("cannot start SSH with {where}: {describe}", where=where, describe=_describe(exc))
+        ) from exc
     conn.banner_timeout = timeout_s
     conn.handshake_timeout = timeout_s
     conn.auth_timeout = timeout_s
@@ -599,8 +641,12 @@ def _handshake(
         except ValueError as exc:
             conn.close()
             raise HostKeyNotPinned(
-                f"the host key pinned for {where} is of a type this bot cannot check "
-                f"({', '.join(key_types)})"
+                t(
+                    "the host key pinned for {where} is of a type this bot cannot "
+                    "check ({choices})",
+                    where=where,
+                    choices=", ".join(key_types),
+                )
             ) from exc
     started = time.monotonic()
     try:
@@ -608,8 +654,11 @@ def _handshake(
     except IncompatiblePeer as exc:
         conn.close()
         raise HostKeyChanged(
-            f"{where} offers no host key of the pinned type ({', '.join(key_types or ())}); "
-            "refusing to connect",
+            t(
+                "{where} offers no host key of the pinned type ({choices}); refusing to connect",
+                where=where,
+                choices=", ".join(key_types or ()),
+            ),
             presented_fingerprint=None,
         ) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
@@ -618,12 +667,24 @@ def _handshake(
         # fires first; both are the same silence.
         if not conn.remote_version and time.monotonic() - started >= timeout_s * 0.9:
             raise Unreachable(
-                f"{where} did not complete the SSH handshake within {timeout_s:g} s"
+                t(
+                    "{where} did not complete the SSH handshake within {timeout_s:g} s",
+                    where=where,
+                    timeout_s=timeout_s,
+                )
             ) from exc
-        raise Unreachable(f"SSH handshake with {where} failed: {_describe(exc)}") from exc
+        raise Unreachable(
+            t("SSH handshake with {where} failed: {describe}", where=where, describe=_describe(exc))
+        ) from exc
     if not (conn.is_active() and conn.initial_kex_done):
         conn.close()
-        raise Unreachable(f"{where} did not complete the SSH handshake within {timeout_s:g} s")
+        raise Unreachable(
+            t(
+                "{where} did not complete the SSH handshake within {timeout_s:g} s",
+                where=where,
+                timeout_s=timeout_s,
+            )
+        )
     return conn
 
 
@@ -637,17 +698,31 @@ def _authenticate(conn: paramiko.Transport, target: Target, key: paramiko.PKey) 
         conn.auth_publickey(target.user, key)
     except paramiko.AuthenticationException as exc:
         raise AuthenticationFailed(
-            f"{target.name}: {target.user}@{target.host} refused the bot's SSH key",
+            t(
+                "{name}: {user}@{host} refused the bot's SSH key",
+                name=target.name,
+                user=target.user,
+                host=target.host,
+            ),
             instance=target.name,
         ) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise Unreachable(
-            f"{target.name}: the connection failed while logging in ({_describe(exc)})",
+            t(
+                "{name}: the connection failed while logging in ({describe})",
+                name=target.name,
+                describe=_describe(exc),
+            ),
             instance=target.name,
         ) from exc
     if not conn.is_authenticated():
         raise AuthenticationFailed(
-            f"{target.name}: {target.user}@{target.host} did not accept the bot's SSH key",
+            t(
+                "{name}: {user}@{host} did not accept the bot's SSH key",
+                name=target.name,
+                user=target.user,
+                host=target.host,
+            ),
             instance=target.name,
         )
 

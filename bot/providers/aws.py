@@ -30,6 +30,7 @@ from bot.errors import (
     ProviderNotFound,
     ProviderRateLimited,
 )
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -127,7 +128,7 @@ class AwsProvider:
         for reservation in answer.get("Reservations", []):
             for item in reservation.get("Instances", []):
                 return _instance(dict(item))
-        raise ProviderNotFound(f"aws: no instance {provider_id}")
+        raise ProviderNotFound(t("aws: no instance {provider_id}", provider_id=provider_id))
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
         """Terminate, or stop (EBS storage keeps billing). Already terminated (or stopped, for
@@ -188,13 +189,19 @@ class AwsProvider:
             if exc.retryable or isinstance(exc, ProviderAuthError):
                 raise  # credentials, throttling or the network: not the type's fault
             raise ProviderError(
-                f"aws: {name!r} is not an EC2 instance type ({exc.message})",
+                t(
+                    "aws: {name!r} is not an EC2 instance type ({message})",
+                    name=name,
+                    message=exc.message,
+                ),
                 retryable=False,
-                hint="Use a type such as g5.xlarge, g6e.xlarge or p4d.24xlarge.",
+                hint=t("Use a type such as g5.xlarge, g6e.xlarge or p4d.24xlarge."),
             ) from exc
         items = answer.get("InstanceTypes", [])
         if not items:
-            raise ProviderError(f"aws: {name!r} is not an EC2 instance type", retryable=False)
+            raise ProviderError(
+                t("aws: {name!r} is not an EC2 instance type", name=name), retryable=False
+            )
         return _type_info(dict(items[0]))
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
@@ -202,9 +209,9 @@ class AwsProvider:
         (usually pending: the caller waits for running and SSH)."""
         if not request.image:
             raise ProviderError(
-                "aws needs an AMI to launch from.",
+                t("aws needs an AMI to launch from."),
                 retryable=False,
-                hint="Add --image ami-... (a Deep Learning AMI has the NVIDIA driver).",
+                hint=t("Add --image ami-... (a Deep Learning AMI has the NVIDIA driver)."),
             )
         args: dict[str, Any] = {
             "ImageId": request.image,
@@ -243,11 +250,13 @@ class _translated:
             raise _client_error(self.what, exc) from exc
         if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
             raise ProviderAuthError(
-                f"No AWS credentials: the bot could not call {self.what}.",
+                t("No AWS credentials: the bot could not call {what}.", what=self.what),
                 hint=NO_CREDENTIALS_HINT,
             ) from exc
         if isinstance(exc, BotoCoreError):
-            raise ProviderError(f"aws: {self.what} failed: {exc}", retryable=True) from exc
+            raise ProviderError(
+                t("aws: {what} failed: {exc}", what=self.what, exc=exc), retryable=True
+            ) from exc
 
 
 def _client_error(what: str, exc: ClientError) -> ProviderError:

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Protocol
 
 from bot.errors import ProviderError
+from bot.i18n import t
 
 #: Normalised instance states, whatever the platform calls them. ``stopped``: compute stopped on
 #: purpose, the disk kept (it may still bill); ``crashed``: the workload died on its own (a
@@ -168,20 +169,22 @@ def check_mode(provider: Provider, mode: str) -> None:
     """Raise ProviderError(retryable=False) when ``mode`` is not one the provider supports."""
     if mode not in RELEASE_MODES:
         raise ProviderError(
-            f"Unknown release mode {mode!r}.", retryable=False, hint="Use terminate or stop."
+            t("Unknown release mode {mode!r}.", mode=mode),
+            retryable=False,
+            hint=t("Use terminate or stop."),
         )
     if mode == "stop" and not provider.capabilities.can_stop:
         raise ProviderError(
-            f"{provider.name} cannot stop instances, only terminate them.",
+            t("{name} cannot stop instances, only terminate them.", name=provider.name),
             retryable=False,
-            hint="Release with mode terminate.",
+            hint=t("Release with mode terminate."),
         )
 
 
 def no_launch(provider_name: str) -> ProviderError:
     """The error for a provider that cannot rent instances through an API."""
     return ProviderError(
-        f"{provider_name} cannot rent instances through an API.",
+        t("{provider_name} cannot rent instances through an API.", provider_name=provider_name),
         retryable=False,
-        hint="Rent on the platform, then adopt the instance with /gpu register.",
+        hint=t("Rent on the platform, then adopt the instance with /gpu register."),
     )

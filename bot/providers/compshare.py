@@ -44,6 +44,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -117,7 +118,9 @@ class CompshareApi:
         body["Signature"] = signature(body, self._private_key)
         answer = self.api.post("/", body)
         if not isinstance(answer, dict):
-            raise ProviderError(f"compshare: {action} answered with something that is not JSON")
+            raise ProviderError(
+                t("compshare: {action} answered with something that is not JSON", action=action)
+            )
         return _checked(action, answer)
 
 
@@ -197,7 +200,9 @@ class CompshareProvider:
             total = answer.get("TotalCount")
             if not items or not isinstance(total, int) or offset >= total:
                 return found
-        raise ProviderError(f"compshare: the instance list has more than {MAX_PAGES} pages")
+        raise ProviderError(
+            t("compshare: the instance list has more than {MAX_PAGES} pages", MAX_PAGES=MAX_PAGES)
+        )
 
     def get(self, provider_id: str) -> ProviderInstance:
         """One instance; ProviderNotFound when Compshare does not list it."""
@@ -253,7 +258,7 @@ class CompshareProvider:
         for item in _items(answer):
             if str(item.get("UHostId")) == provider_id:
                 return item
-        raise ProviderNotFound(f"compshare: no instance {provider_id}")
+        raise ProviderNotFound(t("compshare: no instance {provider_id}", provider_id=provider_id))
 
     def _act(self, action: str, item: dict[str, Any], **params: Any) -> None:
         """Stop or terminate one instance. A refusal (not of the keys or the rate) is looked up
@@ -281,8 +286,11 @@ def _checked(action: str, answer: dict[str, Any]) -> dict[str, Any]:
     if number in _AUTH:
         raise ProviderAuthError(
             text,
-            hint="Check GPUBOT_COMPSHARE_PUBLIC_KEY and GPUBOT_COMPSHARE_PRIVATE_KEY (the API key "
-            "pair from the Compshare console) and the API's IP allow-list.",
+            hint=t(
+                "Check GPUBOT_COMPSHARE_PUBLIC_KEY and "
+                "GPUBOT_COMPSHARE_PRIVATE_KEY (the API key pair from the "
+                "Compshare console) and the API's IP allow-list."
+            ),
         )
     if number in _RATE_LIMITED:
         raise ProviderRateLimited(text)
@@ -296,14 +304,14 @@ def _items(answer: dict[str, Any]) -> list[dict[str, Any]]:
     if items is None:
         return []
     if not isinstance(items, list):
-        raise ProviderError("compshare: the instance list has no 'UHostSet'")
+        raise ProviderError(t("compshare: the instance list has no 'UHostSet'"))
     return [item for item in items if isinstance(item, dict)]
 
 
 def _instance(item: dict[str, Any]) -> ProviderInstance:
     provider_id = item.get("UHostId")
     if not provider_id:
-        raise ProviderError("compshare: an instance without a UHostId in the answer")
+        raise ProviderError(t("compshare: an instance without a UHostId in the answer"))
     raw = item.get("State")
     raw_state = raw if isinstance(raw, str) else ""
     gpu_type = item.get("GpuType")

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 from bot import __version__
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
+from bot.i18n import t
 
 DEFAULT_TIMEOUT_S = 30.0
 #: What every request says it is (never urllib's default, which Cloudflare-fronted APIs refuse).
@@ -84,9 +85,13 @@ class JsonApi:
             url += "?" + urllib.parse.urlencode(query)
         if not url.startswith(("http://", "https://")):
             raise ProviderError(
-                f"{self.provider}: {self.base_url!r} is not an http(s) URL",
+                t(
+                    "{provider}: {base_url!r} is not an http(s) URL",
+                    provider=self.provider,
+                    base_url=self.base_url,
+                ),
                 retryable=False,
-                hint="Fix the provider's API URL in the bot's environment.",
+                hint=t("Fix the provider's API URL in the bot's environment."),
             )
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **self.headers}
@@ -102,14 +107,17 @@ class JsonApi:
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ProviderError(
-                f"{what} failed: cannot reach the API ({reason})", retryable=True
+                t("{what} failed: cannot reach the API ({reason})", what=what, reason=reason),
+                retryable=True,
             ) from exc
         if not raw.strip():
             return None
         try:
             return json.loads(raw)
         except ValueError as exc:
-            raise ProviderError(f"{what} answered with something that is not JSON") from exc
+            raise ProviderError(
+                t("{what} answered with something that is not JSON", what=what)
+            ) from exc
 
 
 class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
@@ -132,12 +140,22 @@ class _SameOriginRedirects(urllib.request.HTTPRedirectHandler):
             fp.close()
             target = urllib.parse.urlsplit(newurl)
             raise ProviderError(
-                f"{self.provider}: the API redirected {req.get_method()} "
-                f"{urllib.parse.urlsplit(req.full_url).path} to another host "
-                f"({target.scheme}://{target.netloc}); the bot does not send its API key there",
+                t(
+                    "{provider}: the API redirected {get_method} {path} to another "
+                    "host ({scheme}://{netloc}); the bot does not send its API key "
+                    "there",
+                    provider=self.provider,
+                    get_method=req.get_method(),
+                    path=urllib.parse.urlsplit(req.full_url).path,
+                    scheme=target.scheme,
+                    netloc=target.netloc,
+                ),
                 retryable=False,
-                hint=f"Check GPUBOT_{self.provider.upper()}_API_URL: it must be the platform's "
-                "API address itself, which answers without redirecting.",
+                hint=t(
+                    "Check GPUBOT_{upper}_API_URL: it must be the platform's API "
+                    "address itself, which answers without redirecting.",
+                    upper=self.provider.upper(),
+                ),
             )
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.errors import ProviderError, ProviderNotFound
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -121,9 +122,9 @@ class LambdaProvider:
         """Launch ``count`` instances of a type in a region, with an SSH key Lambda holds."""
         if not request.region or not request.ssh_key_name:
             raise ProviderError(
-                "Lambda needs a region and the name of an SSH key registered with Lambda.",
+                t("Lambda needs a region and the name of an SSH key registered with Lambda."),
                 retryable=False,
-                hint="Add --region us-east-1 --ssh-key NAME.",
+                hint=t("Add --region us-east-1 --ssh-key NAME."),
             )
         body: dict[str, Any] = {
             "region_name": request.region,
@@ -137,12 +138,12 @@ class LambdaProvider:
             "instance_ids", []
         )
         if not isinstance(ids, list) or not ids:
-            raise ProviderError("lambda: the launch answered without instance ids")
+            raise ProviderError(t("lambda: the launch answered without instance ids"))
         return [self.get(str(i)) for i in ids]
 
     def _instance(self, item: Any) -> ProviderInstance:
         if not isinstance(item, dict) or "id" not in item:
-            raise ProviderError("lambda: an instance without an id in the answer")
+            raise ProviderError(t("lambda: an instance without an id in the answer"))
         raw = str(item.get("status") or "unknown")
         itype = item.get("instance_type") or {}
         specs = itype.get("specs", {}) if isinstance(itype, dict) else {}
@@ -166,7 +167,7 @@ class LambdaProvider:
 def _data(answer: Any, kind: type) -> Any:
     data = answer.get("data") if isinstance(answer, dict) else None
     if not isinstance(data, kind):
-        raise ProviderError("lambda: the answer has no 'data' of the expected shape")
+        raise ProviderError(t("lambda: the answer has no 'data' of the expected shape"))
     return data
 
 

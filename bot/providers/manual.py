@@ -6,6 +6,7 @@ storage price its owner gave."""
 from __future__ import annotations
 
 from bot.errors import ProviderError
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -37,9 +38,9 @@ class ManualProvider:
     def get(self, provider_id: str) -> ProviderInstance:
         """Always fails: the platform is not reachable through an API."""
         raise ProviderError(
-            f"manual instances cannot be looked up ({provider_id!r}).",
+            t("manual instances cannot be looked up ({provider_id!r}).", provider_id=provider_id),
             retryable=False,
-            hint="Check the instance on its platform's own console.",
+            hint=t("Check the instance on its platform's own console."),
         )
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:

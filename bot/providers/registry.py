@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from bot.errors import ConfigError, NotFound
+from bot.i18n import t
 from bot.providers.aws import AwsProvider
 from bot.providers.base import KNOWN_PROVIDERS, Provider
 from bot.providers.compshare import CompshareProvider
@@ -79,12 +80,15 @@ class ProviderRegistry:
             return provider
         if name in self._missing:
             raise ConfigError(
-                f"The {name} provider is not configured.",
-                hint=f"Set {self._missing[name]} in the bot's environment and restart it.",
+                t("The {name} provider is not configured.", name=name),
+                hint=t(
+                    "Set {value} in the bot's environment and restart it.",
+                    value=self._missing[name],
+                ),
             )
         raise NotFound(
-            f"There is no provider called {name!r}.",
-            hint=f"Use one of: {', '.join(KNOWN_PROVIDERS)}.",
+            t("There is no provider called {name!r}.", name=name),
+            hint=t("Use one of: {choices}.", choices=", ".join(KNOWN_PROVIDERS)),
         )
 
     def names(self) -> list[str]:

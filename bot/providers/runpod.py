@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bot.errors import ProviderError, ProviderNotFound
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -71,7 +72,7 @@ class RunpodProvider:
         """Every pod of the account."""
         answer = self.api.get("/pods")
         if not isinstance(answer, list):
-            raise ProviderError("runpod: GET /pods did not answer with a list")
+            raise ProviderError(t("runpod: GET /pods did not answer with a list"))
         return [_pod(item) for item in answer]
 
     def get(self, provider_id: str) -> ProviderInstance:
@@ -128,7 +129,7 @@ class RunpodProvider:
 
 def _pod(item: Any) -> ProviderInstance:
     if not isinstance(item, dict) or "id" not in item:
-        raise ProviderError("runpod: a pod without an id in the answer")
+        raise ProviderError(t("runpod: a pod without an id in the answer"))
     raw = str(item.get("desiredStatus") or "CREATED")
     gpu = item.get("gpu") if isinstance(item.get("gpu"), dict) else {}
     ports = item.get("portMappings") if isinstance(item.get("portMappings"), dict) else {}

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from bot.errors import ProviderError, ProviderNotFound
+from bot.i18n import t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -89,22 +90,26 @@ class VastProvider:
             answer = self.api.get("/api/v1/instances/", query=query)
             items = answer.get("instances") if isinstance(answer, dict) else None
             if not isinstance(items, list):
-                raise ProviderError("vast: the instance list has no 'instances'")
+                raise ProviderError(t("vast: the instance list has no 'instances'"))
             found.extend(_instance(item) for item in items)
             token = _next_token(answer)
             if token is None:
                 return found
             if token in seen:
-                raise ProviderError("vast: the instance list repeats a page token", retryable=True)
+                raise ProviderError(
+                    t("vast: the instance list repeats a page token"), retryable=True
+                )
             seen.add(token)
-        raise ProviderError(f"vast: the instance list has more than {MAX_PAGES} pages")
+        raise ProviderError(
+            t("vast: the instance list has more than {MAX_PAGES} pages", MAX_PAGES=MAX_PAGES)
+        )
 
     def get(self, provider_id: str) -> ProviderInstance:
         """One instance; ProviderNotFound when Vast does not know it."""
         answer = self.api.get(f"/api/v0/instances/{quote(provider_id, safe='')}/")
         item = answer.get("instances") if isinstance(answer, dict) else None
         if item is None:
-            raise ProviderNotFound(f"vast: no instance {provider_id}")
+            raise ProviderNotFound(t("vast: no instance {provider_id}", provider_id=provider_id))
         return _instance(item)
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
@@ -146,12 +151,14 @@ class VastProvider:
 def _check_success(answer: Any, what: str) -> None:
     if isinstance(answer, dict) and answer.get("success") is False:
         detail = answer.get("msg") or answer.get("error") or "refused"
-        raise ProviderError(f"vast: {what} refused: {detail}", retryable=True)
+        raise ProviderError(
+            t("vast: {what} refused: {detail}", what=what, detail=detail), retryable=True
+        )
 
 
 def _instance(item: Any) -> ProviderInstance:
     if not isinstance(item, dict) or "id" not in item:
-        raise ProviderError("vast: an instance without an id in the answer")
+        raise ProviderError(t("vast: an instance without an id in the answer"))
     raw = item.get("actual_status")
     host, port = _ssh_address(item)
     dph = item.get("dph_total")

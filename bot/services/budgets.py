@@ -23,6 +23,7 @@ from sqlalchemy import exc as sa_exc
 from sqlmodel import col, delete, select
 
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
+from bot.i18n import t
 from bot.notify import Notice
 from bot.runtime import Runtime
 from bot.services import access, audit, costs, ledger, outbox
@@ -90,7 +91,9 @@ def parse_scope(text: str) -> str:
     """``user`` or ``project``. Raises UsageError."""
     scope = text.strip().lower()
     if scope not in SCOPES:
-        raise UsageError(f"{text!r} is not a budget kind", hint="Use `user` or `project`.")
+        raise UsageError(
+            t("{text!r} is not a budget kind", text=text), hint=t("Use `user` or `project`.")
+        )
     return scope
 
 
@@ -101,7 +104,9 @@ def parse_subject(scope: str, text: str) -> str:
     raw = text.strip()
     if scope == "project":
         if not raw or len(raw) > 100 or any(c.isspace() for c in raw):
-            raise UsageError(f"{text!r} is not a project name", hint="Use a name like `llm`.")
+            raise UsageError(
+                t("{text!r} is not a project name", text=text), hint=t("Use a name like `llm`.")
+            )
         return raw
     mention = access.parse_mention(raw)
     if mention is not None:
@@ -109,8 +114,8 @@ def parse_subject(scope: str, text: str) -> str:
     if _looks_like_user_id(raw):
         return raw
     raise UsageError(
-        f"{text!r} is not a Slack user",
-        hint="Mention the person, like `/gpu budget set user @alice 500`.",
+        t("{text!r} is not a Slack user", text=text),
+        hint=t("Mention the person, like `/gpu budget set user @alice 500`."),
     )
 
 
@@ -144,9 +149,9 @@ def set_budget(
 ) -> BudgetStatus:
     """Create or change a budget (admins only); ``display_name`` is remembered for a user
     the bot knew by ID only. Raises NotAuthorized, UsageError."""
-    _require_admin(rt, caller, "set budgets")
+    _require_admin(rt, caller, t("set budgets"))
     if not 0 < limit_micros <= MAX_LIMIT_MICROS:
-        raise UsageError("a budget must be more than 0", hint="Give an amount like 500.")
+        raise UsageError(t("a budget must be more than 0"), hint=t("Give an amount like 500."))
     now = rt.now()
     try:
         budget = _upsert(rt.db, caller, scope, subject, limit_micros, now, display_name)
@@ -159,15 +164,15 @@ def set_budget(
 
 def remove_budget(rt: Runtime, caller: Caller, scope: str, subject: str) -> None:
     """Delete a budget and its alerts (admins only). Raises NotAuthorized, NotFound."""
-    _require_admin(rt, caller, "remove budgets")
+    _require_admin(rt, caller, t("remove budgets"))
     with rt.db.session() as session:
         budget = session.exec(
             select(Budget).where(Budget.scope == scope, Budget.subject == subject)
         ).first()
         if budget is None or budget.id is None:
             raise NotFound(
-                f"There is no budget for {_describe(scope, subject)}.",
-                hint="See them all with `/gpu budget list`.",
+                t("There is no budget for {describe}.", describe=_describe(scope, subject)),
+                hint=t("See them all with `/gpu budget list`."),
             )
         session.exec(
             delete(models.BudgetAlert).where(col(models.BudgetAlert.budget_id) == budget.id)
@@ -226,11 +231,17 @@ def check_budget(rt: Runtime, caller: Caller, owner_id: str, project: str | None
         status = _status(budget, spent)
         if status.exceeded:
             raise BudgetExceeded(
-                f"The monthly budget of {_describe(status.scope, status.subject)} is used up: "
-                f"{_money(rt, status.spent_micros)} of {_money(rt, status.limit_micros)}.",
-                hint="New rentals and extensions need an admin now: ask one of "
-                + _admins(rt)
-                + ", or ask them to raise the budget.",
+                t(
+                    "The monthly budget of {subject} is used up: {spent} of {limit}.",
+                    subject=_describe(status.scope, status.subject),
+                    spent=_money(rt, status.spent_micros),
+                    limit=_money(rt, status.limit_micros),
+                ),
+                hint=t(
+                    "New rentals and extensions need an admin now: ask one of {admins}, "
+                    "or ask them to raise the budget.",
+                    admins=_admins(rt),
+                ),
             )
 
 
@@ -383,16 +394,19 @@ def _status(budget: Budget, spent: Spent) -> BudgetStatus:
 def _require_admin(rt: Runtime, caller: Caller, action: str) -> None:
     if rt.settings.is_admin(caller.user_id):
         return
-    raise NotAuthorized(f"Only an admin can {action}.", hint=f"Ask one of {_admins(rt)}.")
+    raise NotAuthorized(
+        t("Only an admin can {action}.", action=action),
+        hint=t("Ask one of {admins}.", admins=_admins(rt)),
+    )
 
 
 def _admins(rt: Runtime) -> str:
     admins = sorted(rt.settings.admins)
-    return ", ".join(f"<@{a}>" for a in admins) if admins else "the admins (GPUBOT_ADMINS)"
+    return ", ".join(f"<@{a}>" for a in admins) if admins else t("the admins (GPUBOT_ADMINS)")
 
 
 def _describe(scope: str, subject: str) -> str:
-    return f"<@{subject}>" if scope == "user" else f"project {subject}"
+    return f"<@{subject}>" if scope == "user" else t("project {name}", name=subject)
 
 
 def _money(rt: Runtime, micros: int) -> str:

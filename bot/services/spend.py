@@ -29,6 +29,7 @@ from sqlmodel import Session, col, select
 
 from bot import billing
 from bot.errors import UsageError
+from bot.i18n import t
 from bot.services import costs, ledger
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, Person
@@ -151,10 +152,15 @@ def parse_month_arg(text: str | None, now: datetime, tz: ZoneInfo) -> str:
     try:
         ledger.parse_month(text)
     except ValueError as exc:
-        raise UsageError(f"{text!r} is not a month", hint="Write months as YYYY-MM.") from exc
+        raise UsageError(
+            t("{text!r} is not a month", text=text), hint=t("Write months as YYYY-MM.")
+        ) from exc
     month = text.strip()
     if month > current:
-        raise UsageError(f"{month} has not started yet", hint=f"This month is {current}.")
+        raise UsageError(
+            t("{month} has not started yet", month=month),
+            hint=t("This month is {current}.", current=current),
+        )
     return month
 
 
@@ -164,7 +170,10 @@ def parse_group(text: str | None) -> str:
         return "user"
     value = text.strip().lower()
     if value not in GROUPS:
-        raise UsageError(f"--by {text!r} is not known", hint=f"Use one of: {', '.join(GROUPS)}.")
+        raise UsageError(
+            t("--by {text!r} is not known", text=text),
+            hint=t("Use one of: {choices}.", choices=", ".join(GROUPS)),
+        )
     return value
 
 
