@@ -46,6 +46,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from bot.errors import UsageError
+from bot.i18n import N_, t
 from bot.values import MICROS
 
 SECONDS_PER_HOUR = 3600
@@ -119,15 +120,17 @@ class BillingRules:
     def __post_init__(self) -> None:
         if self.increment not in INCREMENT_S:
             raise UsageError(
-                f"billing increment {self.increment!r} is not known",
-                hint="Use --billing second, minute or hour.",
+                t("billing increment {increment!r} is not known", increment=self.increment),
+                hint=t("Use --billing second, minute or hour."),
             )
         if self.price_per not in PRICE_PER:
-            raise UsageError(f"price per {self.price_per!r} is not known", hint=_PRICE_PER_HINT)
+            raise UsageError(
+                t("price per {unit!r} is not known", unit=self.price_per), hint=t(_PRICE_PER_HINT)
+            )
         if self.billing_from not in BILLING_FROM:
             raise UsageError(
-                f"billing from {self.billing_from!r} is not known",
-                hint="Billing starts at 'created' or at 'ssh_ready'.",
+                t("billing from {start!r} is not known", start=self.billing_from),
+                hint=t("Billing starts at 'created' or at 'ssh_ready'."),
             )
         for name in (
             "price_micros_per_hour",
@@ -137,9 +140,14 @@ class BillingRules:
             "egress_micros_per_gb",
         ):
             if getattr(self, name) < 0:
-                raise UsageError(f"{name} must not be negative", hint="Give amounts of 0 or more.")
+                raise UsageError(
+                    t("{name} must not be negative", name=name),
+                    hint=t("Give amounts of 0 or more."),
+                )
         if self.gpu_count < 1:
-            raise UsageError("an instance has at least one GPU", hint="Use --count 1 or more.")
+            raise UsageError(
+                t("an instance has at least one GPU"), hint=t("Use --count 1 or more.")
+            )
 
     @property
     def increment_s(self) -> int:
@@ -462,12 +470,13 @@ def parse_increment(text: str) -> str:
     name = names.get(text.strip().lower())
     if name is None:
         raise UsageError(
-            f"{text!r} is not a billing increment", hint="Use --billing second, minute or hour."
+            t("{text!r} is not a billing increment", text=text),
+            hint=t("Use --billing second, minute or hour."),
         )
     return name
 
 
-_PRICE_PER_HINT = "Prices are per instance-hour or per GPU-hour."
+_PRICE_PER_HINT = N_("Prices are per instance-hour or per GPU-hour.")
 
 
 def _ceil_div(numerator: int, denominator: int) -> int:

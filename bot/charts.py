@@ -2,7 +2,8 @@
 
 No pyplot: each chart is its own Figure on its own canvas, so charts can be drawn from several
 threads at once. The same data always gives the same bytes (fixed size, fonts and DPI; no
-timestamp or software version in the PNG metadata) on the same fonts. Text is set in DejaVu Sans,
+timestamp or software version in the PNG metadata) on the same fonts and language (the legend
+and the "others" bar are in the active language of :mod:`bot.i18n`). Text is set in DejaVu Sans,
 and each character it lacks (Chinese, Japanese, Korean) in the first installed CJK family that
 has it (Debian's ``fonts-noto-cjk``); with none installed the chart still draws, those characters
 as empty boxes.
@@ -21,6 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import Formatter
 
+from bot.i18n import t
 from bot.values import MICROS, format_money
 
 WIDTH_IN = 8.0
@@ -87,8 +89,8 @@ def daily_chart(
     positions = list(range(len(days)))
     active = [micros / MICROS for _, micros, _ in days]
     idle = [micros / MICROS for _, _, micros in days]
-    axes.bar(positions, active, color=_BAR, label="in use")
-    axes.bar(positions, idle, bottom=active, color=_IDLE, label="idle")
+    axes.bar(positions, active, color=_BAR, label=t("in use"))
+    axes.bar(positions, idle, bottom=active, color=_IDLE, label=t("idle"))
     labels = [day.strftime("%d") for day, _, _ in days]
     axes.set_xticks(positions, labels, fontsize=7, fontfamily=family)
     axes.yaxis.set_major_formatter(_money_axis(currency))
@@ -129,7 +131,7 @@ def _top(items: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         return ordered
     head = ordered[: MAX_BARS - 1]
     rest = sum(micros for _, micros in ordered[MAX_BARS - 1 :])
-    return [*head, (f"{len(ordered) - MAX_BARS + 1} others", rest)]
+    return [*head, (t("{n} others", n=len(ordered) - MAX_BARS + 1), rest)]
 
 
 def tick_labels(values: Sequence[float], currency: str = "USD") -> list[str]:

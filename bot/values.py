@@ -1,6 +1,7 @@
 """Reading the values people type: durations, times, prices, money, sizes, counts. Pure functions.
 
-Every parser raises bot.errors.UsageError with a message that shows the accepted forms.
+Every parser raises bot.errors.UsageError with a message that shows the accepted forms, in the
+active language (bot.i18n); :func:`format_money` writes amounts as that language does (Babel).
 """
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ import unicodedata
 from collections.abc import Callable
 from datetime import datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
+from functools import cache
 from zoneinfo import ZoneInfo
 
+from babel import Locale
+from babel.numbers import format_currency, get_currency_precision, get_currency_symbol
+
 from bot.errors import UsageError
+from bot.i18n import LOCALES, N_, active_language, t
 
 MICROS = 1_000_000
 
@@ -69,15 +75,19 @@ _CURRENCY_MARKS: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("us$", "USD (US$)", frozenset({"USD"})),
     ("hk$", "HKD (HK$)", frozenset({"HKD"})),
     ("rmb", "CNY (RMB)", frozenset({"CNY"})),
-    ("$", "dollars ($)", _DOLLARS),
+    ("$", N_("dollars ($)"), _DOLLARS),
     ("€", "EUR (€)", frozenset({"EUR"})),
     ("£", "GBP (£)", frozenset({"GBP"})),
-    ("¥", "CNY or JPY (¥)", frozenset({"CNY", "JPY"})),
+    ("¥", N_("CNY or JPY (¥)"), frozenset({"CNY", "JPY"})),
     ("元", "CNY (元)", frozenset({"CNY"})),
     ("块", "CNY (块)", frozenset({"CNY"})),
     ("円", "JPY (円)", frozenset({"JPY"})),
 )
 _SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "CNY": "¥", "JPY": "¥"}
+#: Currencies English shows by their symbol (``$2.10``); any other by its code (``2.10 CHF``).
+_ENGLISH_SYMBOLS = frozenset({"USD", "EUR", "GBP"})
+#: Amounts under this many units keep 4 decimals (per-second prices stay readable).
+_SMALL = Decimal("0.10")
 _CODE = re.compile(r"^([a-z]{3})|([a-z]{3})$")
 _PLAIN_NUMBER = re.compile(r"\d+\.?\d*|\.\d+")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -92,14 +102,30 @@ def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable
         stripped = text.strip()
         if not (stripped.isascii() and stripped.isdigit()):
             raise UsageError(
-                f"{option} {text[:20]!r} is not a whole number.",
-                hint=f"Give {option} a number such as {max(low, 1)}.",
+                t("{option} {value!r} is not a whole number.", option=option, value=text[:20]),
+                hint=t(
+                    "Give {option} a number such as {example}.", option=option, example=max(low, 1)
+                ),
             )
         value = int(stripped)
         if value < low:
-            raise UsageError(f"{option} must be {low} or more, not {value}.")
+            raise UsageError(
+                t(
+                    "{option} must be {low} or more, not {value}.",
+                    option=option,
+                    low=low,
+                    value=value,
+                )
+            )
         if high is not None and value > high:
-            raise UsageError(f"{option} must be {high:,} or less, not {value:,}.")
+            raise UsageError(
+                t(
+                    "{option} must be {high:,} or less, not {value:,}.",
+                    option=option,
+                    high=high,
+                    value=value,
+                )
+            )
         return value
 
     return parse
@@ -121,14 +147,18 @@ def parse_duration(text: str) -> timedelta:
         pos = match.end()
     if not raw or pos != len(raw):
         raise UsageError(
-            f"{text!r} is not a duration",
-            hint="Write durations like 90m, 2h, 1h30m, 3d or 2小时, 30分钟, 1天.",
+            t("{text!r} is not a duration", text=text),
+            hint=t("Write durations like 90m, 2h, 1h30m, 3d or 2小时, 30分钟, 1天."),
         )
     seconds = int(total)
     if seconds <= 0:
-        raise UsageError(f"{text!r} is not a positive duration", hint="Use at least 1s.")
+        raise UsageError(
+            t("{text!r} is not a positive duration", text=text), hint=t("Use at least 1s.")
+        )
     if timedelta(seconds=seconds) > _MAX_DURATION:
-        raise UsageError(f"{text!r} is longer than a year", hint="Use a shorter duration.")
+        raise UsageError(
+            t("{text!r} is longer than a year", text=text), hint=t("Use a shorter duration.")
+        )
     return timedelta(seconds=seconds)
 
 
@@ -154,7 +184,9 @@ def parse_when(text: str, *, now_utc: datetime, tz: ZoneInfo) -> datetime:
     if re.fullmatch(r"\d{1,2}:\d{2}", raw):
         hour, minute = (int(part) for part in raw.split(":"))
         if hour > 23 or minute > 59:
-            raise UsageError(f"{text!r} is not a time of day", hint="Use HH:MM, like 18:00.")
+            raise UsageError(
+                t("{text!r} is not a time of day", text=text), hint=t("Use HH:MM, like 18:00.")
+            )
         candidate = datetime.combine(local_now.date(), time(hour, minute), tzinfo=tz)
         if candidate <= local_now:
             candidate = datetime.combine(
@@ -166,13 +198,15 @@ def parse_when(text: str, *, now_utc: datetime, tz: ZoneInfo) -> datetime:
             parsed = datetime.fromisoformat(raw)
         except ValueError as exc:
             raise UsageError(
-                f"{text!r} is not a time",
-                hint="Use HH:MM (like 18:00) or ISO 8601 (like 2026-12-03T18:00).",
+                t("{text!r} is not a time", text=text),
+                hint=t("Use HH:MM (like 18:00) or ISO 8601 (like 2026-12-03T18:00)."),
             ) from exc
         at = parsed if parsed.tzinfo else parsed.replace(tzinfo=tz)
     at_utc = at.astimezone(ZoneInfo("UTC")).replace(tzinfo=None)
     if at_utc <= now_utc:
-        raise UsageError(f"{text!r} is in the past", hint="Give a time in the future.")
+        raise UsageError(
+            t("{text!r} is in the past", text=text), hint=t("Give a time in the future.")
+        )
     return at_utc
 
 
@@ -199,26 +233,34 @@ def parse_price(text: str, currency: str) -> int:
     raw = _clean(text).lower()
     amount, _, unit = raw.partition("/")
     unit_s = _PRICE_UNITS.get(unit)
+    hint = t("Write prices like {examples}.", examples=_price_examples(currency))
     if unit_s is None:
-        raise UsageError(
-            f"{text!r} is not a price",
-            hint=f"Write prices like {_price_examples(currency)}.",
-        )
-    hint = f"Write prices like {_price_examples(currency)}."
+        raise UsageError(t("{text!r} is not a price", text=text), hint=hint)
     return _amount(amount, currency, shown=text, hint=hint) * 3600 // unit_s
 
 
 def format_money(micros: int, currency: str = "USD") -> str:
-    """Micro-units as ``$2.10`` (USD, EUR, GBP symbols; else ``2.10 CHF``); cents below 10 cents
-    keep 4 decimals so small per-second prices stay readable."""
-    symbols = {"USD": "$", "EUR": "€", "GBP": "£"}
-    sign = "-" if micros < 0 else ""
-    value = Decimal(abs(micros)) / MICROS
-    digits = "0.0001" if 0 < value < Decimal("0.10") else "0.01"
-    number = f"{value.quantize(Decimal(digits)):,}"
-    if currency in symbols:
-        return f"{sign}{symbols[currency]}{number}"
-    return f"{sign}{number} {currency}"
+    """Micro-units of ``currency`` (ISO 4217) as the active language writes money (Babel, with
+    the locale's grouping): ``$2.10``, ``€2.10``, ``£2.10`` and ``2.10 CHF`` in English; ``¥12.50``,
+    ``US$2.10`` in Chinese. Each currency keeps its own decimals (``1,200 JPY``); an amount under
+    0.10 keeps 4 decimals so small per-second prices stay readable."""
+    code = currency.upper()
+    value = Decimal(micros) / MICROS
+    digits = 4 if 0 < abs(value) < _SMALL else get_currency_precision(code)
+    number = "#,##0" + ("." + "0" * digits if digits else "")
+    language = active_language()
+    locale = LOCALES[language]
+    symbol = get_currency_symbol(code, locale)
+    by_symbol = symbol != code and (language != "en" or code in _ENGLISH_SYMBOLS)
+    pattern = _symbol_pattern(locale, number) if by_symbol else f"{number} ¤¤"
+    return format_currency(value, code, format=pattern, locale=locale, currency_digits=False)
+
+
+@cache
+def _symbol_pattern(locale: str, number: str) -> str:
+    """The locale's currency pattern (``¤#,##0.00``) with ``number`` for its digits."""
+    standard = Locale.parse(locale).currency_formats["standard"].pattern
+    return standard.replace("#,##0.00", number) if "#,##0.00" in standard else "¤" + number
 
 
 def parse_size_gb(text: str) -> float:
@@ -232,9 +274,11 @@ def parse_size_gb(text: str) -> float:
     try:
         value = float(raw) * factor
     except ValueError as exc:
-        raise UsageError(f"{text!r} is not a size", hint="Write sizes like 200 or 200GB.") from exc
+        raise UsageError(
+            t("{text!r} is not a size", text=text), hint=t("Write sizes like 200 or 200GB.")
+        ) from exc
     if not value > 0 or value > 10**7:
-        raise UsageError(f"{text!r} is not a sensible size in GB")
+        raise UsageError(t("{text!r} is not a sensible size in GB", text=text))
     return value
 
 
@@ -246,9 +290,9 @@ def _amount(text: str, currency: str, *, shown: str, hint: str) -> int:
     value = _decimal(number, shown, hint)
     micros = value * MICROS
     if micros != micros.to_integral_value():
-        raise UsageError(f"{shown!r} has more than 6 decimals", hint=hint)
+        raise UsageError(t("{text!r} has more than 6 decimals", text=shown), hint=hint)
     if micros > 10**15:
-        raise UsageError(f"{shown!r} is too large", hint=hint)
+        raise UsageError(t("{text!r} is too large", text=shown), hint=hint)
     return int(micros)
 
 
@@ -291,52 +335,69 @@ def _require_currency(text: str, marks: list[tuple[str, frozenset[str]]], curren
     for label, codes in marks:
         if currency.upper() not in codes:
             raise UsageError(
-                f"{text!r} is in {label}, but amounts here are in {currency} "
-                "(GPUBOT_CURRENCY); it was not taken.",
-                hint=f"Give it in {currency}, like {_currency_examples(currency)}.",
+                t(
+                    "{text!r} is in {named}, but amounts here are in {currency} "
+                    "(GPUBOT_CURRENCY); it was not taken.",
+                    text=text,
+                    named=t(label),
+                    currency=currency,
+                ),
+                hint=t(
+                    "Give it in {currency}, like {examples}.",
+                    currency=currency,
+                    examples=_currency_examples(currency),
+                ),
             )
 
 
 def _decimal(number: str, text: str, hint: str) -> Decimal:
     """The number as a Decimal after the comma rules of :func:`parse_money`."""
     if number.startswith("-"):
-        raise UsageError(f"{text!r} is not a non-negative amount", hint=hint)
+        raise UsageError(t("{text!r} is not a non-negative amount", text=text), hint=hint)
     if _THOUSANDS.fullmatch(number):
         plain = number.replace(",", "")
     elif _DECIMAL_COMMA.fullmatch(number):
         plain = number.replace(",", ".")
     elif "," in number:
         raise UsageError(
-            f"{text!r} is ambiguous: a comma separates thousands before groups of 3 digits "
-            "(1,200) or is a decimal comma before 1 or 2 digits (2,10)",
+            t(
+                "{text!r} is ambiguous: a comma separates thousands before groups of 3 digits "
+                "(1,200) or is a decimal comma before 1 or 2 digits (2,10)",
+                text=text,
+            ),
             hint=hint,
         )
     else:
         plain = number
     if not _PLAIN_NUMBER.fullmatch(plain):
-        raise UsageError(f"{text!r} is not an amount", hint=hint)
+        raise UsageError(t("{text!r} is not an amount", text=text), hint=hint)
     try:
         return Decimal(plain)
     except InvalidOperation as exc:  # pragma: no cover - the patterns admit only decimals
-        raise UsageError(f"{text!r} is not an amount", hint=hint) from exc
+        raise UsageError(t("{text!r} is not an amount", text=text), hint=hint) from exc
 
 
 def _currency_examples(currency: str) -> str:
     symbol = _SYMBOLS.get(currency.upper())
     if currency.upper() == "CNY":
-        return "1.98, ¥1.98 or 1.98元"
-    return f"2.10 or {symbol}2.10" if symbol else f"2.10 or 2.10 {currency}"
+        return t("1.98, ¥1.98 or 1.98元")
+    if symbol:
+        return t("2.10 or {symbol}2.10", symbol=symbol)
+    return t("2.10 or 2.10 {currency}", currency=currency)
 
 
 def _amount_hint(currency: str) -> str:
     symbol = _SYMBOLS.get(currency.upper())
     marked = f", {symbol}2.10" if symbol else f", 2.10 {currency}"
     chinese = ", 1.98元" if currency.upper() == "CNY" else ""
-    return f"Write amounts like 2.10, 1,200 (thousands), 2,10 (decimal comma){marked}{chinese}."
+    return t(
+        "Write amounts like 2.10, 1,200 (thousands), 2,10 (decimal comma){more}.",
+        more=marked + chinese,
+    )
 
 
 def _price_examples(currency: str) -> str:
     if currency.upper() == "CNY":
-        return "1.98/h, ¥1.98/h, 1.98元/小时, 0.03元/分钟 or 40元/天"
+        return t("1.98/h, ¥1.98/h, 1.98元/小时, 0.03元/分钟 or 40元/天")
     symbol = _SYMBOLS.get(currency.upper(), "")
-    return f"2.10/h, {symbol}2.10/h, 0.04/min or 48/day"
+    return t("2.10/h, {symbol}2.10/h, 0.04/min or 48/day", symbol=symbol)

@@ -25,6 +25,7 @@ from bot.blocks.kit import (
     button,
     clip,
     code,
+    confirm_dialog,
     context,
     escape,
     fallback,
@@ -39,6 +40,7 @@ from bot.blocks.kit import (
     when,
 )
 from bot.blocks.money import final_cost_sentence
+from bot.i18n import N_, t
 from bot.notify import Notice
 from bot.services.lookup import HostKeyAlert
 from bot.services.registration import GpuMismatch
@@ -76,6 +78,32 @@ STATUS_EMOJI = {
     "fail": ":x:",
     "skip": ":white_circle:",
 }
+#: What a health status is called (translated where shown).
+STATUS_NAMES = {"pass": N_("pass"), "warn": N_("warn"), "fail": N_("fail"), "skip": N_("skip")}
+#: How many checks had a status, for a health summary (``{n}`` the count).
+STATUS_COUNTS = {
+    "fail": N_("{n} fail"),
+    "warn": N_("{n} warn"),
+    "pass": N_("{n} pass"),
+    "skip": N_("{n} skip"),
+}
+#: What an instance's state is called (translated where shown; others as stored).
+STATE_NAMES = {
+    "registering": N_("registering"),
+    "active": N_("active"),
+    "releasing": N_("releasing"),
+    "awaiting_confirmation": N_("awaiting confirmation"),
+    "released": N_("released"),
+    "lost": N_("lost"),
+    "stopped": N_("stopped"),
+}
+#: The unit an instance is billed by (translated where shown; others as stored).
+INCREMENT_NAMES = {"second": N_("second"), "minute": N_("minute"), "hour": N_("hour")}
+FLEET_TITLE = N_("GPU fleet")
+LIST_TITLE = N_("Instances")
+MORE_GPUS = N_("… and {n} more GPUs.")
+MORE_JOBS = N_("… and {n} more jobs.")
+MORE_PROCESSES = N_("… and {n} more processes.")
 _PROBLEM_TEXT_MAX = 300
 
 
@@ -86,36 +114,50 @@ def register_result(result: RegisterResult) -> Message:
     """The reply to `/gpu register`: what was pinned, delivered and checked; a mismatch loudly."""
     inst = result.instance
     tz = ZoneInfo(result.timezone)
-    verb = "Re-registered" if result.re_registered else "Registered"
-    text = f"{verb} {inst.name} ({escape(inst.address)})."
+    address = escape(inst.address)
+    if result.re_registered:
+        text = t("Re-registered {name} ({address}).", name=inst.name, address=address)
+        title = t("Re-registered {name}", name=inst.name)
+    else:
+        text = t("Registered {name} ({address}).", name=inst.name, address=address)
+        title = t("Registered {name}", name=inst.name)
+    status = result.health.status
+    delivered = _delivered(result.gpus) or t("none visible")
     items = [
-        f"*Address*\n{escape(inst.address)}",
-        f"*GPUs*\n{escape(_delivered(result.gpus) or 'none visible')}",
-        f"*Price*\n{_price(inst)}",
-        f"*Deadline*\n{_deadline(inst, result.now, tz)}{_defaulted(result)}",
-        f"*Health*\n{STATUS_EMOJI.get(result.health.status, '')} {result.health.status}",
-        f"*Agent*\n{escape(result.agent_version)}",
+        t("*Address*\n{value}", value=address),
+        t("*GPUs*\n{value}", value=escape(delivered)),
+        t("*Price*\n{value}", value=_price(inst)),
+        _deadline_field(result, tz),
+        t(
+            "*Health*\n{emoji} {status}",
+            emoji=STATUS_EMOJI.get(status, ""),
+            status=_status_name(status),
+        ),
+        t("*Agent*\n{value}", value=escape(result.agent_version)),
     ]
     if result.host_key_fingerprint:
-        items.append(f"*Host key (pinned)*\n{code(result.host_key_fingerprint)}")
+        items.append(t("*Host key (pinned)*\n{value}", value=code(result.host_key_fingerprint)))
     if inst.project:
-        items.append(f"*Project*\n{escape(inst.project)}")
-    blocks: list[Block] = [header(f"{verb} {inst.name}"), fields(items)]
+        items.append(t("*Project*\n{value}", value=escape(inst.project)))
+    blocks: list[Block] = [header(title), fields(items)]
     if result.mismatch is not None:
         blocks.append(section(_mismatch_text(result)))
-        text += " The delivered GPUs do not match what was rented!"
+        text += " " + t("The delivered GPUs do not match what was rented!")
     if result.settings is not None:
         blocks.append(section(settings_text(result.settings, tz)))
     bad = [c for c in result.health.checks if c.status in ("fail", "warn")]
     if bad:
-        blocks.extend(section(t) for t in pack(_check_lines(bad))[:5])
+        blocks.extend(section(part) for part in pack(_check_lines(bad))[:5])
     blocks.append(
         context(
-            f"The meter runs from now. `/gpu status {inst.name}` shows it, "
-            f"`/gpu extend {inst.name} 2h` moves the deadline."
+            t(
+                "The meter runs from now. `/gpu status {name}` shows it, "
+                "`/gpu extend {name} 2h` moves the deadline.",
+                name=inst.name,
+            )
         )
     )
-    return fallback(text), fit(blocks)
+    return fallback(text), fit(blocks, _more_not_shown())
 
 
 def mismatch_notice(result: RegisterResult) -> Message:
@@ -127,12 +169,16 @@ def mismatch_notice(result: RegisterResult) -> Message:
 def host_key_changed(inst: InstanceView, *, expected: str, presented: str) -> Message:
     """To the owner: the instance showed another host key; the bot refuses it until it is
     registered again."""
-    text = (
-        f":rotating_light: The host key of *{inst.name}* ({escape(inst.address)}) changed. "
-        f"Pinned: {code(expected)}; presented now: {code(presented)}. "
+    text = t(
+        ":rotating_light: The host key of *{name}* ({address}) changed. "
+        "Pinned: {pinned}; presented now: {presented}. "
         "The bot refuses to connect to it. If the instance was rebuilt, register it again from "
-        f"the same address (`/gpu register {inst.name} {escape(inst.address)} ...`); otherwise "
-        "treat this as a possible man-in-the-middle and do not use the instance."
+        "the same address (`/gpu register {name} {address} ...`); otherwise "
+        "treat this as a possible man-in-the-middle and do not use the instance.",
+        name=inst.name,
+        address=escape(inst.address),
+        pinned=code(expected),
+        presented=code(presented),
     )
     return fallback(text), (section(text),)
 
@@ -143,12 +189,12 @@ def host_key_changed(inst: InstanceView, *, expected: str, presented: str) -> Me
 def fleet_overview(overview: FleetOverview) -> Message:
     """`/gpu status`: one compact section per instance (rows share sections when there are many,
     and the rest is summarised when even that exceeds Slack's 50 blocks)."""
-    return _fleet(overview, title="GPU fleet")
+    return _fleet(overview, title=t(FLEET_TITLE))
 
 
 def instance_list(overview: FleetOverview) -> Message:
     """`/gpu list`: the instances as stored, with the GPUs of their last poll."""
-    return _fleet(overview, title="Instances")
+    return _fleet(overview, title=t(LIST_TITLE))
 
 
 def instance_detail(detail: InstanceDetail) -> Message:
@@ -161,19 +207,20 @@ def instance_detail(detail: InstanceDetail) -> Message:
     )
     cost = format_money(detail.compute_cost_micros + detail.storage_cost_micros, inst.currency)
     if detail.storage_cost_micros:
-        cost += f" (storage {format_money(detail.storage_cost_micros, inst.currency)})"
+        storage = format_money(detail.storage_cost_micros, inst.currency)
+        cost = t("{cost} (storage {storage})", cost=cost, storage=storage)
     items = [
-        f"*Owner*\n{mention(inst.owner_id)}",
-        f"*State*\n{_state(inst.state)}",
-        f"*Address*\n{escape(inst.address)}",
-        f"*Provider*\n{provider}",
-        f"*Rented*\n{_rented_text(inst, row)}",
-        f"*Price*\n{_price(inst)}",
-        f"*Deadline*\n{_deadline(inst, detail.now, tz)}",
-        f"*Cost since registered*\n{cost}",
-        *([f"*Stopped*\n{_stopped(inst, detail.now)}"] if inst.is_stopped else []),
-        f"*Host key*\n{_host_key(inst)}",
-        f"*Software*\n{escape(_software(detail))}",
+        t("*Owner*\n{value}", value=mention(inst.owner_id)),
+        t("*State*\n{value}", value=_state(inst.state)),
+        t("*Address*\n{value}", value=escape(inst.address)),
+        t("*Provider*\n{value}", value=provider),
+        t("*Rented*\n{value}", value=_rented_text(inst, row)),
+        t("*Price*\n{value}", value=_price(inst)),
+        t("*Deadline*\n{value}", value=_deadline(inst, detail.now, tz)),
+        t("*Cost since registered*\n{value}", value=cost),
+        *([t("*Stopped*\n{value}", value=_stopped(inst, detail.now))] if inst.is_stopped else []),
+        t("*Host key*\n{value}", value=_host_key(inst)),
+        t("*Software*\n{value}", value=escape(_software(detail))),
     ]
     blocks: list[Block] = [header(f"{inst.name}"), fields(items)]
     blocks.append(section(_live_line(row, detail.now)))
@@ -181,27 +228,38 @@ def instance_detail(detail: InstanceDetail) -> Message:
         blocks.append(section(settings_text(detail.settings, tz)))
     if row.gpus:
         lines = [_gpu_line(g) for g in row.gpus]
-        blocks.extend(_listing("", lines, "GPUs", code_block=True))
+        blocks.extend(_listing("", lines, MORE_GPUS, code_block=True))
     if row.running_jobs:
         lines = [_job_line(j) for j in row.running_jobs]
-        blocks.extend(_listing("*Running jobs*", lines, "jobs"))
+        blocks.extend(_listing(t("*Running jobs*"), lines, MORE_JOBS))
     if detail.processes:
         lines = [
-            f"GPU {p.gpu_index} · pid {p.pid} · {escape(clip(p.user or '?', 32))} · "
-            f"{gib(p.used_mem_bytes)} GiB · {escape(clip(p.command or '?', 80))}"
+            t(
+                "GPU {gpu} · pid {pid} · {user} · {memory} GiB · {command}",
+                gpu=p.gpu_index,
+                pid=p.pid,
+                user=escape(clip(p.user or "?", 32)),
+                memory=gib(p.used_mem_bytes),
+                command=escape(clip(p.command or "?", 80)),
+            )
             for p in detail.processes
         ]
-        blocks.extend(_listing("*Processes on the GPUs*", lines, "processes"))
+        blocks.extend(_listing(t("*Processes on the GPUs*"), lines, MORE_PROCESSES))
     if inst.state == "active" or inst.is_stopped:
         blocks.append(
             actions(
-                [button("Release…", RELEASE_ASK, str(inst.id), style="danger")],
+                [button(t("Release…"), RELEASE_ASK, str(inst.id), style="danger")],
                 block_id=f"instance-{inst.id}",
             )
         )
-    left = time_left(inst.deadline_at, detail.now)
-    text = f"{inst.name}: {_state(inst.state)}, {escape(_plain_live(row))}, {left}."
-    return fallback(text), fit(blocks)
+    text = t(
+        "{name}: {state}, {live}, {left}.",
+        name=inst.name,
+        state=_state(inst.state),
+        live=escape(_plain_live(row)),
+        left=time_left(inst.deadline_at, detail.now),
+    )
+    return fallback(text), fit(blocks, _more_not_shown())
 
 
 def instance_settings(view: InstanceSettings) -> Message:
@@ -209,14 +267,17 @@ def instance_settings(view: InstanceSettings) -> Message:
     them."""
     tz = ZoneInfo(view.timezone)
     inst = view.instance
-    text = (
-        f"*{inst.name}*: deadline {_deadline(inst, view.now, tz)}\n"
-        f"{settings_text(view.settings, tz)}"
+    text = t(
+        "*{name}*: deadline {deadline}\n{settings}",
+        name=inst.name,
+        deadline=_deadline(inst, view.now, tz),
+        settings=settings_text(view.settings, tz),
     )
-    hint = (
-        f"`/gpu policy {inst.name} --at-deadline ... --idle-release ... --release-when-done ...` "
-        f"changes the policy, `/gpu cap {inst.name} 3d` (admins) the lifetime cap; billing, disk "
-        f"and storage come from `/gpu register`."
+    hint = t(
+        "`/gpu policy {name} --at-deadline ... --idle-release ... --release-when-done ...` "
+        "changes the policy, `/gpu cap {name} 3d` (admins) the lifetime cap; billing, disk "
+        "and storage come from `/gpu register`.",
+        name=inst.name,
     )
     return fallback(text), (section(text), context(hint))
 
@@ -225,30 +286,36 @@ def settings_text(settings: SettingsView, tz: ZoneInfo) -> str:
     """An instance's settings as a short list (policy, idle, when done, cap, billing, disk)."""
     grace = format_duration(timedelta(seconds=settings.max_grace_s))
     if settings.at_deadline == "wait-for-jobs":
-        at_deadline = f"wait for running jobs, at most {grace}"
+        at_deadline = t("wait for running jobs, at most {grace}", grace=grace)
     elif settings.at_deadline == "stop":
-        at_deadline = f"stop (disk kept and billed), released {grace} after the deadline"
+        at_deadline = t(
+            "stop (disk kept and billed), released {grace} after the deadline", grace=grace
+        )
     else:
-        at_deadline = "release"
+        at_deadline = t("release")
     if settings.idle_release_after_s:
         after = format_duration(timedelta(seconds=settings.idle_release_after_s))
-        idle = f"released {after} after the idle prompt"
+        idle = t("released {after} after the idle prompt", after=after)
     else:
-        idle = "prompt only"
-    cap = when(settings.lifetime_cap_at, tz) if settings.lifetime_cap_at else "none"
+        idle = t("prompt only")
+    cap = when(settings.lifetime_cap_at, tz) if settings.lifetime_cap_at else t("none")
     minimum = (
         format_duration(timedelta(seconds=settings.min_charge_s))
         if settings.min_charge_s
-        else "none"
+        else t("none")
     )
+    increment = settings.billing_increment
+    unit = t(INCREMENT_NAMES[increment]) if increment in INCREMENT_NAMES else escape(increment)
     lines = [
-        "*Settings*",
-        f"• at the deadline: {at_deadline}",
-        f"• idle: {idle}",
-        f"• when its jobs are done: {'released' if settings.release_when_done else 'kept'}",
-        f"• lifetime cap: {cap}",
-        f"• billing: per {escape(settings.billing_increment)}, minimum charge {minimum}",
-        f"• disk: {_disk(settings)}",
+        t("*Settings*"),
+        t("• at the deadline: {policy}", policy=at_deadline),
+        t("• idle: {idle}", idle=idle),
+        t("• when its jobs are done: released")
+        if settings.release_when_done
+        else t("• when its jobs are done: kept"),
+        t("• lifetime cap: {cap}", cap=cap),
+        t("• billing: per {unit}, minimum charge {minimum}", unit=unit, minimum=minimum),
+        t("• disk: {disk}", disk=_disk(settings)),
     ]
     return "\n".join(lines)
 
@@ -256,17 +323,28 @@ def settings_text(settings: SettingsView, tz: ZoneInfo) -> str:
 def health_report(view: HealthView) -> Message:
     """`/gpu health NAME [--full]`: every check, pass/warn/fail/skip, with its hint."""
     inst = view.instance
-    kind = "Full health check" if view.full else "Health check"
-    title = f"{kind} of {inst.name}: {view.status.upper()}"
+    status = _status_name(view.status).upper()
+    if view.full:
+        title = t("Full health check of {name}: {status}", name=inst.name, status=status)
+    else:
+        title = t("Health check of {name}: {status}", name=inst.name, status=status)
     blocks: list[Block] = [header(title)]
-    blocks.extend(section(t) for t in pack(_check_lines(view.checks)))
+    blocks.extend(section(part) for part in pack(_check_lines(view.checks)))
     if not view.full:
         blocks.append(
-            context(f"`/gpu health {inst.name} --full` also runs the CUDA checks in its Python.")
+            context(
+                t(
+                    "`/gpu health {name} --full` also runs the CUDA checks in its Python.",
+                    name=inst.name,
+                )
+            )
         )
     counts = Counter(c.status for c in view.checks)
-    summary = ", ".join(f"{counts[s]} {s}" for s in ("fail", "warn", "pass", "skip") if counts[s])
-    return fallback(f"{escape(title)} ({summary or 'no checks'})."), fit(blocks)
+    summary = _listed(
+        [t(STATUS_COUNTS[s], n=counts[s]) for s in ("fail", "warn", "pass", "skip") if counts[s]]
+    )
+    text = t("{title} ({summary}).", title=escape(title), summary=summary or t("no checks"))
+    return fallback(text), fit(blocks, _more_not_shown())
 
 
 # --- changes ----------------------------------------------------------------------------------
@@ -275,50 +353,74 @@ def health_report(view: HealthView) -> Message:
 def extended(inst: InstanceView, *, now: datetime, timezone: str) -> Message:
     """After `/gpu extend`: the new deadline, and the lifetime limit when there is one."""
     tz = ZoneInfo(timezone)
-    text = (
-        f":hourglass_flowing_sand: The deadline of *{inst.name}* is now {_deadline(inst, now, tz)}."
+    text = t(
+        ":hourglass_flowing_sand: The deadline of *{name}* is now {deadline}.",
+        name=inst.name,
+        deadline=_deadline(inst, now, tz),
     )
     if inst.lifetime_cap_at is not None:
-        text += f" An admin limited its lifetime to {when(inst.lifetime_cap_at, tz)}."
+        cap = when(inst.lifetime_cap_at, tz)
+        text += " " + t("An admin limited its lifetime to {cap}.", cap=cap)
     return fallback(text), (section(text),)
 
 
 def release_ask(ask: ReleaseAsk) -> Message:
-    """Before a release (or a stop): what it cost and what runs, with Yes / Cancel buttons."""
+    """Before a release (or a stop): what it cost and what runs, with Yes / Cancel buttons; the
+    Yes button asks once more in a confirm dialog that names the instance and its cost."""
     inst = ask.instance
     stop = ask.mode == "stop"
-    verb = "Stop" if stop else "Release"
-    now_costs = inst.burn_micros_per_hour
-    lines = [
-        f"{verb} *{inst.name}* ({escape(inst.address)})? It has cost "
-        f"{format_money(ask.cost_micros, inst.currency)} so far"
-        + (f" and costs {format_money(now_costs, inst.currency)}/h." if now_costs else ".")
-    ]
+    lines = [_release_question(ask)]
     if ask.running_jobs:
         lines.append(
-            f":warning: {len(ask.running_jobs)} job(s) still running; they will be lost:\n"
-            + "\n".join(_job_line(j) for j in ask.running_jobs[:10])
+            t(
+                ":warning: {count} job(s) still running; they will be lost:\n{jobs}",
+                count=len(ask.running_jobs),
+                jobs="\n".join(_job_line(j) for j in ask.running_jobs[:10]),
+            )
         )
-    if ask.manual:
+    provider = escape(inst.provider)
+    if ask.manual and stop:
         lines.append(
-            f"The bot cannot {verb.lower()} it itself: after you confirm, do it on its platform "
-            "and press *Released on the platform* or *Stopped on the platform*; the meter "
-            "stops then."
+            t(
+                "The bot cannot stop it itself: after you confirm, do it on its platform "
+                "and press *Released on the platform* or *Stopped on the platform*; the meter "
+                "stops then."
+            )
+        )
+    elif ask.manual:
+        lines.append(
+            t(
+                "The bot cannot release it itself: after you confirm, do it on its platform "
+                "and press *Released on the platform* or *Stopped on the platform*; the meter "
+                "stops then."
+            )
         )
     elif stop:
-        lines.append(f"The bot will stop it on {escape(inst.provider)}.")
+        lines.append(t("The bot will stop it on {provider}.", provider=provider))
     else:
-        lines.append(f"The bot will terminate it on {escape(inst.provider)}.")
+        lines.append(t("The bot will terminate it on {provider}.", provider=provider))
     if stop:
         lines.append(_kept_disk(inst))
     else:
-        lines.append("Anything not saved off the instance is lost.")
+        lines.append(t("Anything not saved off the instance is lost."))
     text = "\n".join(lines)
-    confirm = STOP_CONFIRM if stop else RELEASE_CONFIRM
-    buttons = [
-        button(f"Yes, {verb.lower()} {inst.name}", confirm, str(inst.id), style="danger"),
-        button("Cancel", RELEASE_CANCEL, str(inst.id)),
-    ]
+    if stop:
+        confirm = button(
+            t("Yes, stop {name}", name=inst.name),
+            STOP_CONFIRM,
+            str(inst.id),
+            style="danger",
+            confirm=_stop_dialog(ask),
+        )
+    else:
+        confirm = button(
+            t("Yes, release {name}", name=inst.name),
+            RELEASE_CONFIRM,
+            str(inst.id),
+            style="danger",
+            confirm=_release_dialog(ask),
+        )
+    buttons = [confirm, button(t("Cancel"), RELEASE_CANCEL, str(inst.id))]
     return fallback(text), (section(text), actions(buttons, block_id=f"release-ask-{inst.id}"))
 
 
@@ -328,38 +430,52 @@ def release_result(view: ReleaseView) -> Message:
     stop = view.mode == "stop"
     if view.state == "confirmed" and stop:
         text = (
-            f":white_check_mark: *{inst.name}* is stopped. Its compute meter stopped. "
+            t(
+                ":white_check_mark: *{name}* is stopped. Its compute meter stopped.",
+                name=inst.name,
+            )
+            + " "
             + _kept_disk(inst)
         )
     elif view.state == "confirmed":
-        text = f":white_check_mark: *{inst.name}* is released. The meter stopped."
+        text = t(":white_check_mark: *{name}* is released. The meter stopped.", name=inst.name)
     if view.state == "confirmed":
         text += final_cost_sentence(view.final_cost, stopped=stop)
     elif view.state == "awaiting_owner" or (view.manual and view.state != "escalated"):
-        verb = "Stop" if stop else "Release"
-        text = (
-            f":hourglass: {verb} *{inst.name}* on its platform now, then press "
-            "*Released on the platform* (or *Stopped on the platform*) in the direct message "
-            f"the bot sent to {mention(inst.owner_id)}; the meter runs until then."
+        text = _awaiting_owner_text(inst, stop=stop)
+    elif view.state == "escalated" and view.last_error:
+        text = t(
+            ":warning: Releasing *{name}* keeps failing; the bot keeps trying and told the "
+            "channel. Last error: {error}",
+            name=inst.name,
+            error=escape(view.last_error),
         )
     elif view.state == "escalated":
-        error = f" Last error: {escape(view.last_error)}" if view.last_error else ""
-        text = (
-            f":warning: Releasing *{inst.name}* keeps failing; the bot keeps trying and told the "
-            f"channel.{error}"
+        text = t(
+            ":warning: Releasing *{name}* keeps failing; the bot keeps trying and told the "
+            "channel.",
+            name=inst.name,
+        )
+    elif view.last_error:
+        text = t(
+            ":hourglass: Release of *{name}* requested; waiting for {provider} to confirm it "
+            "(last attempt: {error}).",
+            name=inst.name,
+            provider=escape(inst.provider),
+            error=escape(view.last_error),
         )
     else:
-        error = f" (last attempt: {escape(view.last_error)})" if view.last_error else ""
-        text = (
-            f":hourglass: Release of *{inst.name}* requested; waiting for "
-            f"{escape(inst.provider)} to confirm it{error}."
+        text = t(
+            ":hourglass: Release of *{name}* requested; waiting for {provider} to confirm it.",
+            name=inst.name,
+            provider=escape(inst.provider),
         )
     return fallback(text), (section(text),)
 
 
 def release_cancelled(inst: InstanceView) -> Message:
     """The release question answered with Cancel: nothing changed."""
-    text = f"Release of *{inst.name}* cancelled; nothing changed."
+    text = t("Release of *{name}* cancelled; nothing changed.", name=inst.name)
     return fallback(text), (section(text),)
 
 
@@ -374,28 +490,39 @@ def unregistered_notice(view: UnregisteredView) -> Message:
     what = f"`{escape(clip(view.provider_id, 100))}`"
     if view.name:
         what += f" ({escape(clip(view.name, 80))})"
-    gpus = f"{view.gpu_count or 1}x {view.gpu_model}" if view.gpu_model else "GPUs not stated"
+    gpus = f"{view.gpu_count or 1}x {view.gpu_model}" if view.gpu_model else t("GPUs not stated")
     if view.price_micros_per_hour is None:
-        cost = "its price is not reported"
+        cost = t("its price is not reported")
     else:
-        cost = f"costs {format_money(view.price_micros_per_hour, view.currency)}/h"
+        price = format_money(view.price_micros_per_hour, view.currency)
+        cost = t("costs {price}/h", price=price)
     if view.launched_at is None:
-        age = "running since it was started"
+        age = t("running since it was started")
     else:
         ran = format_duration(max(view.now - view.launched_at, timedelta(0)))
-        age = f"running for {ran} (since {when(view.launched_at, tz)})"
-    state = escape(view.raw_state or view.state)
+        age = t("running for {ran} (since {start})", ran=ran, start=when(view.launched_at, tz))
     lines = [
-        f":warning: *{escape(view.provider)}* instance {what} is {state} on the team's account, "
-        f"but nobody registered it: {escape(gpus)}, {cost}, {age}.",
+        t(
+            ":warning: *{provider}* instance {what} is {state} on the team's account, "
+            "but nobody registered it: {gpus}, {cost}, {age}.",
+            provider=escape(view.provider),
+            what=what,
+            state=escape(view.raw_state or view.state),
+            gpus=escape(gpus),
+            cost=cost,
+            age=age,
+        ),
     ]
     if view.tags:
         shown = ", ".join(f"{escape(clip(k, 40))}={escape(clip(v, 80))}" for k, v in view.tags[:10])
-        lines.append(f"Tags: {shown}")
+        lines.append(t("Tags: {tags}", tags=shown))
     lines.append(
-        f"Take it over with `/gpu adopt {escape(view.provider)} "
-        f"{escape(clip(view.provider_id, 100))} NAME` (reminders and a deadline then apply), or "
-        "release it on the platform if nobody needs it."
+        t(
+            "Take it over with `/gpu adopt {provider} {id} NAME` (reminders and a deadline then "
+            "apply), or release it on the platform if nobody needs it.",
+            provider=escape(view.provider),
+            id=escape(clip(view.provider_id, 100)),
+        )
     )
     text = "\n".join(lines)
     return fallback(text), (section(text),)
@@ -407,36 +534,45 @@ def unregistered_notice(view: UnregisteredView) -> Message:
 def _fleet(overview: FleetOverview, *, title: str) -> Message:
     rows = overview.rows
     if not rows:
-        text = (
+        text = t(
             "No instances yet. Register one with "
             "`/gpu register NAME USER@HOST --gpu MODEL --price 2.10/h`."
         )
         return text, (section(text),)
     tz = ZoneInfo(overview.timezone)
     currency = rows[0].instance.currency
-    burn = format_money(overview.hourly_burn_micros, currency)
-    spent = format_money(overview.cost_micros, currency)
+    summary = t(
+        "{count} instance(s) · {burn}/h together · {spent} so far (since registered)",
+        count=len(rows),
+        burn=format_money(overview.hourly_burn_micros, currency),
+        spent=format_money(overview.cost_micros, currency),
+    )
     down = sum(1 for r in rows if r.problem is not None)
-    summary = f"{len(rows)} instance(s) · {burn}/h together · {spent} so far (since registered)"
     if down:
-        summary += f" · {down} not reachable"
+        summary = t("{summary} · {count} not reachable", summary=summary, count=down)
     blocks: list[Block] = [
-        header(f"{title} ({len(rows)})"),
-        context(f"{summary} · as of {when(overview.now, tz)}"),
+        header(t("{title} ({count})", title=title, count=len(rows))),
+        context(t("{summary} · as of {time}", summary=summary, time=when(overview.now, tz))),
     ]
     texts = [_row_text(r, overview.now) for r in rows]
     if len(rows) <= ROWS_AS_SECTIONS:
-        blocks.extend(section(t) for t in texts)
+        blocks.extend(section(part) for part in texts)
     else:
-        blocks.extend(section(t) for t in pack(texts, sep="\n\n"))
-    note = "{n} more sections not shown; ask for one instance with `/gpu status NAME`."
-    return fallback(f"{title}: {summary}."), fit(blocks, note)
+        blocks.extend(section(part) for part in pack(texts, sep="\n\n"))
+    note = t("{n} more sections not shown; ask for one instance with `/gpu status NAME`.")
+    return fallback(t("{title}: {summary}.", title=title, summary=summary)), fit(blocks, note)
+
+
+def _more_not_shown() -> str:
+    """The note of :func:`fit` (``{n}`` left for it to fill)."""
+    return t("{n} more not shown.")
 
 
 def _listing(
-    title: str, lines: Sequence[str], what: str, *, code_block: bool = False
+    title: str, lines: Sequence[str], more: str, *, code_block: bool = False
 ) -> list[Block]:
-    """A titled section of as many lines as fit, and a context saying how many did not."""
+    """A titled section of as many lines as fit, and a context saying how many did not
+    (``more`` a marked sentence with ``{n}``)."""
     wrap = 6 if code_block else 0
     room = SECTION_TEXT_MAX - len(title) - 1 - wrap
     first = pack(lines, room)[0]
@@ -444,8 +580,18 @@ def _listing(
     body = f"```{first}```" if code_block else first
     blocks = [section(f"{title}\n{body}" if title else body)]
     if shown < len(lines):
-        blocks.append(context(f"… and {len(lines) - shown} more {what}."))
+        blocks.append(context(t(more, n=len(lines) - shown)))
     return blocks
+
+
+def _listed(items: Sequence[str]) -> str:
+    """Items joined as a list in the active language (``a, b, c``)."""
+    if not items:
+        return ""
+    joined = items[0]
+    for item in items[1:]:
+        joined = t("{first}, {second}", first=joined, second=item)
+    return joined
 
 
 def _row_text(row: InstanceRow, now: datetime) -> str:
@@ -456,12 +602,21 @@ def _row_text(row: InstanceRow, now: datetime) -> str:
     second = f":zzz: {_stopped(inst, now)}" if inst.is_stopped else None
     lines = [first, second or _live_line(row, now)]
     spent = format_money(row.cost_micros, inst.currency)
-    left = "no deadline while stopped" if inst.is_stopped else time_left(inst.deadline_at, now)
-    third = f":hourglass_flowing_sand: {left} · {spent} so far (since registered)"
+    left = t("no deadline while stopped") if inst.is_stopped else time_left(inst.deadline_at, now)
+    third = t(
+        ":hourglass_flowing_sand: {left} · {spent} so far (since registered)",
+        left=left,
+        spent=spent,
+    )
     if row.running_jobs:
         job = row.running_jobs[0]
         more = f" (+{len(row.running_jobs) - 1})" if len(row.running_jobs) > 1 else ""
-        third += f" · :gear: {code(clip(job.command, 60))} by {mention(job.requested_by)}{more}"
+        running = t(
+            ":gear: {command} by {user}",
+            command=code(clip(job.command, 60)),
+            user=mention(job.requested_by),
+        )
+        third += f" · {running}{more}"
     lines.append(third)
     return "\n".join(lines)
 
@@ -473,16 +628,24 @@ def _live_line(row: InstanceRow, now: datetime) -> str:
         hint = f" {escape(clip(row.problem.hint, _PROBLEM_TEXT_MAX))}" if row.problem.hint else ""
         parts.append(f":red_circle: *{row.problem.kind}*: {message}{hint}")
     if row.nvml_problem:
-        parts.append(
-            f":warning: GPUs not readable: {escape(clip(row.nvml_problem, _PROBLEM_TEXT_MAX))}"
-        )
-    stale = "" if row.live or row.polled_at is None else f" (as of {ago(row.polled_at, now)})"
+        problem = escape(clip(row.nvml_problem, _PROBLEM_TEXT_MAX))
+        parts.append(t(":warning: GPUs not readable: {problem}", problem=problem))
+    stale = not row.live and row.polled_at is not None
     dot = ":large_green_circle:" if row.live else ":white_circle:"
     if row.gpus:
-        parts.append(f"{dot} {_gpu_summary(row.gpus)}{stale}")
+        summary = _gpu_summary(row.gpus)
+        if stale and row.polled_at is not None:
+            ago_text = ago(row.polled_at, now)
+            parts.append(t("{dot} {gpus} (as of {ago})", dot=dot, gpus=summary, ago=ago_text))
+        else:
+            parts.append(f"{dot} {summary}")
     elif row.problem is None and not row.nvml_problem:
-        seen = row.live or row.polled_at is not None
-        parts.append(f"{dot} no GPUs{stale}" if seen else f"{dot} not polled yet")
+        if stale and row.polled_at is not None:
+            parts.append(t("{dot} no GPUs (as of {ago})", dot=dot, ago=ago(row.polled_at, now)))
+        elif row.live:
+            parts.append(t("{dot} no GPUs", dot=dot))
+        else:
+            parts.append(t("{dot} not polled yet", dot=dot))
     return "\n".join(parts)
 
 
@@ -490,23 +653,33 @@ def _gpu_summary(gpus: Sequence[GpuView]) -> str:
     utils = [g.util_pct for g in gpus if g.util_pct is not None]
     used = sum(g.mem_used_bytes or 0 for g in gpus)
     total = sum(g.mem_total_bytes or 0 for g in gpus)
-    util = f"util {sum(utils) / len(utils):.0f}%" if utils else "util ?"
+    util = t("util {value}", value=f"{sum(utils) / len(utils):.0f}%" if utils else "?")
     if len(gpus) > 1 and utils:
         each = ", ".join("?" if g.util_pct is None else f"{g.util_pct}%" for g in gpus)
-        util += f" (per GPU {each})"
-    return f"{util} · mem {gib(used)}/{gib(total)} GiB"
+        util = t("{util} (per GPU {each})", util=util, each=each)
+    return t("{util} · mem {used}/{total} GiB", util=util, used=gib(used), total=gib(total))
 
 
 def _gpu_line(g: GpuView) -> str:
-    util = "?" if g.util_pct is None else f"{g.util_pct}%"
-    temp = "" if g.temp_c is None else f"  {g.temp_c}°C"
-    power = "" if g.power_w is None else f"  {g.power_w:.0f} W"
-    mem = f"mem {gib(g.mem_used_bytes)}/{gib(g.mem_total_bytes)} GiB"
-    return f"{g.index}  {escape(clip(g.name, 40))}  util {util}  {mem}{temp}{power}"
+    return t(
+        "{index}  {name}  util {util}  mem {used}/{total} GiB{temperature}{power}",
+        index=g.index,
+        name=escape(clip(g.name, 40)),
+        util="?" if g.util_pct is None else f"{g.util_pct}%",
+        used=gib(g.mem_used_bytes),
+        total=gib(g.mem_total_bytes),
+        temperature="" if g.temp_c is None else f"  {g.temp_c}°C",
+        power="" if g.power_w is None else f"  {g.power_w:.0f} W",
+    )
 
 
 def _job_line(job: JobBrief) -> str:
-    return f"• job {job.id} {code(clip(job.command, 80))} by {mention(job.requested_by)}"
+    return t(
+        "• job {id} {command} by {user}",
+        id=job.id,
+        command=code(clip(job.command, 80)),
+        user=mention(job.requested_by),
+    )
 
 
 def _check_lines(checks: Sequence[CheckView]) -> list[str]:
@@ -520,16 +693,36 @@ def _check_lines(checks: Sequence[CheckView]) -> list[str]:
     return lines
 
 
+def _status_name(status: str) -> str:
+    """A health status as the reader calls it (unknown ones as they are)."""
+    return t(STATUS_NAMES[status]) if status in STATUS_NAMES else status
+
+
+def _deadline_field(result: RegisterResult, tz: ZoneInfo) -> str:
+    """The deadline of a registration; that it is the default when the command gave none."""
+    deadline = _deadline(result.instance, result.now, tz)
+    if result.default_deadline_s is None:
+        return t("*Deadline*\n{value}", value=deadline)
+    return t(
+        "*Deadline*\n{value} (the default; `--release-in` or `--release-at` to choose)",
+        value=deadline,
+    )
+
+
 def _mismatch_text(result: RegisterResult) -> str:
     inst = result.instance
-    rented = _rented(inst)
     problems = "\n".join(
         f"• {escape(p)}" for p in (result.mismatch.problems if result.mismatch else ())
     )
-    return (
-        f":rotating_light: *GPU mismatch on {inst.name}* ({mention(inst.owner_id)}): rented "
-        f"{escape(rented)}, delivered {escape(_delivered(result.gpus) or 'no visible GPU')}.\n"
-        f"{problems}\nAsk the platform for the GPUs you pay for (or a refund) before using it."
+    return t(
+        ":rotating_light: *GPU mismatch on {name}* ({owner}): rented {rented}, delivered "
+        "{delivered}.\n{problems}\nAsk the platform for the GPUs you pay for (or a refund) "
+        "before using it.",
+        name=inst.name,
+        owner=mention(inst.owner_id),
+        rented=escape(_rented(inst)),
+        delivered=escape(_delivered(result.gpus) or t("no visible GPU")),
+        problems=problems,
     )
 
 
@@ -546,25 +739,18 @@ def _rented_text(inst: InstanceView, row: InstanceRow) -> str:
 
 
 def _rented_vs_delivered(inst: InstanceView, mismatch: Mismatch, gpus: Sequence[GpuView]) -> str:
-    delivered = _delivered(gpus) or ", ".join(mismatch.delivered_names) or "no visible GPU"
-    return f"rented {_rented(inst)}, delivered {delivered}"
-
-
-def _defaulted(result: RegisterResult) -> str:
-    """After the deadline of a registration that gave none: that it is the default."""
-    if result.default_deadline_s is None:
-        return ""
-    return " (the default; `--release-in` or `--release-at` to choose)"
+    delivered = _delivered(gpus) or ", ".join(mismatch.delivered_names) or t("no visible GPU")
+    return t("rented {rented}, delivered {delivered}", rented=_rented(inst), delivered=delivered)
 
 
 def _disk(settings: SettingsView) -> str:
     if settings.disk_gb is None:
-        return "not given"
-    size = f"{settings.disk_gb:g} GB"
+        return t("not given")
+    size = f"{settings.disk_gb:g}"
     if not settings.storage_micros_per_gb_month:
-        return f"{size}, no storage price"
+        return t("{size} GB, no storage price", size=size)
     price = format_money(settings.storage_micros_per_gb_month, settings.currency)
-    return f"{size} at {price}/GB-month"
+    return t("{size} GB at {price}/GB-month", size=size, price=price)
 
 
 def _rented(inst: InstanceView) -> str:
@@ -572,59 +758,171 @@ def _rented(inst: InstanceView) -> str:
         return f"{inst.gpu_count or 1}x {inst.gpu_model}"
     if inst.delivered_gpu_count:
         return f"{inst.delivered_gpu_count}x {inst.delivered_gpu_name or 'GPU'}"
-    return "GPUs not stated"
+    return t("GPUs not stated")
 
 
 def _price(inst: InstanceView) -> str:
     if inst.price_micros_per_hour == 0:
-        return "no price"
+        return t("no price")
     return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
 
 
 def _stopped(inst: InstanceView, now: datetime) -> str:
     """Since when a stopped instance is stopped and what its disk still costs."""
-    since = f"stopped {ago(inst.stopped_at, now)}" if inst.stopped_at else "stopped"
     if inst.storage_micros_per_hour <= 0:
-        return f"{since}; no storage price recorded (its disk may still bill on the platform)"
-    return f"{since}; storage {format_money(inst.storage_micros_per_hour, inst.currency)}/h"
+        if inst.stopped_at is None:
+            return t("stopped; no storage price recorded (its disk may still bill on the platform)")
+        return t(
+            "stopped {ago}; no storage price recorded (its disk may still bill on the platform)",
+            ago=ago(inst.stopped_at, now),
+        )
+    storage = format_money(inst.storage_micros_per_hour, inst.currency)
+    if inst.stopped_at is None:
+        return t("stopped; storage {price}/h", price=storage)
+    return t("stopped {ago}; storage {price}/h", ago=ago(inst.stopped_at, now), price=storage)
 
 
 def _kept_disk(inst: InstanceView) -> str:
     if inst.storage_micros_per_hour > 0:
-        cost = f" ({format_money(inst.storage_micros_per_hour, inst.currency)}/h)"
+        return t(
+            "Its disk is kept and keeps billing ({price}/h) while it is stopped; "
+            "`/gpu release {name}` terminates it, disk and all.",
+            price=format_money(inst.storage_micros_per_hour, inst.currency),
+            name=inst.name,
+        )
+    return t(
+        "Its disk is kept and keeps billing while it is stopped; "
+        "`/gpu release {name}` terminates it, disk and all.",
+        name=inst.name,
+    )
+
+
+def _release_question(ask: ReleaseAsk) -> str:
+    """The first line of a release (or stop) question: the instance and what it costs."""
+    inst = ask.instance
+    values = {
+        "name": inst.name,
+        "address": escape(inst.address),
+        "cost": format_money(ask.cost_micros, inst.currency),
+        "rate": format_money(inst.burn_micros_per_hour, inst.currency),
+    }
+    stop = ask.mode == "stop"
+    if stop and inst.burn_micros_per_hour:
+        return t(
+            "Stop *{name}* ({address})? It has cost {cost} so far and costs {rate}/h.", **values
+        )
+    if stop:
+        return t("Stop *{name}* ({address})? It has cost {cost} so far.", **values)
+    if inst.burn_micros_per_hour:
+        return t(
+            "Release *{name}* ({address})? It has cost {cost} so far and costs {rate}/h.",
+            **values,
+        )
+    return t("Release *{name}* ({address})? It has cost {cost} so far.", **values)
+
+
+def _release_dialog(ask: ReleaseAsk) -> Block:
+    """The confirm dialog of the Yes button of a release: the instance, what it cost, what its
+    release frees."""
+    inst = ask.instance
+    cost = format_money(ask.cost_micros, inst.currency)
+    if inst.burn_micros_per_hour:
+        text = t(
+            "Releasing *{name}* ends its {rate}/h; anything not saved off it is lost. "
+            "It has cost {cost} so far.",
+            name=inst.name,
+            rate=format_money(inst.burn_micros_per_hour, inst.currency),
+            cost=cost,
+        )
     else:
-        cost = ""
-    return (
-        f"Its disk is kept and keeps billing{cost} while it is stopped; "
-        f"`/gpu release {inst.name}` terminates it, disk and all."
+        text = t(
+            "Releasing *{name}* loses anything not saved off it. It has cost {cost} so far.",
+            name=inst.name,
+            cost=cost,
+        )
+    return confirm_dialog(
+        t("Release {name}?", name=inst.name),
+        text,
+        confirm=t("Yes, release it"),
+        deny=t("Cancel"),
+    )
+
+
+def _stop_dialog(ask: ReleaseAsk) -> Block:
+    """The confirm dialog of the Yes button of a stop: the instance, what it cost, and that its
+    disk keeps billing."""
+    inst = ask.instance
+    cost = format_money(ask.cost_micros, inst.currency)
+    if inst.storage_micros_per_hour > 0:
+        text = t(
+            "Stopping *{name}* ends its compute billing; its disk is kept and keeps billing "
+            "({storage}/h). "
+            "It has cost {cost} so far.",
+            name=inst.name,
+            storage=format_money(inst.storage_micros_per_hour, inst.currency),
+            cost=cost,
+        )
+    else:
+        text = t(
+            "Stopping *{name}* ends its compute billing; its disk is kept and keeps billing. "
+            "It has cost {cost} so far.",
+            name=inst.name,
+            cost=cost,
+        )
+    return confirm_dialog(
+        t("Stop {name}?", name=inst.name),
+        text,
+        confirm=t("Yes, stop it"),
+        deny=t("Cancel"),
+    )
+
+
+def _awaiting_owner_text(inst: InstanceView, *, stop: bool) -> str:
+    """A manual platform's release (or stop): the owner does it and presses the button."""
+    if stop:
+        return t(
+            ":hourglass: Stop *{name}* on its platform now, then press "
+            "*Released on the platform* (or *Stopped on the platform*) in the direct message "
+            "the bot sent to {owner}; the meter runs until then.",
+            name=inst.name,
+            owner=mention(inst.owner_id),
+        )
+    return t(
+        ":hourglass: Release *{name}* on its platform now, then press "
+        "*Released on the platform* (or *Stopped on the platform*) in the direct message "
+        "the bot sent to {owner}; the meter runs until then.",
+        name=inst.name,
+        owner=mention(inst.owner_id),
     )
 
 
 def _deadline(inst: InstanceView, now: datetime, tz: ZoneInfo) -> str:
     if inst.deadline_at is None:
-        return "none"
-    return f"{when(inst.deadline_at, tz)} ({time_left(inst.deadline_at, now)})"
+        return t("none")
+    return t(
+        "{time} ({left})", time=when(inst.deadline_at, tz), left=time_left(inst.deadline_at, now)
+    )
 
 
 def _host_key(inst: InstanceView) -> str:
     if inst.host_key_fingerprint:
         return code(inst.host_key_fingerprint)
-    return "none (this machine)" if inst.is_local else "not pinned"
+    return t("none (this machine)") if inst.is_local else t("not pinned")
 
 
 def _state(state: str) -> str:
-    return state.replace("_", " ")
+    return t(STATE_NAMES[state]) if state in STATE_NAMES else state.replace("_", " ")
 
 
 def _software(detail: InstanceDetail) -> str:
     parts = []
     if detail.row.instance.agent_version:
-        parts.append(f"agent {detail.row.instance.agent_version}")
+        parts.append(t("agent {version}", version=detail.row.instance.agent_version))
     if detail.driver_version:
-        parts.append(f"driver {detail.driver_version}")
+        parts.append(t("driver {version}", version=detail.driver_version))
     if detail.cuda_version:
         parts.append(f"CUDA {detail.cuda_version}")
-    return ", ".join(parts) or "unknown"
+    return _listed(parts) or t("unknown")
 
 
 def _plain_live(row: InstanceRow) -> str:
@@ -632,7 +930,7 @@ def _plain_live(row: InstanceRow) -> str:
         return f"{row.problem.kind}: {row.problem.message}"
     if row.gpus:
         return _gpu_summary(row.gpus)
-    return "no GPU data"
+    return t("no GPU data")
 
 
 def _gpu_mismatch(notice: GpuMismatch) -> Message:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from agents.protocol import assigned_phrase, gpus_phrase, show_command
+from agents.protocol import JobRequestError, parse_gpus, show_command
 from bot.blocks.kit import (
     SECTION_TEXT_MAX,
     Block,
@@ -31,6 +31,7 @@ from bot.blocks.kit import (
     pack,
     section,
 )
+from bot.i18n import N_, nt, t
 from bot.notify import Notice
 from bot.services.job_views import (
     AccessChange,
@@ -55,6 +56,15 @@ STATE_EMOJI = {
     "cancelled": ":no_entry_sign:",
     "lost": ":grey_question:",
 }
+#: A job's state in words (the states are English words in the store).
+_STATE_WORDS = {
+    "queued": N_("queued"),
+    "running": N_("running"),
+    "succeeded": N_("succeeded"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "lost": N_("lost"),
+}
 _FENCE = "```"
 #: A code block's text may use this much of a section (fences and a newline each side).
 CODE_MAX = SECTION_TEXT_MAX - 2 * (len(_FENCE) + 1)
@@ -62,32 +72,37 @@ CODE_MAX = SECTION_TEXT_MAX - 2 * (len(_FENCE) + 1)
 LOG_SECTIONS_MAX = 12
 _GIB = 1024**3
 #: A GPU whose memory is in use though no process on it is visible here.
-UNSEEN_IN_USE = "in use (no process visible: another container?)"
+UNSEEN_IN_USE = N_("in use (no process visible: another container?)")
+#: A job that asked for no GPU, or got none.
+NO_GPU = N_("no GPU (CPU only)")
 
 
 def queued_message(job: JobView) -> Message:
     """The channel message posted when a job is queued; its thread gets the completion reply."""
-    title = f"Job {job.ref} queued on {job.instance_name}"
-    lines = [
-        f"{STATE_EMOJI['queued']} *{escape(title)}*"
-        + (f" for {mention(job.requested_by)}" if job.requested_by else ""),
-    ]
-    details = [f"GPUs: {escape(gpus_text(job))}"]
+    title = t("Job {ref} queued on {instance}", ref=job.ref, instance=job.instance_name)
+    head = f"{STATE_EMOJI['queued']} *{escape(title)}*"
+    if job.requested_by:
+        head = t("{title} for {who}", title=head, who=mention(job.requested_by))
+    gpus = escape(gpus_text(job))
     if job.gpus_note:
-        details[0] += f" ({escape(job.gpus_note)})"
+        gpus += f" ({escape(job.gpus_note)})"
+    details = [t("GPUs: {gpus}", gpus=gpus)]
     if job.retries:
-        details.append(f"retries: {job.retries}")
+        details.append(t("retries: {n}", n=job.retries))
     if job.release_when_done:
-        details.append("the instance is released when its jobs are done")
+        details.append(t("the instance is released when its jobs are done"))
     blocks: list[Block] = [
-        section("\n".join(lines)),
+        section(head),
         section(code_block(command_line(job.command))),
         context(
             " · ".join(details),
-            f"Agent job `{escape(job.agent_job_id)}`. I'll reply in this thread when it ends.",
+            t(
+                "Agent job `{id}`. I'll reply in this thread when it ends.",
+                id=escape(job.agent_job_id),
+            ),
         ),
     ]
-    text = f"{escape(title)}: {escape(command_line(job.command))}"
+    text = t("{title}: {command}", title=escape(title), command=escape(command_line(job.command)))
     return fallback(text), fit(blocks)
 
 
@@ -96,12 +111,17 @@ def completion_reply(job: JobView) -> Message:
     cost, per-GPU utilisation and peak memory, diagnoses, the log's last lines, and a button
     to release the instance."""
     emoji = STATE_EMOJI.get(job.state, ":grey_question:")
-    title = f"Job {job.ref} on {job.instance_name} {job.state}"
+    title = t(
+        "Job {ref} on {instance} {state}",
+        ref=job.ref,
+        instance=job.instance_name,
+        state=state_word(job.state),
+    )
     head = f"{emoji} *{escape(title)}*"
     if job.requested_by:
         head += f" {mention(job.requested_by)}"
     if job.cancelled_by:
-        head += f"\nCancelled by {mention(job.cancelled_by)}."
+        head += "\n" + t("Cancelled by {who}.", who=mention(job.cancelled_by))
     if job.note and job.note.strip().lower() != job.state:  # "cancelled" says nothing new
         head += f"\n{escape(job.note)}"
     if job.gpus_note:
@@ -117,102 +137,143 @@ def completion_reply(job: JobView) -> Message:
     if summary is not None and summary.log_tail.strip():
         blocks.append(section(code_block(summary.log_tail, keep="end")))
     if job.instance_active:
-        blocks.append(actions([button("Release instance", RELEASE_ASK, str(job.instance_id))]))
-    text = f"{escape(title)} ({_exit_text(job)}, {_duration_text(job)}, {_cost_text(job)})"
+        blocks.append(actions([button(t("Release instance"), RELEASE_ASK, str(job.instance_id))]))
+    text = t(
+        "{title} ({exit}, {duration}, {cost})",
+        title=escape(title),
+        exit=_exit_text(job),
+        duration=_duration_text(job),
+        cost=_cost_text(job),
+    )
     return fallback(text), fit(blocks)
 
 
 def job_list(view: JobListView) -> Message:
     """``/gpu jobs [NAME]``: one line per job, newest last."""
-    where = view.instance_name or "the fleet"
+    name = view.instance_name
     if not view.jobs:
-        text = escape(f"No jobs on {where}.")
+        text = escape(
+            t("No jobs on {instance}.", instance=name) if name else t("No jobs on the fleet.")
+        )
         blocks: list[Block] = [section(text)]
         if view.problem:
             blocks.append(context(escape(view.problem)))
         return text, tuple(blocks)
-    lines = [_list_line(job, with_instance=view.instance_name is None) for job in view.jobs]
-    blocks = [header(f"Jobs on {where}")]
+    lines = [_list_line(job, with_instance=name is None) for job in view.jobs]
+    title = t("Jobs on {instance}", instance=name) if name else t("Jobs on the fleet")
+    blocks = [header(title)]
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
     if view.problem:
         blocks.append(context(escape(view.problem)))
     text = escape(
-        f"Jobs on {where}:\n"
-        + "\n".join(f"{job.ref} {job.state} {command_line(job.command)}" for job in view.jobs)
+        t("{title}:", title=title)
+        + "\n"
+        + "\n".join(
+            f"{job.ref} {state_word(job.state)} {command_line(job.command)}" for job in view.jobs
+        )
     )
-    return fallback(text), fit(blocks, "{n} more sections not shown.")
+    return fallback(text), fit(blocks, t("{n} more sections not shown."))
 
 
 def log_message(view: LogView) -> Message:
     """``/gpu logs JOB``: the log's last lines as code, split over sections when long."""
     job = view.job
-    state = f"{job.state}, as the bot last saw it" if view.state_stale else job.state
-    title = f"Log of job {job.ref} on {job.instance_name} ({state})"
+    state = state_word(job.state)
+    if view.state_stale:
+        state = t("{state}, as the bot last saw it", state=state)
+    title = t(
+        "Log of job {ref} on {instance} ({state})",
+        ref=job.ref,
+        instance=job.instance_name,
+        state=state,
+    )
     blocks: list[Block] = [section(f"{STATE_EMOJI.get(job.state, '')} *{escape(title)}*".strip())]
     if not view.text.strip():
-        blocks.append(context("The log is empty so far."))
-        return fallback(escape(title + ": empty")), tuple(blocks)
+        blocks.append(context(t("The log is empty so far.")))
+        return fallback(escape(t("{title}: empty", title=title))), tuple(blocks)
     chunks = split_code(view.text, LOG_SECTIONS_MAX)
     blocks.extend(section(chunk) for chunk in chunks)
-    blocks.append(
-        context(f"Last {view.tail} lines at most. {code(f'/gpu logs {job.ref} --tail N')}")
-    )
+    more = code(f"/gpu logs {job.ref} --tail N")
+    blocks.append(context(t("Last {n} lines at most. {command}", n=view.tail, command=more)))
     return fallback(escape(f"{title}\n{view.text}")), fit(blocks)
 
 
 def who_message(view: WhoView) -> Message:
     """``/gpu who NAME``: every GPU, who holds it and whether it is busy; queued jobs."""
-    title = f"Who uses the GPUs of {view.instance_name}"
+    title = t("Who uses the GPUs of {instance}", instance=view.instance_name)
     if not view.gpus:
-        return f"{escape(title)}: no GPUs.", (section(f"*{escape(title)}*: no GPUs."),)
-    lines = []
-    for gpu in view.gpus:
-        busy = f" · {gpu.util_gpu_pct}% busy" if gpu.util_gpu_pct is not None else ""
-        if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
-            busy += f" · {_gib(gpu.mem_used_bytes)} of {_gib(gpu.mem_total_bytes)}"
-        lines.append(f"*GPU {gpu.index}* {escape(gpu.name)}{busy}")
-        if gpu.held_by is not None:
-            starting = " (starting)" if gpu.held_by.starting else ""
-            lines.append(f"    held by {_reservation_text(gpu.held_by)}{starting}")
-        if gpu.unseen_mem_bytes is not None and not gpu.processes:
-            lines.append(f"    {UNSEEN_IN_USE} · {_gib(gpu.unseen_mem_bytes)}")
-        elif gpu.unseen_mem_bytes is not None:
-            lines.append(
-                f"    and {_gib(gpu.unseen_mem_bytes)} in use by processes not visible here "
-                "(another container?)"
-            )
-        if gpu.free:
-            lines.append("    free")
-        for proc in gpu.processes:
-            who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or "unknown")
-            job = f" · job {code(proc.job_ref)}" if proc.job_ref else ""
-            mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
-            use = _process_use(proc.sm_util_pct, proc.cpu_pct, proc.elapsed_s)
-            cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
-            lines.append(f"    pid {proc.pid} · {who}{job}{mem}{use}{cmd}")
-        for waiting in gpu.waiting:
-            lines.append(f"    waiting: {_reservation_text(waiting)}")
+        return t("{title}: no GPUs.", title=escape(title)), (
+            section(t("*{title}*: no GPUs.", title=escape(title))),
+        )
+    lines = [line for gpu in view.gpus for line in _who_gpu_lines(gpu)]
     for waiting in view.waiting_any:
-        wanted = f" for {escape(waiting.wanted)}" if waiting.wanted else ""
-        lines.append(f"Queued{wanted}: {_reservation_text(waiting)}")
+        job = _reservation_text(waiting)
+        lines.append(
+            t("Queued for {wanted}: {job}", wanted=escape(waiting.wanted), job=job)
+            if waiting.wanted
+            else t("Queued: {job}", job=job)
+        )
     blocks: list[Block] = [header(title)]
     blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
-    text = f"{escape(title)}: " + "; ".join(f"GPU {g.index}: {_gpu_state(g)}" for g in view.gpus)
+    states = "; ".join(f"GPU {g.index}: {_gpu_state(g)}" for g in view.gpus)
+    text = t("{title}: {gpus}", title=escape(title), gpus=states)
     return fallback(text), fit(blocks)
+
+
+def _who_gpu_lines(gpu: WhoGpuView) -> list[str]:
+    """One GPU of ``/gpu who``: its use, who holds it, its processes and who waits for it."""
+    indent = "    "
+    busy = []
+    if gpu.util_gpu_pct is not None:
+        busy.append(t("{percent}% busy", percent=gpu.util_gpu_pct))
+    if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
+        used, total = _gib(gpu.mem_used_bytes), _gib(gpu.mem_total_bytes)
+        busy.append(t("{used} of {total}", used=used, total=total))
+    lines = [f"*GPU {gpu.index}* {escape(gpu.name)}" + "".join(f" · {b}" for b in busy)]
+    if gpu.held_by is not None:
+        job = _reservation_text(gpu.held_by)
+        held = (
+            t("held by {job} (starting)", job=job)
+            if gpu.held_by.starting
+            else t("held by {job}", job=job)
+        )
+        lines.append(indent + held)
+    if gpu.unseen_mem_bytes is not None and not gpu.processes:
+        lines.append(f"{indent}{t(UNSEEN_IN_USE)} · {_gib(gpu.unseen_mem_bytes)}")
+    elif gpu.unseen_mem_bytes is not None:
+        lines.append(
+            indent
+            + t(
+                "and {size} in use by processes not visible here (another container?)",
+                size=_gib(gpu.unseen_mem_bytes),
+            )
+        )
+    if gpu.free:
+        lines.append(indent + t("free"))
+    for proc in gpu.processes:
+        who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or t("unknown"))
+        job = " · " + t("job {ref}", ref=code(proc.job_ref)) if proc.job_ref else ""
+        mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
+        use = _process_use(proc.sm_util_pct, proc.cpu_pct, proc.elapsed_s)
+        cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
+        lines.append(f"{indent}pid {proc.pid} · {who}{job}{mem}{use}{cmd}")
+    for waiting in gpu.waiting:
+        lines.append(indent + t("waiting: {job}", job=_reservation_text(waiting)))
+    return lines
 
 
 def _gpu_state(gpu: WhoGpuView) -> str:
     """One GPU in a few words, for the fallback text."""
     if gpu.processes:
-        return f"{len(gpu.processes)} process(es)"
+        return t("{n} process(es)", n=len(gpu.processes))
     if gpu.held_by is not None:
-        return f"held by job {gpu.held_by.job_ref}"
-    return UNSEEN_IN_USE if gpu.unseen_mem_bytes is not None else "free"
+        return t("held by job {ref}", ref=gpu.held_by.job_ref)
+    return t(UNSEEN_IN_USE) if gpu.unseen_mem_bytes is not None else t("free")
 
 
 def _reservation_text(job: WhoReservation) -> str:
-    who = mention(job.slack_user) if job.slack_user else escape(job.user or "unknown")
-    return f"job {code(job.job_ref)} · {who}"
+    who = mention(job.slack_user) if job.slack_user else escape(job.user or t("unknown"))
+    return t("job {ref} · {who}", ref=code(job.job_ref), who=who)
 
 
 def _process_use(sm_pct: int | None, cpu_pct: float | None, elapsed_s: float | None) -> str:
@@ -223,15 +284,25 @@ def _process_use(sm_pct: int | None, cpu_pct: float | None, elapsed_s: float | N
     if cpu_pct is not None:
         parts.append(f"CPU {cpu_pct:.0f}%")
     if elapsed_s is not None:
-        parts.append(f"up {format_duration(timedelta(seconds=elapsed_s))}")
+        parts.append(t("up {duration}", duration=format_duration(timedelta(seconds=elapsed_s))))
     return "".join(f" · {p}" for p in parts)
 
 
 def cancel_message(job: JobView) -> Message:
     """The answer to ``/gpu cancel``."""
-    text = escape(f"Job {job.ref} on {job.instance_name}: {job.state}.")
     if job.state == "cancelled":
-        text = escape(f"Cancelled job {job.ref} on {job.instance_name}.")
+        text = escape(
+            t("Cancelled job {ref} on {instance}.", ref=job.ref, instance=job.instance_name)
+        )
+    else:
+        text = escape(
+            t(
+                "Job {ref} on {instance}: {state}.",
+                ref=job.ref,
+                instance=job.instance_name,
+                state=state_word(job.state),
+            )
+        )
     return text, (section(f"{STATE_EMOJI.get(job.state, '')} {text}".strip()),)
 
 
@@ -241,19 +312,35 @@ def access_message(change: AccessChange) -> Message:
     where = escape(change.instance_name)
     if change.granted:
         head = (
-            f":white_check_mark: {who} may now run and cancel jobs on *{where}*."
+            t(
+                ":white_check_mark: {who} may now run and cancel jobs on *{where}*.",
+                who=who,
+                where=where,
+            )
             if change.changed
-            else f"{who} could already run and cancel jobs on *{where}*; nothing changed."
+            else t(
+                "{who} could already run and cancel jobs on *{where}*; nothing changed.",
+                who=who,
+                where=where,
+            )
         )
     else:
         head = (
-            f":no_entry: {who} may no longer run or cancel jobs on *{where}* "
-            "(jobs they started keep running)."
+            t(
+                ":no_entry: {who} may no longer run or cancel jobs on *{where}* "
+                "(jobs they started keep running).",
+                who=who,
+                where=where,
+            )
             if change.changed
-            else f"{who} had no access to *{where}*; nothing changed."
+            else t("{who} had no access to *{where}*; nothing changed.", who=who, where=where)
         )
-    others = ", ".join(mention(p) for p in change.allowed) or "nobody else"
-    tail = f"Owner: {mention(change.owner_id)} · allowed: {others} · admins always may."
+    others = ", ".join(mention(p) for p in change.allowed) or t("nobody else")
+    tail = t(
+        "Owner: {owner} · allowed: {others} · admins always may.",
+        owner=mention(change.owner_id),
+        others=others,
+    )
     text = f"{head}\n{tail}"
     return fallback(text), (section(head), context(tail))
 
@@ -264,8 +351,12 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
     if not posted:
         return queued_message(job)
     text = escape(
-        f"Queued job {job.ref} on {job.instance_name} with {gpus_text(job)}. I'll reply in "
-        "its thread when it ends."
+        t(
+            "Queued job {ref} on {instance} with {gpus}. I'll reply in its thread when it ends.",
+            ref=job.ref,
+            instance=job.instance_name,
+            gpus=gpus_text(job),
+        )
     )
     return text, (section(text),)
 
@@ -312,17 +403,20 @@ def _cut_end(body: str, limit: int) -> str:
 
 def _facts(job: JobView) -> list[str]:
     facts = [
-        f"*State*\n{job.state}",
-        f"*Exit code*\n{_exit_text(job)}",
-        f"*Duration*\n{_duration_text(job)}",
-        f"*GPUs*\n{escape(gpus_text(job))}",
-        f"*GPU-hours*\n{_gpu_hours_text(job)}",
-        f"*Cost*\n{_cost_text(job)}{_cost_basis(job)}",
+        t("*State*\n{state}", state=state_word(job.state)),
+        t("*Exit code*\n{code}", code=_exit_text(job)),
+        t("*Duration*\n{duration}", duration=_duration_text(job)),
+        t("*GPUs*\n{gpus}", gpus=escape(gpus_text(job))),
+        t("*GPU-hours*\n{hours}", hours=_gpu_hours_text(job)),
+        t("*Cost*\n{cost}", cost=_cost_text(job)) + _cost_basis(job),
     ]
     if job.retries:
-        facts.append(f"*Attempts*\n{job.attempt} of {job.retries + 1}")
+        facts.append(
+            t("*Attempts*\n{attempt} of {total}", attempt=job.attempt, total=job.retries + 1)
+        )
     if job.summary is not None and job.summary.cpu_avg_pct is not None:
-        facts.append(f"*CPU*\n{job.summary.cpu_avg_pct:.0f}% of a core")
+        percent = f"{job.summary.cpu_avg_pct:.0f}"
+        facts.append(t("*CPU*\n{percent}% of a core", percent=percent))
     return facts
 
 
@@ -332,23 +426,36 @@ def _gpu_lines(job: JobView) -> list[str]:
     for gpu in job.summary.gpus:
         util = "?" if gpu.util_avg_pct is None else f"{gpu.util_avg_pct:.0f}%"
         peak = "?" if gpu.mem_peak_bytes is None else _gib(gpu.mem_peak_bytes)
-        lines.append(f"GPU {gpu.index}: {util} busy on average, peak memory {peak}")
+        lines.append(
+            t(
+                "GPU {index}: {util} busy on average, peak memory {peak}",
+                index=gpu.index,
+                util=util,
+                peak=peak,
+            )
+        )
     return lines
 
 
 def _list_line(job: JobView, *, with_instance: bool) -> str:
     emoji = STATE_EMOJI.get(job.state, "")
-    where = f" on *{escape(job.instance_name)}*" if with_instance else ""
+    where = " " + t("on *{instance}*", instance=escape(job.instance_name)) if with_instance else ""
     who = f" · {mention(job.requested_by)}" if job.requested_by else ""
     extra = ""
     if job.final:
-        extra = f" · exit {_exit_text(job)} · {_duration_text(job)}"
+        extra = " · " + t("exit {code}", code=_exit_text(job)) + f" · {_duration_text(job)}"
         if job.cost_micros is not None:
             extra += f" · {format_money(job.cost_micros, job.currency)}"
     else:
         extra = f" · {escape(gpus_text(job))}"
     cmd = code(clip(command_line(job.command), 120))
-    return f"{emoji} `{escape(job.ref)}`{where} {job.state}{who}{extra} · {cmd}"
+    return f"{emoji} `{escape(job.ref)}`{where} {state_word(job.state)}{who}{extra} · {cmd}"
+
+
+def state_word(state: str) -> str:
+    """A job's state (``succeeded``, ``failed``…) in the reader's language."""
+    word = _STATE_WORDS.get(state)
+    return t(word) if word is not None else state
 
 
 def gpus_text(job: JobView) -> str:
@@ -356,16 +463,44 @@ def gpus_text(job: JobView) -> str:
     (CUDA_VISIBLE_DEVICES=0)"), or, before it starts, what it asked for ("one free GPU (the
     agent picks it when the job starts)"); "no GPU (CPU only)" for a job without."""
     if job.gpus_assigned:
-        return assigned_phrase(job.gpus_assigned)
+        indices = job.gpus_assigned
+        return f"{_gpu_words(indices)} (CUDA_VISIBLE_DEVICES={','.join(map(str, indices))})"
     if job.final:
-        return "no GPU (CPU only)" if job.started_at is not None else "none (it never started)"
+        return t(NO_GPU) if job.started_at is not None else t("none (it never started)")
     wanted = job.gpus_requested
     if wanted and wanted[:1].isdigit():
-        return gpus_phrase(wanted) + f" (CUDA_VISIBLE_DEVICES={wanted.rstrip(',')})"
-    phrase = gpus_phrase(wanted)
+        return _requested_text(wanted) + f" (CUDA_VISIBLE_DEVICES={wanted.rstrip(',')})"
+    phrase = _requested_text(wanted)
     if wanted and wanted != "none":
-        phrase += " (picked when the job starts)"
+        phrase = t("{gpus} (picked when the job starts)", gpus=phrase)
     return phrase
+
+
+def _gpu_words(indices: Sequence[int]) -> str:
+    """``GPU 3`` or ``GPUs 0, 1``."""
+    ids = ", ".join(str(i) for i in indices)
+    return nt("GPU {ids}", "GPUs {ids}", len(indices), ids=ids)
+
+
+def _requested_text(wanted: str | None) -> str:
+    """A request as the job record stores it (``gpus_requested``), in words: ``GPU 3``, ``one
+    free GPU``, ``any 2 free GPUs``, ``all GPUs`` or ``no GPU (CPU only)`` (also for None); a
+    request that does not parse as itself."""
+    if not wanted or wanted.strip().lower() == "none":
+        return t(NO_GPU)
+    try:
+        request = parse_gpus(wanted)
+    except JobRequestError:
+        return wanted
+    if request.auto:
+        return t("one free GPU")
+    if request.indices:
+        return _gpu_words(request.indices)
+    if request.count < 0:
+        return t("all GPUs")
+    if request.count == 1:
+        return t("one free GPU")
+    return t("any {n} free GPUs", n=request.count)
 
 
 def _exit_text(job: JobView) -> str:
@@ -384,7 +519,7 @@ def _gpu_hours_text(job: JobView) -> str:
     if job.gpu_hours is None:
         return "-"
     if not job.gpus_assigned:
-        return "0 (no GPU held)"
+        return t("0 (no GPU held)")
     return f"{job.gpu_hours:.2f}"
 
 
@@ -396,10 +531,10 @@ def _cost_basis(job: JobView) -> str:
     held = len(job.gpus_assigned)
     total = job.instance_gpu_count
     if held == 0:
-        return "\n_the whole instance's time (the job held no GPU)_"
+        return "\n" + t("_the whole instance's time (the job held no GPU)_")
     if total is None or held >= total:
-        return "\n_the whole instance's time_"
-    return f"\n_its share: {held} of {total} GPUs_"
+        return "\n" + t("_the whole instance's time_")
+    return "\n" + t("_its share: {held} of {total} GPUs_", held=held, total=total)
 
 
 def _cost_text(job: JobView) -> str:

@@ -2,7 +2,9 @@
 
 Every builder clips its text to the limit Slack enforces (an over-long block makes Slack reject
 the whole message), and :func:`fit` keeps a message under 50 blocks. Text that came from people
-or machines goes through :func:`escape` before it is put into mrkdwn.
+or machines goes through :func:`escape` before it is put into mrkdwn. Modals (:func:`modal`) are
+built from input blocks (:func:`input_block`) holding a text input, a select or checkboxes.
+The kit's own words (``Cancel``, time left, ``ago``) are in the active language (bot.i18n).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from bot.i18n import N_, t
 from bot.values import format_duration
 
 Block = dict[str, Any]
@@ -34,7 +37,38 @@ CONFIRM_TEXT_MAX = 300
 CONFIRM_BUTTON_MAX = 30
 #: The top-level fallback text Slack keeps (it truncates longer text).
 FALLBACK_TEXT_MAX = 4000
+VIEW_BLOCKS_MAX = 100
+VIEW_TITLE_MAX = 24
+VIEW_BUTTON_MAX = 24
+CALLBACK_ID_MAX = 255
+PRIVATE_METADATA_MAX = 3000
+LABEL_MAX = 2000
+HINT_MAX = 2000
+PLACEHOLDER_MAX = 150
+TEXT_INPUT_MAX = 3000
+OPTIONS_MAX = 100
+OPTION_GROUPS_MAX = 100
+CHECKBOX_OPTIONS_MAX = 10
+OPTION_TEXT_MAX = 75
+OPTION_VALUE_MAX = 150
+OPTION_GROUP_LABEL_MAX = 75
 ELLIPSIS = "…"
+#: The days and months of :func:`when`, Monday and January first.
+_WEEKDAYS = (N_("Mon"), N_("Tue"), N_("Wed"), N_("Thu"), N_("Fri"), N_("Sat"), N_("Sun"))
+_MONTHS = (
+    N_("Jan"),
+    N_("Feb"),
+    N_("Mar"),
+    N_("Apr"),
+    N_("May"),
+    N_("Jun"),
+    N_("Jul"),
+    N_("Aug"),
+    N_("Sep"),
+    N_("Oct"),
+    N_("Nov"),
+    N_("Dec"),
+)
 
 
 def clip(text: str, limit: int) -> str:
@@ -92,7 +126,7 @@ def context(*texts: str) -> Block:
     """A context block of up to 10 mrkdwn elements."""
     return {
         "type": "context",
-        "elements": [mrkdwn(clip(t, CONTEXT_TEXT_MAX)) for t in texts[:CONTEXT_ELEMENTS_MAX]],
+        "elements": [mrkdwn(clip(text, CONTEXT_TEXT_MAX)) for text in texts[:CONTEXT_ELEMENTS_MAX]],
     }
 
 
@@ -106,13 +140,22 @@ def mrkdwn(text: str) -> Block:
     return {"type": "mrkdwn", "text": text}
 
 
-def confirm_dialog(title: str, text: str, *, confirm: str, deny: str = "Cancel") -> Block:
-    """A confirmation dialog for a button (title 100, text 300, buttons 30 characters)."""
+def plain_text(text: str, limit: int) -> Block:
+    """A plain_text object of at most ``limit`` characters."""
+    return {"type": "plain_text", "text": clip(text, limit), "emoji": True}
+
+
+def confirm_dialog(title: str, text: str, *, confirm: str, deny: str | None = None) -> Block:
+    """A confirmation dialog for a button (title 100, text 300, buttons 30 characters);
+    ``deny`` defaults to Cancel in the active language."""
     return {
         "title": {"type": "plain_text", "text": clip(title, CONFIRM_TITLE_MAX)},
         "text": {"type": "mrkdwn", "text": clip(text, CONFIRM_TEXT_MAX)},
         "confirm": {"type": "plain_text", "text": clip(confirm, CONFIRM_BUTTON_MAX)},
-        "deny": {"type": "plain_text", "text": clip(deny, CONFIRM_BUTTON_MAX)},
+        "deny": {
+            "type": "plain_text",
+            "text": clip(t("Cancel") if deny is None else deny, CONFIRM_BUTTON_MAX),
+        },
     }
 
 
@@ -149,6 +192,136 @@ def actions(elements: Sequence[Block], *, block_id: str | None = None) -> Block:
     return block
 
 
+# --- modals ------------------------------------------------------------------------------------
+
+
+def modal(
+    title: str,
+    blocks: Sequence[Block],
+    *,
+    callback_id: str,
+    submit: str,
+    close: str,
+    private_metadata: str | None = None,
+) -> Block:
+    """A modal view (title, submit and close at most 24 characters). Raises ValueError for
+    more than 100 blocks or private metadata over 3000 characters (both are the code's, never
+    people's, so a cut would lose something silently)."""
+    if not 0 < len(blocks) <= VIEW_BLOCKS_MAX:
+        raise ValueError(f"a modal of {len(blocks)} blocks")
+    view: Block = {
+        "type": "modal",
+        "callback_id": clip(callback_id, CALLBACK_ID_MAX),
+        "title": plain_text(title, VIEW_TITLE_MAX),
+        "submit": plain_text(submit, VIEW_BUTTON_MAX),
+        "close": plain_text(close, VIEW_BUTTON_MAX),
+        "blocks": list(blocks),
+    }
+    if private_metadata is not None:
+        if len(private_metadata) > PRIVATE_METADATA_MAX:
+            raise ValueError(f"private metadata of {len(private_metadata)} characters")
+        view["private_metadata"] = private_metadata
+    return view
+
+
+def input_block(
+    label: str,
+    element: Block,
+    *,
+    block_id: str,
+    optional: bool = False,
+    hint: str | None = None,
+) -> Block:
+    """An input block of a modal (label and hint at most 2000 characters); ``block_id`` is
+    where the submission's value and any error on it are keyed."""
+    block: Block = {
+        "type": "input",
+        "block_id": clip(block_id, BLOCK_ID_MAX),
+        "label": plain_text(label, LABEL_MAX),
+        "element": element,
+        "optional": optional,
+    }
+    if hint is not None:
+        block["hint"] = plain_text(hint, HINT_MAX)
+    return block
+
+
+def plain_text_input(
+    action_id: str,
+    *,
+    placeholder: str | None = None,
+    initial_value: str | None = None,
+    multiline: bool = False,
+) -> Block:
+    """A one-line (or ``multiline``) text input; placeholder at most 150 characters, initial
+    value at most 3000."""
+    element: Block = {
+        "type": "plain_text_input",
+        "action_id": clip(action_id, ACTION_ID_MAX),
+        "multiline": multiline,
+    }
+    if placeholder is not None:
+        element["placeholder"] = plain_text(placeholder, PLACEHOLDER_MAX)
+    if initial_value is not None:
+        element["initial_value"] = clip(initial_value, TEXT_INPUT_MAX)
+    return element
+
+
+def option(text: str, value: str, *, description: str | None = None) -> Block:
+    """A choice of a select or of checkboxes (text and description at most 75 characters).
+    Raises ValueError for a value over Slack's 150 characters (values are ids, not text)."""
+    if len(value) > OPTION_VALUE_MAX:
+        raise ValueError(f"option value of {len(value)} characters")
+    choice: Block = {"text": plain_text(text, OPTION_TEXT_MAX), "value": value}
+    if description is not None:
+        choice["description"] = plain_text(description, OPTION_TEXT_MAX)
+    return choice
+
+
+def option_group(label: str, options: Sequence[Block]) -> Block:
+    """A labelled group of a select's options (label 75 characters, at most 100 options)."""
+    return {
+        "label": plain_text(label, OPTION_GROUP_LABEL_MAX),
+        "options": list(options[:OPTIONS_MAX]),
+    }
+
+
+def static_select(
+    action_id: str,
+    options: Sequence[Block] = (),
+    *,
+    groups: Sequence[Block] = (),
+    placeholder: str | None = None,
+    initial: Block | None = None,
+) -> Block:
+    """A select of ``options`` (at most 100), or of option ``groups`` (at most 100) instead;
+    ``initial`` is the option chosen at first. Raises ValueError with neither or both."""
+    if bool(options) == bool(groups):
+        raise ValueError("a select needs options or option groups, not both or neither")
+    element: Block = {"type": "static_select", "action_id": clip(action_id, ACTION_ID_MAX)}
+    if options:
+        element["options"] = list(options[:OPTIONS_MAX])
+    else:
+        element["option_groups"] = list(groups[:OPTION_GROUPS_MAX])
+    if placeholder is not None:
+        element["placeholder"] = plain_text(placeholder, PLACEHOLDER_MAX)
+    if initial is not None:
+        element["initial_option"] = initial
+    return element
+
+
+def checkboxes(action_id: str, options: Sequence[Block], *, initial: Sequence[Block] = ()) -> Block:
+    """Checkboxes (at most 10 options); ``initial`` are those ticked at first."""
+    element: Block = {
+        "type": "checkboxes",
+        "action_id": clip(action_id, ACTION_ID_MAX),
+        "options": list(options[:CHECKBOX_OPTIONS_MAX]),
+    }
+    if initial:
+        element["initial_options"] = list(initial)
+    return element
+
+
 def pack(lines: Iterable[str], limit: int = SECTION_TEXT_MAX, sep: str = "\n") -> list[str]:
     """Join lines into as few texts of at most ``limit`` characters as possible (a line longer
     than ``limit`` is clipped)."""
@@ -167,13 +340,15 @@ def pack(lines: Iterable[str], limit: int = SECTION_TEXT_MAX, sep: str = "\n") -
     return texts
 
 
-def fit(blocks: Sequence[Block], note: str = "{n} more not shown.") -> tuple[Block, ...]:
+def fit(blocks: Sequence[Block], note: str | None = None) -> tuple[Block, ...]:
     """The blocks, cut to Slack's 50 with a closing context that says how many were left out
-    (``note`` may use ``{n}``)."""
+    (``note`` may use ``{n}``; by default "{n} more not shown." in the active language)."""
     if len(blocks) <= MAX_BLOCKS:
         return tuple(blocks)
     kept = list(blocks[: MAX_BLOCKS - 1])
-    return (*kept, context(note.format(n=len(blocks) - len(kept))))
+    left_out = len(blocks) - len(kept)
+    said = t("{n} more not shown.", n=left_out) if note is None else note.format(n=left_out)
+    return (*kept, context(said))
 
 
 def fallback(text: str) -> str:
@@ -194,24 +369,31 @@ def fallback(text: str) -> str:
 def when(at: datetime, tz: ZoneInfo) -> str:
     """A naive-UTC time as ``Wed 18:00 CET`` in ``tz`` (with the date when not within a week)."""
     local = at.replace(tzinfo=UTC).astimezone(tz)
-    return local.strftime("%a %d %b %H:%M %Z")
+    return t(
+        "{weekday} {day} {month} {time} {zone}",
+        weekday=t(_WEEKDAYS[local.weekday()]),
+        day=local.strftime("%d"),
+        month=t(_MONTHS[local.month - 1]),
+        time=local.strftime("%H:%M"),
+        zone=local.strftime("%Z"),
+    )
 
 
 def ago(at: datetime, now: datetime) -> str:
     """``5m ago``, or ``just now``."""
     delta = now - at
     if delta < timedelta(seconds=1):
-        return "just now"
-    return f"{format_duration(delta)} ago"
+        return t("just now")
+    return t("{duration} ago", duration=format_duration(delta))
 
 
 def time_left(deadline_at: datetime | None, now: datetime) -> str:
     """``2h 10m left``, ``deadline passed 5m ago`` or ``no deadline``."""
     if deadline_at is None:
-        return "no deadline"
+        return t("no deadline")
     if deadline_at > now:
-        return f"{format_duration(deadline_at - now)} left"
-    return f"deadline passed {format_duration(now - deadline_at)} ago"
+        return t("{duration} left", duration=format_duration(deadline_at - now))
+    return t("deadline passed {duration} ago", duration=format_duration(now - deadline_at))
 
 
 def gib(n_bytes: int | None) -> str:

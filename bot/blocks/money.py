@@ -10,10 +10,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from unicodedata import east_asian_width
 from zoneinfo import ZoneInfo
 
 from bot import charts
 from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, section
+from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
 from bot.services.advice import (
     HOURS_IN_LONGEST_MONTH,
@@ -34,40 +36,74 @@ TOP_FITS = 12
 #: The most characters of a job's command the digest shows.
 COMMAND_MAX = 80
 _MONTHS = (
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
+    N_("January"),
+    N_("February"),
+    N_("March"),
+    N_("April"),
+    N_("May"),
+    N_("June"),
+    N_("July"),
+    N_("August"),
+    N_("September"),
+    N_("October"),
+    N_("November"),
+    N_("December"),
 )
 
 #: The most GPUs one rented machine has (HGX/DGX boards); more means a multi-node job.
 GPUS_PER_MACHINE = 8
 
 #: Nothing measures network traffic, so reports say what they leave out.
-EGRESS_NOTE = (
+EGRESS_NOTE = N_(
     "Data transfer (egress) is not metered: where a platform charges for it, it is on the "
     "platform's invoice only."
 )
 
+#: `/gpu spend`'s chart title, heading of the groups, by what they group.
+_SPEND_CHART_TITLE = {
+    "user": N_("GPU spend by user, {month}"),
+    "gpu": N_("GPU spend by gpu, {month}"),
+    "instance": N_("GPU spend by instance, {month}"),
+    "project": N_("GPU spend by project, {month}"),
+    "provider": N_("GPU spend by provider, {month}"),
+}
+_SPEND_HEADING = {
+    "user": N_("*By user*"),
+    "gpu": N_("*By gpu*"),
+    "instance": N_("*By instance*"),
+    "project": N_("*By project*"),
+    "provider": N_("*By provider*"),
+}
+#: The digest's headings of its groups.
+_DIGEST_HEADING = {
+    "user": N_("*By user*"),
+    "gpu": N_("*By GPU model*"),
+    "project": N_("*By project*"),
+}
+#: The ways to get GPU time `/gpu estimate` compares (Option.name), and its price labels.
+_OPTION_NAMES = (N_("hourly"), N_("monthly plan"), N_("buy"))
+#: The parts of a `/gpu fit` estimate (MemoryBreakdown.parts).
+_MEMORY_PARTS = (
+    N_("weights"),
+    N_("KV cache"),
+    N_("optimizer state"),
+    N_("gradients"),
+    N_("activations"),
+)
+
 
 def month_name(month: str) -> str:
-    """``2026-03`` as ``March 2026``."""
+    """``2026-03`` as ``March 2026`` (``2026年3月`` in Chinese)."""
     year, number = month.split("-")
-    return f"{_MONTHS[int(number) - 1]} {year}"
+    return t("{month} {year}", month=t(_MONTHS[int(number) - 1]), year=year)
 
 
 def spend_file_titles(report: SpendReport) -> tuple[str, str]:
     """The titles of the files shared with `/gpu spend`: the chart's and the CSV's."""
     name = month_name(report.month)
-    return f"GPU spend by {report.by}, {name}", f"GPU spend per instance, {name}"
+    by = _SPEND_CHART_TITLE.get(report.by)
+    chart = t(by, month=name) if by else t("GPU spend by {by}, {month}", by=report.by, month=name)
+    return chart, t("GPU spend per instance, {month}", month=name)
 
 
 def spend_message(report: SpendReport, *, shared: bool = False) -> Message:
@@ -75,39 +111,47 @@ def spend_message(report: SpendReport, *, shared: bool = False) -> Message:
     month is this month so far, to ``report.now``; ``shared`` says the chart and the CSV are
     posted to the channel with it."""
     currency = report.currency
-    title = f"GPU spend, {month_name(report.month)}" + _so_far(report)
+    month = month_name(report.month)
+    title = _spend_title(report, month)
     total = format_money(report.total_micros, currency)
-    text = f"{title}: {total}"
+    text = t("{title}: {total}", title=title, total=total)
     if not report.instances:
         return text, (
             header(title),
-            section(f"Nothing was charged in {month_name(report.month)}."),
+            section(t("Nothing was charged in {month}.", month=month)),
         )
+    heading = _SPEND_HEADING.get(report.by)
+    by = t(heading) if heading else t("*By {by}*", by=report.by)
     blocks: list[Block] = [
         header(title),
         section(_totals_line(report)),
-        section(
-            f"*By {report.by}*\n" + _group_lines(report.groups, report.by, currency, TOP_GROUPS)
-        ),
-        section("*Top instances*\n" + _instance_lines(report)),
+        section(by + "\n" + _group_lines(report.groups, report.by, currency, TOP_GROUPS)),
+        section(t("*Top instances*") + "\n" + _instance_lines(report)),
     ]
     if not report.complete:
         blocks.append(context(_pending_note(report)))
     files = (
-        "The chart and a CSV with every instance follow as files in the channel."
+        t("The chart and a CSV with every instance follow as files in the channel.")
         if shared
-        else "Only you see this; add `--share` to post it with the chart and a CSV to the channel."
+        else t(
+            "Only you see this; add `--share` to post it with the chart and a CSV to the channel."
+        )
     )
-    blocks.append(context(f"{files} {EGRESS_NOTE}"))
+    blocks.append(context(f"{files} {t(EGRESS_NOTE)}"))
     return text, tuple(blocks)
 
 
-def _so_far(report: SpendReport) -> str:
+def _spend_title(report: SpendReport, month: str) -> str:
+    """``GPU spend, March 2026``, with how far the current month goes."""
     if report.complete:
-        return ""
+        return t("GPU spend, {month}", month=month)
     if report.now is None:
-        return " (this month so far)"
-    return f" (this month so far, to {_clock(report.now, report.timezone)})"
+        return t("GPU spend, {month} (this month so far)", month=month)
+    return t(
+        "GPU spend, {month} (this month so far, to {time})",
+        month=month,
+        time=_clock(report.now, report.timezone),
+    )
 
 
 def _pending_note(report: SpendReport) -> str:
@@ -116,12 +160,14 @@ def _pending_note(report: SpendReport) -> str:
     until = (
         _clock(report.charged_until, report.timezone)
         if report.charged_until is not None
-        else "the last full hour"
+        else t("the last full hour")
     )
-    return (
-        f"Charged up to {until}; the {pending} since (the open hour, and the rounding a "
+    return t(
+        "Charged up to {until}; the {pending} since (the open hour, and the rounding a "
         "release now would add) is in the totals as not yet charged: the same figures as "
-        "`/gpu budget list` and `/gpu status`."
+        "`/gpu budget list` and `/gpu status`.",
+        until=until,
+        pending=pending,
     )
 
 
@@ -135,41 +181,60 @@ def digest_message(data: DigestData) -> Message:
     where a monthly plan would have been cheaper, and the most expensive jobs."""
     report = data.report
     currency = report.currency
-    title = f"GPU spend in {month_name(data.month)}"
+    title = t("GPU spend in {month}", month=month_name(data.month))
     total = format_money(report.total_micros, currency)
-    text = f"{title}: {total} ({_change(report.total_micros, data.previous_total_micros)})"
+    change = _change(report.total_micros, data.previous_total_micros)
+    text = t("{title}: {total} ({change})", title=title, total=total, change=change)
     blocks: list[Block] = [
         header(title),
         section(
-            f"*Total {total}* — {_change(report.total_micros, data.previous_total_micros)} "
-            f"({format_money(data.previous_total_micros, currency)} in the month before)\n"
+            t(
+                "*Total {total}* — {change} ({previous} in the month before)",
+                total=total,
+                change=change,
+                previous=format_money(data.previous_total_micros, currency),
+            )
+            + "\n"
             + _idle_line(report)
         ),
     ]
     if report.instances:
-        for by in ("user", "gpu", "project"):
+        for by, heading in _DIGEST_HEADING.items():
             grouped = _group_lines(report.group(by), by, currency, TOP_GROUPS)
-            blocks.append(section(f"*By {_BY_TITLE[by]}*\n{grouped}"))
+            blocks.append(section(f"{t(heading)}\n{grouped}"))
     if data.savings:
         saving_lines = [
-            f"• *{escape(s.instance_name)}* ({escape(s.gpu_label)}, <@{s.owner_id}>): "
-            f"{format_money(s.compute_micros, currency)} by the hour vs "
-            f"{format_money(s.plan_micros, currency)} a month on {s.plan_source} — "
-            f"*{format_money(s.saving_micros, currency)} less*"
+            t(
+                "• *{instance}* ({gpu}, {owner}): {hourly} by the hour vs {plan} a month on "
+                "{source} — *{saving} less*",
+                instance=escape(s.instance_name),
+                gpu=escape(s.gpu_label),
+                owner=f"<@{s.owner_id}>",
+                hourly=format_money(s.compute_micros, currency),
+                plan=format_money(s.plan_micros, currency),
+                source=s.plan_source,
+                saving=format_money(s.saving_micros, currency),
+            )
             for s in data.savings[:TOP_GROUPS]
         ]
-        blocks.append(
-            section("*A monthly plan would have been cheaper*\n" + "\n".join(saving_lines))
-        )
+        heading = t("*A monthly plan would have been cheaper*")
+        blocks.append(section(heading + "\n" + "\n".join(saving_lines)))
     if data.jobs:
         job_lines = [
-            f"• {code(job.job_id)} on *{escape(job.instance_name)}* by <@{job.requested_by}>: "
-            f"{format_money(job.cost_micros, currency)} over "
-            f"{format_duration(_seconds(job.duration_s))} — {code(clip(job.command, COMMAND_MAX))}"
+            t(
+                "• {job} on *{instance}* by {who}: {cost} over {duration} — {command}",
+                job=code(job.job_id),
+                instance=escape(job.instance_name),
+                who=f"<@{job.requested_by}>",
+                cost=format_money(job.cost_micros, currency),
+                duration=format_duration(_seconds(job.duration_s)),
+                command=code(clip(job.command, COMMAND_MAX)),
+            )
             for job in data.jobs
         ]
-        blocks.append(section("*Most expensive jobs*\n" + "\n".join(job_lines)))
-    blocks.append(context("The chart of spend per day is in the thread. " + EGRESS_NOTE))
+        blocks.append(section(t("*Most expensive jobs*") + "\n" + "\n".join(job_lines)))
+    chart = t("The chart of spend per day is in the thread.")
+    blocks.append(context(f"{chart} {t(EGRESS_NOTE)}"))
     return text, tuple(blocks)
 
 
@@ -183,14 +248,22 @@ def budget_list_message(
 ) -> Message:
     """`/gpu budget list`: every budget with this month's spend so far (to ``now``) against
     it."""
-    title = f"Budgets, {month_name(month)}"
+    title = t("Budgets, {month}", month=month_name(month))
     if not statuses:
-        text = "No budgets are set. An admin sets one with `/gpu budget set user @alice 500`."
+        text = t("No budgets are set. An admin sets one with `/gpu budget set user @alice 500`.")
         return text, (section(text),)
     lines = [_budget_line(status, currency) for status in statuses]
-    text = f"{title}: {len(statuses)} budget{'s' if len(statuses) != 1 else ''}"
-    to = f", to {_clock(now, timezone)}" if now is not None else ""
-    note = f"Spent: this month so far{to}, the open hour included: the figures `/gpu spend` shows."
+    count = len(statuses)
+    text = nt("{title}: {n} budget", "{title}: {n} budgets", count, title=title, n=count)
+    note = (
+        t(
+            "Spent: this month so far, to {time}, the open hour included: the figures "
+            "`/gpu spend` shows.",
+            time=_clock(now, timezone),
+        )
+        if now is not None
+        else t("Spent: this month so far, the open hour included: the figures `/gpu spend` shows.")
+    )
     return text, (header(title), section("\n".join(lines)), context(note))
 
 
@@ -200,13 +273,20 @@ def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str
     spent = format_money(status.spent_micros, currency)
     limit = format_money(status.limit_micros, currency)
     if threshold_pct >= 100:
-        text = (
-            f":no_entry: The monthly budget of {who} is used up: {spent} of {limit}. "
-            "New rentals and extensions now need an admin."
+        text = t(
+            ":no_entry: The monthly budget of {who} is used up: {spent} of {limit}. "
+            "New rentals and extensions now need an admin.",
+            who=who,
+            spent=spent,
+            limit=limit,
         )
     else:
-        text = (
-            f":warning: The monthly budget of {who} is {threshold_pct}% used: {spent} of {limit}."
+        text = t(
+            ":warning: The monthly budget of {who} is {percent}% used: {spent} of {limit}.",
+            who=who,
+            percent=threshold_pct,
+            spent=spent,
+            limit=limit,
         )
     return text, (section(text),)
 
@@ -215,32 +295,55 @@ def fit_message(report: FitReport) -> Message:
     """`/gpu fit`: the estimate by part and which GPUs hold it, each with its usable memory
     against what it must hold, and prices where known."""
     shape = report.model
-    name = shape.name if shape.known else f"{shape.name} (shaped like {shape.shape_from})"
-    title = f"{name} {report.mode}, {report.bits}-bit"
+    name = (
+        shape.name
+        if shape.known
+        else t("{name} (shaped like {shape})", name=shape.name, shape=shape.shape_from)
+    )
+    title = t("{name} {mode}, {bits}-bit", name=name, mode=report.mode, bits=report.bits)
     total = _gb(report.memory.total_bytes)
-    text = f"{escape(title)}: about {total} of GPU memory"
+    text = t("{title}: about {total} of GPU memory", title=escape(title), total=total)
     parts = "\n".join(
-        f"{label:<16}{_gb(size):>12}" for label, size in report.memory.parts() if size
+        f"{_pad(_part_label(label), 16)}{_gb(size):>12}"
+        for label, size in report.memory.parts()
+        if size
     )
     blocks: list[Block] = [
         header(title),
         section(
-            f"Needs about *{total}* for {report.seq} tokens x batch {report.batch}:\n```{parts}```"
+            t(
+                "Needs about *{total}* for {seq} tokens x batch {batch}:",
+                total=total,
+                seq=report.seq,
+                batch=report.batch,
+            )
+            + f"\n```{parts}```"
         ),
     ]
     if report.fits:
         lines = [_fit_line(fit) for fit in report.fits[:TOP_FITS]]
-        blocks.append(
-            section("*Fits on* (each card's usable memory vs what it needs)\n" + "\n".join(lines))
-        )
+        heading = t("*Fits on* (each card's usable memory vs what it needs)")
+        blocks.append(section(heading + "\n" + "\n".join(lines)))
     else:
-        blocks.append(section("No GPU in the catalogue holds this, even 64 of them."))
-    blocks.append(context(FIT_NOTE))
+        blocks.append(section(t("No GPU in the catalogue holds this, even 64 of them.")))
+    blocks.append(context(t(FIT_NOTE)))
     return text, tuple(blocks)
 
 
+def _part_label(label: str) -> str:
+    """A part of the memory estimate, in the reader's language."""
+    return t(label) if label in _MEMORY_PARTS else label
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` columns of a monospaced font, where a Chinese
+    character takes two."""
+    columns = sum(2 if east_asian_width(char) in "WF" else 1 for char in text)
+    return text + " " * max(width - columns, 0)
+
+
 #: How `/gpu fit` counts, under every answer.
-FIT_NOTE = (
+FIT_NOTE = N_(
     "Usable memory: the card's capacity (published in GB of 10^9 bytes: 16 GB is 14.9 GiB) "
     "less 0.5 GiB for the CUDA context and 5% for fragmentation. Estimates: activation "
     "checkpointing for training, a 16-bit KV cache; more GPUs split the model evenly. Prices: "
@@ -249,7 +352,7 @@ FIT_NOTE = (
 )
 
 #: What `/gpu estimate`'s prices and hours mean, under every answer.
-ESTIMATE_NOTE = (
+ESTIMATE_NOTE = N_(
     "--price, --monthly and --buy are per card (as price pages list them) and multiplied by "
     "--count; --hours is each card's use a month."
 )
@@ -259,38 +362,72 @@ def estimate_message(report: EstimateReport, currency: str) -> Message:
     """`/gpu estimate`: a month of renting by the hour vs a monthly plan, and buying, with the
     break-evens at the user's own pace."""
     gpus = f"{report.count}x {report.gpu_name}" if report.count > 1 else report.gpu_name
-    pace = f"{_number(report.hours)} h a month"
-    title = f"{gpus} at {pace}"
-    lines = []
-    for option in report.options:
-        cost = "no price known" if option.cost_micros is None else _money(option, currency)
-        when = (
-            "" if option.cost_micros is None else (" once" if option.name == "buy" else " a month")
-        )
-        lines.append(f"• *{option.name}*: {cost}{when} — {option.detail}")
+    pace = _pace(report.hours)
+    title = t("{gpus} at {pace}", gpus=gpus, pace=pace)
+    lines = [_option_line(option, currency) for option in report.options]
     best = report.cheapest
-    text = f"{escape(title)}: cheapest to rent is {best.name}" if best else escape(title)
-    per_card = " a card" if report.count > 1 else ""
+    text = (
+        t("{title}: cheapest to rent is {option}", title=escape(title), option=_option(best.name))
+        if best
+        else escape(title)
+    )
     prices = [
-        f"{label} {_maybe(micros, currency)}{unit}{per_card if micros is not None else ''} "
-        f"({source})"
+        _price(t(label), micros, unit, source, per_card=report.count > 1, currency=currency)
         for label, micros, unit, source in (
-            ("hourly", report.hourly_per_card_micros, "/h", report.hourly_source),
-            ("monthly plan", report.monthly_per_card_micros, "", report.monthly_source),
-            ("buy", report.buy_per_card_micros, "", report.buy_source),
+            (_OPTION_NAMES[0], report.hourly_per_card_micros, "/h", report.hourly_source),
+            (_OPTION_NAMES[1], report.monthly_per_card_micros, "", report.monthly_source),
+            (_OPTION_NAMES[2], report.buy_per_card_micros, "", report.buy_source),
         )
     ]
     even = [line for line in (_plan_line(report), _buy_line(report)) if line]
-    blocks: list[Block] = [
-        header(title),
-        section(
-            "\n".join(lines) + (f"\nCheapest: *{best.name}* (to rent at {pace})." if best else "")
-        ),
-    ]
+    cheapest = (
+        "\n" + t("Cheapest: *{option}* (to rent at {pace}).", option=_option(best.name), pace=pace)
+        if best
+        else ""
+    )
+    blocks: list[Block] = [header(title), section("\n".join(lines) + cheapest)]
     if even:
         blocks.append(section(" ".join(even)))
-    blocks.append(context("Prices: " + "; ".join(prices) + ". " + ESTIMATE_NOTE))
+    prices_note = t("Prices: {prices}.", prices="; ".join(prices))
+    blocks.append(context(f"{prices_note} {t(ESTIMATE_NOTE)}"))
     return text, tuple(blocks)
+
+
+def _pace(hours: Decimal) -> str:
+    """``50 h a month``."""
+    return t("{hours} h a month", hours=_number(hours))
+
+
+def _option(name: str) -> str:
+    """A way to get GPU time (``hourly``, ``monthly plan``, ``buy``) in the reader's language."""
+    return t(name) if name in _OPTION_NAMES else name
+
+
+def _option_line(option: Option, currency: str) -> str:
+    """One way to get the GPU time: what it costs, once or a month, and for what."""
+    name = _option(option.name)
+    if option.cost_micros is None:
+        return t("• *{option}*: no price known — {detail}", option=name, detail=option.detail)
+    cost = _money(option, currency)
+    if option.name == "buy":
+        return t(
+            "• *{option}*: {cost} once — {detail}", option=name, cost=cost, detail=option.detail
+        )
+    return t(
+        "• *{option}*: {cost} a month — {detail}", option=name, cost=cost, detail=option.detail
+    )
+
+
+def _price(
+    label: str, micros: int | None, unit: str, source: str, *, per_card: bool, currency: str
+) -> str:
+    """One per-card price and where it is from: ``hourly $0.50/h a card (as given)``."""
+    if micros is None:
+        return t("{label} unknown{unit} ({source})", label=label, unit=unit, source=source)
+    price = format_money(micros, currency) + unit
+    if per_card:
+        return t("{label} {price} a card ({source})", label=label, price=price, source=source)
+    return t("{label} {price} ({source})", label=label, price=price, source=source)
 
 
 def _plan_line(report: EstimateReport) -> str | None:
@@ -298,14 +435,16 @@ def _plan_line(report: EstimateReport) -> str | None:
     if even is None:
         return None
     if report.plan_never_pays:
-        return (
-            "A monthly plan *never pays off*, at any usage: "
-            f"{_number(even, whole=True)} h by the hour cost what a month of the plan does, "
-            f"more than a month has ({HOURS_IN_LONGEST_MONTH} h in a 31-day month)."
+        return t(
+            "A monthly plan *never pays off*, at any usage: {hours} h by the hour cost what a "
+            "month of the plan does, more than a month has ({longest} h in a 31-day month).",
+            hours=_number(even, whole=True),
+            longest=HOURS_IN_LONGEST_MONTH,
         )
-    return (
-        f"A monthly plan pays off from *{_number(even, whole=True)} h* a month of each card "
-        f"(you said {_number(report.hours)} h)."
+    return t(
+        "A monthly plan pays off from *{hours} h* a month of each card (you said {yours} h).",
+        hours=_number(even, whole=True),
+        yours=_number(report.hours),
     )
 
 
@@ -314,16 +453,27 @@ def _buy_line(report: EstimateReport) -> str | None:
     months = report.buy_break_even_months
     if hours is None and months is None:
         return None
-    pace = f"{_number(report.hours)} h a month"
-    if hours is not None:
-        line = f"Buying pays off after *{_number(hours, whole=True)} h* of renting by the hour"
-        if months is not None and report.buy_against == "hourly":
-            return line + f": *{_months(months)}* at {pace}."
-        if months is not None:
-            return line + f"; at {pace} on the monthly plan, after *{_months(months)}*."
-        return line + "."
-    assert months is not None
-    return f"Buying pays off after *{_months(months)}* of the monthly plan."
+    pace = _pace(report.hours)
+    if hours is None:
+        assert months is not None
+        return t("Buying pays off after *{months}* of the monthly plan.", months=_months(months))
+    rented = _number(hours, whole=True)
+    if months is not None and report.buy_against == "hourly":
+        return t(
+            "Buying pays off after *{hours} h* of renting by the hour: *{months}* at {pace}.",
+            hours=rented,
+            months=_months(months),
+            pace=pace,
+        )
+    if months is not None:
+        return t(
+            "Buying pays off after *{hours} h* of renting by the hour; at {pace} on the monthly "
+            "plan, after *{months}*.",
+            hours=rented,
+            months=_months(months),
+            pace=pace,
+        )
+    return t("Buying pays off after *{hours} h* of renting by the hour.", hours=rented)
 
 
 def final_cost_text(cost: FinalCost) -> str:
@@ -331,19 +481,24 @@ def final_cost_text(cost: FinalCost) -> str:
     increment and minimum charge applied), with its storage where it had any."""
     total = format_money(cost.total_micros, cost.currency)
     if not cost.started:
-        why = "billing never started"
+        why = t("billing never started")
     else:
         used = _span(cost.used_s)
-        billed = "" if cost.billed_s == cost.used_s else f" billed as {_span(cost.billed_s)}"
-        rate = (
-            ", partly at an earlier price"
+        if cost.billed_s != cost.used_s:
+            used = t("{used} billed as {billed}", used=used, billed=_span(cost.billed_s))
+        why = (
+            t("{usage}, partly at an earlier price", usage=used)
             if cost.carried
-            else f" at {format_money(cost.hourly_micros, cost.currency)}/h"
+            else t(
+                "{usage} at {rate}/h",
+                usage=used,
+                rate=format_money(cost.hourly_micros, cost.currency),
+            )
         )
-        why = f"{used}{billed}{rate}"
     if cost.storage_micros:
-        why += f", and {format_money(cost.storage_micros, cost.currency)} of storage"
-    return f"{total}: {why}"
+        storage = format_money(cost.storage_micros, cost.currency)
+        why = t("{why}, and {storage} of storage", why=why, storage=storage)
+    return t("{total}: {why}", total=total, why=why)
 
 
 def final_cost_sentence(cost: FinalCost | None, *, stopped: bool = False) -> str:
@@ -351,8 +506,10 @@ def final_cost_sentence(cost: FinalCost | None, *, stopped: bool = False) -> str
     cost, and why; empty when it is not known."""
     if cost is None:
         return ""
-    lead = "Up to the stop it cost" if stopped else "It cost"
-    return f" {lead} {final_cost_text(cost)}."
+    cost_text = final_cost_text(cost)
+    if stopped:
+        return " " + t("Up to the stop it cost {cost}.", cost=cost_text)
+    return " " + t("It cost {cost}.", cost=cost_text)
 
 
 def _span(seconds: int) -> str:
@@ -365,64 +522,73 @@ def _span(seconds: int) -> str:
     return format_duration(timedelta(seconds=seconds)).replace(" ", "")
 
 
-_BY_TITLE = {
-    "user": "user",
-    "gpu": "GPU model",
-    "instance": "instance",
-    "project": "project",
-    "provider": "provider",
-}
-
-
 def _totals_line(report: SpendReport) -> str:
     currency = report.currency
     parts = [
-        f"*Total {format_money(report.total_micros, currency)}*",
-        f"compute {format_money(report.compute_micros, currency)}",
-        f"storage {format_money(report.storage_micros, currency)}",
+        t("*Total {total}*", total=format_money(report.total_micros, currency)),
+        t("compute {amount}", amount=format_money(report.compute_micros, currency)),
+        t("storage {amount}", amount=format_money(report.storage_micros, currency)),
     ]
     if report.pending_micros:
-        parts.append(f"not yet charged {format_money(report.pending_micros, currency)}")
+        pending = format_money(report.pending_micros, currency)
+        parts.append(t("not yet charged {amount}", amount=pending))
     return " · ".join(parts) + "\n" + _idle_line(report)
 
 
 def _idle_line(report: SpendReport) -> str:
     if not report.compute_micros:
-        return "No compute was charged."
+        return t("No compute was charged.")
     unmeasured = report.unmeasured_micros
     if unmeasured >= report.compute_micros:
-        return "Idle cost unknown: no poll measured GPU use in these hours."
+        return t("Idle cost unknown: no poll measured GPU use in these hours.")
     share = Decimal(report.idle_micros * 100) / Decimal(report.compute_micros)
-    line = (
-        f"Idle GPUs cost *{format_money(report.idle_micros, report.currency)}* "
-        f"({share.quantize(Decimal('1'))}% of compute)."
+    line = t(
+        "Idle GPUs cost *{idle}* ({percent}% of compute).",
+        idle=format_money(report.idle_micros, report.currency),
+        percent=share.quantize(Decimal("1")),
     )
     if unmeasured:
-        line += f" GPU use was not measured for {format_money(unmeasured, report.currency)}."
+        amount = format_money(unmeasured, report.currency)
+        line += " " + t("GPU use was not measured for {amount}.", amount=amount)
     return line
 
 
 def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int) -> str:
-    shown = [
-        f"• {_label(line.key, by)}: {format_money(line.total_micros, currency)}"
-        + (f" (idle {format_money(line.idle_micros, currency)})" if line.idle_micros else "")
-        for line in lines[:limit]
-    ]
+    shown = [_group_line(line, by, currency) for line in lines[:limit]]
     rest = lines[limit:]
     if rest:
-        total = sum(line.total_micros for line in rest)
-        shown.append(f"• {len(rest)} more: {format_money(total, currency)}")
+        total = format_money(sum(line.total_micros for line in rest), currency)
+        shown.append(t("• {n} more: {total}", n=len(rest), total=total))
     return clip("\n".join(shown), SECTION_TEXT_MAX - 40)
+
+
+def _group_line(line: SpendLine, by: str, currency: str) -> str:
+    label = _label(line.key, by)
+    total = format_money(line.total_micros, currency)
+    if not line.idle_micros:
+        return t("• {label}: {total}", label=label, total=total)
+    idle = format_money(line.idle_micros, currency)
+    return t("• {label}: {total} (idle {idle})", label=label, total=total, idle=idle)
 
 
 def _instance_lines(report: SpendReport) -> str:
     currency = report.currency
-    return "\n".join(
-        f"• *{escape(item.name)}* ({escape(item.gpu_label)}, <@{item.owner_id}>): "
-        f"{format_money(item.total_micros, currency)}"
-        + (f", idle {format_money(item.idle_micros, currency)}" if item.idle_micros else "")
-        for item in report.top(TOP_INSTANCES)
-    )
+    lines = []
+    for item in report.top(TOP_INSTANCES):
+        values = {
+            "name": escape(item.name),
+            "gpu": escape(item.gpu_label),
+            "owner": f"<@{item.owner_id}>",
+            "total": format_money(item.total_micros, currency),
+        }
+        if item.idle_micros:
+            idle = format_money(item.idle_micros, currency)
+            lines.append(
+                t("• *{name}* ({gpu}, {owner}): {total}, idle {idle}", idle=idle, **values)
+            )
+        else:
+            lines.append(t("• *{name}* ({gpu}, {owner}): {total}", **values))
+    return "\n".join(lines)
 
 
 def _label(key: str, by: str) -> str:
@@ -431,12 +597,13 @@ def _label(key: str, by: str) -> str:
 
 def _change(current: int, previous: int) -> str:
     if previous == 0:
-        return "nothing the month before" if current else "no change"
+        return t("nothing the month before") if current else t("no change")
     percent = (Decimal(current - previous) * 100 / Decimal(previous)).quantize(Decimal("1"))
     if percent == 0:
-        return "about the same as the month before"
-    word = "up" if percent > 0 else "down"
-    return f"{word} {abs(percent)}% on the month before"
+        return t("about the same as the month before")
+    if percent > 0:
+        return t("up {percent}% on the month before", percent=percent)
+    return t("down {percent}% on the month before", percent=abs(percent))
 
 
 def _budget_line(status: BudgetStatus, currency: str) -> str:
@@ -444,32 +611,47 @@ def _budget_line(status: BudgetStatus, currency: str) -> str:
     mark = (
         ":no_entry:" if percent >= 100 else ":warning:" if percent >= 80 else ":white_check_mark:"
     )
-    return (
-        f"{mark} {_subject(status.scope, status.subject)}: "
-        f"{format_money(status.spent_micros, currency)} of "
-        f"{format_money(status.limit_micros, currency)} ({percent}%)"
+    return t(
+        "{mark} {who}: {spent} of {limit} ({percent}%)",
+        mark=mark,
+        who=_subject(status.scope, status.subject),
+        spent=format_money(status.spent_micros, currency),
+        limit=format_money(status.limit_micros, currency),
+        percent=percent,
     )
 
 
 def _subject(scope: str, subject: str) -> str:
-    return f"<@{subject}>" if scope == "user" else f"project *{escape(subject)}*"
+    if scope == "user":
+        return f"<@{subject}>"
+    return t("project *{name}*", name=escape(subject))
 
 
 def _fit_line(fit: GpuFit) -> str:
     count = f"{fit.count}x " if fit.count > 1 else ""
-    price = (
-        f" — from {format_money(fit.price_micros_per_hour)}/h on {fit.price_source}"
-        if fit.price_micros_per_hour is not None
-        else ""
+    sizes = {
+        "capacity": f"{fit.mem_bytes // 10**9} GB",
+        "usable": _gb(fit.usable_bytes),
+        "needs": _gb(fit.per_gpu_bytes),
+    }
+    detail = (
+        t("{capacity}: {usable} usable each, needs {needs} each", **sizes)
+        if fit.count > 1
+        else t("{capacity}: {usable} usable, needs {needs}", **sizes)
     )
     machines = -(-fit.count // GPUS_PER_MACHINE)
-    spread = f"; {machines} machines of up to {GPUS_PER_MACHINE}" if machines > 1 else ""
-    each = " each" if fit.count > 1 else ""
-    capacity = f"{fit.mem_bytes // 10**9} GB"
-    return (
-        f"• {count}*{fit.name}* ({capacity}: {_gb(fit.usable_bytes)} usable{each}, "
-        f"needs {_gb(fit.per_gpu_bytes)}{each}{spread}){price}"
-    )
+    if machines > 1:
+        detail = t(
+            "{detail}; {machines} machines of up to {per_machine}",
+            detail=detail,
+            machines=machines,
+            per_machine=GPUS_PER_MACHINE,
+        )
+    line = t("• {count}*{name}* ({detail})", count=count, name=fit.name, detail=detail)
+    if fit.price_micros_per_hour is None:
+        return line
+    price = format_money(fit.price_micros_per_hour)
+    return t("{line} — from {price}/h on {source}", line=line, price=price, source=fit.price_source)
 
 
 def _gb(size: int) -> str:
@@ -479,10 +661,6 @@ def _gb(size: int) -> str:
 
 def _money(option: Option, currency: str) -> str:
     return f"*{format_money(option.cost_micros or 0, currency)}*"
-
-
-def _maybe(micros: int | None, currency: str) -> str:
-    return "unknown" if micros is None else format_money(micros, currency)
 
 
 def _number(value: Decimal, *, whole: bool = False) -> str:
@@ -496,7 +674,7 @@ def _number(value: Decimal, *, whole: bool = False) -> str:
 
 def _months(months: Decimal) -> str:
     shown = _number(months, whole=True)
-    return f"{shown} month" if shown == "1" else f"{shown} months"
+    return nt("{n} month", "{n} months", 1 if shown == "1" else 2, n=shown)
 
 
 def _seconds(seconds: int) -> timedelta:
@@ -513,7 +691,7 @@ def _digest(notice: Digest) -> Message:
 
 def digest_chart_title(month: str) -> str:
     """The title of ``month``'s chart of spend per day."""
-    return f"GPU spend per day, {month_name(month)}"
+    return t("GPU spend per day, {month}", month=month_name(month))
 
 
 def _digest_files(notice: Digest) -> tuple[FileAttachment, ...]:

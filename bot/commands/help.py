@@ -1,7 +1,9 @@
 """`/gpu help [COMMAND]`: the list of commands, or one command's usage and examples.
 
 The renderers are pure: specs in, (fallback text, Block Kit blocks) out, built with
-bot.blocks.kit and so within Slack's limits.
+bot.blocks.kit and so within Slack's limits. They speak the active language: every summary and
+usage line is looked up in the catalogue (each command module marks its own with ``N_``);
+commands, options and examples are shown as typed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 from bot.blocks import kit
 from bot.blocks.kit import Block
 from bot.commands.registry import CommandSpec, Registry, Reply
+from bot.i18n import N_, t
 from bot.services.access import Caller
 
 if TYPE_CHECKING:
@@ -62,7 +65,7 @@ def help_spec(registry: Registry) -> CommandSpec:
 
     return CommandSpec(
         name="help",
-        summary="List the commands, or show one command's usage and examples",
+        summary=N_("List the commands, or show one command's usage and examples"),
         usage=HELP_USAGE,
         examples=("/gpu help", "/gpu help register"),
         configure=_configure,
@@ -72,16 +75,21 @@ def help_spec(registry: Registry) -> CommandSpec:
 
 def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[Block]]:
     """Every command with its summary: fallback text and blocks (sections packed under 3000)."""
-    lines = [f"`{_slash(spec.name)}` {sentence(spec.summary)}" for spec in specs]
-    text = "gpubot commands:\n" + "\n".join(
-        f"{_slash(spec.name)}: {sentence(spec.summary)}" for spec in specs
+    summaries = [(_slash(spec.name), sentence(t(spec.summary))) for spec in specs]
+    lines = [f"`{slash}` {summary}" for slash, summary in summaries]
+    text = (
+        t("gpubot commands:")
+        + "\n"
+        + "\n".join(f"{slash}: {summary}" for slash, summary in summaries)
     )
-    blocks: list[Block] = [kit.header("gpubot: the /gpu commands")]
+    blocks: list[Block] = [kit.header(t("gpubot: the /gpu commands"))]
     blocks.extend(kit.section(chunk) for chunk in kit.pack(lines, kit.SECTION_TEXT_MAX))
     blocks.append(
         kit.context(
-            "Type `/gpu help COMMAND` for its usage and examples. "
-            "Durations read like `90m`, `2h`, `1h30m`, `3d`; times like `18:00` or ISO 8601."
+            t(
+                "Type `/gpu help COMMAND` for its usage and examples. "
+                "Durations read like `90m`, `2h`, `1h30m`, `3d`; times like `18:00` or ISO 8601."
+            )
         )
     )
     return text, blocks
@@ -89,33 +97,34 @@ def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[Block]]:
 
 def render_command(spec: CommandSpec) -> tuple[str, list[Block]]:
     """One command: summary, usage and examples, as fallback text and blocks."""
-    summary = sentence(spec.summary)
-    usage = _slash_line(spec.usage)
+    summary = sentence(t(spec.summary))
+    usage = _slash_line(t(spec.usage))
     examples = [_slash_line(example) for example in spec.examples]
-    text = f"{_slash(spec.name)}: {summary}\nUsage: {usage}"
+    text = f"{_slash(spec.name)}: {summary}\n" + t("Usage: {usage}", usage=usage)
     if examples:
-        text += "\nExamples:\n" + "\n".join(examples)
+        text += "\n" + t("Examples:") + "\n" + "\n".join(examples)
     blocks: list[Block] = [
         kit.header(_slash(spec.name)),
         kit.section(summary),
-        kit.section(_code("Usage", [usage])),
+        kit.section(_code(t("Usage"), [usage])),
     ]
     if examples:
-        blocks.append(kit.section(_code("Examples", examples)))
+        blocks.append(kit.section(_code(t("Examples"), examples)))
     if spec.aliases:
-        blocks.append(kit.context("Also: " + ", ".join(f"`{alias}`" for alias in spec.aliases)))
+        aliases = ", ".join(f"`{alias}`" for alias in spec.aliases)
+        blocks.append(kit.context(t("Also: {aliases}", aliases=aliases)))
     return text, blocks
 
 
 def usage_text(usage: str) -> str:
-    """A usage line as shown after a mistake: ``Usage: `/gpu ...` ``."""
-    return f"Usage: `{_slash_line(usage)}`" if usage else ""
+    """A usage line as shown after a mistake: ``Usage: `/gpu ...` ``, in the active language."""
+    return t("Usage: `{usage}`", usage=_slash_line(t(usage))) if usage else ""
 
 
 def sentence(summary: str) -> str:
     """A summary as the help shows it: trimmed, no final full stop, its first word capitalised
     (after a leading tag like ``(admin)``), so every module's summaries read alike."""
-    text = " ".join(summary.split()).rstrip(".")
+    text = " ".join(summary.split()).rstrip(".。")
     tag = ""
     if text.startswith("(") and ") " in text:
         tag, text = text.split(") ", 1)

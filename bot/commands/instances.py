@@ -8,20 +8,18 @@ bot.values) before anything changes.
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from bot import billing
 from bot.blocks import instances as blocks
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, button_number
 from bot.errors import UsageError
+from bot.i18n import N_, t
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.services import fleet_views, lifecycle, lookup, reconcile, registration
 from bot.services.access import Caller
 from bot.services.lookup import echo
-from bot.settings import Settings
 from bot.values import (
-    format_duration,
     parse_duration,
     parse_money,
     parse_price,
@@ -51,8 +49,6 @@ HEALTH_USAGE = "/gpu health NAME [--full]"
 EXTEND_USAGE = "/gpu extend NAME DURATION"
 RELEASE_USAGE = "/gpu release NAME [--stop]"
 
-#: The deadline of a registration that gives none, unless the bot's settings change it.
-_DEFAULT_RELEASE_IN = format_duration(timedelta(seconds=Settings.default_release_in_s))
 #: ``--count``: a whole number of GPUs, 1 or more (the service caps it at MAX_GPU_COUNT).
 GPU_COUNT = whole_number("--count", 1)
 _STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
@@ -87,7 +83,7 @@ def _register(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         release_at = parse_when(args.release_at, now_utc=rt.now(), tz=rt.settings.tz())
     if args.storage is not None and args.disk is None:
         raise UsageError(
-            "--storage needs --disk (the size it is charged on).", usage=REGISTER_USAGE
+            t("--storage needs --disk (the size it is charged on)."), usage=REGISTER_USAGE
         )
     request = registration.RegisterRequest(
         name=args.name,
@@ -260,7 +256,8 @@ def parse_storage_price(text: str, currency: str) -> int:
     amount, _, unit = text.strip().lower().partition("/")
     if unit not in _STORAGE_UNITS:
         raise UsageError(
-            f"{echo(text)!r} is not a storage price.", hint="Write it like 0.10/GB-month."
+            t("{price!r} is not a storage price.", price=echo(text)),
+            hint=t("Write it like 0.10/GB-month."),
         )
     return parse_money(amount, currency)
 
@@ -270,12 +267,14 @@ def parse_storage_price(text: str, currency: str) -> int:
 
 REGISTER = CommandSpec(
     name="register",
-    summary="Adopt an instance rented anywhere: pin its host key, install the agent, "
-    "check its GPUs, start the meter and the deadline. Without --release-in or --release-at "
-    f"the deadline is the default ({_DEFAULT_RELEASE_IN} from now unless the bot's "
-    "GPUBOT_DEFAULT_RELEASE_IN_S says otherwise); the reply says when. GPUs other than the "
-    "rented ones are said in the reply, once in the ops channel, and in `/gpu status` for as "
-    "long as they differ",
+    summary=N_(
+        "Adopt an instance rented anywhere: pin its host key, install the agent, "
+        "check its GPUs, start the meter and the deadline. Without --release-in or --release-at "
+        "the deadline is the default (8h from now unless the bot's "
+        "GPUBOT_DEFAULT_RELEASE_IN_S says otherwise); the reply says when. GPUs other than the "
+        "rented ones are said in the reply, once in the ops channel, and in `/gpu status` for "
+        "as long as they differ"
+    ),
     usage=REGISTER_USAGE,
     examples=(
         "/gpu register box1 root@203.0.113.7 --gpu a100 --price 2.10/h --release-in 3h",
@@ -289,8 +288,10 @@ REGISTER = CommandSpec(
 )
 ADOPT = CommandSpec(
     name="adopt",
-    summary="Take over an instance of a platform account that nobody registered (the ops "
-    "channel is told of each): its address, GPUs and price come from the platform",
+    summary=N_(
+        "Take over an instance of a platform account that nobody registered (the ops "
+        "channel is told of each): its address, GPUs and price come from the platform"
+    ),
     usage=ADOPT_USAGE,
     examples=(
         "/gpu adopt runpod abc123xyz rp1 --release-in 3h",
@@ -301,8 +302,10 @@ ADOPT = CommandSpec(
 )
 STATUS = CommandSpec(
     name="status",
-    summary="The fleet: owner, GPUs, utilisation, memory, running job, time to deadline, "
-    "cost so far; or one instance in detail",
+    summary=N_(
+        "The fleet: owner, GPUs, utilisation, memory, running job, time to deadline, "
+        "cost so far; or one instance in detail"
+    ),
     usage=STATUS_USAGE,
     examples=("/gpu status", "/gpu status box1"),
     configure=_configure_status,
@@ -310,7 +313,7 @@ STATUS = CommandSpec(
 )
 LIST = CommandSpec(
     name="list",
-    summary="The registered instances as stored, without asking them",
+    summary=N_("The registered instances as stored, without asking them"),
     usage=LIST_USAGE,
     examples=("/gpu list",),
     configure=_configure_list,
@@ -319,7 +322,7 @@ LIST = CommandSpec(
 )
 HEALTH = CommandSpec(
     name="health",
-    summary="The health checklist of an instance, pass/warn/fail/skip, each with a hint",
+    summary=N_("The health checklist of an instance, pass/warn/fail/skip, each with a hint"),
     usage=HEALTH_USAGE,
     examples=("/gpu health box1", "/gpu health box1 --full"),
     configure=_configure_health,
@@ -327,7 +330,7 @@ HEALTH = CommandSpec(
 )
 EXTEND = CommandSpec(
     name="extend",
-    summary="Move an instance's deadline later",
+    summary=N_("Move an instance's deadline later"),
     usage=EXTEND_USAGE,
     examples=("/gpu extend box1 2h", "/gpu extend box1 1h30m"),
     configure=_configure_extend,
@@ -335,8 +338,10 @@ EXTEND = CommandSpec(
 )
 RELEASE = CommandSpec(
     name="release",
-    summary="Release an instance, or only stop it (its disk kept and billed); asks for "
-    "confirmation first",
+    summary=N_(
+        "Release an instance, or only stop it (its disk kept and billed); asks for "
+        "confirmation first"
+    ),
     usage=RELEASE_USAGE,
     examples=("/gpu release box1", "/gpu release box1 --stop"),
     configure=_configure_release,

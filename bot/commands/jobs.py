@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from bot.blocks import jobs as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
+from bot.i18n import N_
 from bot.services import job_access
 from bot.services import jobs as service
 from bot.services.access import Caller
@@ -124,7 +125,7 @@ def handle_deny(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 RUN = CommandSpec(
     name="run",
-    summary=(
+    summary=N_(
         "Queue a job on an instance; I reply in its thread when it ends (exit code, "
         "duration, cost, GPU use, hints, log tail). --gpus names GPUs by index as "
         "CUDA_VISIBLE_DEVICES does (--gpus 0 is GPU 0, --gpus 0,1 GPUs 0 and 1); --gpus any:2 "
@@ -146,7 +147,7 @@ RUN = CommandSpec(
 )
 JOBS = CommandSpec(
     name="jobs",
-    summary="The job queue of an instance, or the fleet's recent jobs",
+    summary=N_("The job queue of an instance, or the fleet's recent jobs"),
     usage=JOBS_USAGE,
     examples=("/gpu jobs", "/gpu jobs box1"),
     configure=_configure_jobs,
@@ -154,7 +155,7 @@ JOBS = CommandSpec(
 )
 LOGS = CommandSpec(
     name="logs",
-    summary="The last lines of a job's log",
+    summary=N_("The last lines of a job's log"),
     usage=LOGS_USAGE,
     examples=("/gpu logs 42", "/gpu logs 42 --tail 200", "/gpu logs box1:20261202-110000-ab12"),
     configure=_configure_logs,
@@ -162,7 +163,7 @@ LOGS = CommandSpec(
 )
 CANCEL = CommandSpec(
     name="cancel",
-    summary="Cancel a queued or running job (its whole process tree)",
+    summary=N_("Cancel a queued or running job (its whole process tree)"),
     usage=CANCEL_USAGE,
     examples=("/gpu cancel 42",),
     configure=_configure_cancel,
@@ -170,7 +171,7 @@ CANCEL = CommandSpec(
 )
 WHO = CommandSpec(
     name="who",
-    summary="Which person and job holds each GPU of an instance",
+    summary=N_("Which person and job holds each GPU of an instance"),
     usage=WHO_USAGE,
     examples=("/gpu who box1",),
     configure=_configure_who,
@@ -178,7 +179,7 @@ WHO = CommandSpec(
 )
 ALLOW = CommandSpec(
     name="allow",
-    summary="Let someone run and cancel jobs on your instance (owner or admin)",
+    summary=N_("Let someone run and cancel jobs on your instance (owner or admin)"),
     usage=ALLOW_USAGE,
     examples=("/gpu allow box1 @alice",),
     configure=_configure_access,
@@ -186,7 +187,7 @@ ALLOW = CommandSpec(
 )
 DENY = CommandSpec(
     name="deny",
-    summary="Take back someone's access to run and cancel jobs on your instance",
+    summary=N_("Take back someone's access to run and cancel jobs on your instance"),
     usage=DENY_USAGE,
     examples=("/gpu deny box1 @alice",),
     configure=_configure_access,

@@ -1,7 +1,8 @@
 """`/gpu spend`, `/gpu budget`, `/gpu fit` and `/gpu estimate`.
 
 Handlers are thin: read the arguments, call the money services, render with bot.blocks.money.
-Bad values raise UsageError before anything changes.
+Bad values raise UsageError before anything changes. `fit` and `estimate` quote the price table
+of the configured currency (bot.services.price_tables), and say so where there is none.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from bot.blocks import money as blocks
 from bot.blocks.kit import context, escape
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import GpubotError, UsageError
+from bot.i18n import N_, t
 from bot.runtime import Runtime
-from bot.services import advice, budgets, ledger, spend
+from bot.services import advice, budgets, ledger, price_tables, spend
 from bot.services.access import Caller
 from bot.values import parse_money, parse_price, whole_number
 
@@ -27,7 +29,7 @@ BUDGET_USAGE = (
     "| /gpu budget rm user @USER | /gpu budget rm project P"
 )
 FIT_USAGE = "/gpu fit SIZE inference|lora|qlora|full [--seq N] [--batch N] [--bits 16|8|4]"
-ESTIMATE_USAGE = (
+ESTIMATE_USAGE = N_(
     "/gpu estimate --gpu MODEL [--count N] --hours N [--price 2.10/h] [--monthly PRICE] "
     "[--buy PRICE] (--hours: each card's use a month; prices per card, times --count)"
 )
@@ -88,7 +90,7 @@ def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> s
         )
     except GpubotError as exc:
         log.warning("spend files for %s could not be uploaded: %s", report.month, exc)
-        return f"The chart and CSV could not be uploaded: {exc.message}"
+        return t("The chart and CSV could not be uploaded: {problem}", problem=exc.message)
     return None
 
 
@@ -107,7 +109,7 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     currency = rt.settings.currency
     if action == "list":
         if words:
-            raise UsageError("`budget list` takes no arguments.", usage=BUDGET_USAGE)
+            raise UsageError(t("`budget list` takes no arguments."), usage=BUDGET_USAGE)
         text, body = blocks.budget_list_message(
             budgets.list_budgets(rt, now), month, currency, now=now, timezone=rt.settings.timezone
         )
@@ -115,10 +117,11 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     if action == "set":
         if len(words) != 3:
             raise UsageError(
-                "`budget set` needs a kind, who and an amount.",
+                t("`budget set` needs a kind, who and an amount."),
                 usage=BUDGET_USAGE,
-                hint="Like `/gpu budget set user @alice 500` or "
-                "`/gpu budget set project llm 2000`.",
+                hint=t(
+                    "Like `/gpu budget set user @alice 500` or `/gpu budget set project llm 2000`."
+                ),
             )
         scope = budgets.parse_scope(words[0])
         subject = budgets.resolve_subject(rt.db, scope, words[1], caller)
@@ -133,20 +136,24 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         text, body = blocks.budget_list_message(
             [status], month, currency, now=now, timezone=rt.settings.timezone
         )
-        return Reply(text=f"Budget set. {text}", blocks=body, ephemeral=False)
+        return Reply(text=t("Budget set. {summary}", summary=text), blocks=body, ephemeral=False)
     if action in _REMOVE_WORDS:
         if len(words) != 2:
             raise UsageError(
-                "`budget rm` needs a kind and who.",
+                t("`budget rm` needs a kind and who."),
                 usage=BUDGET_USAGE,
-                hint="Like `/gpu budget rm user @alice` or `/gpu budget rm project llm`.",
+                hint=t("Like `/gpu budget rm user @alice` or `/gpu budget rm project llm`."),
             )
         scope = budgets.parse_scope(words[0])
         subject = budgets.resolve_subject(rt.db, scope, words[1], caller)
         budgets.remove_budget(rt, caller, scope, subject)
-        who = f"<@{subject}>" if scope == "user" else f"project {escape(subject)}"
-        return Reply(text=f"The budget of {who} is removed.", ephemeral=False)
-    raise UsageError(f"`budget {action}` is not known.", usage=BUDGET_USAGE)
+        removed = (
+            t("The budget of <@{user}> is removed.", user=subject)
+            if scope == "user"
+            else t("The budget of project {project} is removed.", project=escape(subject))
+        )
+        return Reply(text=removed, ephemeral=False)
+    raise UsageError(t("`budget {action}` is not known.", action=action), usage=BUDGET_USAGE)
 
 
 # --- fit and estimate ---------------------------------------------------------------------------
@@ -161,8 +168,19 @@ def _configure_fit(parser: argparse.ArgumentParser) -> None:
 
 
 def _fit(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    report = advice.fit(args.size, args.mode, seq=args.seq, batch=args.batch, bits=args.bits)
+    currency = rt.settings.currency
+    table = price_tables.table_for(currency)
+    report = advice.fit(
+        args.size,
+        args.mode,
+        seq=args.seq,
+        batch=args.batch,
+        bits=args.bits,
+        table=table or price_tables.unpriced(currency),
+    )
     text, body = blocks.fit_message(report)
+    if table is None:
+        body = (*body, context(no_price_table(currency)))
     return Reply(text=text, blocks=body)
 
 
@@ -177,17 +195,44 @@ def _configure_estimate(parser: argparse.ArgumentParser) -> None:
 
 def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     currency = rt.settings.currency
+    table = price_tables.table_for(currency)
+    given = (
+        None if args.price is None else parse_price(args.price, currency),
+        None if args.monthly is None else parse_money(args.monthly, currency),
+        None if args.buy is None else parse_money(args.buy, currency),
+    )
+    if table is None and given == (None, None, None):
+        raise UsageError(
+            no_price_table(currency),
+            usage=ESTIMATE_USAGE,
+            hint=t(
+                "Give the prices per card: --price 2.10 (an hour), --monthly 1200, --buy 30000."
+            ),
+        )
     report = advice.estimate(
         args.gpu,
         hours=args.hours,
         count=args.count,
-        hourly_micros=None if args.price is None else parse_price(args.price, currency),
-        monthly_micros=None if args.monthly is None else parse_money(args.monthly, currency),
-        buy_micros=None if args.buy is None else parse_money(args.buy, currency),
+        hourly_micros=given[0],
+        monthly_micros=given[1],
+        buy_micros=given[2],
+        table=table,
         currency=currency,
     )
-    text, body = blocks.estimate_message(report, rt.settings.currency)
+    text, body = blocks.estimate_message(report, currency)
+    if table is None:
+        body = (*body, context(no_price_table(currency)))
     return Reply(text=text, blocks=body)
+
+
+def no_price_table(currency: str) -> str:
+    """What `fit` and `estimate` say where the bot has no price table in ``currency``."""
+    return t(
+        "The bot has no price table in {currency} (GPUBOT_CURRENCY), so it quotes no list "
+        "prices rather than another currency's; it has tables in {tables}.",
+        currency=currency,
+        tables=", ".join(price_tables.currencies()),
+    )
 
 
 # --- values -----------------------------------------------------------------------------------
@@ -195,15 +240,19 @@ def _estimate(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def _bits(text: str) -> int:
     if text.strip() not in ("16", "8", "4"):
-        raise UsageError(f"--bits {text[:20]!r} is not supported.", hint="Use 16, 8 or 4.")
+        raise UsageError(
+            t("--bits {value!r} is not supported.", value=text[:20]), hint=t("Use 16, 8 or 4.")
+        )
     return int(text)
 
 
 SPEND = CommandSpec(
     name="spend",
-    summary="What a month cost (this month: so far, the open hour included, as budgets and "
-    "status count it): by user, GPU, instance, project or provider; idle waste. Answered to "
-    "you only; --share posts it with a chart and a CSV to the channel",
+    summary=N_(
+        "What a month cost (this month: so far, the open hour included, as budgets and "
+        "status count it): by user, GPU, instance, project or provider; idle waste. Answered to "
+        "you only; --share posts it with a chart and a CSV to the channel"
+    ),
     usage=SPEND_USAGE,
     examples=("/gpu spend", "/gpu spend 2026-03 --by project --share"),
     configure=_configure_spend,
@@ -211,8 +260,10 @@ SPEND = CommandSpec(
 )
 BUDGET = CommandSpec(
     name="budget",
-    summary="Monthly budgets per user or project, set by admins: alerts at 50/80/100%; "
-    "past the cap, rentals and extensions need an admin",
+    summary=N_(
+        "Monthly budgets per user or project, set by admins: alerts at 50/80/100%; "
+        "past the cap, rentals and extensions need an admin"
+    ),
     usage=BUDGET_USAGE,
     examples=(
         "/gpu budget list",
@@ -227,7 +278,7 @@ BUDGET = CommandSpec(
 )
 FIT = CommandSpec(
     name="fit",
-    summary="How much GPU memory a model needs, which GPUs hold it and what they cost",
+    summary=N_("How much GPU memory a model needs, which GPUs hold it and what they cost"),
     usage=FIT_USAGE,
     examples=("/gpu fit 7b lora", "/gpu fit llama-3.1-70b inference --seq 8192 --bits 4"),
     configure=_configure_fit,
@@ -235,9 +286,11 @@ FIT = CommandSpec(
 )
 ESTIMATE = CommandSpec(
     name="estimate",
-    summary="A month of renting by the hour vs a monthly plan, and buying, with the "
-    "break-evens at your pace: --hours is each card's use a month; --price, --monthly and "
-    "--buy are per card and multiplied by --count",
+    summary=N_(
+        "A month of renting by the hour vs a monthly plan, and buying, with the "
+        "break-evens at your pace: --hours is each card's use a month; --price, --monthly and "
+        "--buy are per card and multiplied by --count"
+    ),
     usage=ESTIMATE_USAGE,
     examples=(
         "/gpu estimate --gpu a100 --hours 50",

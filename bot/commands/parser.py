@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from bot.commands.registry import CommandSpec, Registry
 from bot.errors import UsageError
+from bot.i18n import N_, nt, t
 from bot.services.lookup import ECHO_MAX, echo
 
 HELP_COMMAND = "help"
@@ -28,7 +29,9 @@ _QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u201e": '"', "\u2018": 
 MESSAGE_MAX = 300
 #: A minus then a digit: a negative value (``-1h``, ``-5m``, ``-2.5``), not an option.
 _NEGATIVE = re.compile(r"-\d")
-_LONG_WORD = re.compile(rf"\S{{{ECHO_MAX + 1},}}")
+#: A long word of the user's: more than ECHO_MAX characters without a space. Chinese characters
+#: and full-width punctuation end a word (a Chinese sentence has no spaces to end one).
+_LONG_WORD = re.compile(rf"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]{{{ECHO_MAX + 1},}}")
 #: What a value parser reads, by its function's name, for the refusal of a negative value.
 _KINDS = {
     "parse_duration": "duration",
@@ -39,6 +42,73 @@ _KINDS = {
     "parse_money": "amount",
     "parse_size_gb": "size",
 }
+#: The refusals of a value by its kind: (negative, showing the positive one; negative; too large).
+_REFUSALS = {
+    "duration": (
+        N_("{value} is negative: give a positive duration like {positive}."),
+        N_("{value} is negative: give a positive duration."),
+        N_("Give a smaller duration."),
+    ),
+    "price": (
+        N_("{value} is negative: give a positive price like {positive}."),
+        N_("{value} is negative: give a positive price."),
+        N_("Give a smaller price."),
+    ),
+    "amount": (
+        N_("{value} is negative: give a positive amount like {positive}."),
+        N_("{value} is negative: give a positive amount."),
+        N_("Give a smaller amount."),
+    ),
+    "size": (
+        N_("{value} is negative: give a positive size like {positive}."),
+        N_("{value} is negative: give a positive size."),
+        N_("Give a smaller size."),
+    ),
+    "value": (
+        N_("{value} is negative: give a positive value like {positive}."),
+        N_("{value} is negative: give a positive value."),
+        N_("Give a smaller value."),
+    ),
+}
+#: argparse's own messages (its Python 3.11 wording), in the catalogue with their values named.
+_ARGPARSE_MESSAGES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern, re.DOTALL), message)
+    for pattern, message in (
+        (
+            r"the following arguments are required: (?P<names>.+)",
+            N_("the following arguments are required: {names}"),
+        ),
+        (r"unrecognized arguments: (?P<words>.*)", N_("unrecognized arguments: {words}")),
+        (r"expected one argument", N_("expected one argument")),
+        (r"expected at most one argument", N_("expected at most one argument")),
+        (r"expected at least one argument", N_("expected at least one argument")),
+        (
+            r"invalid choice: (?P<value>.+) \(choose from (?P<choices>.*)\)",
+            N_("invalid choice: {value} (choose from {choices})"),
+        ),
+        (r"invalid (?P<kind>\S+) value: (?P<value>.+)", N_("invalid {kind} value: {value}")),
+        (r"not allowed with argument (?P<other>.+)", N_("not allowed with argument {other}")),
+        (r"ignored explicit argument (?P<value>.+)", N_("ignored explicit argument {value}")),
+        (
+            r"one of the arguments (?P<names>.+) is required",
+            N_("one of the arguments {names} is required"),
+        ),
+        (
+            r"ambiguous option: (?P<option>\S+) could match (?P<matches>.+)",
+            N_("ambiguous option: {option} could match {matches}"),
+        ),
+        (r"invalid command", N_("invalid command")),
+    )
+)
+_ARGUMENT_MESSAGE = re.compile(r"argument (?P<argument>.+?): (?P<message>.+)", re.DOTALL)
+_EXPECTED_ARGUMENTS = re.compile(r"expected (?P<n>\d+) arguments?")
+#: What shlex says of text it cannot split, in the catalogue.
+_SHLEX_PROBLEMS = {
+    "no closing quotation": N_("no closing quotation"),
+    "no escaped character": N_("no escaped character"),
+}
+#: The marks that end a sentence, in English and in Chinese.
+_SENTENCE_ENDS = (".", "?", "!", "…", "。", "\uff1f", "\uff01")
 
 
 class CommandArgumentParser(argparse.ArgumentParser):
@@ -86,9 +156,9 @@ def parse(text: str, registry: Registry) -> tuple[CommandSpec, argparse.Namespac
     if spec.remainder:
         if not remainder:
             raise UsageError(
-                "Nothing to run after `--`.",
+                t("Nothing to run after `--`."),
                 usage=spec.usage,
-                hint="Put the command after a double dash, like `-- python train.py`.",
+                hint=t("Put the command after a double dash, like `-- python train.py`."),
             )
         args.command = remainder
     return spec, args
@@ -106,9 +176,13 @@ def tokenize(text: str) -> list[str]:
     try:
         return shlex.split(cleaned, comments=False, posix=True)
     except ValueError as exc:
+        problem = str(exc).lower()
         raise UsageError(
-            f"Could not read the command: {str(exc).lower()}.",
-            hint="Close every quote you open; quote a backslash as '\\\\'.",
+            t(
+                "Could not read the command: {problem}.",
+                problem=t(_SHLEX_PROBLEMS[problem]) if problem in _SHLEX_PROBLEMS else problem,
+            ),
+            hint=t("Close every quote you open; quote a backslash as '\\\\'."),
         ) from exc
 
 
@@ -123,11 +197,12 @@ def lookup(name: str, registry: Registry) -> CommandSpec:
     names = sorted({*registry.commands, HELP_COMMAND})
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     shown = echo(name)
-    suggestion = f" Did you mean `{close[0]}`?" if close else ""
-    raise UsageError(
-        f"Unknown command `{shown}`.{suggestion}",
-        hint="Type `/gpu help` for the list of commands.",
+    message = (
+        t("Unknown command `{name}`. Did you mean `{command}`?", name=shown, command=close[0])
+        if close
+        else t("Unknown command `{name}`.", name=shown)
     )
+    raise UsageError(message, hint=t("Type `/gpu help` for the list of commands."))
 
 
 def help_spec_for(registry: Registry) -> CommandSpec:
@@ -143,7 +218,7 @@ def help_spec_for(registry: Registry) -> CommandSpec:
 def _parse_help(rest: list[str], registry: Registry) -> tuple[CommandSpec, argparse.Namespace]:
     spec = help_spec_for(registry)
     if len(rest) > 1:
-        raise UsageError("`help` takes at most one command name.", usage=spec.usage)
+        raise UsageError(t("`help` takes at most one command name."), usage=spec.usage)
     if not rest:
         return spec, argparse.Namespace(topic=None)
     topic = lookup(rest[0], registry)
@@ -164,17 +239,18 @@ def _before_double_dash(tokens: Sequence[str]) -> list[str]:
 def refuse_negatives(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     """``convert`` that first refuses a negative value (``-1h``) with UsageError saying so and
     showing the positive one, and refuses a value too large for it (OverflowError)."""
-    kind = _KINDS.get(getattr(convert, "__name__", ""), "value")
+    showing, negative, smaller = _REFUSALS[_KINDS.get(getattr(convert, "__name__", ""), "value")]
 
     def check(text: str) -> Any:
         raw = text.strip()
         if _NEGATIVE.match(raw):
-            like = f" like {echo(raw[1:])}" if _converts(convert, raw[1:]) else ""
-            raise UsageError(f"{echo(raw)} is negative: give a positive {kind}{like}.")
+            if _converts(convert, raw[1:]):
+                raise UsageError(t(showing, value=echo(raw), positive=echo(raw[1:])))
+            raise UsageError(t(negative, value=echo(raw)))
         try:
             return convert(text)
         except OverflowError as exc:
-            raise UsageError(f"{echo(raw)} is too large.", hint=f"Give a smaller {kind}.") from exc
+            raise UsageError(t("{value} is too large.", value=echo(raw)), hint=t(smaller)) from exc
 
     check.__name__ = getattr(convert, "__name__", "check")
     return check
@@ -212,8 +288,30 @@ def _clipped(message: str) -> str:
 
 
 def _sentence(message: str) -> str:
-    text = _clipped(message.strip())
+    """argparse's ``message`` as a sentence in the active language: translated where its
+    wording is known, clipped, capitalised, with a final full stop."""
+    text = _clipped(_translated(message.strip()))
     if not text:
-        return "Invalid command."
+        return t("Invalid command.")
     text = text[0].upper() + text[1:]
-    return text if text.endswith((".", "?", "!", "…")) else text + "."
+    return text if text.endswith(_SENTENCE_ENDS) else text + "."
+
+
+def _translated(message: str) -> str:
+    """argparse's ``message`` in the active language; as it is where its wording is unknown."""
+    argument = _ARGUMENT_MESSAGE.fullmatch(message)
+    if argument is not None:
+        return t(
+            "argument {argument}: {message}",
+            argument=argument.group("argument"),
+            message=_translated(argument.group("message")),
+        )
+    expected = _EXPECTED_ARGUMENTS.fullmatch(message)
+    if expected is not None:
+        count = int(expected.group("n"))
+        return nt("expected {n} argument", "expected {n} arguments", count, n=count)
+    for pattern, sentence in _ARGPARSE_MESSAGES:
+        match = pattern.fullmatch(message)
+        if match is not None:
+            return t(sentence, **match.groupdict())
+    return message

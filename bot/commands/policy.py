@@ -10,6 +10,7 @@ from bot.blocks import deadlines as blocks
 from bot.blocks import instances as instance_blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
+from bot.i18n import N_, t
 from bot.runtime import Runtime
 from bot.services import deadlines, fleet_views
 from bot.services.access import Caller
@@ -84,16 +85,20 @@ def _on_off(text: str) -> bool:
         return True
     if value in ("off", "no", "false"):
         return False
-    raise UsageError(f"{echo(text)!r} is not on or off.", hint="Like --release-when-done on.")
+    raise UsageError(
+        t("{value!r} is not on or off.", value=echo(text)), hint=t("Like --release-when-done on.")
+    )
 
 
 POLICY = CommandSpec(
     name="policy",
-    summary="an instance's settings (deadline policy, idle release, release when done, "
-    "lifetime cap, billing increment, minimum charge, disk and storage price); with options, "
-    "change what happens at the deadline, when idle, and when the jobs are done "
-    "(--at-deadline stop, where the platform can stop: stopped at the deadline, its disk kept "
-    "and billed, then released --release-after later unless someone starts it again)",
+    summary=N_(
+        "an instance's settings (deadline policy, idle release, release when done, "
+        "lifetime cap, billing increment, minimum charge, disk and storage price); with options, "
+        "change what happens at the deadline, when idle, and when the jobs are done "
+        "(--at-deadline stop, where the platform can stop: stopped at the deadline, its disk "
+        "kept and billed, then released --release-after later unless someone starts it again)"
+    ),
     usage=POLICY_USAGE,
     examples=(
         "/gpu policy box1",
@@ -107,7 +112,7 @@ POLICY = CommandSpec(
 )
 CAP = CommandSpec(
     name="cap",
-    summary="(admin) the longest an instance may live, counted from its registration",
+    summary=N_("(admin) the longest an instance may live, counted from its registration"),
     usage=CAP_USAGE,
     examples=("/gpu cap box1 3d", "/gpu cap box1 none"),
     configure=_configure_cap,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from bot.errors import UsageError
+from bot.i18n import t
 from bot.services.access import Caller
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def button_number(value: str) -> int:
     """A button's value as the id it carries. Raises UsageError for anything else (a button
     edited by hand or left over from an older message)."""
     if not (value.isascii() and value.isdigit()):
-        raise UsageError("This button is broken; run the command again.")
+        raise UsageError(t("This button is broken; run the command again."))
     return int(value)
 
 

@@ -7,6 +7,7 @@ import argparse
 
 from bot.blocks import deadlines as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
+from bot.i18n import N_
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
 from bot.services import rent as rent_service
@@ -76,7 +77,7 @@ def _rent(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 RENT = CommandSpec(
     name="rent",
-    summary="rent an instance through a provider's API, then register it",
+    summary=N_("rent an instance through a provider's API, then register it"),
     usage=RENT_USAGE,
     examples=(
         "/gpu rent aws g5.xlarge --image ami-0abc1234 --ssh-key bot --user ubuntu "

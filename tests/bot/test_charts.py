@@ -14,6 +14,7 @@ import pytest
 from matplotlib import image
 
 from bot import charts
+from bot.i18n import speaking
 
 USD = 1_000_000
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -106,6 +107,29 @@ def test_a_latin_only_font_list_is_caught_missing_the_chinese(
     monkeypatch.setattr(charts, "font_families", lambda: [charts.LATIN_FAMILY])
     missing = missing_glyphs(draw_chinese)
     assert any("CJK UNIFIED IDEOGRAPH" in message for message in missing), missing
+
+
+def draw_with_legend_and_others() -> bytes:
+    days = [(date(2026, 3, 1) + timedelta(days=i), 3 * USD, i * USD) for i in range(3)]
+    many = [(f"user{i:02}", (30 - i) * USD) for i in range(20)]
+    title = "2026年3月 每日 GPU 花费"
+    return charts.daily_chart(title, days, currency="CNY") + charts.bar_chart(title, many)
+
+
+def test_the_legend_and_the_others_bar_are_chinese_with_every_glyph(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    families = charts.font_families()
+    if not set(families) & set(charts.CJK_FAMILIES):
+        pytest.fail(NO_CJK_FONT.format(families=", ".join(charts.CJK_FAMILIES)))
+    caplog.set_level(logging.WARNING, logger="matplotlib")
+    english = draw_with_legend_and_others()
+    with speaking("zh"):
+        assert charts._top([(f"u{i:02}", USD) for i in range(40)])[-1][0] == "其他 26 项"
+        assert missing_glyphs(draw_with_legend_and_others) == []
+        chinese = draw_with_legend_and_others()
+    assert chinese != english
+    assert [r.getMessage() for r in caplog.records if "findfont" in r.getMessage()] == []
 
 
 def test_money_axis_ticks_share_their_decimals() -> None:

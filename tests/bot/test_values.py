@@ -110,10 +110,27 @@ def test_money_in_another_currency_is_refused() -> None:
         ("1.5小时", timedelta(hours=1, minutes=30)),
         ("1小时\u300030分钟", timedelta(hours=1, minutes=30)),
         ("90m", timedelta(minutes=90)),
+        ("2天3小时", timedelta(days=2, hours=3)),
+        ("2天 3小时", timedelta(days=2, hours=3)),
+        ("1天2小时30分钟15秒", timedelta(days=1, hours=2, minutes=30, seconds=15)),
+        ("2时", timedelta(hours=2)),
+        ("3个小时", timedelta(hours=3)),
+        ("45分", timedelta(minutes=45)),
+        ("90秒", timedelta(seconds=90)),
+        ("30秒钟", timedelta(seconds=30)),
+        ("1日", timedelta(days=1)),
+        ("2h30分钟", timedelta(hours=2, minutes=30)),
+        ("\uff11.\uff15小时", timedelta(hours=1, minutes=30)),
     ],
 )
 def test_durations_in_chinese(text: str, delta: timedelta) -> None:
     assert parse_duration(text) == delta
+
+
+@pytest.mark.parametrize("text", ["两小时", "2小时半", "小时", "2周", "-2小时"])
+def test_a_chinese_duration_it_cannot_read_is_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="is not a duration"):
+        parse_duration(text)
 
 
 def test_a_bad_duration_shows_the_chinese_forms_too() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -483,3 +484,65 @@ def test_a_default_deadline_is_called_the_default() -> None:
     text = all_text(check_message(render.register_result(registered(default_deadline_s=3600))))
     assert "(the default; `--release-in` or `--release-at` to choose)" in text
     assert "the default" not in all_text(check_message(render.register_result(registered())))
+
+
+# --- confirm dialogs --------------------------------------------------------------------------
+
+
+def _confirms(blocks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The confirm dialog of each button that has one, by action id."""
+    found: dict[str, dict[str, Any]] = {}
+    for block in blocks:
+        for element in block.get("elements", []):
+            if element.get("type") == "button" and "confirm" in element:
+                found[element["action_id"]] = element["confirm"]
+    return found
+
+
+@pytest.mark.parametrize(
+    ("mode", "action", "said"),
+    [
+        ("terminate", "instance_release_confirm", "Releasing *box1* ends its $24.00/h"),
+        ("stop", "instance_stop_confirm", "Stopping *box1* ends its compute billing"),
+    ],
+)
+def test_the_yes_button_asks_again_naming_the_instance_and_its_cost(
+    mode: str, action: str, said: str
+) -> None:
+    ask = ReleaseAsk(
+        instance=inst(storage_micros_per_hour=50_000),
+        manual=False,
+        cost_micros=12_340_000,
+        running_jobs=(),
+        mode=mode,
+    )
+    blocks = check_message(render.release_ask(ask))
+    dialogs = _confirms(blocks)
+    assert list(dialogs) == [action]
+    dialog = dialogs[action]
+    assert "box1" in dialog["title"]["text"]
+    assert said in dialog["text"]["text"]
+    assert "$12.34 so far" in dialog["text"]["text"]
+    assert dialog["deny"]["text"] == "Cancel"
+    assert dialog["confirm"]["text"] in ("Yes, release it", "Yes, stop it")
+    if mode == "stop":
+        assert "keeps billing ($0.05" in dialog["text"]["text"]
+
+
+@pytest.mark.parametrize("mode", ["terminate", "stop"])
+@pytest.mark.parametrize("price", [0, 24_000_000])
+def test_confirm_dialogs_of_long_names_stay_within_slack_limits(mode: str, price: int) -> None:
+    long = inst("n" * 300, price_micros_per_hour=price, provider="p" * 300)
+    ask = ReleaseAsk(instance=long, manual=True, cost_micros=10**15, running_jobs=(), mode=mode)
+    dialog = _confirms(check_message(render.release_ask(ask)))
+    (only,) = dialog.values()
+    assert len(only["title"]["text"]) <= 100
+    assert len(only["text"]["text"]) <= 300
+    assert len(only["confirm"]["text"]) <= 30
+    assert len(only["deny"]["text"]) <= 30
+
+
+def test_buttons_that_only_ask_or_change_nothing_have_no_dialog() -> None:
+    ask = ReleaseAsk(instance=inst(), manual=False, cost_micros=0, running_jobs=())
+    assert "instance_release_cancel" not in _confirms(check_message(render.release_ask(ask)))
+    assert _confirms(check_message(render.instance_detail(detail()))) == {}

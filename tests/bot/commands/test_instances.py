@@ -11,15 +11,20 @@ import pytest
 from sqlmodel import select
 
 import bot.commands.instances as commands
+import bot.commands.rent as rent_commands
 from bot.commands import build_registry
 from bot.commands.parser import CommandArgumentParser, parse
 from bot.commands.registry import Reply
 from bot.errors import NotAuthorized, NotFound, UsageError
+from bot.i18n import speaking, t
 from bot.runtime import Runtime
 from bot.services.access import Caller
+from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Release
+from bot.values import format_duration
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+from tests.chinese import assert_chinese
 
 REGISTRY = build_registry()
 
@@ -306,4 +311,32 @@ def test_a_10000_character_name_is_echoed_cut(rt: Runtime, db: Database, text: s
     assert "n" * 41 not in shown, shown[:300]
     assert "N" * 41 not in shown, shown[:300]
     assert len(info.value.message) <= 200, info.value.message[:300]
+    assert rows(db, Instance) == []
+
+
+def test_the_register_summary_names_the_default_deadline() -> None:
+    default = format_duration(timedelta(seconds=Settings.default_release_in_s))
+    assert f"({default} from now unless" in commands.REGISTER.summary
+
+
+def test_the_summaries_in_chinese() -> None:
+    specs = [s for s in REGISTRY.primary_commands() if s.handler.__module__ == commands.__name__]
+    specs.append(rent_commands.RENT)
+    with speaking("zh"):
+        summaries = [t(spec.summary) for spec in specs]
+    assert len(summaries) == 8
+    assert_chinese(*summaries)
+    assert all(re.search("[\u4e00-\u9fff]", text) for text in summaries), summaries
+
+
+@SQLITE_ONLY
+def test_register_errors_in_chinese(rt: Runtime, db: Database) -> None:
+    with speaking("zh"), pytest.raises(UsageError) as needs_disk:
+        run(rt, f"{REGISTER_LOCAL} --storage 0.10/GB-month")
+    with speaking("zh"), pytest.raises(UsageError) as not_a_price:
+        commands.parse_storage_price("3/TB", "USD")
+    texts = [needs_disk.value.user_text(), not_a_price.value.user_text()]
+    assert_chinese(*texts)
+    assert all(re.search("[\u4e00-\u9fff]", text) for text in texts), texts
+    assert "3/TB" in texts[1]
     assert rows(db, Instance) == []

@@ -8,11 +8,14 @@ from datetime import datetime
 import pytest
 from sqlmodel import select
 
+from agents import specs
 from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.commands.registry import Reply
 from bot.errors import UsageError
+from bot.i18n import speaking
 from bot.runtime import Runtime
+from bot.services import price_tables
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import Instance
@@ -77,3 +80,69 @@ def test_the_ideographic_space_separates_words(sqlite_db: Database, clock: Clock
         rt, "estimate\u3000--gpu 4090\u3000--hours\u300010\u3000--price '1.98\u3000元/小时'"
     )
     assert "hourly 1.98 CNY/h (as given)" in str(reply.blocks)
+
+
+# --- the price table of the configured currency -------------------------------------------------
+
+
+def test_estimate_quotes_the_yuan_table_when_the_currency_is_cny(
+    sqlite_db: Database, clock: Clock
+) -> None:
+    rt = make_runtime(sqlite_db, clock, currency="CNY")
+    shown = str(run(rt, "estimate --gpu 4090 --hours 100").blocks)
+    assert "*166.00 CNY* a month" in shown
+    assert "hourly 1.66 CNY/h (compshare 优云智算 RTX 4090, 2026, unverified)" in shown
+    assert "$" not in shown
+    with speaking("zh"):
+        chinese = str(run(rt, "estimate --gpu a100 --hours 10").blocks)
+    assert "¥50.00" in chinese
+    assert "autodl A100" in chinese
+
+
+def test_fit_quotes_the_yuan_table_when_the_currency_is_cny(
+    sqlite_db: Database, clock: Clock
+) -> None:
+    rt = make_runtime(sqlite_db, clock, currency="CNY")
+    shown = str(run(rt, "fit 7b inference").blocks)
+    assert "1.66" in shown
+    assert "compshare 优云智算 RTX 4090" in shown
+    assert "runpod" not in shown
+    assert "no price table" not in shown
+
+
+def test_usd_keeps_the_dollar_table(sqlite_db: Database, clock: Clock) -> None:
+    rt = make_runtime(sqlite_db, clock)
+    assert "hourly $0.69/h (runpod RTX 4090" in str(
+        run(rt, "estimate --gpu 4090 --hours 100").blocks
+    )
+    fit = str(run(rt, "fit 7b inference").blocks)
+    assert "$0.69/h on runpod RTX 4090" in fit
+    assert "优云智算" not in fit
+
+
+def test_without_a_table_in_the_currency_no_price_is_quoted(
+    sqlite_db: Database, clock: Clock
+) -> None:
+    rt = make_runtime(sqlite_db, clock, currency="EUR")
+    with pytest.raises(UsageError, match="no price table in EUR") as caught:
+        run(rt, "estimate --gpu 4090 --hours 10")
+    assert "--price" in (caught.value.hint or "")
+    given = str(run(rt, "estimate --gpu 4090 --hours 10 --price 2/h").blocks)
+    assert "€20.00" in given
+    assert "has tables in USD, CNY" in given
+    assert "$" not in given
+    fit = str(run(rt, "fit 7b inference").blocks)
+    assert "/h on" not in fit
+    assert "no price table in EUR (GPUBOT_CURRENCY)" in fit
+
+
+def test_every_price_file_reads_and_names_catalogue_gpus() -> None:
+    keys = {spec.key for spec in specs.load_catalogue()}
+    assert price_tables.currencies() == ("USD", "CNY")
+    table = price_tables.table_for("cny")
+    assert table is not None
+    assert table.currency == "CNY"
+    rows = (*table.hourly, *table.monthly, *table.purchase)
+    assert rows
+    assert all(row.gpu in keys and not row.verified and row.source for row in rows)
+    assert price_tables.table_for("EUR") is None

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlmodel import col, select
 
 from bot.errors import UsageError
-from bot.services import samples, spend
+from bot.services import ledger, samples, spend
 from bot.store.db import Database
-from bot.store.models import UtilSample
+from bot.store.models import Charge, UtilSample
 from tests.bot.services.test_ledger import add_instance, update_instance
 
 UTC_TZ = ZoneInfo("UTC")
@@ -176,3 +177,34 @@ def test_arguments_are_checked() -> None:
     assert spend.parse_group("GPU") == "gpu"
     with pytest.raises(UsageError, match="--by"):
         spend.parse_group("team")
+
+
+@pytest.mark.parametrize("zone", ["Asia/Shanghai", "Europe/Berlin", "America/New_York"])
+def test_days_are_local_days_across_a_dst_change(
+    db: Database, fleet: dict[str, int], zone: str
+) -> None:
+    """The database folds charges into local days; the same fold done here from the rows
+    agrees in a zone without DST and in two whose clocks change in March 2026."""
+    tz = ZoneInfo(zone)
+    result = spend.spend_report(
+        db,
+        "2026-03",
+        tz=tz,
+        now=datetime(2026, 4, 2, 12, 0),
+        idle_threshold_pct=5.0,
+        currency="USD",
+    )
+    start, end = ledger.month_bounds("2026-03", tz)
+    wanted: dict[date, int] = {}
+    with db.read_session() as session:
+        for charge in session.exec(
+            select(Charge).where(col(Charge.start_at) >= start, col(Charge.start_at) < end)
+        ):
+            local = charge.start_at.replace(tzinfo=UTC).astimezone(tz).date()
+            wanted[local] = wanted.get(local, 0) + charge.amount_micros
+    got = {day: active + idle for day, active, idle in result.days if active + idle}
+    assert got == wanted
+    pending = sum(item.pending_micros for item in result.instances)
+    assert sum(got.values()) == result.total_micros - pending
+    assert result.days[0][0] == date(2026, 3, 1)
+    assert len(result.days) == 31

@@ -1,0 +1,68 @@
+"""Money as the active language writes it (Babel): the currency's symbol or code, its decimals,
+the locale's grouping, and 4 decimals for amounts under 0.10."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.i18n import set_default_language, speaking
+from bot.values import format_money
+
+UNIT = 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("micros", "currency", "shown"),
+    [
+        (2_100_000, "USD", "$2.10"),
+        (2_100_000, "EUR", "€2.10"),
+        (2_100_000, "GBP", "£2.10"),
+        (2_100_000, "CHF", "2.10 CHF"),
+        (1_980_000, "CNY", "1.98 CNY"),
+        (1_200 * UNIT, "JPY", "1,200 JPY"),
+        (1_234_567_890_000, "USD", "$1,234,567.89"),
+        (35_000, "USD", "$0.0350"),
+        (-2_100_000, "USD", "-$2.10"),
+        (0, "USD", "$0.00"),
+        (100_000, "USD", "$0.10"),
+        (99_999, "EUR", "€0.1000"),
+    ],
+)
+def test_english_keeps_its_forms(micros: int, currency: str, shown: str) -> None:
+    assert format_money(micros, currency) == shown
+
+
+@pytest.mark.parametrize(
+    ("micros", "currency", "shown"),
+    [
+        (12_500_000, "CNY", "¥12.50"),
+        (1_234_567_890_000, "CNY", "¥1,234,567.89"),
+        (35_000, "CNY", "¥0.0350"),
+        (-3_960_000, "CNY", "-¥3.96"),
+        (2_100_000, "USD", "US$2.10"),
+        (2_100_000, "EUR", "€2.10"),
+        (1_200 * UNIT, "JPY", "JP¥1,200"),
+        (2_100_000, "CHF", "2.10 CHF"),
+    ],
+)
+def test_chinese_writes_money_as_chinese_readers_do(micros: int, currency: str, shown: str) -> None:
+    with speaking("zh"):
+        assert format_money(micros, currency) == shown
+
+
+def test_yen_have_no_decimals_and_a_half_rounds_to_even() -> None:
+    assert format_money(1_234_500_000, "JPY") == "1,234 JPY"
+    assert format_money(1_235_500_000, "JPY") == "1,236 JPY"
+    with speaking("zh"):
+        assert format_money(500 * UNIT, "JPY") == "JP¥500"
+
+
+def test_outside_a_block_the_workspace_language_writes_it() -> None:
+    set_default_language("zh")
+    try:
+        assert format_money(12_500_000, "CNY") == "¥12.50"
+        with speaking("en"):
+            assert format_money(12_500_000, "CNY") == "12.50 CNY"
+    finally:
+        set_default_language("en")
+    assert format_money(12_500_000, "CNY") == "12.50 CNY"
