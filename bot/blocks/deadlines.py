@@ -4,7 +4,8 @@ notice or view in, ``(text, blocks)`` out, every block from :mod:`bot.blocks.kit
 Times arrive as naive UTC and are shown, with their date, in the notice's time zone; money
 arrives in micro-units. Every message carries a ``text`` fallback, which Slack reads as mrkdwn
 like the section it repeats: errors and anything else from people or platforms go into it
-escaped.
+escaped. A button that releases an instance, records it released or stopped, or keeps it running
+(and billing) asks first in a confirm dialog that names the instance and what follows.
 """
 
 from __future__ import annotations
@@ -15,8 +16,20 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot.blocks.instances import RELEASE_DONE, STOP_DONE, unregistered_notice
-from bot.blocks.kit import Block, Message, actions, button, escape, fallback, mention, section, when
+from bot.blocks.kit import (
+    Block,
+    Message,
+    actions,
+    button,
+    confirm_dialog,
+    escape,
+    fallback,
+    mention,
+    section,
+    when,
+)
 from bot.blocks.money import final_cost_sentence
+from bot.i18n import N_, t
 from bot.notify import Notice
 from bot.services.answers import (
     AnsweredBefore,
@@ -77,8 +90,19 @@ IDLE_RELEASE = "idle_release"
 def per_hour(inst: InstanceBrief) -> str:
     """What the instance costs per hour, like ``$2.10/h``; says so when no price is recorded."""
     if inst.price_micros_per_hour <= 0:
-        return "money (no price recorded)"
-    return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
+        return t("money (no price recorded)")
+    return t("{price}/h", price=format_money(inst.price_micros_per_hour, inst.currency))
+
+
+#: Release reasons in words, by the reason the store records.
+_REASONS = {
+    "user": N_("requested by its owner"),
+    "deadline": N_("its deadline passed"),
+    "cap": N_("its maximum lifetime is reached"),
+    "idle": N_("it was idle"),
+    "jobs_done": N_("its jobs are done"),
+    "reconcile": N_("found released on the platform"),
+}
 
 
 def reason_text(
@@ -87,16 +111,11 @@ def reason_text(
     """A release reason in words (one it does not know, escaped as it is). A release someone
     other than the owner ``owner_id`` asked for (``by``: only an admin can) names them."""
     if reason == "user" and by and owner_id and by != owner_id:
-        verb = "stopped" if mode == "stop" else "released"
-        return f"{verb} by {mention(by)} (an admin)"
-    return {
-        "user": "requested by its owner",
-        "deadline": "its deadline passed",
-        "cap": "its maximum lifetime is reached",
-        "idle": "it was idle",
-        "jobs_done": "its jobs are done",
-        "reconcile": "found released on the platform",
-    }.get(reason) or escape(reason)
+        if mode == "stop":
+            return t("stopped by {admin} (an admin)", admin=mention(by))
+        return t("released by {admin} (an admin)", admin=mention(by))
+    known = _REASONS.get(reason)
+    return t(known) if known else escape(reason)
 
 
 # --- prompts ----------------------------------------------------------------------------------
@@ -104,138 +123,224 @@ def reason_text(
 
 def deadline_warning(notice: DeadlineWarning) -> Message:
     """The warning before a deadline, with Extend 1h / Extend 4h (those the recipient may use)
-    and Release now buttons."""
+    and Release now buttons, each asking to confirm what it does."""
     tz = ZoneInfo(notice.tz_name)
     left = format_duration(max(notice.release_at - notice.now, timedelta(0)))
-    after_jobs = (
-        ", or once its jobs finish if they still run then"
-        if notice.policy == "wait-for-jobs"
-        else ""
-    )
-    lines = [_warning_head(notice, left, when(notice.release_at, tz), after_jobs)]
+    lines = [_warning_head(notice, left, when(notice.release_at, tz))]
     late = notice.release_at != notice.deadline_at
     if late and notice.deadline_at <= notice.now:
-        lines.append("Its deadline passed while the bot could not warn you, so you get this grace.")
+        lines.append(
+            t("Its deadline passed while the bot could not warn you, so you get this grace.")
+        )
     elif late:
         lines.append(
-            f"Its deadline ({when(notice.deadline_at, tz)}) left too little notice, "
-            "so the release waits until then."
+            t(
+                "Its deadline ({at}) left too little notice, so the release waits until then.",
+                at=when(notice.deadline_at, tz),
+            )
         )
     if notice.cap_at is not None and len(notice.extend_s) < len(_EXTEND_BUTTONS):
-        limit = (
-            "it can be extended only up to then"
-            if notice.extend_s
-            else "only an admin can extend it past that"
-        )
-        lines.append(
-            f"The lifetime cap set by an admin ends it at {when(notice.cap_at, tz)}; {limit}."
-        )
+        cap_at = when(notice.cap_at, tz)
+        if notice.extend_s:
+            lines.append(
+                t(
+                    "The lifetime cap set by an admin ends it at {at}; it can be extended only up "
+                    "to then.",
+                    at=cap_at,
+                )
+            )
+        else:
+            lines.append(
+                t(
+                    "The lifetime cap set by an admin ends it at {at}; only an admin can extend "
+                    "it past that.",
+                    at=cap_at,
+                )
+            )
     value = str(notice.prompt_id)
+    extends = [s for s in notice.extend_s if s in _EXTEND_BUTTONS]
     buttons = [
-        button(label, action_id, value, style="primary" if i == 0 else None)
-        for i, (label, action_id) in enumerate(
-            _EXTEND_BUTTONS[s] for s in notice.extend_s if s in _EXTEND_BUTTONS
+        button(
+            t(_EXTEND_BUTTONS[s][0]),
+            _EXTEND_BUTTONS[s][1],
+            value,
+            style="primary" if i == 0 else None,
+            confirm=_extend_confirm(notice, s),
         )
+        for i, s in enumerate(extends)
     ]
-    buttons.append(button("Release now", RELEASE_NOW, value, style="danger"))
-    return _with_buttons(" ".join(lines), buttons, f"deadline-{notice.prompt_id}")
+    buttons.append(
+        button(
+            t("Release now"),
+            RELEASE_NOW,
+            value,
+            style="danger",
+            confirm=_release_confirm(notice.instance),
+        )
+    )
+    return _with_buttons(_sentences(*lines), buttons, f"deadline-{notice.prompt_id}")
 
 
-#: The Extend buttons by what they add, in seconds.
-_EXTEND_BUTTONS = {3600: ("Extend 1h", EXTEND_1H), 4 * 3600: ("Extend 4h", EXTEND_4H)}
+#: The Extend buttons by what they add, in seconds: label and action id.
+_EXTEND_BUTTONS = {3600: (N_("Extend 1h"), EXTEND_1H), 4 * 3600: (N_("Extend 4h"), EXTEND_4H)}
 
 
-def _warning_head(notice: DeadlineWarning, left: str, at: str, after_jobs: str) -> str:
+def _warning_head(notice: DeadlineWarning, left: str, at: str) -> str:
     """The first line of a warning: what happens, when, and what it costs."""
     inst = notice.instance
     if notice.action == "stop":
-        final = ""
-        if notice.final_release_at is not None:
-            final = (
-                f" It is released (disk and all) at "
-                f"{when(notice.final_release_at, ZoneInfo(notice.tz_name))} unless someone "
-                "starts it again."
-            )
-        return (
-            f":alarm_clock: *{inst.name}* will be stopped in *{left}* (at {at}); its disk is "
-            f"kept. It costs {per_hour(inst)}.{final}"
+        head = t(
+            ":alarm_clock: *{name}* will be stopped in *{left}* (at {at}); its disk is kept. It "
+            "costs {cost}.",
+            name=inst.name,
+            left=left,
+            at=at,
+            cost=per_hour(inst),
+        )
+        if notice.final_release_at is None:
+            return head
+        final = when(notice.final_release_at, ZoneInfo(notice.tz_name))
+        return _sentences(
+            head,
+            t(
+                "It is released (disk and all) at {at} unless someone starts it again.",
+                at=final,
+            ),
         )
     if notice.stopped:
-        return (
-            f":alarm_clock: *{inst.name}* (stopped) will be released in *{left}* (at {at}), "
-            f"its disk deleted, unless someone starts it again. {_storage_note(inst)}"
+        return _sentences(
+            t(
+                ":alarm_clock: *{name}* (stopped) will be released in *{left}* (at {at}), its "
+                "disk deleted, unless someone starts it again.",
+                name=inst.name,
+                left=left,
+                at=at,
+            ),
+            _storage_note(inst),
         )
-    return (
-        f":alarm_clock: *{inst.name}* will be released in *{left}* "
-        f"(at {at}){after_jobs}. It costs {per_hour(inst)}."
+    if notice.policy == "wait-for-jobs":
+        return t(
+            ":alarm_clock: *{name}* will be released in *{left}* (at {at}), or once its jobs "
+            "finish if they still run then. It costs {cost}.",
+            name=inst.name,
+            left=left,
+            at=at,
+            cost=per_hour(inst),
+        )
+    return t(
+        ":alarm_clock: *{name}* will be released in *{left}* (at {at}). It costs {cost}.",
+        name=inst.name,
+        left=left,
+        at=at,
+        cost=per_hour(inst),
     )
 
 
 def idle_prompt(notice: IdlePrompt) -> Message:
-    """Idle for a while: what it costs per hour, Keep / Release buttons."""
+    """Idle for a while: what it costs per hour, Keep / Release buttons (both confirmed)."""
     inst = notice.instance
-    text = (
-        f":zzz: *{inst.name}* has been idle for {format_duration(notice.now - notice.idle_since)} "
-        f"(no GPU use, no jobs), costing {per_hour(inst)}. Still needed?"
+    text = t(
+        ":zzz: *{name}* has been idle for {idle} (no GPU use, no jobs), costing {cost}. Still "
+        "needed?",
+        name=inst.name,
+        idle=format_duration(notice.now - notice.idle_since),
+        cost=per_hour(inst),
     )
     if notice.release_at is not None:
-        text += (
-            " If it stays idle it will be released at "
-            f"{when(notice.release_at, ZoneInfo(notice.tz_name))}."
+        text = _sentences(
+            text,
+            t(
+                "If it stays idle it will be released at {at}.",
+                at=when(notice.release_at, ZoneInfo(notice.tz_name)),
+            ),
         )
     value = str(notice.prompt_id)
     buttons = [
-        button("Keep it", IDLE_KEEP, value, style="primary"),
-        button("Release it", IDLE_RELEASE, value, style="danger"),
+        button(t("Keep it"), IDLE_KEEP, value, style="primary", confirm=_keep_confirm(inst)),
+        button(
+            t("Release it"), IDLE_RELEASE, value, style="danger", confirm=_release_confirm(inst)
+        ),
     ]
     return _with_buttons(text, buttons, f"idle-{notice.prompt_id}")
 
 
 def jobs_done_prompt(notice: JobsDonePrompt) -> Message:
     """The job queue drained on an instance marked release-when-done."""
-    text = (
-        f":checkered_flag: The jobs on *{notice.instance.name}* are done. It will be released at "
-        f"{when(notice.release_at, ZoneInfo(notice.tz_name))} unless you keep it."
+    inst = notice.instance
+    text = t(
+        ":checkered_flag: The jobs on *{name}* are done. It will be released at {at} unless you "
+        "keep it.",
+        name=inst.name,
+        at=when(notice.release_at, ZoneInfo(notice.tz_name)),
     )
     value = str(notice.prompt_id)
     buttons = [
-        button("Keep it", IDLE_KEEP, value, style="primary"),
-        button("Release now", IDLE_RELEASE, value, style="danger"),
+        button(t("Keep it"), IDLE_KEEP, value, style="primary", confirm=_keep_confirm(inst)),
+        button(
+            t("Release now"), IDLE_RELEASE, value, style="danger", confirm=_release_confirm(inst)
+        ),
     ]
     return _with_buttons(text, buttons, f"jobs-done-{notice.prompt_id}")
 
 
 def decided(notice: Decided) -> Message:
     """A prompt after someone answered it: what was decided, by whom (an admin said so), when."""
-    who = f" by {mention(notice.by)}" if notice.by else ""
-    if notice.by and notice.by != notice.instance.owner_id:
-        who += " (an admin)"
+    name = notice.instance.name
+    decision = _decision_text(notice)
     at = when(notice.at, ZoneInfo(notice.tz_name))
-    return _plain(f"*{notice.instance.name}*: {_decision_text(notice)}{who} at {at}.")
+    if not notice.by:
+        return _plain(t("*{name}*: {decision} at {at}.", name=name, decision=decision, at=at))
+    by = mention(notice.by)
+    if notice.by != notice.instance.owner_id:
+        return _plain(
+            t(
+                "*{name}*: {decision} by {user} (an admin) at {at}.",
+                name=name,
+                decision=decision,
+                user=by,
+                at=at,
+            )
+        )
+    return _plain(
+        t("*{name}*: {decision} by {user} at {at}.", name=name, decision=decision, user=by, at=at)
+    )
 
 
 def superseded(notice: Superseded) -> Message:
     """An old warning whose deadline moved: its buttons are gone."""
     name = notice.instance.name
     if notice.new_deadline_at is None:
-        return _plain(f"*{name}*: this warning is superseded; the instance has no deadline now.")
+        return _plain(
+            t("*{name}*: this warning is superseded; the instance has no deadline now.", name=name)
+        )
     new = when(notice.new_deadline_at, ZoneInfo(notice.tz_name))
-    who = ""
     if notice.by and notice.by != notice.instance.owner_id:
-        who = f" (extended by {mention(notice.by)} (an admin))"
-    return _plain(f"*{name}*: this warning is superseded; the deadline is now {new}{who}.")
+        return _plain(
+            t(
+                "*{name}*: this warning is superseded; the deadline is now {at} (extended by "
+                "{admin} (an admin)).",
+                name=name,
+                at=new,
+                admin=mention(notice.by),
+            )
+        )
+    return _plain(
+        t("*{name}*: this warning is superseded; the deadline is now {at}.", name=name, at=new)
+    )
 
 
 def busy_again(notice: BusyAgain) -> Message:
     """An idle prompt closed because the instance is busy again."""
-    return _plain(f"*{notice.instance.name}* is busy again; no action needed.")
+    return _plain(t("*{name}* is busy again; no action needed.", name=notice.instance.name))
 
 
 def new_jobs(notice: NewJobs) -> Message:
     """A jobs-done prompt closed because new jobs started."""
     return _plain(
-        f"*{notice.instance.name}* has new jobs; it will not be released when the earlier ones "
-        "ended."
+        t(
+            "*{name}* has new jobs; it will not be released when the earlier ones ended.",
+            name=notice.instance.name,
+        )
     )
 
 
@@ -247,29 +352,63 @@ def manual_release_request(notice: ManualReleaseRequest) -> Message:
     they did: released (the meter stops, disk and all) or only stopped (its disk keeps
     billing)."""
     inst = notice.instance
-    verb = "stop" if notice.mode == "stop" else "release"
-    text = (
-        f":warning: Please {verb} *{inst.name}* on its platform now "
-        f"({reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode)}); "
-        f"it costs {per_hour(inst)} until you do. Press the "
-        "button for what you did: *Released* stops the meter, *Stopped* stops it for compute "
-        "while its disk bills on."
+    values = {
+        "name": inst.name,
+        "reason": reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode),
+        "cost": per_hour(inst),
+    }
+    if notice.mode == "stop":
+        ask = t(
+            ":warning: Please stop *{name}* on its platform now ({reason}); it costs {cost} "
+            "until you do.",
+            **values,
+        )
+    else:
+        ask = t(
+            ":warning: Please release *{name}* on its platform now ({reason}); it costs {cost} "
+            "until you do.",
+            **values,
+        )
+    text = _sentences(
+        ask,
+        t(
+            "Press the button for what you did: *Released* stops the meter, *Stopped* stops it "
+            "for compute while its disk bills on."
+        ),
     )
-    buttons = _done_buttons(notice.instance_id)
+    buttons = _done_buttons(notice.instance_id, inst)
     return _with_buttons(text, buttons, f"release-done-{notice.instance_id}")
 
 
 def manual_release_reminder(notice: ManualReleaseReminder) -> Message:
     """A reminder that a manual instance still waits to be released (or stopped)."""
     inst = notice.instance
-    waited = format_duration(notice.now - notice.asked_at)
-    verb = "stopped" if notice.mode == "stop" else "released"
-    text = (
-        f":warning: Reminder: *{inst.name}* was due to be {verb} {waited} ago and still "
-        f"costs {per_hour(inst)}. Do it on its platform, then press the button for what you "
-        f"did, or keep it with `/gpu extend {inst.name} 2h`."
+    values = {
+        "name": inst.name,
+        "waited": format_duration(notice.now - notice.asked_at),
+        "cost": per_hour(inst),
+    }
+    if notice.mode == "stop":
+        due = t(
+            ":warning: Reminder: *{name}* was due to be stopped {waited} ago and still costs "
+            "{cost}.",
+            **values,
+        )
+    else:
+        due = t(
+            ":warning: Reminder: *{name}* was due to be released {waited} ago and still costs "
+            "{cost}.",
+            **values,
+        )
+    text = _sentences(
+        due,
+        t(
+            "Do it on its platform, then press the button for what you did, or keep it with "
+            "`/gpu extend {name} 2h`.",
+            name=inst.name,
+        ),
     )
-    buttons = _done_buttons(notice.instance_id)
+    buttons = _done_buttons(notice.instance_id, inst)
     return _with_buttons(text, buttons, f"release-remind-{notice.instance_id}")
 
 
@@ -277,47 +416,92 @@ def release_escalation(notice: ReleaseEscalation) -> Message:
     """To the owner and the channel: a release keeps failing or nobody confirmed it."""
     inst = notice.instance
     cost = per_hour(inst)
+    owner = mention(inst.owner_id)
     if notice.manual:
         return _plain(
-            f":rotating_light: *{inst.name}* ({mention(inst.owner_id)}) should have been "
-            f"released but nobody confirmed it; it may still cost {cost}. "
-            "Please release it on its platform and press the button in the owner's message."
+            t(
+                ":rotating_light: *{name}* ({owner}) should have been released but nobody "
+                "confirmed it; it may still cost {cost}. Please release it on its platform and "
+                "press the button in the owner's message.",
+                name=inst.name,
+                owner=owner,
+                cost=cost,
+            )
         )
-    error = f" Last error: {escape(notice.last_error)}" if notice.last_error else ""
-    return _plain(
-        f":rotating_light: Releasing *{inst.name}* ({mention(inst.owner_id)}) on "
-        f"{inst.provider} failed {notice.attempts} times; it may still cost {cost}. "
-        f"The bot keeps trying; release it on the platform if you can.{error}"
+    text = t(
+        ":rotating_light: Releasing *{name}* ({owner}) on {provider} failed {attempts} times; it "
+        "may still cost {cost}. The bot keeps trying; release it on the platform if you can.",
+        name=inst.name,
+        owner=owner,
+        provider=inst.provider,
+        attempts=notice.attempts,
+        cost=cost,
     )
+    if notice.last_error:
+        text = _sentences(text, t("Last error: {error}", error=escape(notice.last_error)))
+    return _plain(text)
 
 
 def released_notice(notice: ReleasedNotice) -> Message:
     """Released (or stopped), confirmed by the platform or the owner."""
     inst = notice.instance
-    verb = "stopped" if notice.mode == "stop" else "released"
-    who = f" by {mention(notice.by)}" if notice.by else ""
-    meter = "Its compute meter stopped." if notice.mode == "stop" else "The meter stopped."
-    text = (
-        f":white_check_mark: *{inst.name}* is {verb}{who} "
-        f"({reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode)}). {meter}"
+    stop = notice.mode == "stop"
+    text = _released_head(
+        notice, reason_text(notice.reason, notice.requested_by, inst.owner_id, notice.mode)
     )
-    text += final_cost_sentence(notice.final_cost, stopped=notice.mode == "stop")
-    if notice.mode == "stop" and notice.storage_bills:
-        text += " " + _storage_note(inst)
+    text = _sentences(
+        text,
+        t("Its compute meter stopped.") if stop else t("The meter stopped."),
+        final_cost_sentence(notice.final_cost, stopped=stop).lstrip(),
+    )
+    if stop and notice.storage_bills:
+        text = _sentences(text, _storage_note(inst))
     if notice.release_at is not None:
-        text += (
-            f" It is released at {when(notice.release_at, ZoneInfo(notice.tz_name))} unless "
-            f"someone starts it again; `/gpu extend {inst.name} 1d` moves that."
+        text = _sentences(
+            text,
+            t(
+                "It is released at {at} unless someone starts it again; `/gpu extend {name} 1d` "
+                "moves that.",
+                at=when(notice.release_at, ZoneInfo(notice.tz_name)),
+                name=inst.name,
+            ),
         )
     return _plain(text)
+
+
+def _released_head(notice: ReleasedNotice, reason: str) -> str:
+    """``*box* is released by <@U> (why).``: the first sentence of a release notice."""
+    name = notice.instance.name
+    if notice.by:
+        by = mention(notice.by)
+        if notice.mode == "stop":
+            return t(
+                ":white_check_mark: *{name}* is stopped by {user} ({reason}).",
+                name=name,
+                user=by,
+                reason=reason,
+            )
+        return t(
+            ":white_check_mark: *{name}* is released by {user} ({reason}).",
+            name=name,
+            user=by,
+            reason=reason,
+        )
+    if notice.mode == "stop":
+        return t(":white_check_mark: *{name}* is stopped ({reason}).", name=name, reason=reason)
+    return t(":white_check_mark: *{name}* is released ({reason}).", name=name, reason=reason)
 
 
 def released_unwarned(notice: ReleasedUnwarned) -> Message:
     """For the ops channel: a deadline release whose warnings Slack never confirmed."""
     inst = notice.instance
     return _plain(
-        f":rotating_light: *{escape(inst.name)}* (owner {mention(inst.owner_id)}) was released "
-        "at its deadline, but Slack never confirmed that a warning reached its owner."
+        t(
+            ":rotating_light: *{name}* (owner {owner}) was released at its deadline, but Slack "
+            "never confirmed that a warning reached its owner.",
+            name=escape(inst.name),
+            owner=mention(inst.owner_id),
+        )
     )
 
 
@@ -328,26 +512,47 @@ def released_outside(notice: ReleasedOutside) -> Message:
     """Reconcile found the instance gone, stopped, running again or at another address on the
     platform, without the bot: ``state`` terminated, stopped, started or moved."""
     inst = notice.instance
-    came_back = f" It came back at `{notice.address}`." if notice.address else ""
     if notice.state == "moved":
         return _plain(
-            f":information_source: *{inst.name}* came back at `{notice.address}` on "
-            f"{inst.provider} (restarted there); the bot reaches it there now, and still "
-            "expects the host key it pinned."
+            t(
+                ":information_source: *{name}* came back at `{address}` on {provider} "
+                "(restarted there); the bot reaches it there now, and still expects the host key "
+                "it pinned.",
+                name=inst.name,
+                address=notice.address,
+                provider=inst.provider,
+            )
         )
     if notice.state == "started":
-        return _plain(
-            f":information_source: *{inst.name}* was started again on {inst.provider} outside "
-            f"the bot; its meter runs again ({per_hour(inst)}).{came_back}"
+        text = t(
+            ":information_source: *{name}* was started again on {provider} outside the bot; its "
+            "meter runs again ({cost}).",
+            name=inst.name,
+            provider=inst.provider,
+            cost=per_hour(inst),
         )
+        if notice.address:
+            text = _sentences(text, t("It came back at `{address}`.", address=notice.address))
+        return _plain(text)
     if notice.state == "stopped":
         return _plain(
-            f":information_source: *{inst.name}* was stopped on {inst.provider} outside the "
-            f"bot; its compute meter is stopped. {_storage_note(inst)}"
+            _sentences(
+                t(
+                    ":information_source: *{name}* was stopped on {provider} outside the bot; its "
+                    "compute meter is stopped.",
+                    name=inst.name,
+                    provider=inst.provider,
+                ),
+                _storage_note(inst),
+            )
         )
     return _plain(
-        f":information_source: *{inst.name}* was released on {inst.provider} outside the "
-        "bot; its meter is stopped."
+        t(
+            ":information_source: *{name}* was released on {provider} outside the bot; its "
+            "meter is stopped.",
+            name=inst.name,
+            provider=inst.provider,
+        )
     )
 
 
@@ -362,30 +567,37 @@ def unregistered_found(notice: UnregisteredFound) -> Message:
 def policy_summary(view: PolicyView) -> Message:
     """An instance's deadline rules, after `/gpu policy` or `/gpu cap`."""
     tz = ZoneInfo(view.tz_name)
-    deadline = when(view.deadline_at, tz) if view.deadline_at else "none"
-    lines = [f"*{view.name}*: deadline {deadline}"]
+    if view.deadline_at:
+        lines = [t("*{name}*: deadline {at}", name=view.name, at=when(view.deadline_at, tz))]
+    else:
+        lines = [t("*{name}*: deadline none", name=view.name)]
     if view.lifetime_cap_at is not None:
         lines.append(
-            f"maximum lifetime until {when(view.lifetime_cap_at, tz)} (only an admin lifts it)"
+            t(
+                "maximum lifetime until {at} (only an admin lifts it)",
+                at=when(view.lifetime_cap_at, tz),
+            )
         )
+    grace = format_duration(timedelta(seconds=view.max_grace_s))
     if view.at_deadline == "wait-for-jobs":
-        grace = format_duration(timedelta(seconds=view.max_grace_s))
-        lines.append(f"at the deadline: wait for running jobs, at most {grace}")
+        lines.append(t("at the deadline: wait for running jobs, at most {grace}", grace=grace))
     elif view.at_deadline == "stop":
-        after = format_duration(timedelta(seconds=view.max_grace_s))
         lines.append(
-            f"at the deadline: stop (disk kept and billed), released {after} after the deadline "
-            "unless someone starts it again"
+            t(
+                "at the deadline: stop (disk kept and billed), released {after} after the "
+                "deadline unless someone starts it again",
+                after=grace,
+            )
         )
     else:
-        lines.append("at the deadline: release")
+        lines.append(t("at the deadline: release"))
     if view.idle_release_after_s:
         after = format_duration(timedelta(seconds=view.idle_release_after_s))
-        lines.append(f"idle: released {after} after the idle prompt")
+        lines.append(t("idle: released {after} after the idle prompt", after=after))
     else:
-        lines.append("idle: prompt only")
+        lines.append(t("idle: prompt only"))
     if view.release_when_done:
-        lines.append("released when its job queue is empty")
+        lines.append(t("released when its job queue is empty"))
     return _plain("\n".join(["• " + line if i else line for i, line in enumerate(lines)]))
 
 
@@ -394,55 +606,98 @@ def policy_summary(view: PolicyView) -> Message:
 
 def answered_before(notice: AnsweredBefore) -> Message:
     """A click on a prompt someone already answered."""
-    who = f" by {mention(notice.by)}" if notice.by else ""
-    decision = (notice.resolution or "answered").replace("_", " ")
-    return _plain(f"This was already answered{who}: {escape(decision)}.")
+    decision = escape(_resolution_text(notice.resolution))
+    if notice.by:
+        return _plain(
+            t(
+                "This was already answered by {user}: {decision}.",
+                user=mention(notice.by),
+                decision=decision,
+            )
+        )
+    return _plain(t("This was already answered: {decision}.", decision=decision))
 
 
 def release_pending(notice: ReleasePending) -> Message:
     """A click on a prompt of a manual instance whose release waits for its owner."""
     inst = notice.instance
-    who = "you" if notice.by_owner else mention(inst.owner_id)
+    if notice.by_owner:
+        return _plain(
+            t(
+                "*{name}*: release requested; waiting for you to confirm it is released on the "
+                "platform (the buttons in my message). To keep it instead: "
+                "`/gpu extend {name} 2h`.",
+                name=inst.name,
+            )
+        )
     return _plain(
-        f"*{inst.name}*: release requested; waiting for {who} to confirm it is released on the "
-        f"platform (the buttons in my message). To keep it instead: `/gpu extend {inst.name} 2h`."
+        t(
+            "*{name}*: release requested; waiting for {owner} to confirm it is released on the "
+            "platform (the buttons in my message). To keep it instead: `/gpu extend {name} 2h`.",
+            name=inst.name,
+            owner=mention(inst.owner_id),
+        )
     )
 
 
 def being_released(notice: BeingReleased) -> Message:
     """A click on a prompt whose instance is already being released."""
-    return _plain(f"*{notice.name}* is already being released ({notice.state}).")
+    return _plain(
+        t(
+            "*{name}* is already being released ({state}).",
+            name=notice.name,
+            state=_state_text(notice.state),
+        )
+    )
 
 
 def extend_answered(notice: Extended) -> Message:
     """After Extend 1h / 4h."""
-    what = f"Extended {format_duration(timedelta(seconds=notice.extended_s))}"
-    tail = ""
-    if notice.deadline_at is not None:
-        tail = f"; the deadline is now {when(notice.deadline_at, ZoneInfo(notice.tz_name))}"
-    return _plain(f"{what}: *{notice.instance.name}*{tail}.")
+    added = format_duration(timedelta(seconds=notice.extended_s))
+    name = notice.instance.name
+    if notice.deadline_at is None:
+        return _plain(t("Extended {duration}: *{name}*.", duration=added, name=name))
+    return _plain(
+        t(
+            "Extended {duration}: *{name}*; the deadline is now {at}.",
+            duration=added,
+            name=name,
+            at=when(notice.deadline_at, ZoneInfo(notice.tz_name)),
+        )
+    )
 
 
 def release_confirm(notice: ReleaseConfirmAsk) -> Message:
-    """Asked after Release now: the confirmation button."""
-    text = f"Release *{notice.instance.name}* now? Anything not saved off the instance is lost."
-    confirm = button("Yes, release it", RELEASE_CONFIRM, str(notice.prompt_id), style="danger")
+    """Asked after Release now: the button that releases (the question is the confirmation)."""
+    text = t(
+        "Release *{name}* now? Anything not saved off the instance is lost.",
+        name=notice.instance.name,
+    )
+    confirm = button(t("Yes, release it"), RELEASE_CONFIRM, str(notice.prompt_id), style="danger")
     return _with_buttons(text, [confirm], f"release-confirm-{notice.prompt_id}")
 
 
 def kept(notice: Kept) -> Message:
     """After Keep it."""
-    return _plain(f"Kept *{notice.instance.name}*; it will not be released for this.")
+    return _plain(t("Kept *{name}*; it will not be released for this.", name=notice.instance.name))
 
 
 def release_answered(notice: ReleaseAnswered) -> Message:
     """After a release from a prompt: released, waiting for the owner, or under way."""
     name = notice.instance.name
     if notice.state == "confirmed":
-        return _plain(f"*{name}* is released.")
+        return _plain(t("*{name}* is released.", name=name))
     if notice.state == "awaiting_owner":
-        return _plain(f"Release *{name}* on its platform, then press the button I sent.")
-    return _plain(f"Releasing *{name}* ({notice.state}); I will say when the platform confirms.")
+        return _plain(
+            t("Release *{name}* on its platform, then press the button I sent.", name=name)
+        )
+    return _plain(
+        t(
+            "Releasing *{name}* ({state}); I will say when the platform confirms.",
+            name=name,
+            state=_state_text(notice.state),
+        )
+    )
 
 
 def release_refused(notice: ReleaseRefused) -> Message:
@@ -456,9 +711,20 @@ def release_refused(notice: ReleaseRefused) -> Message:
 def rent_started(notice: RentStarted) -> Message:
     """The immediate answer to `/gpu rent`."""
     return _plain(
-        f":hourglass_flowing_sand: Renting {len(notice.names)} x {escape(notice.instance_type)} "
-        f"on {notice.provider} as {escape(', '.join(notice.names))}. I will post here once SSH "
-        "answers and the health check ran (usually a few minutes)."
+        _sentences(
+            t(
+                ":hourglass_flowing_sand: Renting {count} x {instance_type} on {provider} as "
+                "{names}.",
+                count=len(notice.names),
+                instance_type=escape(notice.instance_type),
+                provider=notice.provider,
+                names=escape(", ".join(notice.names)),
+            ),
+            t(
+                "I will post here once SSH answers and the health check ran (usually a few "
+                "minutes)."
+            ),
+        )
     )
 
 
@@ -467,32 +733,60 @@ def rent_finished(notice: RentFinished) -> Message:
     lines = []
     if notice.registered:
         lines.append(
-            f":white_check_mark: {mention(notice.owner_id)} rented on {notice.provider} and "
-            "registered: "
-            + ", ".join(f"*{escape(n)}*" for n in notice.registered)
-            + ". `/gpu status NAME` shows them."
+            _sentences(
+                t(
+                    ":white_check_mark: {owner} rented on {provider} and registered: {names}.",
+                    owner=mention(notice.owner_id),
+                    provider=notice.provider,
+                    names=", ".join(f"*{escape(n)}*" for n in notice.registered),
+                ),
+                t("`/gpu status NAME` shows them."),
+            )
         )
     for provider_id, why in notice.failed:
         lines.append(
-            f":x: {notice.provider} instance {escape(provider_id)} could not be registered and "
-            f"was terminated again: {escape(why)}"
+            t(
+                ":x: {provider} instance {provider_id} could not be registered and was "
+                "terminated again: {why}",
+                provider=notice.provider,
+                provider_id=escape(provider_id),
+                why=escape(why),
+            )
         )
-    return _plain("\n".join(lines) or f"Nothing was rented on {notice.provider}.")
+    return _plain(
+        "\n".join(lines) or t("Nothing was rented on {provider}.", provider=notice.provider)
+    )
 
 
 def rent_failed(notice: RentFailed) -> Message:
     """`/gpu rent` failed as a whole."""
     if notice.error is None:
-        return _plain(f":x: Renting on {notice.provider} failed; see the bot's log.")
-    return _plain(f":x: Renting on {notice.provider} failed: {escape(notice.error)}")
+        return _plain(
+            t(":x: Renting on {provider} failed; see the bot's log.", provider=notice.provider)
+        )
+    return _plain(
+        t(
+            ":x: Renting on {provider} failed: {error}",
+            provider=notice.provider,
+            error=escape(notice.error),
+        )
+    )
 
 
 def rent_given_back_failed(notice: RentGivenBackFailed) -> Message:
     """A rented instance that could not be registered nor terminated: it bills."""
     return _plain(
-        f":rotating_light: {notice.provider} instance {escape(notice.provider_id)} was rented "
-        f"but could not be registered ({escape(notice.why)}), and terminating it failed: "
-        f"{escape(notice.error)}. Terminate it on the platform now; it is billing."
+        _sentences(
+            t(
+                ":rotating_light: {provider} instance {provider_id} was rented but could not be "
+                "registered ({why}), and terminating it failed: {error}.",
+                provider=notice.provider,
+                provider_id=escape(notice.provider_id),
+                why=escape(notice.why),
+                error=escape(notice.error),
+            ),
+            t("Terminate it on the platform now; it is billing."),
+        )
     )
 
 
@@ -500,34 +794,163 @@ def rent_recovered(notice: RentRecovered) -> Message:
     """A rental never registered (the bot stopped, say) was terminated."""
     launched = notice.launched_at.strftime("%Y-%m-%d %H:%M UTC")
     return _plain(
-        f":warning: {_rented(notice.provider, notice.provider_id, notice.name)}, rented with "
-        f"/gpu rent at {launched}, was never registered because {escape(notice.reason)}. It has "
-        "been terminated so it does not bill. Rent again with /gpu rent if you still need it."
+        _sentences(
+            t(
+                ":warning: {instance}, rented with /gpu rent at {at}, was never registered because "
+                "{reason}.",
+                instance=_rented(notice.provider, notice.provider_id, notice.name),
+                at=launched,
+                reason=escape(notice.reason),
+            ),
+            t("It has been terminated so it does not bill."),
+            t("Rent again with /gpu rent if you still need it."),
+        )
     )
 
 
 def rent_recover_failed(notice: RentRecoverFailed) -> Message:
     """A rental never registered could not be terminated: it bills."""
     return _plain(
-        f":rotating_light: {_rented(notice.provider, notice.provider_id, notice.name)} was "
-        f"rented with /gpu rent but never registered ({escape(notice.reason)}), and terminating "
-        f"it failed: {escape(notice.error)}. Terminate it on the platform now; it is billing. "
-        "The bot keeps trying."
+        _sentences(
+            t(
+                ":rotating_light: {instance} was rented with /gpu rent but never registered "
+                "({reason}), and terminating it failed: {error}.",
+                instance=_rented(notice.provider, notice.provider_id, notice.name),
+                reason=escape(notice.reason),
+                error=escape(notice.error),
+            ),
+            t("Terminate it on the platform now; it is billing."),
+            t("The bot keeps trying."),
+        )
     )
 
 
 def rent_launch_checked(notice: RentLaunchChecked) -> Message:
     """A launch without an answer, checked: nothing was started."""
-    started = notice.started_at.strftime("%Y-%m-%d %H:%M UTC")
     return _plain(
-        f":information_source: Your /gpu rent of {escape(notice.instance_type)} on "
-        f"{notice.provider} at {started} got no answer from the platform. The bot checked: "
-        f"nothing was started under its name {escape(notice.platform_name)}, so nothing "
-        "bills. Rent again if you still need it."
+        _sentences(
+            t(
+                ":information_source: Your /gpu rent of {instance_type} on {provider} at {at} "
+                "got no answer from the platform.",
+                instance_type=escape(notice.instance_type),
+                provider=notice.provider,
+                at=notice.started_at.strftime("%Y-%m-%d %H:%M UTC"),
+            ),
+            t(
+                "The bot checked: nothing was started under its name {platform_name}, so nothing "
+                "bills.",
+                platform_name=escape(notice.platform_name),
+            ),
+            t("Rent again if you still need it."),
+        )
+    )
+
+
+# --- confirm dialogs --------------------------------------------------------------------------
+
+
+def _extend_confirm(notice: DeadlineWarning, added_s: int) -> Block:
+    """What an Extend button does: the deadline it sets and what the time added costs."""
+    inst = notice.instance
+    added = timedelta(seconds=added_s)
+    values = {
+        "name": escape(inst.name),
+        "at": when(max(notice.deadline_at, notice.now) + added, ZoneInfo(notice.tz_name)),
+        "duration": format_duration(added),
+    }
+    if notice.stopped:
+        what = t("*{name}* stays stopped, its disk kept, until {at} ({duration} more).", **values)
+        rate = inst.storage_micros_per_hour
+    else:
+        what = t("*{name}* keeps running until {at} ({duration} more).", **values)
+        rate = inst.price_micros_per_hour
+    if rate > 0:
+        cost = t(
+            "That costs about {cost} more.",
+            cost=format_money(rate * added_s // 3600, inst.currency),
+        )
+    else:
+        cost = t("It keeps billing on its platform; no price is recorded.")
+    return confirm_dialog(
+        t("Extend {name} by {duration}?", name=inst.name, duration=values["duration"]),
+        _sentences(what, cost),
+        confirm=t("Yes, extend"),
+        deny=t("Cancel"),
+    )
+
+
+def _release_confirm(inst: InstanceBrief) -> Block:
+    """What a Release button does: the instance is terminated, its disks with it."""
+    return confirm_dialog(
+        t("Release {name} now?", name=inst.name),
+        t(
+            "*{name}* stops billing and its disks are deleted: anything not saved off it is lost.",
+            name=escape(inst.name),
+        ),
+        confirm=t("Yes, release it"),
+        deny=t("Cancel"),
+    )
+
+
+def _keep_confirm(inst: InstanceBrief) -> Block:
+    """What Keep it does: the instance runs on, and bills, without this prompt releasing it."""
+    return confirm_dialog(
+        t("Keep {name} running?", name=inst.name),
+        t(
+            "*{name}* keeps running and costing {cost}; this prompt will not release it.",
+            name=escape(inst.name),
+            cost=per_hour(inst),
+        ),
+        confirm=t("Keep it"),
+        deny=t("Cancel"),
+    )
+
+
+def _done_confirm(inst: InstanceBrief, *, stopped: bool) -> Block:
+    """What a Released/Stopped on the platform button records, and what a wrong press costs."""
+    name = escape(inst.name)
+    if stopped:
+        return confirm_dialog(
+            t("Is {name} stopped?", name=inst.name),
+            t(
+                "Confirm that *{name}* is stopped on its platform, its disk kept. From now on "
+                "the bot counts only its disk; if it still runs there, it bills unseen.",
+                name=name,
+            ),
+            confirm=t("Yes, it is stopped"),
+            deny=t("Cancel"),
+        )
+    return confirm_dialog(
+        t("Is {name} released?", name=inst.name),
+        t(
+            "Confirm that *{name}* is released on its platform. The bot stops counting its cost "
+            "and closes it; if it still runs there, it bills unseen.",
+            name=name,
+        ),
+        confirm=t("Yes, it is released"),
+        deny=t("Cancel"),
     )
 
 
 # --- parts ------------------------------------------------------------------------------------
+
+
+#: The full stop, exclamation and question marks a Chinese sentence ends with: the next one
+#: follows without a space.
+_FULL_WIDTH_STOPS = ("\u3002", "\uff01", "\uff1f")
+
+
+def _sentences(*sentences: str) -> str:
+    """Sentences in a row, the empty ones left out: after a space, or straight after a
+    full-width stop (Chinese)."""
+    text = ""
+    for sentence in sentences:
+        if not sentence:
+            continue
+        if text and not text.endswith(_FULL_WIDTH_STOPS):
+            text += " "
+        text += sentence
+    return text
 
 
 def _plain(text: str) -> Message:
@@ -538,42 +961,127 @@ def _with_buttons(text: str, buttons: list[Block], block_id: str) -> Message:
     return fallback(text), (section(text), actions(buttons, block_id=block_id))
 
 
-def _done_buttons(instance_id: int) -> list[Block]:
+def _done_buttons(instance_id: int, inst: InstanceBrief) -> list[Block]:
+    value = str(instance_id)
     return [
-        button("Released on the platform", RELEASE_DONE, str(instance_id), style="primary"),
-        button("Stopped on the platform (disk kept)", STOP_DONE, str(instance_id)),
+        button(
+            t("Released on the platform"),
+            RELEASE_DONE,
+            value,
+            style="primary",
+            confirm=_done_confirm(inst, stopped=False),
+        ),
+        button(
+            t("Stopped on the platform (disk kept)"),
+            STOP_DONE,
+            value,
+            confirm=_done_confirm(inst, stopped=True),
+        ),
     ]
+
+
+#: What a prompt's answer is called, by the decision bot.services.releases records.
+_DECISIONS = {
+    KEPT: N_("Kept"),
+    CONFIRMED_RELEASED: N_("Confirmed released on the platform"),
+    CONFIRMED_STOPPED: N_("Confirmed stopped on the platform"),
+}
 
 
 def _decision_text(notice: Decided) -> str:
     if notice.decision == EXTENDED:
-        return f"Extended {format_duration(timedelta(seconds=notice.extended_s))}"
+        added = format_duration(timedelta(seconds=notice.extended_s))
+        return t("Extended {duration}", duration=added)
     if notice.decision == RELEASE_CANCELLED:
         added = format_duration(timedelta(seconds=notice.extended_s))
-        return f"Release request withdrawn: extended {added}"
-    what = "Stop requested" if notice.mode == "stop" else "Release requested"
-    if notice.decision == RELEASE_REQUESTED and notice.reason and notice.reason != "user":
-        return f"{what} ({reason_text(notice.reason)})"
-    return {
-        RELEASE_REQUESTED: what,
-        KEPT: "Kept",
-        CONFIRMED_RELEASED: "Confirmed released on the platform",
-        CONFIRMED_STOPPED: "Confirmed stopped on the platform",
-    }.get(notice.decision, notice.decision)
+        return t("Release request withdrawn: extended {duration}", duration=added)
+    stop = notice.mode == "stop"
+    if notice.decision == RELEASE_REQUESTED:
+        if notice.reason and notice.reason != "user":
+            reason = reason_text(notice.reason)
+            if stop:
+                return t("Stop requested ({reason})", reason=reason)
+            return t("Release requested ({reason})", reason=reason)
+        return t("Stop requested") if stop else t("Release requested")
+    known = _DECISIONS.get(notice.decision)
+    return t(known) if known else notice.decision
+
+
+#: How a prompt was answered, by the resolution bot.services.prompts records (the English is
+#: the resolution with spaces for underscores).
+_RESOLUTIONS = {
+    "kept": N_("kept"),
+    "released": N_("released"),
+    "superseded": N_("superseded"),
+    "active": N_("active"),
+    "cancelled": N_("cancelled"),
+    "skipped": N_("skipped"),
+    "re_registered": N_("re registered"),
+}
+_EXTENDED_PREFIX = "extended_"
+
+
+def _resolution_text(resolution: str | None) -> str:
+    """A prompt's resolution in words (one it does not know, with spaces for underscores)."""
+    if resolution is None:
+        return t("answered")
+    if resolution.startswith(_EXTENDED_PREFIX):
+        added = resolution.removeprefix(_EXTENDED_PREFIX).replace("_", " ")
+        return t("extended {duration}", duration=added)
+    known = _RESOLUTIONS.get(resolution)
+    return t(known) if known else resolution.replace("_", " ")
+
+
+#: Instance and release states in words (the English is the state as the store records it).
+_STATES = {
+    "registering": N_("registering"),
+    "active": N_("active"),
+    "releasing": N_("releasing"),
+    "awaiting_confirmation": N_("awaiting_confirmation"),
+    "released": N_("released"),
+    "stopped": N_("stopped"),
+    "pending": N_("pending"),
+    "in_progress": N_("in_progress"),
+    "escalated": N_("escalated"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+}
+
+
+def _state_text(state: str) -> str:
+    """An instance's or a release's state in words (one it does not know, as it is)."""
+    known = _STATES.get(state)
+    return t(known) if known else state
 
 
 def _storage_note(inst: InstanceBrief) -> str:
     """What a stopped instance still costs, and how to stop that."""
-    release = f"`/gpu release {inst.name}` terminates it, disk and all."
     if inst.storage_micros_per_hour <= 0:
-        return f"Its disk may still bill on the platform while it is stopped; {release}"
-    cost = format_money(inst.storage_micros_per_hour, inst.currency)
-    return f"Its disk keeps billing ({cost}/h) while it is stopped; {release}"
+        return t(
+            "Its disk may still bill on the platform while it is stopped; "
+            "`/gpu release {name}` terminates it, disk and all.",
+            name=inst.name,
+        )
+    return t(
+        "Its disk keeps billing ({cost}/h) while it is stopped; `/gpu release {name}` "
+        "terminates it, disk and all.",
+        cost=format_money(inst.storage_micros_per_hour, inst.currency),
+        name=inst.name,
+    )
 
 
 def _rented(provider: str, provider_id: str, name: str | None) -> str:
-    what = f"{provider} instance {escape(provider_id)}"
-    return what + (f" ({escape(name)})" if name else "")
+    """A rented instance as ``lambda instance i-1 (box)``."""
+    if name:
+        return t(
+            "{provider} instance {provider_id} ({name})",
+            provider=provider,
+            provider_id=escape(provider_id),
+            name=escape(name),
+        )
+    return t(
+        "{provider} instance {provider_id}", provider=provider, provider_id=escape(provider_id)
+    )
 
 
 #: The notices this module renders (joined in bot.blocks.RENDERERS).

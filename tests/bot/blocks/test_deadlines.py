@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
 from bot.blocks import deadlines as blocks
 from bot.blocks import render
+from bot.blocks.instances import RELEASE_DONE, STOP_DONE
 from bot.blocks.kit import BUTTON_TEXT_MAX, SECTION_TEXT_MAX
 from bot.notify import Notice
 from bot.services import answers, deadlines, reconcile, releases, rent
@@ -15,6 +18,7 @@ from bot.services.answers import ReleaseConfirmAsk
 from bot.services.deadlines import DeadlineWarning, IdlePrompt
 from bot.services.releases import ReleaseEscalation
 from bot.services.views import InstanceBrief
+from tests.bot.blocks.slack_limits import check_message
 
 NOW = datetime(2026, 3, 3, 12, 0)
 PRICED = InstanceBrief(
@@ -197,3 +201,107 @@ def test_an_admins_release_names_the_admin() -> None:
     assert "(released by <@UADMIN> (an admin))" in text
     text, _ = render(releases.ManualReleaseRequest(PRICED, 1, reason="user", requested_by="UOWNER"))
     assert "(requested by its owner)" in text
+
+
+# --- confirm dialogs ----------------------------------------------------------------------------
+
+#: The buttons that release an instance, record it released or stopped, or keep it billing.
+CONFIRMED = {
+    blocks.EXTEND_1H,
+    blocks.EXTEND_4H,
+    blocks.RELEASE_NOW,
+    blocks.IDLE_KEEP,
+    blocks.IDLE_RELEASE,
+    RELEASE_DONE,
+    STOP_DONE,
+}
+
+
+def _prompts(inst: InstanceBrief) -> list[tuple[str, tuple[dict[str, Any], ...]]]:
+    """Every message of the module that carries buttons."""
+    return [
+        blocks.deadline_warning(_warning(inst, NOW + timedelta(minutes=30), None)),
+        blocks.deadline_warning(_warning(inst, NOW + timedelta(minutes=30), None, stopped=True)),
+        blocks.idle_prompt(IdlePrompt(inst, 2, NOW - timedelta(hours=1), NOW, None, "UTC")),
+        blocks.jobs_done_prompt(deadlines.JobsDonePrompt(inst, 3, NOW, "UTC")),
+        blocks.manual_release_request(releases.ManualReleaseRequest(inst, 4, reason="deadline")),
+        blocks.manual_release_reminder(
+            releases.ManualReleaseReminder(inst, 4, asked_at=NOW, now=NOW + timedelta(hours=1))
+        ),
+        blocks.release_confirm(ReleaseConfirmAsk(inst, prompt_id=5)),
+    ]
+
+
+def _elements(rendered: tuple[dict[str, Any], ...]) -> list[dict[str, Any]]:
+    return [e for b in rendered if b["type"] == "actions" for e in b["elements"]]
+
+
+@pytest.mark.parametrize("inst", [PRICED, UNPRICED, replace(PRICED, name="g" * 400)])
+def test_every_button_that_releases_or_bills_asks_first_within_slacks_limits(
+    inst: InstanceBrief,
+) -> None:
+    seen = set()
+    for message in _prompts(inst):
+        check_message(message)
+        for element in _elements(message[1]):
+            seen.add(element["action_id"])
+            confirm = element.get("confirm")
+            if element["action_id"] not in CONFIRMED:
+                assert confirm is None, element["action_id"]
+                continue
+            assert confirm is not None, element["action_id"]
+            assert inst.name[:10] in confirm["title"]["text"]
+            assert inst.name[:10] in confirm["text"]["text"]
+            assert confirm["deny"]["text"] == "Cancel"
+    assert seen == {*CONFIRMED, blocks.RELEASE_CONFIRM}
+
+
+def _confirm_of(message: tuple[str, tuple[dict[str, Any], ...]], action_id: str) -> str:
+    [element] = [e for e in _elements(message[1]) if e["action_id"] == action_id]
+    dialog = element["confirm"]
+    return f"{dialog['title']['text']} | {dialog['text']['text']} | {dialog['confirm']['text']}"
+
+
+def test_extend_confirms_name_the_new_deadline_and_what_it_costs() -> None:
+    warning = blocks.deadline_warning(_warning(PRICED, NOW + timedelta(minutes=30), None))
+    assert _confirm_of(warning, blocks.EXTEND_1H) == (
+        "Extend box by 1h? | *box* keeps running until Tue 03 Mar 13:30 UTC (1h more). That "
+        "costs about $2.10 more. | Yes, extend"
+    )
+    assert "until Tue 03 Mar 16:30 UTC (4h more). That costs about $8.40 more." in _confirm_of(
+        warning, blocks.EXTEND_4H
+    )
+    late = blocks.deadline_warning(
+        _warning(UNPRICED, NOW - timedelta(hours=1), NOW + timedelta(minutes=10))
+    )
+    assert "until Tue 03 Mar 13:00 UTC (1h more). It keeps billing on its platform" in (
+        _confirm_of(late, blocks.EXTEND_1H)
+    )
+    stopped = replace(PRICED, storage_micros_per_hour=100_000)
+    cold = blocks.deadline_warning(
+        _warning(stopped, NOW + timedelta(minutes=30), None, stopped=True)
+    )
+    assert "stays stopped, its disk kept" in _confirm_of(cold, blocks.EXTEND_4H)
+    assert "about $0.40 more" in _confirm_of(cold, blocks.EXTEND_4H)
+
+
+def test_release_keep_and_done_confirms_say_what_follows() -> None:
+    warning = blocks.deadline_warning(_warning(PRICED, NOW + timedelta(minutes=30), None))
+    assert _confirm_of(warning, blocks.RELEASE_NOW) == (
+        "Release box now? | *box* stops billing and its disks are deleted: anything not saved "
+        "off it is lost. | Yes, release it"
+    )
+    idle = blocks.idle_prompt(IdlePrompt(PRICED, 2, NOW - timedelta(hours=1), NOW, None, "UTC"))
+    assert "keeps running and costing $2.10/h" in _confirm_of(idle, blocks.IDLE_KEEP)
+    assert "disks are deleted" in _confirm_of(idle, blocks.IDLE_RELEASE)
+    ask = blocks.manual_release_request(releases.ManualReleaseRequest(PRICED, 4, reason="idle"))
+    assert "Is box released?" in _confirm_of(ask, RELEASE_DONE)
+    assert "bills unseen" in _confirm_of(ask, RELEASE_DONE)
+    assert "counts only its disk" in _confirm_of(ask, STOP_DONE)
+
+
+def test_a_hostile_name_stays_text_in_a_confirm() -> None:
+    hostile = replace(PRICED, name="<!channel>")
+    message = blocks.idle_prompt(IdlePrompt(hostile, 2, NOW, NOW, None, "UTC"))
+    for element in _elements(message[1]):
+        assert "<!channel>" not in element["confirm"]["text"]["text"]

@@ -1,4 +1,3 @@
-# ruff: noqa: RUF001 -- the expected texts are Chinese, with full-width punctuation
 """Instance renderers in Simplified Chinese: every message of bot.blocks.instances reads as
 Chinese, keeps its names and numbers, and stays within Slack's limits."""
 

@@ -1,0 +1,382 @@
+"""Deadline, release and rent renderers in Simplified Chinese: every message of
+bot.blocks.deadlines, its buttons and their confirm dialogs read as Chinese, keep their names
+and numbers, and stay within Slack's limits."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from bot.blocks import deadlines as blocks
+from bot.blocks.kit import Message
+from bot.i18n import speaking
+from bot.services import answers, reconcile, releases, rent
+from bot.services import deadlines as rules
+from bot.services.views import InstanceBrief
+from tests.bot.blocks.slack_limits import all_text, check_message
+from tests.bot.blocks.test_deadlines import NOW, PRICED, UNPRICED
+from tests.chinese import assert_chinese
+
+COLD = InstanceBrief(
+    name="cold1",
+    owner_id="UOWNER",
+    provider="aws",
+    price_micros_per_hour=2_100_000,
+    storage_micros_per_hour=50_000,
+)
+SOON = NOW + timedelta(minutes=30)
+
+
+def _warning(inst: InstanceBrief, **kwargs: Any) -> rules.DeadlineWarning:
+    return rules.DeadlineWarning(inst, 1, SOON, SOON, NOW, "UTC", **kwargs)
+
+
+def _released(**kwargs: Any) -> releases.ReleasedNotice:
+    values: dict[str, Any] = {"mode": "terminate", "reason": "deadline", "storage_bills": False}
+    return releases.ReleasedNotice(COLD, **(values | kwargs))
+
+
+#: Each message of the module (by the function that renders it, with a variant), and what must
+#: stay in it whatever the language: names, mentions, commands, numbers.
+CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
+    "deadline_warning": (lambda: blocks.deadline_warning(_warning(PRICED)), ("*box*", "30m")),
+    "deadline_warning/jobs": (
+        lambda: blocks.deadline_warning(_warning(PRICED, policy="wait-for-jobs")),
+        ("*box*",),
+    ),
+    "deadline_warning/late": (
+        lambda: blocks.deadline_warning(
+            rules.DeadlineWarning(PRICED, 1, NOW - timedelta(hours=1), SOON, NOW, "UTC")
+        ),
+        ("*box*",),
+    ),
+    "deadline_warning/too-close": (
+        lambda: blocks.deadline_warning(
+            rules.DeadlineWarning(PRICED, 1, NOW + timedelta(minutes=4), SOON, NOW, "UTC")
+        ),
+        ("*box*",),
+    ),
+    "deadline_warning/stop": (
+        lambda: blocks.deadline_warning(
+            _warning(UNPRICED, action="stop", final_release_at=SOON + timedelta(days=1))
+        ),
+        ("*local*",),
+    ),
+    "deadline_warning/stopped": (
+        lambda: blocks.deadline_warning(_warning(COLD, stopped=True)),
+        ("*cold1*", "`/gpu release cold1`"),
+    ),
+    "deadline_warning/capped": (
+        lambda: blocks.deadline_warning(_warning(PRICED, cap_at=SOON, extend_s=(3600,))),
+        ("*box*",),
+    ),
+    "deadline_warning/cap-reached": (
+        lambda: blocks.deadline_warning(_warning(PRICED, cap_at=SOON, extend_s=())),
+        ("*box*",),
+    ),
+    "idle_prompt": (
+        lambda: blocks.idle_prompt(
+            rules.IdlePrompt(UNPRICED, 2, NOW - timedelta(minutes=45), NOW, SOON, "UTC")
+        ),
+        ("*local*", "45m"),
+    ),
+    "jobs_done_prompt": (
+        lambda: blocks.jobs_done_prompt(rules.JobsDonePrompt(PRICED, 3, SOON, "UTC")),
+        ("*box*",),
+    ),
+    "decided/extended": (
+        lambda: blocks.decided(
+            releases.Decided(PRICED, releases.EXTENDED, "UOWNER", NOW, "UTC", extended_s=7200)
+        ),
+        ("*box*", "<@UOWNER>", "2h"),
+    ),
+    "decided/withdrawn": (
+        lambda: blocks.decided(
+            releases.Decided(
+                PRICED, releases.RELEASE_CANCELLED, "UADMIN", NOW, "UTC", extended_s=3600
+            )
+        ),
+        ("*box*", "<@UADMIN>", "1h"),
+    ),
+    "decided/requested": (
+        lambda: blocks.decided(
+            releases.Decided(PRICED, releases.RELEASE_REQUESTED, None, NOW, "UTC", reason="idle")
+        ),
+        ("*box*",),
+    ),
+    "decided/stop": (
+        lambda: blocks.decided(
+            releases.Decided(PRICED, releases.RELEASE_REQUESTED, None, NOW, "UTC", mode="stop")
+        ),
+        ("*box*",),
+    ),
+    "decided/confirmed": (
+        lambda: blocks.decided(
+            releases.Decided(PRICED, releases.CONFIRMED_STOPPED, "UOWNER", NOW, "UTC")
+        ),
+        ("*box*",),
+    ),
+    "superseded": (
+        lambda: blocks.superseded(rules.Superseded(PRICED, SOON, "UTC", by="UADMIN")),
+        ("*box*", "<@UADMIN>"),
+    ),
+    "superseded/none": (
+        lambda: blocks.superseded(rules.Superseded(PRICED, None, "UTC")),
+        ("*box*",),
+    ),
+    "busy_again": (lambda: blocks.busy_again(rules.BusyAgain(PRICED)), ("*box*",)),
+    "new_jobs": (lambda: blocks.new_jobs(rules.NewJobs(PRICED)), ("*box*",)),
+    "manual_release_request": (
+        lambda: blocks.manual_release_request(
+            releases.ManualReleaseRequest(UNPRICED, 4, "user", requested_by="UADMIN")
+        ),
+        ("*local*", "<@UADMIN>"),
+    ),
+    "manual_release_request/stop": (
+        lambda: blocks.manual_release_request(
+            releases.ManualReleaseRequest(UNPRICED, 4, "cap", mode="stop")
+        ),
+        ("*local*",),
+    ),
+    "manual_release_reminder": (
+        lambda: blocks.manual_release_reminder(
+            releases.ManualReleaseReminder(UNPRICED, 4, NOW, NOW + timedelta(hours=1))
+        ),
+        ("*local*", "1h", "`/gpu extend local 2h`"),
+    ),
+    "release_escalation": (
+        lambda: blocks.release_escalation(
+            releases.ReleaseEscalation(PRICED, 3, "HTTP 503", manual=False)
+        ),
+        ("*box*", "<@UOWNER>", "aws", "3", "HTTP 503"),
+    ),
+    "release_escalation/manual": (
+        lambda: blocks.release_escalation(
+            releases.ReleaseEscalation(UNPRICED, 3, None, manual=True)
+        ),
+        ("*local*", "<@UOWNER>"),
+    ),
+    "released_notice": (
+        lambda: blocks.released_notice(_released(by="UOWNER")),
+        ("*cold1*", "<@UOWNER>"),
+    ),
+    "released_notice/stop": (
+        lambda: blocks.released_notice(
+            _released(mode="stop", reason="user", storage_bills=True, release_at=SOON)
+        ),
+        ("*cold1*", "`/gpu extend cold1 1d`", "`/gpu release cold1`"),
+    ),
+    "released_unwarned": (
+        lambda: blocks.released_unwarned(rules.ReleasedUnwarned(PRICED)),
+        ("*box*", "<@UOWNER>"),
+    ),
+    "released_outside": (
+        lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "terminated")),
+        ("*box*", "aws"),
+    ),
+    "released_outside/stopped": (
+        lambda: blocks.released_outside(reconcile.ReleasedOutside(COLD, "stopped")),
+        ("*cold1*",),
+    ),
+    "released_outside/started": (
+        lambda: blocks.released_outside(
+            reconcile.ReleasedOutside(PRICED, "started", "10.0.0.2:22")
+        ),
+        ("*box*", "`10.0.0.2:22`"),
+    ),
+    "released_outside/moved": (
+        lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "moved", "10.0.0.3:22")),
+        ("*box*", "`10.0.0.3:22`"),
+    ),
+    "policy_summary": (
+        lambda: blocks.policy_summary(
+            rules.PolicyView("box", SOON, SOON, "wait-for-jobs", 3600, 1800, True)
+        ),
+        ("*box*", "1h", "30m"),
+    ),
+    "policy_summary/stop": (
+        lambda: blocks.policy_summary(
+            rules.PolicyView("box", None, None, "stop", 7200, None, False)
+        ),
+        ("*box*", "2h"),
+    ),
+    "policy_summary/release": (
+        lambda: blocks.policy_summary(
+            rules.PolicyView("box", None, None, "release", 0, None, False)
+        ),
+        ("*box*",),
+    ),
+    "answered_before": (
+        lambda: blocks.answered_before(answers.AnsweredBefore("UOWNER", "extended_1h")),
+        ("<@UOWNER>", "1h"),
+    ),
+    "answered_before/kept": (
+        lambda: blocks.answered_before(answers.AnsweredBefore(None, "kept")),
+        (),
+    ),
+    "being_released": (
+        lambda: blocks.being_released(answers.BeingReleased("box", "awaiting_confirmation")),
+        ("*box*",),
+    ),
+    "release_pending": (
+        lambda: blocks.release_pending(answers.ReleasePending(PRICED, by_owner=False)),
+        ("*box*", "<@UOWNER>", "`/gpu extend box 2h`"),
+    ),
+    "release_pending/owner": (
+        lambda: blocks.release_pending(answers.ReleasePending(PRICED, by_owner=True)),
+        ("*box*",),
+    ),
+    "extend_answered": (
+        lambda: blocks.extend_answered(answers.Extended(PRICED, 14400, SOON, "UTC")),
+        ("*box*", "4h"),
+    ),
+    "release_confirm": (
+        lambda: blocks.release_confirm(answers.ReleaseConfirmAsk(PRICED, 5)),
+        ("*box*",),
+    ),
+    "kept": (lambda: blocks.kept(answers.Kept(PRICED)), ("*box*",)),
+    "release_answered": (
+        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "in_progress")),
+        ("*box*",),
+    ),
+    "release_answered/confirmed": (
+        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "confirmed")),
+        ("*box*",),
+    ),
+    "release_answered/owner": (
+        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "awaiting_owner")),
+        ("*box*",),
+    ),
+    "rent_started": (
+        lambda: blocks.rent_started(rent.RentStarted("lambda", "gpu_1x_h100", ("r-1", "r-2"))),
+        ("lambda", "gpu_1x_h100", "r-1, r-2"),
+    ),
+    "rent_finished": (
+        lambda: blocks.rent_finished(
+            rent.RentFinished("lambda", ("r-1",), (("i-9", "SSH timed out"),), "UOWNER")
+        ),
+        ("<@UOWNER>", "*r-1*", "i-9", "SSH timed out", "`/gpu status NAME`"),
+    ),
+    "rent_finished/nothing": (
+        lambda: blocks.rent_finished(rent.RentFinished("lambda", (), (), "UOWNER")),
+        ("lambda",),
+    ),
+    "rent_failed": (
+        lambda: blocks.rent_failed(rent.RentFailed("lambda", "quota exceeded")),
+        ("lambda", "quota exceeded"),
+    ),
+    "rent_failed/unknown": (
+        lambda: blocks.rent_failed(rent.RentFailed("lambda", None)),
+        ("lambda",),
+    ),
+    "rent_given_back_failed": (
+        lambda: blocks.rent_given_back_failed(
+            rent.RentGivenBackFailed("lambda", "i-7", "no SSH", "HTTP 500")
+        ),
+        ("lambda", "i-7", "no SSH", "HTTP 500"),
+    ),
+    "rent_recovered": (
+        lambda: blocks.rent_recovered(rent.RentRecovered("lambda", "i-8", "r-3", NOW, "restart")),
+        ("i-8", "r-3", "/gpu rent"),
+    ),
+    "rent_recover_failed": (
+        lambda: blocks.rent_recover_failed(
+            rent.RentRecoverFailed("lambda", "i-8", None, "restart", "HTTP 500")
+        ),
+        ("i-8", "HTTP 500"),
+    ),
+    "rent_launch_checked": (
+        lambda: blocks.rent_launch_checked(
+            rent.RentLaunchChecked("lambda", "gpu_8x_a100", NOW, "gpubot-r-4")
+        ),
+        ("gpu_8x_a100", "gpubot-r-4"),
+    ),
+}
+
+#: Renderers whose words are not this module's: another module's message, or a service's reason.
+ELSEWHERE = {blocks.unregistered_found, blocks.release_refused}
+
+
+def test_every_renderer_of_the_module_is_read_in_chinese() -> None:
+    covered = {name.split("/")[0] for name in CASES}
+    renderers = {
+        name
+        for name, function in inspect.getmembers(blocks, inspect.isfunction)
+        if function.__module__ == blocks.__name__
+        and not name.startswith("_")
+        and inspect.signature(function).return_annotation == "Message"
+    }
+    assert covered == renderers - {function.__name__ for function in ELSEWHERE}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_message_reads_as_chinese_with_its_names(name: str) -> None:
+    render, kept = CASES[name]
+    with speaking("zh"):
+        message = render()
+    check_message(message)
+    text, body = message
+    assert_chinese(text, list(body))
+    assert "\u3002 " not in text, "a space after a Chinese full stop"
+    shown = text + "\n" + all_text(list(body))
+    for part in kept:
+        assert part in text, part
+        assert part in shown, part
+
+
+def _confirms(message: Message) -> dict[str, dict[str, Any]]:
+    return {
+        element["action_id"]: element["confirm"]
+        for block in message[1]
+        if block["type"] == "actions"
+        for element in block["elements"]
+        if "confirm" in element
+    }
+
+
+def test_buttons_and_their_confirm_dialogs_are_chinese() -> None:
+    with speaking("zh"):
+        warning = blocks.deadline_warning(_warning(PRICED))
+        idle = blocks.idle_prompt(rules.IdlePrompt(PRICED, 2, NOW, NOW, None, "UTC"))
+        ask = blocks.manual_release_request(releases.ManualReleaseRequest(UNPRICED, 4, "user"))
+    labels = [
+        element["text"]["text"]
+        for message in (warning, idle, ask)
+        for block in message[1]
+        if block["type"] == "actions"
+        for element in block["elements"]
+    ]
+    assert labels == [
+        "延长 1 小时",
+        "延长 4 小时",
+        "立即释放",
+        "保留",
+        "释放",
+        "已在平台上释放",
+        "已在平台上停止（保留磁盘）",
+    ]
+    dialogs = _confirms(warning) | _confirms(idle) | _confirms(ask)
+    assert len(dialogs) == 7
+    assert_chinese(list(dialogs.values()))
+    extend = dialogs[blocks.EXTEND_4H]
+    assert extend["title"]["text"] == "将 box 延长 4h？"
+    assert "*box* 继续运行到" in extend["text"]["text"]
+    assert "8.40" in extend["text"]["text"]
+    assert dialogs[blocks.RELEASE_NOW]["title"]["text"] == "立即释放 box？"
+    assert "删除磁盘" in dialogs[blocks.IDLE_RELEASE]["text"]["text"]
+    assert "2.10" in dialogs[blocks.IDLE_KEEP]["text"]["text"]
+    assert all(dialog["deny"]["text"] == "取消" for dialog in dialogs.values())
+
+
+def test_a_warning_in_chinese_says_when_and_what_it_costs() -> None:
+    with speaking("zh"):
+        text, _ = blocks.deadline_warning(_warning(PRICED))
+        unpriced, _ = blocks.idle_prompt(rules.IdlePrompt(UNPRICED, 2, NOW, NOW, None, "UTC"))
+    assert text.startswith(":alarm_clock: *box* 将在 *30m* 后（")
+    assert "2.10" in text
+    assert "/小时" in text
+    assert "未记录价格" in unpriced
