@@ -321,7 +321,7 @@ def fit_message(report: FitReport) -> Message:
         ),
     ]
     if report.fits:
-        lines = [_fit_line(fit) for fit in report.fits[:TOP_FITS]]
+        lines = [_fit_line(fit, report.currency) for fit in report.fits[:TOP_FITS]]
         heading = t("*Fits on* (each card's usable memory vs what it needs)")
         blocks.append(section(heading + "\n" + "\n".join(lines)))
     else:
@@ -627,7 +627,7 @@ def _subject(scope: str, subject: str) -> str:
     return t("project *{name}*", name=escape(subject))
 
 
-def _fit_line(fit: GpuFit) -> str:
+def _fit_line(fit: GpuFit, currency: str) -> str:
     count = f"{fit.count}x " if fit.count > 1 else ""
     sizes = {
         "capacity": f"{fit.mem_bytes // 10**9} GB",
@@ -650,7 +650,7 @@ def _fit_line(fit: GpuFit) -> str:
     line = t("• {count}*{name}* ({detail})", count=count, name=fit.name, detail=detail)
     if fit.price_micros_per_hour is None:
         return line
-    price = format_money(fit.price_micros_per_hour)
+    price = format_money(fit.price_micros_per_hour, currency)
     return t("{line} — from {price}/h on {source}", line=line, price=price, source=fit.price_source)
 
 

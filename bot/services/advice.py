@@ -40,6 +40,7 @@ from typing import Any
 
 from agents import specs
 from bot.errors import UsageError
+from bot.i18n import N_, nt, t
 from bot.values import parse_money
 
 GIB = 1024**3
@@ -62,6 +63,9 @@ HOURS_IN_LONGEST_MONTH = 744
 MAX_GPUS_SHOWN = 64
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([bm])$")
 _NAME_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
+#: Where a price table row names no platform or offer (a card's list price).
+LIST_PRICE = N_("list price")
+ONE_CARD = "one card"
 
 
 @dataclass(frozen=True)
@@ -130,10 +134,18 @@ class PriceRow:
 
     @property
     def label(self) -> str:
-        """Where the price comes from, for a reader: platform, offer, date, and whether the
-        figure was checked against the platform's own page."""
-        checked = "" if self.verified else ", unverified"
-        return f"{self.platform} {self.offer}, {self.as_of}{checked}"
+        """Where the price comes from, for a reader (in the active language): platform, offer,
+        date, and whether the figure was checked against the platform's own page."""
+        platform = t(LIST_PRICE) if self.platform == LIST_PRICE else self.platform
+        offer = _cards(1) if self.offer == ONE_CARD else self.offer
+        if self.verified:
+            return f"{platform} {offer}, {self.as_of}"
+        return t(
+            "{platform} {offer}, {date}, unverified",
+            platform=platform,
+            offer=offer,
+            date=self.as_of,
+        )
 
     @property
     def per_gpu_micros(self) -> int:
@@ -201,6 +213,8 @@ class FitReport:
     memory: MemoryBreakdown
     fits: tuple[GpuFit, ...]
     too_big: tuple[str, ...]
+    #: The ISO 4217 currency of the prices (the price table's).
+    currency: str = "USD"
 
 
 @dataclass(frozen=True)
@@ -291,16 +305,18 @@ def parse_size(text: str, table: PriceTable | None = None) -> ModelShape:
     if match is None:
         names = ", ".join(shape.name for shape in table.models[:8])
         raise UsageError(
-            f"{text!r} is not a model size or a model I know",
-            hint=f"Give a size like 7b, 70b or 1.5b, or a model such as {names}.",
+            t("{text!r} is not a model size or a model I know", text=text),
+            hint=t("Give a size like 7b, 70b or 1.5b, or a model such as {names}.", names=names),
         )
     try:
         number = Decimal(match.group(1))
     except InvalidOperation as exc:  # pragma: no cover - the pattern admits only decimals
-        raise UsageError(f"{text!r} is not a model size") from exc
+        raise UsageError(t("{text!r} is not a model size", text=text)) from exc
     params = int(number * (10**9 if match.group(2) == "b" else 10**6))
     if not 10**7 <= params <= 5 * 10**12:
-        raise UsageError(f"{text!r} is out of range", hint="Give a size between 10m and 5000b.")
+        raise UsageError(
+            t("{text!r} is out of range", text=text), hint=t("Give a size between 10m and 5000b.")
+        )
     closest = min(table.models, key=lambda shape: abs(math.log(shape.params / params)))
     return ModelShape(
         name=f"{match.group(1)}B" if match.group(2) == "b" else f"{match.group(1)}M",
@@ -320,19 +336,22 @@ def resolve_bits(mode: str, bits: int | None) -> int:
     LoRA 16-bit unless told. Raises UsageError for an unknown mode or a precision it cannot use."""
     if mode not in MODES:
         raise UsageError(
-            f"{mode!r} is not a mode", hint="Use one of: inference, lora, qlora, full."
+            t("{mode!r} is not a mode", mode=mode),
+            hint=t("Use one of: {choices}.", choices=", ".join(MODES)),
         )
     if bits is not None and bits not in (16, 8, 4):
-        raise UsageError(f"--bits {bits} is not supported", hint="Use --bits 16, 8 or 4.")
+        raise UsageError(
+            t("--bits {bits} is not supported", bits=bits), hint=t("Use --bits 16, 8 or 4.")
+        )
     if mode == "qlora":
         if bits not in (None, 4):
-            raise UsageError("QLoRA trains on a 4-bit base", hint="Drop --bits or use lora.")
+            raise UsageError(t("QLoRA trains on a 4-bit base"), hint=t("Drop --bits or use lora."))
         return 4
     if mode == "full":
         if bits not in (None, 16):
             raise UsageError(
-                "a full fine-tune trains 16-bit weights",
-                hint="Drop --bits, or use qlora (4-bit) or lora (8-bit base).",
+                t("a full fine-tune trains 16-bit weights"),
+                hint=t("Drop --bits, or use qlora (4-bit) or lora (8-bit base)."),
             )
         return 16
     if mode == "lora" and bits == 4:
@@ -407,9 +426,15 @@ def fit(
     seq = DEFAULT_SEQ if seq is None else seq
     batch = DEFAULT_BATCH if batch is None else batch
     if not 1 <= seq <= 10_000_000:
-        raise UsageError(f"--seq {seq} is out of range", hint="Give a sequence length like 4096.")
+        raise UsageError(
+            t("{option} {value} is out of range", option="--seq", value=seq),
+            hint=t("Give a sequence length like 4096."),
+        )
     if not 1 <= batch <= 100_000:
-        raise UsageError(f"--batch {batch} is out of range", hint="Give a batch size like 1.")
+        raise UsageError(
+            t("{option} {value} is out of range", option="--batch", value=batch),
+            hint=t("Give a batch size like 1."),
+        )
     memory = estimate_memory(shape, mode.lower(), seq=seq, batch=batch, bits=bits)
     fits: list[GpuFit] = []
     too_big: list[str] = []
@@ -434,7 +459,17 @@ def fit(
             )
         )
     fits.sort(key=lambda f: (f.count, _price_key(f.price_micros_per_hour), f.mem_bytes, f.key))
-    return FitReport(shape, mode.lower(), seq, batch, bits, memory, tuple(fits), tuple(too_big))
+    return FitReport(
+        shape,
+        mode.lower(),
+        seq,
+        batch,
+        bits,
+        memory,
+        tuple(fits),
+        tuple(too_big),
+        currency=table.currency,
+    )
 
 
 def estimate(
@@ -462,21 +497,31 @@ def estimate(
     spec = specs.lookup(gpu)
     if spec is None:
         raise UsageError(
-            f"{gpu!r} is not a GPU model I know",
-            hint="Use a model like 4090, a100, h100-sxm, l40s or h200.",
+            t("{gpu!r} is not a GPU model I know", gpu=gpu),
+            hint=t("Use a model like 4090, a100, h100-sxm, l40s or h200."),
         )
     if not 1 <= count <= 1024:
-        raise UsageError(f"--count {count} is out of range", hint="Give 1 to 1024 GPUs.")
+        raise UsageError(
+            t("{option} {value} is out of range", option="--count", value=count),
+            hint=t("Give 1 to 1024 GPUs."),
+        )
     if not Decimal(0) < hours <= HOURS_IN_LONGEST_MONTH:
         raise UsageError(
-            f"--hours {hours} is not hours a month",
-            hint=f"--hours is the hours each card is used a month: more than 0, at most "
-            f"{HOURS_IN_LONGEST_MONTH} (a 31-day month), like 50 or 400.",
+            t("--hours {hours} is not hours a month", hours=hours),
+            hint=t(
+                "--hours is the hours each card is used a month: more than 0, at most "
+                "{most} (a 31-day month), like 50 or 400.",
+                most=HOURS_IN_LONGEST_MONTH,
+            ),
         )
     for option, given in (("--price", hourly_micros), ("--monthly", monthly_micros)):
         _require_positive(option, given)
     _require_positive("--buy", buy_micros)
-    missing = f"the price table is in {table.currency}" if foreign else "not in the price table"
+    missing = (
+        t("the price table is in {currency}", currency=table.currency)
+        if foreign
+        else t("not in the price table")
+    )
     hourly, hourly_source = _priced(
         hourly_micros, None if foreign else table.cheapest_hourly(spec.key), missing
     )
@@ -488,17 +533,29 @@ def estimate(
     )
     if hourly is None and monthly is None and buy is None:
         raise UsageError(
-            f"no prices known for {spec.name}"
-            + (f" in {currency} (the price table is in {table.currency})" if foreign else ""),
-            hint="Give them per card: --price 2.10 (an hour), --monthly 1200, --buy 30000.",
+            t(
+                "no prices known for {gpu} in {currency} (the price table is in {table})",
+                gpu=spec.name,
+                currency=currency,
+                table=table.currency,
+            )
+            if foreign
+            else t("no prices known for {gpu}", gpu=spec.name),
+            hint=t("Give them per card: --price 2.10 (an hour), --monthly 1200, --buy 30000."),
         )
     rent_month = None if hourly is None else _ceil(hours * hourly * count)
     plan_month = _times(monthly, count)
-    cards = f"{count} cards" if count > 1 else "one card"
+    cards = _cards(count)
     options = (
-        Option("hourly", rent_month, f"{_plain(hours)} h by the hour, {cards}"),
-        Option("monthly plan", plan_month, f"the plan, {cards}"),
-        Option("buy", _times(buy, count), f"{cards} (power and hosting not included)"),
+        Option(
+            "hourly",
+            rent_month,
+            t("{hours} h by the hour, {cards}", hours=_plain(hours), cards=cards),
+        ),
+        Option("monthly plan", plan_month, t("the plan, {cards}", cards=cards)),
+        Option(
+            "buy", _times(buy, count), t("{cards} (power and hosting not included)", cards=cards)
+        ),
     )
     against = _cheaper_rent(rent_month, plan_month)
     return EstimateReport(
@@ -528,16 +585,21 @@ def parse_hours(text: str) -> Decimal:
     try:
         value = Decimal(raw)
     except InvalidOperation as exc:
-        raise UsageError(f"{text!r} is not a number of hours", hint="Write hours like 50.") from exc
+        raise UsageError(
+            t("{text!r} is not a number of hours", text=text), hint=t("Write hours like 50.")
+        ) from exc
     if not value.is_finite() or value <= 0:
-        raise UsageError(f"{text!r} is not a positive number of hours", hint="Write hours like 50.")
+        raise UsageError(
+            t("{text!r} is not a positive number of hours", text=text),
+            hint=t("Write hours like 50."),
+        )
     return value
 
 
 def _priced(given: int | None, row: PriceRow | None, missing: str) -> tuple[int | None, str]:
     """A per-card price: the one given, else the table's, else None and why."""
     if given is not None:
-        return given, "as given"
+        return given, t("as given")
     if row is None:
         return None, missing
     return row.per_gpu_micros, row.label
@@ -546,9 +608,16 @@ def _priced(given: int | None, row: PriceRow | None, missing: str) -> tuple[int 
 def _require_positive(option: str, micros: int | None) -> None:
     if micros is not None and micros <= 0:
         raise UsageError(
-            f"{option} 0 means nothing to compare",
-            hint=f"Give {option} the price of one card, more than 0, or leave it out.",
+            t("{option} 0 means nothing to compare", option=option),
+            hint=t(
+                "Give {option} the price of one card, more than 0, or leave it out.", option=option
+            ),
         )
+
+
+def _cards(count: int) -> str:
+    """``one card``, ``2 cards``."""
+    return nt("one card", "{n} cards", count, n=count)
 
 
 def _times(micros: int | None, count: int) -> int | None:
@@ -639,8 +708,8 @@ def _load_price_table() -> PriceTable:
 
 def _row(item: dict[str, Any], price_field: str, currency: str) -> PriceRow:
     return PriceRow(
-        platform=str(item.get("platform", "list price")),
-        offer=str(item.get("offer", "one card")),
+        platform=str(item.get("platform", LIST_PRICE)),
+        offer=str(item.get("offer", ONE_CARD)),
         gpu=str(item["gpu"]),
         count=int(item.get("count", 1)),
         micros=parse_money(str(item[price_field]), currency),

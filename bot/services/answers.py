@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from sqlmodel import col, select
 
 from bot.errors import AlreadyAnswered, Conflict, NotFound
+from bot.i18n import t
 from bot.notify import Notice
 from bot.runtime import Runtime
 from bot.services import access, deadlines, lifecycle, prompts, releases
@@ -172,7 +173,7 @@ def _open_prompt(
     with rt.db.session() as session:
         prompt = session.get(Prompt, prompt_id)
         if prompt is None or prompt.kind not in kinds:
-            raise NotFound("This prompt no longer exists.", hint="Use /gpu status NAME.")
+            raise NotFound(t("This prompt no longer exists."), hint=t("Use /gpu status NAME."))
         inst = session.get(Instance, prompt.instance_id)
         assert inst is not None
     access.require_owner_or_admin(rt, caller, inst, action="answer prompts about")

@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
 from bot.errors import FleetError, HostKeyNotPinned
 from bot.fleet.base import Target
+from bot.i18n import t
 from bot.runtime import Runtime
 from bot.services import access, costs
 from bot.services.access import Caller
@@ -121,7 +122,7 @@ def health(rt: Runtime, caller: Caller, name: str, full: bool = False) -> Health
             access.require_operate(
                 rt, caller, inst, session, action=f"run the full health check on {inst.name}"
             )
-    require_active(inst, "checked")
+    require_active(inst, t("checked"))
     try:
         report = rt.fleet.agent(target_for(rt, inst)).health(
             full=full,
@@ -196,7 +197,7 @@ def _poll(
         target = target_for(rt, inst)
         if not target.is_local and target.host_key is None:
             outcomes[inst.name] = HostKeyNotPinned(
-                f"{inst.name}: no host key is pinned", instance=inst.name
+                t("{name}: no host key is pinned", name=inst.name), instance=inst.name
             )
             continue
         targets.append(target)

@@ -14,6 +14,7 @@ from sqlalchemy import update
 from sqlmodel import col
 
 from bot.errors import AlreadyAnswered, Conflict, NotAuthorized, UsageError
+from bot.i18n import N_, t
 from bot.providers.base import check_mode
 from bot.runtime import Runtime
 from bot.services import access, audit, budgets, costs, prompts, releases
@@ -23,6 +24,9 @@ from bot.services.lookup import by_id, get_live_instance, instance_view, is_manu
 from bot.services.views import InstanceView, ReleaseAsk, ReleaseView
 from bot.store.models import Instance
 from bot.values import format_duration
+
+#: What a refusal past the lifetime cap suggests, unless the caller says otherwise.
+EARLIER_DEADLINE_HINT = N_("Choose an earlier deadline, or ask an admin to go past the limit.")
 
 
 def extend(
@@ -40,7 +44,7 @@ def extend(
     meanwhile).
     """
     if delta <= timedelta(0):
-        raise UsageError("Extend by a positive duration.", hint="Like `/gpu extend NAME 2h`.")
+        raise UsageError(t("Extend by a positive duration."), hint=t("Like `/gpu extend NAME 2h`."))
     now = rt.now()
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
@@ -60,8 +64,8 @@ def extend(
             caller,
             inst,
             new,
-            f"extending by {format_duration(delta)}",
-            "Extend by less, or ask an admin to extend it past the limit.",
+            t("extending by {duration}", duration=format_duration(delta)),
+            t("Extend by less, or ask an admin to extend it past the limit."),
         )
         if answering is not None and not prompts.resolve_group(
             session,
@@ -70,7 +74,9 @@ def extend(
             by=caller.user_id,
             now=now,
         ):
-            raise AlreadyAnswered(f"The warning about {inst.name} was already answered.")
+            raise AlreadyAnswered(
+                t("The warning about {name} was already answered.", name=inst.name)
+            )
         won = session.exec(
             update(Instance)
             .where(
@@ -82,9 +88,14 @@ def extend(
         ).rowcount
         if won != 1:
             raise Conflict(
-                f"{inst.name} changed while it was being extended (released, or its deadline "
-                "moved).",
-                hint=f"`/gpu status {inst.name}` shows it now; extend again if you still want to.",
+                t(
+                    "{name} changed while it was being extended (released, or its deadline moved).",
+                    name=inst.name,
+                ),
+                hint=t(
+                    "`/gpu status {name}` shows it now; extend again if you still want to.",
+                    name=inst.name,
+                ),
             )
         audit.record(
             session,
@@ -118,11 +129,11 @@ def ask_release(rt: Runtime, caller: Caller, name: str, *, stop: bool = False) -
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="stop" if stop else "release")
         if inst.state != releases.STOPPED:
-            require_active(inst, "released again")
+            require_active(inst, t("released again"))
         elif stop:
             raise Conflict(
-                f"{inst.name} is already stopped.",
-                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
+                t("{name} is already stopped.", name=inst.name),
+                hint=t("`/gpu release {name}` terminates it, disk and all.", name=inst.name),
             )
         jobs = running_jobs(session, [inst.id] if inst.id is not None else [])
     if stop:
@@ -187,17 +198,24 @@ def check_cap(
     inst: Instance,
     new: datetime,
     doing: str,
-    hint: str = "Choose an earlier deadline, or ask an admin to go past the limit.",
+    hint: str | None = None,
 ) -> None:
     """Raise NotAuthorized when moving the deadline to ``new`` (naive UTC) passes the lifetime
-    cap an admin set, unless the caller is an admin; ``doing`` names the change."""
+    cap an admin set, unless the caller is an admin; ``doing`` names the change and ``hint``
+    (default :data:`EARLIER_DEADLINE_HINT`) says what to do instead, both in the active
+    language."""
     cap = inst.lifetime_cap_at
     if cap is None or new <= cap or access.is_admin(rt, caller):
         return
     raise NotAuthorized(
-        f"{inst.name} may run until {cap:%Y-%m-%d %H:%M} UTC at most (a limit an admin set); "
-        f"{doing} would go past it.",
-        hint=hint,
+        t(
+            "{name} may run until {cap} UTC at most (a limit an admin set); {doing} would go "
+            "past it.",
+            name=inst.name,
+            cap=f"{cap:%Y-%m-%d %H:%M}",
+            doing=doing,
+        ),
+        hint=hint if hint is not None else t(EARLIER_DEADLINE_HINT),
     )
 
 

@@ -21,9 +21,11 @@ from bot import billing
 from bot.errors import Conflict, FleetError, GpubotError, HostKeyChanged, NotFound
 from bot.fleet import keys
 from bot.fleet.base import HostKey, Target
+from bot.i18n import N_, nt, speaking, t
 from bot.notify import Notice
 from bot.runtime import Runtime
 from bot.services import access, prompts, releases
+from bot.services.people import language_for
 from bot.services.views import GpuView, InstanceView, Mismatch, SettingsView
 from bot.store.models import Instance, Person
 
@@ -35,6 +37,18 @@ POLLED_STATES = ("active",)
 KIND_HOST_KEY_CHANGED = "host_key_changed"
 #: How many characters of a user's word a message echoes; longer ones end in an ellipsis.
 ECHO_MAX = 40
+#: What a host key alert presents, and keys its prompt by, when no key of the pinned type came.
+NO_PINNED_KEY = N_("no key of the pinned type")
+#: What an instance's state is called in a sentence (others as stored, underscores as spaces).
+_STATE_WORDS = {
+    "registering": N_("registering"),
+    "active": N_("active"),
+    "releasing": N_("releasing"),
+    "awaiting_confirmation": N_("awaiting confirmation"),
+    "released": N_("released"),
+    "lost": N_("lost"),
+    "stopped": N_("stopped"),
+}
 _GIB = 1024**3
 
 
@@ -54,6 +68,18 @@ def echo(text: str, limit: int = ECHO_MAX) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def state_words(state: str) -> str:
+    """An instance's ``state`` as a sentence says it, in the active language."""
+    word = _STATE_WORDS.get(state)
+    return t(word) if word is not None else state.replace("_", " ")
+
+
+def presented_text(presented: str) -> str:
+    """What a host key alert says was presented: the fingerprint, or (for
+    :data:`NO_PINNED_KEY`) those words in the active language."""
+    return t(NO_PINNED_KEY) if presented == NO_PINNED_KEY else presented
+
+
 def instance_by_id(rt: Runtime, instance_id: int) -> InstanceView:
     """An instance by id (button values carry ids). Raises NotFound."""
     with rt.db.session() as session:
@@ -66,8 +92,8 @@ def get_live_instance(rt: Runtime, session: Session, name: str) -> Instance:
     inst = access.visible(rt, live_by_name(session, name))
     if inst is None:
         raise NotFound(
-            f"There is no instance called {echo(name)!r}.",
-            hint="`/gpu list` shows the instances; names are lowercase.",
+            t("There is no instance called {name!r}.", name=echo(name)),
+            hint=t("`/gpu list` shows the instances; names are lowercase."),
         )
     return inst
 
@@ -102,8 +128,8 @@ def by_id(rt: Runtime, session: Session, instance_id: int) -> Instance:
     inst = access.visible(rt, session.get(Instance, instance_id))
     if inst is None:
         raise NotFound(
-            f"There is no instance with id {instance_id}.",
-            hint="`/gpu list` shows the instances.",
+            t("There is no instance with id {id}.", id=instance_id),
+            hint=t("`/gpu list` shows the instances."),
         )
     return inst
 
@@ -135,11 +161,12 @@ def target_for(rt: Runtime, inst: Instance) -> Target:
 
 def handle_fleet_error(rt: Runtime, inst: Instance, exc: FleetError) -> None:
     """React to a failed fleet call: a changed host key alerts the owner (once per presented
-    key). Never raises; the caller re-raises or shows ``exc``."""
+    key), in the owner's language. Never raises; the caller re-raises or shows ``exc``."""
     if not isinstance(exc, HostKeyChanged) or inst.id is None:
         return
-    presented = exc.presented_fingerprint or "no key of the pinned type"
+    presented = exc.presented_fingerprint or NO_PINNED_KEY
     try:
+        language = language_for(rt, inst.owner_id)
         with rt.db.session() as session:
             prompt = prompts.ensure_prompt(
                 session,
@@ -151,12 +178,13 @@ def handle_fleet_error(rt: Runtime, inst: Instance, exc: FleetError) -> None:
             )
             prompt_id = prompt.id
         assert prompt_id is not None
-        alert = HostKeyAlert(
-            instance=instance_view(inst),
-            expected=inst.host_key_fingerprint or exc.expected_fingerprint or "unknown",
-            presented=presented,
-        )
-        text, body = rt.message(alert)
+        with speaking(language):
+            alert = HostKeyAlert(
+                instance=instance_view(inst),
+                expected=inst.host_key_fingerprint or exc.expected_fingerprint or t("unknown"),
+                presented=presented_text(presented),
+            )
+            text, body = rt.message(alert)
         prompts.deliver(rt, prompt_id, text, body)
     except Exception:  # an alert must never hide the error the caller shows
         log.exception("alerting the owner of %s about a changed host key failed", inst.name)
@@ -222,9 +250,15 @@ def compare_gpus(
     problems: list[str] = []
     delivered = len(status.gpus)
     if status.nvml_error is not None:
-        problems.append(f"no GPU is visible: {status.nvml_error.message}")
+        problems.append(t("no GPU is visible: {error}", error=status.nvml_error.message))
     elif expected_count is not None and delivered < expected_count:
-        problems.append(f"fewer cards: {delivered} delivered, {expected_count} rented")
+        problems.append(
+            t(
+                "fewer cards: {delivered} delivered, {rented} rented",
+                delivered=delivered,
+                rented=expected_count,
+            )
+        )
     if expected_model:
         problems.extend(_model_problems(expected_model, status))
     if not problems:
@@ -275,11 +309,18 @@ def local_agent_home(rt: Runtime) -> str:
 
 
 def require_active(inst: Instance, what: str) -> None:
-    """Raise Conflict unless the instance is active; ``what`` completes "it cannot be ..."."""
+    """Raise Conflict unless the instance is active; ``what`` completes "it cannot be ..." (in
+    the active language)."""
     if inst.state == "active":
         return
-    state = inst.state.replace("_", " ")
-    raise Conflict(f"{inst.name} is {state}; it cannot be {what} now.")
+    raise Conflict(
+        t(
+            "{name} is {state}; it cannot be {what} now.",
+            name=inst.name,
+            state=state_words(inst.state),
+            what=what,
+        )
+    )
 
 
 def is_manual(rt: Runtime, inst: Instance) -> bool:
@@ -305,16 +346,30 @@ def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
         label = gpu.name
         problem: str | None = None
         if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < least_mem:
-            problem = (
-                f"less memory: {label} has {gpu.mem_total_bytes / _GIB:.0f} GiB, the rented "
-                f"{expected_model} has {min(spec.mem_gb for spec in wanted)} GiB or more"
+            problem = t(
+                "less memory: {gpu} has {memory:.0f} GiB, the rented {model} has {least} GiB "
+                "or more",
+                gpu=label,
+                memory=gpu.mem_total_bytes / _GIB,
+                model=expected_model,
+                least=min(spec.mem_gb for spec in wanted),
             )
         elif found is None:
-            problem = f"another model: {label} is not a whole {expected_model}"
+            problem = t(
+                "another model: {gpu} is not a whole {model}", gpu=label, model=expected_model
+            )
         elif found.key not in keys:
-            problem = f"another model: {found.name} instead of {expected_model}"
+            problem = t(
+                "another model: {gpu} instead of {model}", gpu=found.name, model=expected_model
+            )
         if problem is not None and problem not in seen:
             seen.add(problem)
             count = sum(1 for g in status.gpus if g.name == gpu.name)
-            problems.append(problem if count == 1 else f"{problem} ({count} cards)")
+            problems.append(
+                problem
+                if count == 1
+                else nt(
+                    "{problem} ({n} card)", "{problem} ({n} cards)", count, problem=problem, n=count
+                )
+            )
     return problems

@@ -32,6 +32,7 @@ from agents.protocol import StatusSnapshot, dumps
 from bot.errors import FleetError, HostKeyChanged
 from bot.fleet.base import Target
 from bot.fleet.fleet import FAN_OUT_WORKERS
+from bot.i18n import t
 from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, samples
@@ -99,7 +100,7 @@ def _poll_batch(
         for instance_id, target, previous in claimed:
             answer = answers.get(target.name)
             if answer is None:
-                answer = FleetError("no answer", instance=target.name)
+                answer = FleetError(t("no answer"), instance=target.name)
             results.append(_record(rt, session, instance_id, answer, previous, now))
     _alert_host_key_changes(rt, claimed, answers)
     return results

@@ -5,9 +5,9 @@ Every network call (SSH, provider API) happens outside a database transaction; t
 short and come after. Changes are authorised (bot.services.access) and audited
 (bot.services.audit) in the same transaction as the change. Errors are bot.errors types.
 Delivered GPUs that differ from the rented ones are said in the reply and told once to the ops
-channel (:class:`GpuMismatch`); status and list show them for as long as they differ. A new
-registration, and a re-registration that moves the deadline later, pass the budget check of
-``extend`` (bot.services.budgets.check_budget).
+channel (:class:`GpuMismatch`, in the workspace's language); status and list show them for as
+long as they differ. A new registration, and a re-registration that moves the deadline later,
+pass the budget check of ``extend`` (bot.services.budgets.check_budget).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import getpass
 import ipaddress
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +29,7 @@ from bot import billing
 from bot.errors import Conflict, FleetError, NotFound, ProviderError, ProviderNotFound, UsageError
 from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
+from bot.i18n import N_, speaking, t
 from bot.notify import Notice
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
@@ -47,16 +48,18 @@ from bot.services.lookup import (
     instance_view,
     live_by_name,
     local_agent_home,
+    presented_text,
     settings_view,
+    state_words,
 )
 from bot.services.views import InstanceView, RegisterResult
 from bot.store.models import Instance, Prompt
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
-NAME_HINT = "Use 1-31 lowercase letters, digits and dashes, starting with a letter or digit."
+NAME_HINT = N_("Use 1-31 lowercase letters, digits and dashes, starting with a letter or digit.")
 _USER_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 _HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-ADDRESS_HINT = (
+ADDRESS_HINT = N_(
     "Write USER@HOST or USER@HOST:PORT, like root@203.0.113.7:2222 or ubuntu@[2001:db8::1]:22."
 )
 MAX_GPU_COUNT = 64
@@ -197,7 +200,7 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         default_deadline_s=rt.settings.default_release_in_s if defaulted else None,
     )
     if mismatch is not None:
-        _announce_mismatch(rt, caller, result)
+        _announce_mismatch(rt, caller, result, req, status)
     return result
 
 
@@ -234,13 +237,15 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
                 return instance_view(inst)
         except sa_exc.IntegrityError:
             continue  # someone else stored it meanwhile: read theirs
-    raise Conflict("The instance local could not be stored.", hint="Try again.")
+    raise Conflict(t("The instance local could not be stored."), hint=t("Try again."))
 
 
 def validate_name(text: str) -> str:
     """An instance name as typed. Raises UsageError when it does not fit the pattern."""
     if not NAME_RE.fullmatch(text):
-        raise UsageError(f"{echo(text)!r} is not a valid instance name.", hint=NAME_HINT)
+        raise UsageError(
+            t("{name!r} is not a valid instance name.", name=echo(text)), hint=t(NAME_HINT)
+        )
     return text
 
 
@@ -253,9 +258,13 @@ def parse_address(text: str) -> Address:
         return Address(user=getpass.getuser(), host=LOCAL_HOST, port=0)
     user, at, rest = raw.rpartition("@")
     if not at or not user:
-        raise UsageError(f"{echo(raw)!r} has no user name.", hint=ADDRESS_HINT)
+        raise UsageError(
+            t("{address!r} has no user name.", address=echo(raw)), hint=t(ADDRESS_HINT)
+        )
     if not _USER_RE.fullmatch(user):
-        raise UsageError(f"{echo(user)!r} is not a valid user name.", hint=ADDRESS_HINT)
+        raise UsageError(
+            t("{user!r} is not a valid user name.", user=echo(user)), hint=t(ADDRESS_HINT)
+        )
     host, port = _split_host_port(rest, raw)
     return Address(user=user, host=host, port=port)
 
@@ -303,44 +312,50 @@ def host_key_prompt(rt: Runtime, session: Session, prompt: Prompt, inst: Instanc
         return None
     return HostKeyAlert(
         instance=instance_view(inst),
-        expected=inst.host_key_fingerprint or "unknown",
-        presented=prompt.key,
+        expected=inst.host_key_fingerprint or t("unknown"),
+        presented=presented_text(prompt.key),
     )
 
 
 def _validate(rt: Runtime, req: RegisterRequest) -> None:
     if req.gpu_count is not None and not 1 <= req.gpu_count <= MAX_GPU_COUNT:
         raise UsageError(
-            f"--count {req.gpu_count} is not a GPU count.", hint=f"Use 1 to {MAX_GPU_COUNT}."
+            t("--count {count} is not a GPU count.", count=req.gpu_count),
+            hint=t("Use 1 to {most}.", most=MAX_GPU_COUNT),
         )
     if req.gpu_model is not None and not req.gpu_model.strip():
-        raise UsageError("--gpu needs a model.", hint="Like --gpu a100 or --gpu 4090.")
+        raise UsageError(t("--gpu needs a model."), hint=t("Like --gpu a100 or --gpu 4090."))
     if req.release_in is not None and req.release_at is not None:
         raise UsageError(
-            "Give --release-in or --release-at, not both.", hint="Like --release-in 3h."
+            t("Give --release-in or --release-at, not both."), hint=t("Like --release-in 3h.")
         )
     if req.price_micros_per_hour < 0 or req.storage_micros_per_gb_month < 0:
-        raise UsageError("Prices cannot be negative.", hint="Like --price 2.10/h.")
+        raise UsageError(t("Prices cannot be negative."), hint=t("Like --price 2.10/h."))
     if req.provider not in KNOWN_PROVIDERS:
         raise UsageError(
-            f"{echo(req.provider)!r} is not a provider.",
-            hint=f"Use one of: {', '.join(KNOWN_PROVIDERS)}.",
+            t("{provider!r} is not a provider.", provider=echo(req.provider)),
+            hint=t("Use one of: {choices}.", choices=", ".join(KNOWN_PROVIDERS)),
         )
     if req.provider != "manual" and not req.provider_id:
         raise UsageError(
-            f"--provider {req.provider} needs --provider-id, the platform's id of the instance.",
-            hint="Without an id the bot cannot release it; use --provider manual instead.",
+            t(
+                "--provider {provider} needs --provider-id, the platform's id of the instance.",
+                provider=req.provider,
+            ),
+            hint=t("Without an id the bot cannot release it; use --provider manual instead."),
         )
     if req.billing is not None:
         billing.parse_increment(req.billing)
     if req.min_charge_s is not None and req.min_charge_s < 0:
-        raise UsageError("--min-charge cannot be negative.", hint="Like --min-charge 1m.")
+        raise UsageError(t("--min-charge cannot be negative."), hint=t("Like --min-charge 1m."))
     if req.disk_gb is not None and req.disk_gb <= 0:
-        raise UsageError("--disk must be a positive size in GB.", hint="Like --disk 200.")
+        raise UsageError(t("--disk must be a positive size in GB."), hint=t("Like --disk 200."))
     if req.project is not None and not 0 < len(req.project) <= 100:
-        raise UsageError("--project needs a name of at most 100 characters.")
+        raise UsageError(t("--project needs a name of at most 100 characters."))
     if req.python_path is not None and not 0 < len(req.python_path) <= 1000:
-        raise UsageError("--python needs a path.", hint="Like --python /opt/conda/bin/python.")
+        raise UsageError(
+            t("--python needs a path."), hint=t("Like --python /opt/conda/bin/python.")
+        )
     if req.key_name is not None:
         keys.check_key_name(req.key_name)
     rt.providers.get(req.provider)  # ConfigError when it needs configuring
@@ -353,11 +368,13 @@ def _deadline(
     as it is) for a re-registration or ``local``."""
     if req.release_at is not None:
         if req.release_at <= now:
-            raise UsageError("--release-at is in the past.", hint="Give a time in the future.")
+            raise UsageError(
+                t("--release-at is in the past."), hint=t("Give a time in the future.")
+            )
         return req.release_at
     if req.release_in is not None:
         if req.release_in <= timedelta(0):
-            raise UsageError("--release-in must be positive.", hint="Like --release-in 3h.")
+            raise UsageError(t("--release-in must be positive."), hint=t("Like --release-in 3h."))
         return now + req.release_in
     if holder is not None or req.address.strip() == LOCAL_HOST:
         return None
@@ -407,9 +424,13 @@ def _scan(rt: Runtime, caller: Caller, name: str, address: Address) -> HostKey |
 
 def _name_taken(name: str, by_name: Instance) -> Conflict:
     return Conflict(
-        f"The name {name} is taken by an instance at {instance_view(by_name).address} "
-        f"(owner <@{by_name.owner_id}>).",
-        hint="Choose another name, or release that instance first.",
+        t(
+            "The name {name} is taken by an instance at {address} (owner <@{owner}>).",
+            name=name,
+            address=instance_view(by_name).address,
+            owner=by_name.owner_id,
+        ),
+        hint=t("Choose another name, or release that instance first."),
     )
 
 
@@ -427,9 +448,12 @@ def _holder(
         raise _name_taken(name, by_name)
     if holder is not None and holder.state not in POLLED_STATES:
         raise Conflict(
-            f"{holder.name} is {holder.state.replace('_', ' ')}; it cannot be registered again "
-            "now.",
-            hint="Wait until the release is done, then register it anew.",
+            t(
+                "{name} is {state}; it cannot be registered again now.",
+                name=holder.name,
+                state=state_words(holder.state),
+            ),
+            hint=t("Wait until the release is done, then register it anew."),
         )
     return holder
 
@@ -441,7 +465,7 @@ def _check_later_deadline(
     lifetime cap and a used-up budget stop anyone but an admin."""
     if holder.deadline_at is not None and deadline_at <= holder.deadline_at:
         return
-    check_cap(rt, caller, holder, deadline_at, "re-registering with that deadline")
+    check_cap(rt, caller, holder, deadline_at, t("re-registering with that deadline"))
     budgets.check_budget(rt, caller, holder.owner_id, project)
 
 
@@ -455,8 +479,12 @@ def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
         provider.get(req.provider_id)
     except ProviderNotFound as exc:
         raise NotFound(
-            f"{req.provider} does not know an instance {echo(req.provider_id)!r}.",
-            hint="Copy the id from the platform's console.",
+            t(
+                "{provider} does not know an instance {id!r}.",
+                provider=req.provider,
+                id=echo(req.provider_id),
+            ),
+            hint=t("Copy the id from the platform's console."),
         ) from exc
     except ProviderError:
         raise
@@ -512,8 +540,8 @@ def _store_registration(rt: Runtime, caller: Caller, reg: _Registration) -> Inst
             held_id = reg.holder.id if reg.holder is not None else None
             if (current.id if current is not None else None) != held_id:
                 raise Conflict(
-                    f"{reg.name} changed while it was being registered.",
-                    hint="Register it again.",
+                    t("{name} changed while it was being registered.", name=reg.name),
+                    hint=t("Register it again."),
                 )
             if reg.holder is not None:
                 return _re_register(rt, session, caller, reg)
@@ -556,8 +584,8 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
         or inst.deadline_at != reg.holder.deadline_at
     ):
         raise Conflict(
-            f"{reg.holder.name} changed while it was being registered again.",
-            hint="Register it again.",
+            t("{name} changed while it was being registered again.", name=reg.holder.name),
+            hint=t("Register it again."),
         )
     before = registration_record(inst)
     changes = {key: value for key, value in reg.fields.items() if key != "ssh_ready_at"}
@@ -612,19 +640,28 @@ def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:
     except Conflict as exc:
         return exc
     return Conflict(
-        f"{reg.name} or this machine was just registered by someone else.",
-        hint="`/gpu list` shows the instances; register again if it is still free.",
+        t("{name} or this machine was just registered by someone else.", name=reg.name),
+        hint=t("`/gpu list` shows the instances; register again if it is still free."),
     )
 
 
-def _announce_mismatch(rt: Runtime, caller: Caller, result: RegisterResult) -> None:
-    """Tell the ops channel once per registration; the reply (in the caller's channel) already
-    says it, so nothing is sent when the ops channel is that channel or there is none."""
+def _announce_mismatch(
+    rt: Runtime,
+    caller: Caller,
+    result: RegisterResult,
+    req: RegisterRequest,
+    status: StatusSnapshot,
+) -> None:
+    """Tell the ops channel once per registration, in the workspace's language (the
+    differences said again in it); the reply (in the caller's channel) already says it, so
+    nothing is sent when the ops channel is that channel or there is none."""
     channel = rt.settings.channel
     if not channel or channel == caller.channel_id:
         return
     inst = result.instance
-    text, body = rt.message(GpuMismatch(result))
+    with speaking(None):
+        told = replace(result, mismatch=compare_gpus(req.gpu_model, req.gpu_count, status))
+        text, body = rt.message(GpuMismatch(told))
     prompts.notify(
         rt,
         channel,
@@ -655,7 +692,10 @@ def _split_host_port(rest: str, raw: str) -> tuple[str, int]:
     if rest.startswith("["):
         host, bracket, after = rest[1:].partition("]")
         if not bracket or (after and not after.startswith(":")):
-            raise UsageError(f"{echo(raw)!r}: the IPv6 address is not closed.", hint=ADDRESS_HINT)
+            raise UsageError(
+                t("{address!r}: the IPv6 address is not closed.", address=echo(raw)),
+                hint=t(ADDRESS_HINT),
+            )
         port_text = after[1:] if after else None
         _check_ipv6(host, raw)
     elif rest.count(":") > 1:
@@ -668,7 +708,10 @@ def _split_host_port(rest: str, raw: str) -> tuple[str, int]:
     port = 22
     if port_text is not None:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise UsageError(f"{echo(port_text)!r} is not a port.", hint="Use 1 to 65535.")
+            raise UsageError(
+                t("{port!r} is not a port.", port=echo(port_text)),
+                hint=t("Use 1 to {most}.", most=65535),
+            )
         port = int(port_text)
     return host, port
 
@@ -678,12 +721,15 @@ def _check_ipv6(host: str, raw: str) -> None:
         ipaddress.IPv6Address(host)
     except ValueError as exc:
         raise UsageError(
-            f"{echo(raw)!r}: {echo(host)!r} is not an IPv6 address.", hint=ADDRESS_HINT
+            t("{address!r}: {host!r} is not an IPv6 address.", address=echo(raw), host=echo(host)),
+            hint=t(ADDRESS_HINT),
         ) from exc
 
 
 def _check_hostname(host: str, raw: str) -> None:
     if not host:
-        raise UsageError(f"{echo(raw)!r} has no host.", hint=ADDRESS_HINT)
+        raise UsageError(t("{address!r} has no host.", address=echo(raw)), hint=t(ADDRESS_HINT))
     if len(host) > 253 or not all(_HOST_LABEL_RE.fullmatch(p) for p in host.rstrip(".").split(".")):
-        raise UsageError(f"{echo(host)!r} is not a host name or address.", hint=ADDRESS_HINT)
+        raise UsageError(
+            t("{host!r} is not a host name or address.", host=echo(host)), hint=t(ADDRESS_HINT)
+        )

@@ -13,6 +13,8 @@ the tick) covers the bot stopping part-way:
   intent was written before the call, with a launch id that is part of the name the instances
   get on the platform. Once the call cannot still be running, it looks the name up in the
   platform's list, terminates what it finds and tells the renter what happened either way.
+
+What is said to the renter is said in their language (bot.services.people.language_for).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from typing import Any
 from sqlmodel import select
 
 from bot.errors import Conflict, GpubotError, ProviderError, UsageError
+from bot.i18n import N_, speaking, t
 from bot.notify import Notice
 from bot.providers.base import LaunchRequest, Provider, ProviderInstance, no_launch
 from bot.runtime import Runtime
 from bot.services import audit, budgets, outbox, prompts, registration
 from bot.services.access import Caller
+from bot.services.people import language_for
 from bot.services.registration import RegisterRequest
 from bot.services.views import RegisterResult
 from bot.store.models import AuditLog, Instance
@@ -55,6 +59,9 @@ REGISTER_S = 300.0
 ORPHAN_LOOKBACK = timedelta(days=7)
 #: After this, a launch call without a recorded answer has ended (HTTP timeouts are far shorter).
 LAUNCH_CALL = timedelta(minutes=10)
+#: Why a launched instance was never registered, for its renter.
+STOPPED_WHILE_SETTING_UP = N_("the bot stopped while setting it up")
+ANSWER_NEVER_CAME = N_("the platform's answer to the launch never reached the bot")
 
 #: (provider, provider id) of launches this process is still adopting.
 _adopting: set[tuple[str, str]] = set()
@@ -197,7 +204,9 @@ def plan_rent(rt: Runtime, caller: Caller, req: RentRequest) -> RentPlan:
     """Check a request without renting anything. Raises UsageError, Conflict (a name in use),
     BudgetExceeded, ConfigError/NotFound (provider), ProviderError (cannot rent, unknown type)."""
     if not 1 <= req.count <= MAX_COUNT:
-        raise UsageError(f"Rent 1 to {MAX_COUNT} instances at a time.", hint="Use --count 1.")
+        raise UsageError(
+            t("Rent 1 to {most} instances at a time.", most=MAX_COUNT), hint=t("Use --count 1.")
+        )
     provider = rt.providers.get(req.provider)
     if not provider.capabilities.can_launch:
         raise no_launch(provider.name)
@@ -207,8 +216,12 @@ def plan_rent(rt: Runtime, caller: Caller, req: RentRequest) -> RentPlan:
     price = req.price_micros_per_hour if req.price_micros_per_hour is not None else listed_price
     if price is None and not provider.capabilities.reports_instance_price:
         raise UsageError(
-            f"{provider.name} publishes no price the bot can read for {req.instance_type}.",
-            hint="Add the price you pay, like --price 1.01/h.",
+            t(
+                "{provider} publishes no price the bot can read for {type}.",
+                provider=provider.name,
+                type=req.instance_type,
+            ),
+            hint=t("Add the price you pay, like --price 1.01/h."),
         )
     budgets.check_budget(rt, caller, caller.user_id, req.project)
     return RentPlan(req, provider, names, price, gpu_model, gpu_count)
@@ -266,8 +279,14 @@ def rent(
 
 def rent_and_report(rt: Runtime, caller: Caller, plan: RentPlan) -> RentResult | None:
     """:func:`rent`, then tell the caller's channel (or the caller) what came of it, once
-    (:class:`RentFinished` or :class:`RentFailed`); for the executor after `/gpu rent` has
-    answered. Returns the result, None when renting failed (nothing is raised)."""
+    (:class:`RentFinished` or :class:`RentFailed`, in the caller's language: it answers their
+    command); for the executor after `/gpu rent` has answered. Returns the result, None when
+    renting failed (nothing is raised)."""
+    with speaking(language_for(rt, caller.user_id)):
+        return _rent_and_report(rt, caller, plan)
+
+
+def _rent_and_report(rt: Runtime, caller: Caller, plan: RentPlan) -> RentResult | None:
     where = caller.channel_id or caller.user_id
     key = f"rent:{caller.user_id}:{uuid.uuid4().hex}"  # this rent's outcome is said once
     try:
@@ -353,15 +372,25 @@ def wait_running(provider: Provider, provider_id: str, waiting: Waiting) -> Prov
             return current
         if current.state in ("stopped", "terminated", "terminating"):
             raise ProviderError(
-                f"{provider.name}: {provider_id} became {current.raw_state} before it ran.",
+                t(
+                    "{provider}: {id} became {state} before it ran.",
+                    provider=provider.name,
+                    id=provider_id,
+                    state=current.raw_state,
+                ),
                 retryable=False,
             )
         if waiting.monotonic() >= deadline:
             raise ProviderError(
-                f"{provider.name}: {provider_id} was not running after "
-                f"{waiting.running_s:g} s (still {current.raw_state}).",
+                t(
+                    "{provider}: {id} was not running after {seconds:g} s (still {state}).",
+                    provider=provider.name,
+                    id=provider_id,
+                    seconds=waiting.running_s,
+                    state=current.raw_state,
+                ),
                 retryable=False,
-                hint="Try again later or another type; it was terminated so it does not bill.",
+                hint=t("Try again later or another type; it was terminated so it does not bill."),
             )
         waiting.sleep(waiting.poll_s)
 
@@ -377,9 +406,15 @@ def wait_ssh(host: str, port: int, waiting: Waiting) -> None:
         except OSError as exc:
             if waiting.monotonic() >= deadline:
                 raise ProviderError(
-                    f"SSH on {host}:{port} did not answer within {waiting.ssh_s:g} s ({exc}).",
+                    t(
+                        "SSH on {host}:{port} did not answer within {seconds:g} s ({error}).",
+                        host=host,
+                        port=port,
+                        seconds=waiting.ssh_s,
+                        error=exc,
+                    ),
                     retryable=False,
-                    hint="Check the image starts sshd and the firewall lets the bot in.",
+                    hint=t("Check the image starts sshd and the firewall lets the bot in."),
                 ) from exc
         waiting.sleep(waiting.poll_s)
 
@@ -401,9 +436,13 @@ def _adopt(
         price = ready.price_micros_per_hour
     if price is None:
         raise ProviderError(
-            f"{plan.provider.name} did not report the price of {launched.provider_id}.",
+            t(
+                "{provider} did not report the price of {id}.",
+                provider=plan.provider.name,
+                id=launched.provider_id,
+            ),
             retryable=False,
-            hint="Rent again with --price.",
+            hint=t("Rent again with --price."),
         )
     caps = plan.provider.capabilities
     return registration.register(
@@ -473,18 +512,20 @@ def _launch(
 def _give_back(
     rt: Runtime, caller: Caller, provider: Provider, provider_id: str, why: GpubotError
 ) -> None:
-    """Terminate an instance that could not be registered; say so loudly if even that fails."""
+    """Terminate an instance that could not be registered; say so loudly (to the caller, in
+    their language) if even that fails."""
     try:
         outcome = provider.release(provider_id, "terminate")
         detail = outcome.state
     except GpubotError as exc:
         detail = f"terminating failed too: {exc.user_text()}"
-        _notify(
-            rt,
-            caller.user_id,
-            RentGivenBackFailed(provider.name, provider_id, why.message, exc.message),
-            key=f"rent_given_back:{provider.name}:{provider_id}",
-        )
+        with speaking(language_for(rt, caller.user_id)):
+            _notify(
+                rt,
+                caller.user_id,
+                RentGivenBackFailed(provider.name, provider_id, why.message, exc.message),
+                key=f"rent_given_back:{provider.name}:{provider_id}",
+            )
     _audit(rt, caller, "rent_given_back", provider=provider.name, id=provider_id, detail=detail)
 
 
@@ -495,8 +536,8 @@ class _Launch:
     name: str | None
     renter: str
     launched_at: datetime
-    #: Why it was never registered, for the renter.
-    reason: str = "the bot stopped while setting it up"
+    #: Why it was never registered, for the renter (marked English, said in their language).
+    reason: str = STOPPED_WHILE_SETTING_UP
 
 
 def _orphans(rt: Runtime, now: datetime) -> list[_Launch]:
@@ -544,7 +585,13 @@ def _orphans(rt: Runtime, now: datetime) -> list[_Launch]:
 
 
 def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
-    """Terminate one orphan (no network call inside a transaction). True when terminated."""
+    """Terminate one orphan (no network call inside a transaction) and tell its renter, in
+    their language. True when terminated."""
+    with speaking(language_for(rt, launch.renter)):
+        return _recover_for_renter(rt, now, launch)
+
+
+def _recover_for_renter(rt: Runtime, now: datetime, launch: _Launch) -> bool:
     try:
         outcome = rt.providers.get(launch.provider).release(launch.provider_id, "terminate")
     except GpubotError as exc:
@@ -562,7 +609,7 @@ def _recover(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         detail="already gone" if outcome.already_gone else outcome.state,
     )
     recovered = RentRecovered(
-        launch.provider, launch.provider_id, launch.name, launch.launched_at, launch.reason
+        launch.provider, launch.provider_id, launch.name, launch.launched_at, t(launch.reason)
     )
     _notify(
         rt,
@@ -596,7 +643,7 @@ def _tell_once(rt: Runtime, now: datetime, launch: _Launch, exc: GpubotError) ->
         )
         text, body = rt.message(
             RentRecoverFailed(
-                launch.provider, launch.provider_id, launch.name, launch.reason, exc.message
+                launch.provider, launch.provider_id, launch.name, t(launch.reason), exc.message
             )
         )
         message_id = outbox.enqueue(
@@ -680,7 +727,7 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
             inst.name,
             launch.renter,
             launch.started_at,
-            reason="the platform's answer to the launch never reached the bot",
+            reason=ANSWER_NEVER_CAME,
         )
         if not _recover(rt, now, orphan):
             return terminated
@@ -697,7 +744,8 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
         checked = RentLaunchChecked(
             launch.provider, launch.instance_type, launch.started_at, launch.platform_name
         )
-        _notify(rt, launch.renter, checked, key=f"rent_launch_checked:{launch.launch_id}")
+        with speaking(language_for(rt, launch.renter)):
+            _notify(rt, launch.renter, checked, key=f"rent_launch_checked:{launch.launch_id}")
     return terminated
 
 
@@ -731,7 +779,9 @@ def _check_free(rt: Runtime, names: tuple[str, ...]) -> None:
             )
         ).all()
     if taken:
-        raise Conflict(f"The name {taken[0]} is in use.", hint="Pick another with --name NAME.")
+        raise Conflict(
+            t("The name {name} is in use.", name=taken[0]), hint=t("Pick another with --name NAME.")
+        )
 
 
 def _type_facts(
@@ -749,7 +799,8 @@ def _type_facts(
 
 
 def _notify(rt: Runtime, recipient: str, notice: Notice, *, key: str) -> None:
-    """Say ``notice`` to ``recipient`` once through the outbox (see prompts.notify)."""
+    """Say ``notice`` to ``recipient`` once through the outbox (see prompts.notify), in the
+    active language."""
     text, body = rt.message(notice)
     prompts.notify(rt, recipient, text, body, key=key)
 

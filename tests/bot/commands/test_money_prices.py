@@ -104,7 +104,8 @@ def test_fit_quotes_the_yuan_table_when_the_currency_is_cny(
 ) -> None:
     rt = make_runtime(sqlite_db, clock, currency="CNY")
     shown = str(run(rt, "fit 7b inference").blocks)
-    assert "1.66" in shown
+    assert "from 1.66 CNY/h on compshare" in shown
+    assert "$" not in shown
     assert "compshare 优云智算 RTX 4090" in shown
     assert "runpod" not in shown
     assert "no price table" not in shown

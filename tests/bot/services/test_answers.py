@@ -8,7 +8,8 @@ import pytest
 from sqlmodel import select
 
 from bot.errors import NotAuthorized, NotFound
-from bot.services import answers, deadlines, releases
+from bot.i18n import speaking
+from bot.services import answers, deadlines, people, releases
 from bot.services.access import Caller
 from bot.services.tick import tick
 from bot.store.models import Instance, Prompt, Release
@@ -21,10 +22,12 @@ from tests.bot.services.support import (
     get_instance,
     make_runtime,
 )
+from tests.chinese import assert_chinese
 
 D = T0 + timedelta(hours=2)
 OWNER = Caller("UOWNER", channel_id="CTEAM")
 OTHER = Caller("UOTHER", channel_id="CTEAM")
+ADMIN = Caller("UADMIN", channel_id="CTEAM")
 
 
 @pytest.fixture
@@ -138,3 +141,16 @@ def test_only_the_owner_or_an_admin_answers_and_only_prompts_of_the_right_kind(r
         answers.keep(rt, OWNER, prompt_id)
     with pytest.raises(NotFound):
         answers.keep(rt, OWNER, 10**6)
+
+
+def test_an_answered_warning_is_edited_in_its_recipients_language_not_the_clickers(rt, clock):
+    _, prompt_id = _warned(rt, clock)
+    people.set_language(rt, OWNER, "zh")
+    with speaking("en"):  # an admin who speaks English answers the owner's warning
+        done = answers.extend(rt, ADMIN, prompt_id, timedelta(hours=1))
+    assert isinstance(done, answers.Extended)
+    [warning] = [p for p in rt.notifier.posts if p.updates]
+    assert warning.channel == "UOWNER"
+    text, blocks = warning.updates[-1]
+    assert_chinese(text, blocks)
+    assert "box" in text

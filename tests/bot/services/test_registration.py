@@ -27,6 +27,7 @@ from bot.errors import (
     Unreachable,
     UsageError,
 )
+from bot.i18n import speaking
 from bot.listeners import error_reply
 from bot.runtime import Runtime
 from bot.services import audit, fleet_views, lifecycle, lookup, polling, registration
@@ -34,6 +35,7 @@ from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Prompt
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, local_request, rows
+from tests.chinese import assert_chinese
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.instances import A100_80
 from tests.fixtures.sshd import SshServer, make_client_key
@@ -117,6 +119,22 @@ def test_register_reports_a_gpu_mismatch_in_the_reply_and_once_to_the_ops_channe
         blocks.register_result(result)[1]
     )
     assert len(rows(db, Instance)) == 1  # still registered: the owner decides what to do
+
+
+def test_a_mismatch_is_said_in_the_callers_language_and_the_workspaces_to_the_ops_channel(
+    rt: Runtime, fake_nvml: FakeNvml, notifier: RecordingNotifier
+) -> None:
+    fake_nvml.gpus(1, A100_40)
+    with speaking("zh"):
+        result = registration.register(rt, OWNER, local_request(gpu_model="a100", gpu_count=2))
+    assert result.mismatch is not None
+    [problem] = result.mismatch.problems
+    assert_chinese(problem)
+    assert problem != "fewer cards: 1 delivered, 2 rented"
+    assert "1" in problem
+    [ops] = notifier.posts
+    assert ops.channel == "COPS"
+    assert "fewer cards: 1 delivered, 2 rented" in ops.text
 
 
 def test_a_mismatch_is_not_posted_again_where_the_reply_went(

@@ -1,0 +1,216 @@
+"""The instance services in Simplified Chinese: the errors a person meets (an unknown instance, a
+bad name or address, a limit only an admin may pass ...), the figures of `/gpu estimate`, and
+what the bot tells a person on its own (a host key alert, a rental it cleaned up) in the language
+that person chose, while everyone else keeps the workspace's English."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from typing import cast
+
+import pytest
+
+from bot.errors import GpubotError, HostKeyChanged
+from bot.i18n import speaking
+from bot.runtime import Runtime
+from bot.services import advice, answers, lifecycle, lookup, people, registration, rent
+from bot.services.access import Caller
+from bot.store.db import Database
+from bot.store.models import AuditLog
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    RecordingNotifier,
+    ScriptedPlatform,
+    add_instance,
+    get_instance,
+    make_runtime,
+)
+from tests.bot.services.test_registration import RTX4090, _snapshot
+from tests.chinese import assert_chinese
+
+OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
+_HAN = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _assert_said_in_chinese(*texts: str) -> None:
+    """Each text is Chinese: no English sentence left, and Chinese words in it (a short English
+    phrase slips past the check for sentences)."""
+    assert_chinese(*texts)
+    for text in texts:
+        assert _HAN.search(text), text
+
+
+@pytest.fixture
+def rt(sqlite_db: Database) -> Runtime:
+    return make_runtime(sqlite_db, Clock(), providers=[ScriptedPlatform()])
+
+
+def _error(action: Callable[[], object]) -> GpubotError:
+    """The error ``action`` raises, raised while speaking Chinese."""
+    with speaking("zh"), pytest.raises(GpubotError) as caught:
+        action()
+    return caught.value
+
+
+def _chinese_error(action: Callable[[], object], *kept: str) -> str:
+    """The Chinese text of the error ``action`` raises; ``kept`` must appear in it as given."""
+    text = _error(action).user_text()
+    _assert_said_in_chinese(text)
+    for value in kept:
+        assert value in text, (value, text)
+    return text
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_bad_names_and_addresses_are_refused_in_chinese() -> None:
+    text = _chinese_error(lambda: registration.validate_name("Bad Name!"), "'Bad Name!'")
+    assert "实例名" in text
+    _chinese_error(lambda: registration.parse_address("203.0.113.7"), "'203.0.113.7'", "USER@HOST")
+    _chinese_error(lambda: registration.parse_address("root@bad_host!"), "'bad_host!'")
+    _chinese_error(lambda: registration.parse_address("root@[2001:db8::1"), "IPv6")
+    _chinese_error(lambda: registration.parse_address("root@box:99999"), "'99999'", "65535")
+
+
+def test_a_registration_with_bad_options_is_refused_in_chinese(rt: Runtime) -> None:
+    def register(**changes: object) -> Callable[[], object]:
+        fields: dict[str, object] = {"name": "box", "address": "root@203.0.113.7"}
+        fields.update(changes)
+        request = registration.RegisterRequest(**fields)  # type: ignore[arg-type]
+        return lambda: registration.register(rt, OWNER, request)
+
+    _chinese_error(register(gpu_count=0), "--count 0", "64")
+    _chinese_error(register(provider="azure"), "'azure'", "runpod")
+    _chinese_error(register(provider="runpod"), "--provider runpod", "--provider-id")
+    both = register(release_in=timedelta(hours=1), release_at=T0 + timedelta(hours=2))
+    _chinese_error(both, "--release-in", "--release-at")
+
+
+def test_an_unknown_instance_is_said_in_chinese(rt: Runtime) -> None:
+    with rt.db.session() as session:
+        _chinese_error(lambda: lookup.get_live_instance(rt, session, "ghost"), "'ghost'")
+        _chinese_error(lambda: lookup.by_id(rt, session, 999), "999", "`/gpu list`")
+    _chinese_error(lambda: lifecycle.extend(rt, OWNER, "ghost", timedelta(hours=1)), "'ghost'")
+    _chinese_error(lambda: answers.keep(rt, OWNER, 999), "/gpu status NAME")
+
+
+def test_what_only_an_admin_may_do_and_what_cannot_be_done_now_is_said_in_chinese(
+    rt: Runtime,
+) -> None:
+    add_instance(rt.db, name="capped", lifetime_cap_at=T0 + timedelta(hours=1))
+    add_instance(rt.db, name="parked", state="stopped")
+    add_instance(rt.db, name="going", state="releasing")
+
+    text = _chinese_error(
+        lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(hours=3)),
+        "capped",
+        "2026-12-02 13:00",
+    )
+    assert "管理员" in text
+    text = _chinese_error(
+        lambda: lifecycle.extend(rt, Caller("UOTHER"), "capped", timedelta(hours=1)),
+        "<@UOWNER>",
+        "capped",
+    )
+    assert "延长" in text
+    _chinese_error(lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(0)), "/gpu extend")
+    _chinese_error(
+        lambda: lifecycle.ask_release(rt, OWNER, "parked", stop=True), "`/gpu release parked`"
+    )
+    text = _chinese_error(lambda: lifecycle.ask_release(rt, OWNER, "going"), "going")
+    assert "释放中" in text
+
+
+def test_renting_checks_are_said_in_chinese(rt: Runtime) -> None:
+    request = rent.RentRequest("scripted", "x", count=9)
+    _chinese_error(lambda: rent.plan_rent(rt, OWNER, request), "8", "--count 1")
+
+
+def test_sizing_advice_errors_and_figures_are_in_chinese() -> None:
+    _chinese_error(lambda: advice.fit("huge", "inference"), "'huge'", "7b")
+    _chinese_error(lambda: advice.fit("7b", "inference", seq=0), "--seq 0", "4096")
+    _chinese_error(lambda: advice.resolve_bits("qlora", 16), "QLoRA", "--bits")
+    _chinese_error(lambda: advice.estimate("nope", hours=Decimal(50)), "'nope'", "4090")
+    _chinese_error(lambda: advice.estimate("4090", hours=Decimal(800)), "--hours 800", "744")
+    _chinese_error(lambda: advice.parse_hours("lots"), "'lots'")
+    with speaking("zh"):
+        report = advice.estimate("4090", hours=Decimal(50), count=2, hourly_micros=500_000)
+    for option in report.options:
+        _assert_said_in_chinese(option.detail)
+        assert "2" in option.detail
+    _assert_said_in_chinese(report.hourly_source, report.buy_source)  # as given; a list price
+    assert report.monthly_source.endswith("未核实")  # the platform names its own offer
+
+
+def test_gpu_mismatches_are_said_in_chinese() -> None:
+    with speaking("zh"):
+        fewer = lookup.compare_gpus("h100", 8, _snapshot(RTX4090))
+        other = lookup.compare_gpus("a100", 2, _snapshot(RTX4090, RTX4090))
+    assert fewer is not None
+    assert other is not None
+    _assert_said_in_chinese(*fewer.problems, *other.problems)
+    assert "8" in fewer.problems[0]
+    assert "NVIDIA GeForce RTX 4090" in other.problems[0]
+    assert "a100" in other.problems[0]
+
+
+# --- messages the bot sends on its own --------------------------------------------------------
+
+
+def test_a_host_key_alert_reaches_its_owner_in_the_language_they_chose(rt: Runtime) -> None:
+    notifier = cast(RecordingNotifier, rt.notifier)
+    theirs = add_instance(rt.db, name="zhbox", owner_id="UZH", host_key_fingerprint="SHA256:old")
+    others = add_instance(rt.db, name="enbox", host_key_fingerprint="SHA256:other")
+    people.set_language(rt, Caller("UZH"), "zh")
+    changed = HostKeyChanged("host key changed", presented_fingerprint="SHA256:new")
+
+    with speaking("en"):  # whoever's command ran into it speaks English
+        lookup.handle_fleet_error(rt, get_instance(rt.db, theirs), changed)
+    lookup.handle_fleet_error(rt, get_instance(rt.db, others), HostKeyChanged("changed"))
+
+    [alert] = notifier.to("UZH")
+    assert_chinese(alert.text, alert.blocks)
+    assert "SHA256:new" in alert.text
+    assert "zhbox" in alert.text
+    [english] = notifier.to("UOWNER")
+    assert "The host key of *enbox*" in english.text
+    assert "no key of the pinned type" in english.text
+
+
+def test_a_rental_cleaned_up_by_the_clock_is_told_in_the_renters_language(rt: Runtime) -> None:
+    notifier = cast(RecordingNotifier, rt.notifier)
+    people.set_language(rt, Caller("UZH"), "zh")
+    with rt.db.session() as session:
+        for renter, pod in (("UZH", "i-zh"), ("UEN", "i-en")):
+            details = {"provider": "scripted", "ids": [pod], "names": [f"{pod}-box"]}
+            session.add(
+                AuditLog(
+                    at=T0 - timedelta(hours=2),
+                    actor=renter,
+                    action="rent_launched",
+                    details_json=json.dumps(details),
+                )
+            )
+
+    assert sorted(rent.recover_orphans(rt, T0)) == ["i-en", "i-zh"]
+
+    [told] = notifier.to("UZH")
+    assert_chinese(told.text, told.blocks)
+    assert "i-zh" in told.text
+    [english] = notifier.to("UEN")
+    assert "never registered because the bot stopped while setting it up" in english.text
+
+
+def test_english_stays_the_default(rt: Runtime) -> None:
+    with pytest.raises(GpubotError) as caught:
+        lifecycle.ask_release(rt, OWNER, "ghost")
+    assert caught.value.user_text() == (
+        "There is no instance called 'ghost'.\n"
+        "`/gpu list` shows the instances; names are lowercase."
+    )
