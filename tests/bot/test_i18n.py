@@ -101,3 +101,22 @@ def test_placeholders_are_filled_and_counting_chooses_a_form() -> None:
 )
 def test_languages_are_named_as_people_type_them(typed: str, language: str | None) -> None:
     assert i18n.language_of(typed) == language
+
+
+def test_a_message_in_two_catalogue_files_reads_the_same_in_both() -> None:
+    """The files are merged: one message with two translations would depend on file order."""
+    from babel.messages.pofile import read_po
+
+    seen: dict[str, tuple[str, object]] = {}
+    clashes: list[str] = []
+    for path in sorted((i18n.LOCALE_DIR / "zh" / "LC_MESSAGES").glob("*.po")):
+        with path.open("rb") as handle:
+            for message in read_po(handle):
+                if not message.id:
+                    continue
+                key = message.id if isinstance(message.id, str) else message.id[0]
+                text = message.string if isinstance(message.string, str) else tuple(message.string)
+                first = seen.setdefault(key, (path.name, text))
+                if first[1] != text:
+                    clashes.append(f"{key!r}: {first[0]} and {path.name}")
+    assert not clashes, "\n".join(clashes)

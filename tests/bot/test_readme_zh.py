@@ -1,0 +1,73 @@
+"""The README's Chinese console walkthrough, run as written: every line between the
+``console-zh`` markers is typed into `gpubot console` (GPUBOT_LANGUAGE=zh, GPUBOT_CURRENCY=CNY,
+a fake RTX 4090), and every reply reads as Chinese.
+
+The health checks' own findings are written by the agent on the instance, in English; those
+lines are the one thing left out of the check."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.chinese import assert_chinese
+from tests.fixtures.fake_nvml import build_config, fake_nvml_env
+
+ROOT = Path(__file__).resolve().parents[2]
+RTX_4090 = "NVIDIA GeForce RTX 4090"
+#: A health check's finding and its hint, as the agent wrote them.
+_AGENT_FINDING = re.compile(r"^\s*\S+ \*[a-z0-9_]+\*: .*$|^\s+_.*_$", re.MULTILINE)
+
+
+def walkthrough() -> list[str]:
+    """The lines the README's Chinese walkthrough types, in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- console-zh -->", 1)[1].split("<!-- /console-zh -->", 1)[0]
+    return [line[2:] for line in block.splitlines() if line.startswith("> ")]
+
+
+@pytest.mark.integration
+def test_the_readme_walkthrough_in_chinese_runs_as_written(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    script = walkthrough()
+    assert script[0] == "/gpu help"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    env |= fake_nvml_env(build_config(1, RTX_4090, per_gpu={0: {"util_gpu": 90}}), tmp_path)
+    env |= {
+        "GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp),
+        "GPUBOT_DATA_DIR": str(tmp_path / "data"),
+        "GPUBOT_LANGUAGE": "zh",
+        "GPUBOT_CURRENCY": "CNY",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "console"],
+        input="\n".join(script) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    turns = result.stdout.split("console-user> ")[1:]
+    assert len(turns) == len(script)
+    for line, turn in zip(script, turns, strict=True):
+        reply = turn.removeprefix(line)
+        assert reply.strip(), f"no reply to {line!r}"
+        assert_chinese(_AGENT_FINDING.sub("", reply))
+    by_line: dict[str, str] = {}
+    for line, turn in zip(script, turns, strict=True):
+        by_line.setdefault(line, turn)  # the first time a line is typed
+    assert "1x 4090 · ¥1.98/h" in by_line["/gpu status"]
+    assert re.search(r"剩余 2h (29|30)m", by_line[":home"])
+    assert "¥1.66/h 起" in by_line["/gpu fit 7b inference"]
+    assert "已释放，已停止计费" in result.stdout
+    assert "还没有实例" in turns[-2]
+    assert "简体中文" in turns[-1]
