@@ -19,6 +19,7 @@ from slack_sdk import WebClient
 
 from bot.blocks import render, render_files
 from bot.commands import build_registry
+from bot.commands import home as home_commands
 from bot.commands.registry import Registry
 from bot.errors import ConfigError
 from bot.executor import BotExecutor
@@ -27,7 +28,7 @@ from bot.fleet.local import LocalTransport
 from bot.health import Health
 from bot.http_server import OpsEndpoints
 from bot.i18n import language_of, set_default_language
-from bot.listeners import register_listeners
+from bot.listeners import Forms, register_listeners
 from bot.metrics import METRICS, Metrics, StoreStats
 from bot.notify import Notifier
 from bot.platform_work import PlatformWork
@@ -52,6 +53,7 @@ __all__ = [
     "make_client",
     "start_clock",
     "timed_registry",
+    "with_home_buttons",
 ]
 
 P = ParamSpec("P")
@@ -87,6 +89,13 @@ def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEnd
         )
 
     return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(store_stats))
+
+
+def with_home_buttons(registry: Registry) -> Registry:
+    """A copy of ``registry`` that also answers the Home tab's own buttons."""
+    both = Registry(commands=dict(registry.commands), actions=dict(registry.actions))
+    home_commands.register(both)
+    return both
 
 
 def timed_registry(registry: Registry, metrics: Metrics = METRICS) -> Registry:
@@ -174,12 +183,14 @@ def build_app(
     runtime: Runtime | None = None,
     registry: Registry | None = None,
     replay_guard: ReplayGuard | None = None,
+    forms: Forms | None = None,
 ) -> App:
-    """The Bolt app with the `/gpu` command and button listeners. ``client`` defaults to a
-    WebClient at ``settings.slack_api_url``; ``runtime`` to :func:`build_runtime` with a
-    notifier on that client; ``replay_guard`` (which answers a signed request sent again
-    without running it) to a new :class:`~bot.replay.ReplayGuard`. Raises ConfigError when
-    SLACK_BOT_TOKEN is missing."""
+    """The Bolt app with the `/gpu` command, the button listeners (the Home tab's included),
+    the forms and the Home tab. ``client`` defaults to a WebClient at
+    ``settings.slack_api_url``; ``runtime`` to :func:`build_runtime` with a notifier on that
+    client; ``replay_guard`` (which answers a signed request sent again without running it) to
+    a new :class:`~bot.replay.ReplayGuard`; ``forms`` to bot.commands.forms. Raises
+    ConfigError when SLACK_BOT_TOKEN is missing."""
     if not settings.slack_bot_token:
         raise ConfigError(
             "SLACK_BOT_TOKEN is not set.",
@@ -204,5 +215,5 @@ def build_app(
     )
     # After Bolt's own middleware: only requests whose signature checked out are remembered.
     app.use(replay_guard if replay_guard is not None else ReplayGuard())
-    register_listeners(app, rt, timed_registry(commands))
+    register_listeners(app, rt, timed_registry(with_home_buttons(commands)), forms=forms)
     return app

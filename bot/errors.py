@@ -6,17 +6,26 @@ owns the outside thing, with ``raise ... from exc``.
 
 from __future__ import annotations
 
+from bot.i18n import N_, t
+
 
 class GpubotError(Exception):
-    """Base of every error the bot expects; ``str(err)`` is fit to show a user."""
+    """Base of every error the bot expects; ``str(err)`` is fit to show a user (raisers pass
+    the message and hint already in the active language: ``t(...)``)."""
 
-    #: Shown to the user as the next step; empty when the message already says it.
-    hint: str = ""
+    #: The hint of every error of the class (marked with ``N_``, translated when read).
+    default_hint: str = ""
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
-        if hint is not None:
-            self.hint = hint
+        self._hint = hint
+
+    @property
+    def hint(self) -> str:
+        """Shown to the user as the next step; empty when the message already says it."""
+        if self._hint is not None:
+            return self._hint
+        return t(self.default_hint) if self.default_hint else ""
 
     @property
     def message(self) -> str:
@@ -76,19 +85,23 @@ class FleetError(GpubotError):
 class Unreachable(FleetError):
     """The host did not answer, refused the connection, or the connection dropped or timed out."""
 
-    hint = "Check that the instance is running and that its SSH port is open to the bot."
+    default_hint = N_(
+        "Check that the instance is running and that its SSH port is open to the bot."
+    )
 
 
 class AuthenticationFailed(FleetError):
     """The instance refused the bot's key."""
 
-    hint = "Add the bot's public key to ~/.ssh/authorized_keys of that user on the instance."
+    default_hint = N_(
+        "Add the bot's public key to ~/.ssh/authorized_keys of that user on the instance."
+    )
 
 
 class HostKeyChanged(FleetError):
     """The host key differs from the one pinned at registration: refused, owner alerted."""
 
-    hint = (
+    default_hint = N_(
         "If the instance was rebuilt, re-register it; otherwise treat this as a possible "
         "man-in-the-middle and do not use the instance."
     )
@@ -112,13 +125,15 @@ class HostKeyChanged(FleetError):
 class HostKeyNotPinned(FleetError):
     """No host key is pinned for the instance, so the bot will not connect to it."""
 
-    hint = "Register the instance again so that its host key is pinned."
+    default_hint = N_("Register the instance again so that its host key is pinned.")
 
 
 class AgentMissing(FleetError):
     """gpu-agent is not on the instance (or no usable Python 3.9+ is)."""
 
-    hint = "Install python3 (3.9 or newer) on the instance; the bot uploads the agent itself."
+    default_hint = N_(
+        "Install python3 (3.9 or newer) on the instance; the bot uploads the agent itself."
+    )
 
 
 class AgentBroken(FleetError):
@@ -136,7 +151,7 @@ class LocalRefused(FleetError):
 class OutputTooLarge(FleetError):
     """A command printed more than the bot reads from an instance; it was stopped unread."""
 
-    hint = (
+    default_hint = N_(
         "Ask for less (a smaller --tail for logs); if a plain status or health check does "
         "this, the agent on the instance is misbehaving: check the instance."
     )
@@ -162,7 +177,7 @@ class ProviderAuthError(ProviderError):
     """The platform rejected the API key (401/403)."""
 
     retryable = False
-    hint = "Check the provider's API key in the bot's environment."
+    default_hint = N_("Check the provider's API key in the bot's environment.")
 
 
 class ProviderRateLimited(ProviderError):
@@ -192,7 +207,9 @@ class ProviderNotFound(ProviderError):
 class StoreError(GpubotError):
     """The database could not be reached or refused an operation (locked, gone, out of space)."""
 
-    hint = "Try again in a moment; if it keeps failing, check GPUBOT_DATABASE_URL and the database."
+    default_hint = N_(
+        "Try again in a moment; if it keeps failing, check GPUBOT_DATABASE_URL and the database."
+    )
 
 
 # --- Slack ----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from bot.errors import GpubotError
+from bot.i18n import nt, t
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -62,15 +63,20 @@ class BotExecutor(ThreadPoolExecutor):
         with self._idle:
             mine = self._by_user.get(user_id, 0)
             if self.per_user is not None and mine >= self.per_user:
-                commands = "command" if mine == 1 else "commands"
                 raise Busy(
-                    f"You already have {mine} {commands} running; wait for them to finish, "
-                    "then try again."
+                    nt(
+                        "You already have {n} command running; wait for them to finish, "
+                        "then try again.",
+                        "You already have {n} commands running; wait for them to finish, "
+                        "then try again.",
+                        mine,
+                        n=mine,
+                    )
                 )
             if self.max_queued is not None and (
                 self._pending >= self.max_workers + self.max_queued
             ):
-                raise Busy("gpubot is busy, try again in a moment.")
+                raise Busy(t("gpubot is busy, try again in a moment."))
             self._pending += 1
             self._by_user[user_id] = mine + 1
         return self._start(user_id, fn, *args, **kwargs)

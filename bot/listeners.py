@@ -6,26 +6,43 @@ Listeners are thin: no SQL, no SSH. Errors the bot expects reach the user as an 
 message; anything else is logged with an error id that the user is shown. A button's value is
 the id of a row; one that is not (not a number, out of range, malformed) is answered at once
 and reaches no handler. Whoever types a command or clicks is remembered (Slack ID and display
-name), so `@name` in a later command finds them.
+name), so `@name` in a later command finds them. Everything is said in the caller's language.
+
+Forms: a `/gpu` command that names a form (``register`` without arguments, ``rent`` …) opens
+it as a modal in the listener itself (a trigger id lasts 3 seconds); a submission is read by
+the form's own code on the executor, and the listener waits up to :data:`FORM_ANSWER_WAIT_S`
+for it: mistakes are shown on the form's fields, and the answer comes as a direct message.
+
+The Home tab (:class:`HomeTabs`) is published when its person opens it, and again after each
+of their commands and clicks, at most once every :data:`HOME_REFRESH_S` seconds; a click on
+the Home has no response URL, so its answer comes as a direct message.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from slack_bolt import Ack, App, Respond
+from slack_sdk import WebClient
 
+from bot.blocks import home as home_blocks
+from bot.blocks.forms import REGISTER_FORM
+from bot.commands import forms as form_commands
 from bot.commands.help import usage_text
 from bot.commands.parser import parse
 from bot.commands.registry import Registry, Reply
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
-from bot.i18n import speaking
+from bot.i18n import N_, speaking, t
+from bot.services import home
 from bot.services.access import Caller
 from bot.services.lookup import ensure_person
 from bot.services.people import language_for
@@ -40,18 +57,55 @@ log = logging.getLogger(__name__)
 SLASH_COMMAND = "/gpu"
 #: The largest id a button may carry (a larger one overflows an id column on PostgreSQL).
 MAX_BUTTON_ID = MAX_ROW_ID
-#: The answer to a button whose value is not an id.
-BAD_BUTTON_TEXT = (
-    ":warning: That button is out of date or malformed; run the command again for a new one."
+#: Said of a button whose value is not an id.
+BAD_BUTTON_NOTE = N_(
+    "That button is out of date or malformed; run the command again for a new one."
 )
+#: The answer to a button whose value is not an id (in English; :func:`bad_button_text`).
+BAD_BUTTON_TEXT = f":warning: {BAD_BUTTON_NOTE}"
+#: How long a submission's listener waits for the form's answer before it closes the form
+#: (Slack waits 3 seconds); an answer that comes later arrives as a direct message.
+FORM_ANSWER_WAIT_S = 2.0
+#: A person's Home tab is published again after their commands at most this often, seconds.
+HOME_REFRESH_S = 10.0
 _BUTTON_ID = re.compile(r"[1-9][0-9]{0,9}")
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
-    """Add the `/gpu` command, one listener for every registered button, and the error handler."""
+@dataclass(frozen=True)
+class Forms:
+    """The modal forms the listeners open and read back (:func:`default_forms`: those of
+    bot.commands.forms): the forms' callback ids, the form a `/gpu` text opens (None: none),
+    a form's view, and a submission's outcome (``errors`` by block id, or a ``reply``)."""
+
+    callback_ids: frozenset[str]
+    form_for_command: Callable[[str], str | None]
+    form_view: Callable[[Runtime, Caller, str], dict[str, Any]]
+    submit_form: Callable[
+        [Runtime, Caller, str, Mapping[str, Mapping[str, Any]]], form_commands.FormOutcome
+    ]
+
+
+def default_forms() -> Forms:
+    """The bot's forms (bot.commands.forms)."""
+    return Forms(
+        callback_ids=frozenset(form_commands.FORM_CALLBACK_IDS),
+        form_for_command=form_commands.form_for_command,
+        form_view=form_commands.form_view,
+        submit_form=form_commands.submit_form,
+    )
+
+
+def register_listeners(
+    app: App, rt: Runtime, registry: Registry, *, forms: Forms | None = None
+) -> HomeTabs:
+    """Add the `/gpu` command (opening a form where the text names one), one listener for
+    every registered button, the forms' submissions, the Home tab and the error handler.
+    Returns the publisher of Home tabs."""
+    form_set = forms if forms is not None else default_forms()
+    homes = HomeTabs(rt, app.client)
 
     @app.command(SLASH_COMMAND)
     def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
@@ -61,10 +115,16 @@ def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
             user_name=command.get("user_name"),
         )
         text = str(command.get("text") or "")
+        callback_id = form_set.form_for_command(text)
+        trigger = str(command.get("trigger_id") or "")
+        if callback_id and open_form(app.client, rt, form_set, caller, callback_id, trigger):
+            ack()
+            return
         try:
-            submit_command(rt, caller, _run_command, rt, registry, caller, text, respond)
+            submit_command(rt, caller, _run_command, rt, registry, homes, caller, text, respond)
         except Busy as exc:
-            ack(text=busy_text(exc), response_type="ephemeral")
+            with speaking(language_for(rt, caller.user_id)):
+                ack(text=busy_text(exc), response_type="ephemeral")
             return
         ack()
 
@@ -78,18 +138,200 @@ def register_listeners(app: App, rt: Runtime, registry: Registry) -> None:
             caller = caller_of_action(body)
             action_id = str(action.get("action_id", ""))
             value = str(action.get("value") or "")
+            answer = Answer(rt, caller, respond if body.get("response_url") else None)
             try:
                 submit_command(
-                    rt, caller, _run_action, rt, registry, caller, action_id, value, respond
+                    rt, caller, _run_action, rt, registry, homes, caller, action_id, value, answer
                 )
             except Busy as exc:
-                # A click's answer to the request is not shown: say it through the response URL.
-                send_reply(respond, Reply(text=busy_text(exc)))
+                # A click's answer to the request is not shown: say it where its answer goes.
+                with speaking(language_for(rt, caller.user_id)):
+                    answer.send(Reply(text=busy_text(exc)))
+
+    @app.action(home_blocks.HOME_REGISTER)
+    def on_home_register(ack: Ack, body: dict[str, Any]) -> None:
+        ack()
+        caller = caller_of_action(body)
+        trigger = str(body.get("trigger_id") or "")
+        if REGISTER_FORM in form_set.callback_ids and open_form(
+            app.client, rt, form_set, caller, REGISTER_FORM, trigger
+        ):
+            return
+        rt.executor.submit(_form_unavailable, rt, caller)
+
+    if form_set.callback_ids:
+
+        @app.view(callback_pattern(form_set.callback_ids))
+        def on_submission(ack: Ack, body: dict[str, Any], view: dict[str, Any]) -> None:
+            submit_form(ack, rt, form_set, homes, caller_of_action(body), view)
+
+    @app.event("app_home_opened")
+    def on_home_opened(event: dict[str, Any]) -> None:
+        if event.get("tab") == "home" and event.get("user"):
+            homes.opened(str(event["user"]))
 
     @app.error
     def on_error(error: Exception, body: dict[str, Any]) -> None:
         kind = body.get("type") or body.get("command") or "request"
         log.error("unhandled error in a Slack listener (%s)", kind, exc_info=error)
+
+    return homes
+
+
+class HomeTabs:
+    """Publishes people's Home tabs in their language (views.publish) on the runtime's
+    executor: at once when one opens it, and after each of their commands and clicks at most
+    once every ``every_s`` seconds (a change within that time is published when it ends).
+    Only the Home of someone who opened it since the bot started is published again; a Slack
+    or store failure is logged, never raised."""
+
+    def __init__(self, rt: Runtime, client: WebClient, *, every_s: float | None = None) -> None:
+        self.rt = rt
+        self.client = client
+        self.every_s = HOME_REFRESH_S if every_s is None else every_s
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+        self._last: dict[str, float] = {}
+        self._pending: dict[str, threading.Timer] = {}
+
+    def opened(self, user_id: str) -> None:
+        """``user_id`` opened their Home: publish it (on the executor)."""
+        with self._lock:
+            self._seen.add(user_id)
+        self._submit(user_id)
+
+    def changed(self, user_id: str) -> None:
+        """A command or click of ``user_id`` completed: publish their Home now, or when the
+        interval since the last one ends (nothing when they never opened it)."""
+        with self._lock:
+            if user_id not in self._seen or user_id in self._pending:
+                return
+            wait_s = self._last.get(user_id, float("-inf")) + self.every_s - time.monotonic()
+            if wait_s > 0:
+                timer = threading.Timer(wait_s, self._due, args=(user_id,))
+                timer.daemon = True
+                self._pending[user_id] = timer
+                timer.start()
+                return
+        self.publish(user_id)
+
+    def publish(self, user_id: str) -> bool:
+        """Build and publish the Home of ``user_id`` now; False (logged) when that failed."""
+        with self._lock:
+            self._last[user_id] = time.monotonic()
+        try:
+            with speaking(language_for(self.rt, user_id)):
+                view = home_blocks.home_view(home.home_view(self.rt, user_id))
+            self.client.views_publish(user_id=user_id, view=view)
+        except Exception:  # the Home must never cost a command
+            log.warning("could not publish the Home tab of %s", user_id, exc_info=True)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Drop the publications waiting for their interval to end."""
+        with self._lock:
+            timers = list(self._pending.values())
+            self._pending.clear()
+        for timer in timers:
+            timer.cancel()
+
+    def _due(self, user_id: str) -> None:
+        with self._lock:
+            self._pending.pop(user_id, None)
+        self._submit(user_id)
+
+    def _submit(self, user_id: str) -> None:
+        try:
+            self.rt.executor.submit(self.publish, user_id)
+        except RuntimeError:  # the executor is shut down: the bot is stopping
+            log.debug("not publishing the Home tab of %s: shutting down", user_id)
+
+
+class Answer:
+    """Where the answer to a click goes: its response URL, or (a click on the Home tab,
+    which has none) a direct message to the person who clicked."""
+
+    def __init__(self, rt: Runtime, caller: Caller, respond: Respond | None) -> None:
+        self.rt = rt
+        self.caller = caller
+        self.respond = respond
+
+    def send(self, reply: Reply) -> None:
+        """Send ``reply``; a failure is logged."""
+        if self.respond is not None:
+            send_reply(self.respond, reply)
+        else:
+            send_direct(self.rt, self.caller.user_id, reply)
+
+
+def open_form(
+    client: WebClient, rt: Runtime, forms: Forms, caller: Caller, callback_id: str, trigger: str
+) -> bool:
+    """Open form ``callback_id`` for ``caller`` with ``trigger`` (views.open), in their
+    language; False (logged) when it could not be opened."""
+    if not trigger:
+        return False
+    try:
+        with speaking(language_for(rt, caller.user_id)):
+            view = forms.form_view(rt, caller, callback_id)
+        client.views_open(trigger_id=trigger, view=view)
+    except Exception:  # the command then runs as typed
+        log.warning("could not open the form %s for %s", callback_id, caller.user_id, exc_info=True)
+        return False
+    return True
+
+
+def submit_form(
+    ack: Ack, rt: Runtime, forms: Forms, homes: HomeTabs, caller: Caller, view: dict[str, Any]
+) -> None:
+    """Hand a form's submission to the executor and wait up to :data:`FORM_ANSWER_WAIT_S`
+    for it: mistakes go back onto the form's fields; otherwise the form closes and the answer
+    comes as a direct message."""
+    callback_id = str(view.get("callback_id", ""))
+    values = (view.get("state") or {}).get("values") or {}
+    handover = _Handover()
+    try:
+        submit_command(
+            rt, caller, _run_form, rt, forms, homes, caller, callback_id, values, handover
+        )
+    except Busy as exc:
+        with speaking(language_for(rt, caller.user_id)):
+            ack(response_action="errors", errors={first_input(view): busy_text(exc)})
+        return
+    errors = handover.wait(FORM_ANSWER_WAIT_S)
+    if errors:
+        ack(response_action="errors", errors=errors)
+    else:
+        ack()
+
+
+class _Handover:
+    """Who shows a submission's mistakes: the listener while it waits (on the form's fields),
+    the worker once it stopped waiting (in a direct message)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._errors: dict[str, str] | None = None
+        self._gone = False
+
+    def settle(self, errors: dict[str, str]) -> bool:
+        """The worker's outcome; True when the listener stopped waiting (the worker says it)."""
+        with self._lock:
+            self._errors = errors
+            gone = self._gone
+        self._done.set()
+        return gone
+
+    def wait(self, timeout_s: float) -> dict[str, str]:
+        """The mistakes to show on the form (empty: close it)."""
+        self._done.wait(timeout_s)
+        with self._lock:
+            if self._errors is None:
+                self._gone = True
+                return {}
+            return self._errors
 
 
 def submit_command(
@@ -104,13 +346,30 @@ def submit_command(
 
 def busy_text(exc: Busy) -> str:
     """The answer to a command turned away unrun."""
-    return f":hourglass: {exc.user_text()}"
+    return t(":hourglass: {reason}", reason=exc.user_text())
+
+
+def bad_button_text() -> str:
+    """The answer to a button whose value is not an id, in the active language."""
+    return t(":warning: {problem}", problem=t(BAD_BUTTON_NOTE))
 
 
 def action_pattern(registry: Registry) -> re.Pattern[str]:
     """A pattern matching exactly the registered action ids."""
-    ids = "|".join(re.escape(action_id) for action_id in sorted(registry.actions))
-    return re.compile(f"^(?:{ids})$")
+    return callback_pattern(registry.actions)
+
+
+def callback_pattern(ids: Iterable[str]) -> re.Pattern[str]:
+    """A pattern matching exactly ``ids``."""
+    return re.compile("^(?:" + "|".join(re.escape(one) for one in sorted(ids)) + ")$")
+
+
+def first_input(view: Mapping[str, Any]) -> str:
+    """The block id of a view's first input block (where a form-wide message shows)."""
+    for block in view.get("blocks") or []:
+        if isinstance(block, dict) and block.get("type") == "input" and block.get("block_id"):
+            return str(block["block_id"])
+    return ""
 
 
 def caller_of_action(body: Mapping[str, Any]) -> Caller:
@@ -143,12 +402,12 @@ def execute_action(
     """Run one button's handler; every failure becomes an ephemeral reply."""
     spec = registry.actions.get(action_id)
     if spec is None:
-        return Reply(text="This button no longer does anything; run the command again.")
+        return Reply(text=t("This button no longer does anything; run the command again."))
     if button_id(value) is None:
         log.warning(
             "button %s by %s had a value that is no id: %r", action_id, caller.user_id, value[:40]
         )
-        return Reply(text=BAD_BUTTON_TEXT)
+        return Reply(text=bad_button_text())
     try:
         return spec.handler(rt, caller, value)
     except GpubotError as exc:
@@ -168,7 +427,7 @@ def button_id(value: str) -> int | None:
 
 def error_reply(exc: GpubotError) -> Reply:
     """An ephemeral message for an error the bot expects: message, hint, usage line."""
-    lines = [f":warning: {exc.user_text()}"]
+    lines = [t(":warning: {problem}", problem=exc.user_text())]
     if isinstance(exc, UsageError) and exc.usage:
         lines.append(usage_text(exc.usage))
     return Reply(text="\n".join(lines))
@@ -179,9 +438,10 @@ def crash_reply(what: str, caller: Caller) -> Reply:
     error_id = uuid.uuid4().hex[:8]
     log.exception("error id %s: %s by %s failed", error_id, what, caller.user_id)
     return Reply(
-        text=(
-            f":x: Something went wrong (error id {error_id}); "
-            "an admin can find it in the bot's log."
+        text=t(
+            ":x: Something went wrong (error id {error_id}); "
+            "an admin can find it in the bot's log.",
+            error_id=error_id,
         )
     )
 
@@ -210,6 +470,23 @@ def send_reply(respond: Respond, reply: Reply) -> None:
         log.exception("could not send a reply through the response URL")
 
 
+def send_direct(rt: Runtime, user_id: str, reply: Reply) -> None:
+    """Send ``reply`` to ``user_id`` as a direct message; if Slack refuses the blocks, the text
+    alone. A failure is logged."""
+    try:
+        rt.notifier.post(user_id, reply.text, reply.blocks)
+        return
+    except GpubotError:
+        if not reply.blocks:
+            log.warning("could not send a direct message to %s", user_id, exc_info=True)
+            return
+        log.warning("Slack refused a direct message's blocks; sending its text", exc_info=True)
+    try:
+        rt.notifier.post(user_id, reply.text)
+    except GpubotError:
+        log.warning("could not send a direct message to %s", user_id, exc_info=True)
+
+
 def remember_caller(rt: Runtime, caller: Caller) -> None:
     """Record the caller as a person the bot knows (their display name too, when Slack sent
     one), so `@name` finds them. A store failure is logged and never stops the command."""
@@ -223,22 +500,80 @@ def remember_caller(rt: Runtime, caller: Caller) -> None:
 
 
 def _run_command(
-    rt: Runtime, registry: Registry, caller: Caller, text: str, respond: Respond
+    rt: Runtime,
+    registry: Registry,
+    homes: HomeTabs,
+    caller: Caller,
+    text: str,
+    respond: Respond,
 ) -> None:
     remember_caller(rt, caller)
     with speaking(language_for(rt, caller.user_id)):
         send_reply(respond, execute_command(rt, registry, caller, text))
+    homes.changed(caller.user_id)
 
 
 def _run_action(
     rt: Runtime,
     registry: Registry,
+    homes: HomeTabs,
     caller: Caller,
     action_id: str,
     value: str,
-    respond: Respond,
+    answer: Answer,
 ) -> None:
-    if action_id in registry.actions and button_id(value) is not None:
+    well_formed = action_id in registry.actions and button_id(value) is not None
+    if well_formed:
         remember_caller(rt, caller)  # a malformed click reaches nothing and changes nothing
     with speaking(language_for(rt, caller.user_id)):
-        send_reply(respond, execute_action(rt, registry, caller, action_id, value))
+        answer.send(execute_action(rt, registry, caller, action_id, value))
+    if well_formed:
+        homes.changed(caller.user_id)
+
+
+def _run_form(
+    rt: Runtime,
+    forms: Forms,
+    homes: HomeTabs,
+    caller: Caller,
+    callback_id: str,
+    values: Mapping[str, Mapping[str, Any]],
+    handover: _Handover,
+) -> None:
+    remember_caller(rt, caller)
+    with speaking(language_for(rt, caller.user_id)):
+        errors, reply = _form_outcome(rt, forms, caller, callback_id, values)
+        late = handover.settle(errors)
+        if errors and late:
+            lines = [t(":warning: The form was not sent:"), *errors.values()]
+            send_direct(rt, caller.user_id, Reply(text="\n".join(lines)))
+        if reply is not None and (late or not errors):
+            send_direct(rt, caller.user_id, reply)
+    if not errors:
+        homes.changed(caller.user_id)
+
+
+def _form_outcome(
+    rt: Runtime,
+    forms: Forms,
+    caller: Caller,
+    callback_id: str,
+    values: Mapping[str, Mapping[str, Any]],
+) -> tuple[dict[str, str], Reply | None]:
+    """A submission's mistakes by block id and its answer; a failure becomes an answer."""
+    try:
+        outcome = forms.submit_form(rt, caller, callback_id, values)
+    except GpubotError as exc:
+        return {}, error_reply(exc)
+    except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
+        return {}, crash_reply(f"form {callback_id}", caller)
+    return dict(outcome.errors), outcome.reply
+
+
+def _form_unavailable(rt: Runtime, caller: Caller) -> None:
+    with speaking(language_for(rt, caller.user_id)):
+        text = t(
+            ":warning: The registration form could not be opened; use "
+            "`/gpu register NAME USER@HOST --gpu MODEL --price 2.10/h` instead."
+        )
+    send_direct(rt, caller.user_id, Reply(text=text))

@@ -4,8 +4,11 @@ The console points the bot's WebClient at it and prints what arrives; the tests 
 Slack boundary (tests/fixtures adds Socket Mode to it). It answers like Slack does (``ok``,
 ``ts``, channel IDs, ``invalid_auth``, ``channel_not_found``, ``no_text``, ``invalid_blocks``,
 ``ratelimited``), records every call, and checks Block Kit against Slack's limits (those of
-bot.blocks.kit). Also here: signing a request the way Slack signs it, and the bodies of a slash
-command and a button click.
+bot.blocks.kit). Views (Home tabs with views.publish, modals with views.open and views.update)
+are checked with slack_sdk's view model and kept; a modal needs a trigger id at most
+:data:`TRIGGER_TTL_S` old and used once (``expired_trigger_id``, ``exchanged_trigger_id``).
+Also here: signing a request the way Slack signs it, and the bodies of a slash command, a
+button click, an ``app_home_opened`` event and a modal's submission.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import secrets
 import threading
 import time
 import urllib.parse
@@ -24,12 +28,17 @@ from typing import Any
 
 from slack_sdk.errors import SlackObjectFormationError
 from slack_sdk.models.blocks import Block
+from slack_sdk.models.views import View
 from slack_sdk.signature import SignatureVerifier
 
 from bot.blocks import kit
 
 #: The largest request body served, in bytes.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+#: How long a trigger id opens a modal, in seconds (Slack's).
+TRIGGER_TTL_S = 3.0
+#: The most blocks a Home tab or a modal holds (Slack's).
+VIEW_MAX_BLOCKS = 100
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,22 @@ class ResponseUrlPost:
     payload: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class StoredView:
+    """A view as Slack keeps it: ``view`` as sent plus its ``id``, ``hash`` and empty
+    ``state``; a Home tab is ``user``'s, a modal was opened with ``trigger_id``."""
+
+    view_id: str
+    view: dict[str, Any]
+    user: str | None = None
+    trigger_id: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``home`` or ``modal``."""
+        return str(self.view.get("type", ""))
+
+
 Event = Message | SharedFile
 
 
@@ -110,6 +135,12 @@ class _State:
     late: dict[str, tuple[float, int]] = field(default_factory=dict)
     #: method -> (HTTP status answered without doing the call, calls left)
     outages: dict[str, tuple[int, int]] = field(default_factory=dict)
+    views: dict[str, StoredView] = field(default_factory=dict)
+    #: user -> the id of their Home tab's view
+    homes: dict[str, str] = field(default_factory=dict)
+    #: trigger id -> (when it was issued, monotonic seconds; the user it was issued to)
+    triggers: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    used_triggers: set[str] = field(default_factory=set)
 
 
 class LocalSlack:
@@ -232,7 +263,35 @@ class LocalSlack:
             self._targets[url_id] = _ResponseTarget(channel, user, message_ts)
         return f"{self.base_url}respond/{url_id}"
 
+    def new_trigger(self, user: str | None = None) -> str:
+        """A trigger id as Slack sends with a command or click of ``user``: it opens one modal,
+        within :data:`TRIGGER_TTL_S` seconds."""
+        trigger = new_trigger_id()
+        with self._cond:
+            self._state.triggers[trigger] = (time.monotonic(), user)
+        return trigger
+
     # --- what arrived -------------------------------------------------------------------------
+
+    def home_view(self, user: str) -> dict[str, Any] | None:
+        """The Home tab last published for ``user``, as Slack keeps it."""
+        with self._cond:
+            view_id = self._state.homes.get(user)
+            stored = self._state.views.get(view_id or "")
+        return None if stored is None else stored.view
+
+    def opened_view(self, trigger_id: str) -> StoredView | None:
+        """The modal opened with ``trigger_id`` (in its latest version), if one was."""
+        with self._cond:
+            for stored in self._state.views.values():
+                if stored.trigger_id == trigger_id:
+                    return stored
+        return None
+
+    def view(self, view_id: str) -> StoredView | None:
+        """A view by its id (the latest version)."""
+        with self._cond:
+            return self._state.views.get(view_id)
 
     @property
     def calls(self) -> list[ApiCall]:
@@ -396,14 +455,14 @@ class LocalSlack:
 # --- Block Kit checks -----------------------------------------------------------------------
 
 
-def check_blocks(blocks: Sequence[Any]) -> list[str]:
+def check_blocks(blocks: Sequence[Any], *, max_blocks: int = kit.MAX_BLOCKS) -> list[str]:
     """What is wrong with a list of blocks by Slack's rules (empty when nothing is): known
-    types, slack_sdk's validation and bot.blocks.kit's limits: at most 50 blocks, header 150,
-    section text 3000, 10 fields, 25 elements per actions block, button text 75 and value 2000
-    characters."""
+    types, slack_sdk's validation and bot.blocks.kit's limits: at most ``max_blocks`` blocks
+    (50 in a message), header 150, section text 3000, 10 fields, 25 elements per actions block,
+    button text 75 and value 2000 characters."""
     problems: list[str] = []
-    if len(blocks) > kit.MAX_BLOCKS:
-        problems.append(f"{len(blocks)} blocks (at most {kit.MAX_BLOCKS})")
+    if len(blocks) > max_blocks:
+        problems.append(f"{len(blocks)} blocks (at most {max_blocks})")
     for index, block in enumerate(blocks):
         problems.extend(f"block {index}: {problem}" for problem in _block_problems(block))
     return problems
@@ -460,6 +519,34 @@ def _text_of(obj: Any) -> str:
     if isinstance(obj, dict):
         return str(obj.get("text", ""))
     return "" if obj is None else str(obj)
+
+
+def check_view(view: Any, kind: str) -> list[str]:
+    """What is wrong with a view of type ``kind`` (``home`` or ``modal``) by Slack's rules
+    (empty when nothing is): slack_sdk's view model (title and buttons 24 characters, 1 to 100
+    blocks, no submit on a Home tab), a modal's title, a submit button where it asks for
+    input, and every block as :func:`check_blocks` checks them."""
+    if not isinstance(view, dict):
+        return ["the view is not an object"]
+    if view.get("type") != kind:
+        return [f"the view's type is {view.get('type')!r}, not {kind!r}"]
+    try:
+        View(**view).validate_json()
+    except (SlackObjectFormationError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        return [str(exc) or type(exc).__name__]
+    blocks = view.get("blocks")
+    if not isinstance(blocks, list) or not blocks:
+        return ["a view needs blocks"]
+    problems: list[str] = []
+    if kind == "modal" and not _text_of(view.get("title")):
+        problems.append("a modal needs a title")
+    inputs = [b for b in blocks if isinstance(b, dict) and b.get("type") == "input"]
+    if inputs and not _text_of(view.get("submit")):
+        problems.append("a modal with input blocks needs a submit button")
+    ids = [b.get("block_id") for b in blocks if isinstance(b, dict) and b.get("block_id")]
+    if len(ids) != len(set(ids)):
+        problems.append("block ids repeat")
+    return problems + check_blocks(blocks, max_blocks=VIEW_MAX_BLOCKS)
 
 
 # --- Web API methods --------------------------------------------------------------------------
@@ -678,6 +765,130 @@ def _complete_upload(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
     return {"ok": True, "files": listed}, list(shared)
 
 
+def _view_arg(args: Mapping[str, Any]) -> Any:
+    raw = args.get("view")
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
+    return raw
+
+
+def _invalid_view(problems: list[str]) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": "invalid_arguments",
+        "response_metadata": {"messages": [f"[ERROR] {p}" for p in problems[:20]]},
+    }
+
+
+def _keep_view(
+    slack: LocalSlack,
+    view: dict[str, Any],
+    *,
+    view_id: str | None = None,
+    user: str | None = None,
+    trigger_id: str | None = None,
+) -> StoredView:
+    """Store ``view`` (a new one, or a new version of ``view_id``) as Slack answers it."""
+    kept_id = view_id or f"V{next(slack._ids):08d}"
+    stored_view = {
+        **view,
+        "id": kept_id,
+        "team_id": slack.team_id,
+        "app_id": "A0GPUBOT",
+        "bot_id": "B0GPUBOT",
+        "hash": f"{int(time.time())}.{secrets.token_hex(4)}",
+        "state": {"values": {}},
+    }
+    stored = StoredView(kept_id, stored_view, user=user, trigger_id=trigger_id)
+    with slack._cond:
+        slack._state.views[kept_id] = stored
+        if user is not None and view.get("type") == "home":
+            slack._state.homes[user] = kept_id
+    return stored
+
+
+def _views_publish(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    """views.publish: a user's Home tab (``user_id``, a ``home`` view; ``hash`` must match the
+    one published last when given)."""
+    user = str(args.get("user_id") or "")
+    view = _view_arg(args)
+    if not user or view is None:
+        return _error("invalid_arguments"), []
+    problems = check_view(view, "home")
+    if problems:
+        return _invalid_view(problems), []
+    with slack._cond:
+        current = slack._state.views.get(slack._state.homes.get(user, ""))
+    given_hash = args.get("hash")
+    if given_hash and current is not None and current.view.get("hash") != given_hash:
+        return _error("hash_conflict"), []
+    stored = _keep_view(slack, view, view_id=current.view_id if current else None, user=user)
+    return {"ok": True, "view": stored.view}, []
+
+
+def _views_open(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    """views.open: a modal, with a trigger id issued at most TRIGGER_TTL_S seconds ago and not
+    used before."""
+    trigger = str(args.get("trigger_id") or "")
+    view = _view_arg(args)
+    if not trigger or view is None:
+        return _error("invalid_arguments"), []
+    problems = check_view(view, "modal")
+    if problems:
+        return _invalid_view(problems), []
+    with slack._cond:
+        issued = slack._state.triggers.get(trigger)
+        used = trigger in slack._state.used_triggers
+        if not used:
+            slack._state.used_triggers.add(trigger)
+    if used:
+        return _error("exchanged_trigger_id"), []
+    age = _trigger_age(trigger, issued)
+    if age is None:
+        return _error("invalid_trigger_id"), []
+    if age > TRIGGER_TTL_S:
+        return _error("expired_trigger_id"), []
+    user = issued[1] if issued else None
+    stored = _keep_view(slack, view, user=user, trigger_id=trigger)
+    return {"ok": True, "view": stored.view}, []
+
+
+def _views_update(slack: LocalSlack, args: dict[str, Any]) -> _Answer:
+    """views.update: a new version of a view the app opened (``view_id``; ``hash`` must be
+    the current one when given)."""
+    view_id = str(args.get("view_id") or "")
+    view = _view_arg(args)
+    if not view_id or view is None:
+        return _error("invalid_arguments"), []
+    current = slack.view(view_id)
+    if current is None:
+        return _error("not_found"), []
+    problems = check_view(view, current.kind)
+    if problems:
+        return _invalid_view(problems), []
+    given_hash = args.get("hash")
+    if given_hash and current.view.get("hash") != given_hash:
+        return _error("hash_conflict"), []
+    stored = _keep_view(
+        slack, view, view_id=view_id, user=current.user, trigger_id=current.trigger_id
+    )
+    return {"ok": True, "view": stored.view}, []
+
+
+def _trigger_age(trigger: str, issued: tuple[float, str | None] | None) -> float | None:
+    """Seconds since ``trigger`` was issued: by this stand-in, or as its leading Unix time
+    says; None for a trigger id that is none."""
+    if issued is not None:
+        return time.monotonic() - issued[0]
+    head = trigger.split(".", 1)[0]
+    if not head.isdigit():
+        return None
+    return max(time.time() - int(head), 0.0)
+
+
 _METHODS: dict[str, Callable[[LocalSlack, dict[str, Any]], _Answer]] = {
     "auth.test": _auth_test,
     "chat.postMessage": _post_message,
@@ -688,6 +899,9 @@ _METHODS: dict[str, Callable[[LocalSlack, dict[str, Any]], _Answer]] = {
     "users.info": _users_info,
     "files.getUploadURLExternal": _get_upload_url,
     "files.completeUploadExternal": _complete_upload,
+    "views.publish": _views_publish,
+    "views.open": _views_open,
+    "views.update": _views_update,
 }
 
 
@@ -791,15 +1005,20 @@ def _bearer(header: str | None) -> str | None:
 
 
 def signed_headers(
-    body: str, signing_secret: str, *, timestamp: int | None = None
+    body: str,
+    signing_secret: str,
+    *,
+    timestamp: int | None = None,
+    content_type: str = "application/x-www-form-urlencoded",
 ) -> dict[str, str]:
-    """Headers that sign ``body`` as Slack does: HMAC-SHA256 of ``v0:{timestamp}:{body}``."""
+    """Headers that sign ``body`` as Slack does: HMAC-SHA256 of ``v0:{timestamp}:{body}``
+    (events come as ``application/json``, everything else as a form)."""
     stamp = str(int(time.time()) if timestamp is None else timestamp)
     signature = SignatureVerifier(signing_secret).generate_signature(timestamp=stamp, body=body)
     if signature is None:
         raise ValueError("the signing secret must not be empty")
     return {
-        "content-type": "application/x-www-form-urlencoded",
+        "content-type": content_type,
         "x-slack-request-timestamp": stamp,
         "x-slack-signature": signature,
     }
@@ -815,8 +1034,10 @@ def slash_command_payload(
     channel_name: str = "general",
     command: str = "/gpu",
     team_id: str = "T0LOCAL",
+    trigger_id: str | None = None,
 ) -> dict[str, str]:
-    """The fields of a slash command; ``text`` is escaped as Slack escapes it (&, <, >)."""
+    """The fields of a slash command; ``text`` is escaped as Slack escapes it (&, <, >).
+    ``trigger_id`` defaults to a new one (:func:`new_trigger_id`)."""
     escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return {
         "token": "unused-verification-token",
@@ -831,7 +1052,7 @@ def slash_command_payload(
         "api_app_id": "A0GPUBOT",
         "is_enterprise_install": "false",
         "response_url": response_url,
-        "trigger_id": f"{int(time.time())}.{abs(hash(text)) % 10**9}",
+        "trigger_id": trigger_id or new_trigger_id(),
     }
 
 
@@ -846,33 +1067,39 @@ def block_actions_payload(
     value: str,
     user_id: str,
     user_name: str,
-    channel_id: str,
-    response_url: str,
+    channel_id: str | None = None,
+    response_url: str | None = None,
     block_id: str = "actions",
     label: str = "",
     message_ts: str | None = None,
     message: Mapping[str, Any] | None = None,
     ephemeral: bool = False,
     team_id: str = "T0LOCAL",
+    trigger_id: str | None = None,
+    view: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The payload of a button click (sent as ``payload=`` JSON in a form body)."""
+    """The payload of a button click (sent as ``payload=`` JSON in a form body). A click in a
+    message has its channel and response URL; one in a ``view`` (the Home tab, a modal) has
+    neither, as with Slack."""
     now = f"{time.time():.6f}"
-    container: dict[str, Any] = {
-        "type": "message",
-        "message_ts": message_ts or now,
-        "channel_id": channel_id,
-        "is_ephemeral": ephemeral,
-    }
+    container: dict[str, Any]
+    if view is not None:
+        container = {"type": "view", "view_id": str(view.get("id", ""))}
+    else:
+        container = {
+            "type": "message",
+            "message_ts": message_ts or now,
+            "channel_id": channel_id,
+            "is_ephemeral": ephemeral,
+        }
     payload: dict[str, Any] = {
         "type": "block_actions",
         "user": {"id": user_id, "username": user_name, "name": user_name, "team_id": team_id},
         "api_app_id": "A0GPUBOT",
         "token": "unused-verification-token",
         "container": container,
-        "trigger_id": f"{int(time.time())}.1",
+        "trigger_id": trigger_id or new_trigger_id(),
         "team": {"id": team_id, "domain": "local"},
-        "channel": {"id": channel_id, "name": channel_id},
-        "response_url": response_url,
         "actions": [
             {
                 "type": "button",
@@ -884,6 +1111,11 @@ def block_actions_payload(
             }
         ],
     }
+    if view is None:
+        payload["channel"] = {"id": channel_id, "name": channel_id}
+        payload["response_url"] = response_url
+    else:
+        payload["view"] = dict(view)
     if message is not None:
         payload["message"] = dict(message)
     return payload
@@ -892,3 +1124,125 @@ def block_actions_payload(
 def block_actions_body(**fields: Any) -> str:
     """The form body of a button click (arguments as :func:`block_actions_payload`)."""
     return urllib.parse.urlencode({"payload": json.dumps(block_actions_payload(**fields))})
+
+
+def new_trigger_id() -> str:
+    """A fresh trigger id shaped like Slack's (its Unix time first)."""
+    return f"{int(time.time())}.{next(_TRIGGER_SERIAL)}.{secrets.token_hex(8)}"
+
+
+_TRIGGER_SERIAL = itertools.count(1)
+
+
+def app_home_opened_payload(
+    *, user_id: str, tab: str = "home", team_id: str = "T0LOCAL"
+) -> dict[str, Any]:
+    """The Events API envelope of ``user_id`` opening the app's ``tab`` (``home`` or
+    ``messages``)."""
+    now = time.time()
+    return {
+        "token": "unused-verification-token",
+        "team_id": team_id,
+        "api_app_id": "A0GPUBOT",
+        "type": "event_callback",
+        "event_id": f"Ev{secrets.token_hex(6).upper()}",
+        "event_time": int(now),
+        "event": {
+            "type": "app_home_opened",
+            "user": user_id,
+            "channel": "D" + hashlib.sha256(user_id.encode()).hexdigest()[:10].upper(),
+            "tab": tab,
+            "event_ts": f"{now:.6f}",
+        },
+    }
+
+
+def app_home_opened_body(**fields: str) -> str:
+    """The JSON body of an ``app_home_opened`` event (arguments as
+    :func:`app_home_opened_payload`); sign it with ``content_type="application/json"``."""
+    return json.dumps(app_home_opened_payload(**fields))
+
+
+def view_submission_payload(
+    *,
+    view: Mapping[str, Any],
+    values: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    user_id: str,
+    user_name: str,
+    team_id: str = "T0LOCAL",
+) -> dict[str, Any]:
+    """The payload of a modal's submission: ``view`` as Slack keeps it with ``values`` as its
+    state (block id -> action id -> what the element holds, see :func:`state_value`)."""
+    submitted = {**view, "state": {"values": {k: dict(v) for k, v in values.items()}}}
+    return {
+        "type": "view_submission",
+        "team": {"id": team_id, "domain": "local"},
+        "user": {"id": user_id, "username": user_name, "name": user_name, "team_id": team_id},
+        "api_app_id": "A0GPUBOT",
+        "token": "unused-verification-token",
+        "trigger_id": new_trigger_id(),
+        "view": submitted,
+        "response_urls": [],
+        "is_enterprise_install": False,
+    }
+
+
+def view_submission_body(**fields: Any) -> str:
+    """The form body of a modal's submission (arguments as :func:`view_submission_payload`)."""
+    return urllib.parse.urlencode({"payload": json.dumps(view_submission_payload(**fields))})
+
+
+def element_options(element: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The options an input element offers (a select's, grouped ones included; radio buttons'
+    and checkboxes')."""
+    options = [o for o in element.get("options") or [] if isinstance(o, dict)]
+    for group in element.get("option_groups") or []:
+        if isinstance(group, dict):
+            options.extend(o for o in group.get("options") or [] if isinstance(o, dict))
+    return options
+
+
+def state_value(element: Mapping[str, Any], typed: str) -> dict[str, Any] | None:
+    """What Slack puts in a view's state for an input ``element`` into which a person typed
+    ``typed`` (empty: left as it is, the element's initial value). An option is chosen by its
+    number, value or label; several (checkboxes, multi-selects) are separated by commas. None
+    when ``typed`` names no option of the element."""
+    kind = str(element.get("type", ""))
+    text = typed.strip()
+    if kind in ("plain_text_input", "number_input", "email_text_input", "url_text_input"):
+        value = text or element.get("initial_value")
+        return {"type": kind, "value": value if value not in ("", None) else None}
+    if kind in ("static_select", "radio_buttons"):
+        if not text:
+            return {"type": kind, "selected_option": element.get("initial_option")}
+        option = _option(element, text)
+        return None if option is None else {"type": kind, "selected_option": option}
+    if kind in ("checkboxes", "multi_static_select"):
+        if not text:
+            return {"type": kind, "selected_options": list(element.get("initial_options") or [])}
+        chosen = [_option(element, part) for part in text.split(",") if part.strip()]
+        if any(option is None for option in chosen):
+            return None
+        return {"type": kind, "selected_options": chosen}
+    if kind == "timepicker":
+        return {"type": kind, "selected_time": text or element.get("initial_time")}
+    if kind == "datepicker":
+        return {"type": kind, "selected_date": text or element.get("initial_date")}
+    if kind == "users_select":
+        return {"type": kind, "selected_user": text or element.get("initial_user")}
+    return {"type": kind, "value": text or None}
+
+
+def _option(element: Mapping[str, Any], typed: str) -> dict[str, Any] | None:
+    wanted = typed.strip()
+    options = element_options(element)
+    if wanted.isdigit() and 1 <= int(wanted) <= len(options):
+        return options[int(wanted) - 1]
+    for option in options:
+        if wanted in (str(option.get("value", "")), _text_of(option.get("text"))):
+            return option
+    lowered = wanted.lower()
+    for option in options:
+        if lowered in (str(option.get("value", "")).lower(), _text_of(option.get("text")).lower()):
+            return option
+    return None

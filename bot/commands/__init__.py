@@ -7,7 +7,7 @@ command.
 
 from __future__ import annotations
 
-from bot.commands import deadlines, help, instances, jobs, lang, money, policy, rent
+from bot.commands import deadlines, help, home, instances, jobs, lang, money, policy, rent
 from bot.commands.registry import Registry
 
 
@@ -22,4 +22,5 @@ def build_registry() -> Registry:
     money.register(registry)
     deadlines.register(registry)
     lang.register(registry)
+    home.register(registry)
     return registry

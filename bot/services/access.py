@@ -40,12 +40,67 @@ from sqlmodel import Session, col, select
 
 from bot.errors import Conflict, NotAuthorized, UsageError
 from bot.fleet.base import LOCAL_HOST
+from bot.i18n import N_, t
 from bot.runtime import Runtime
 from bot.store.models import Instance, InstanceAccess
 
 LOCAL_NAME = "local"
 #: A Slack user mention as Slack sends it: ``<@U123|name>`` or ``<@U123>``.
 _MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
+
+#: What :func:`require_owner_or_admin` says, by the ``action`` its callers pass (whole
+#: sentences, so that each language can order its words).
+_OWNER_OR_ADMIN: dict[str, str] = {
+    "change": N_("Only <@{owner}> (the owner of {name}) or an admin can change it."),
+    "extend": N_("Only <@{owner}> (the owner of {name}) or an admin can extend it."),
+    "release": N_("Only <@{owner}> (the owner of {name}) or an admin can release it."),
+    "stop": N_("Only <@{owner}> (the owner of {name}) or an admin can stop it."),
+    "give people access to": N_(
+        "Only <@{owner}> (the owner of {name}) or an admin can give people access to it."
+    ),
+    "take access away on": N_(
+        "Only <@{owner}> (the owner of {name}) or an admin can take access away on it."
+    ),
+    "change the policy of": N_(
+        "Only <@{owner}> (the owner of {name}) or an admin can change the policy of it."
+    ),
+    "answer prompts about": N_(
+        "Only <@{owner}> (the owner of {name}) or an admin can answer prompts about it."
+    ),
+    "confirm it is released": N_(
+        "Only <@{owner}> (the owner of {name}) or an admin can confirm it is released it."
+    ),
+}
+#: What :func:`require_operate` says, by its ``action`` (``{name}``: the instance's name).
+_OPERATE: dict[str, str] = {
+    "run jobs on it": N_(
+        "Only <@{owner}> (the owner of {name}), the people they allowed, or an admin can run "
+        "jobs on it."
+    ),
+    "read the logs of jobs on {name}": N_(
+        "Only <@{owner}> (the owner of {name}), the people they allowed, or an admin can read "
+        "the logs of jobs on {name}."
+    ),
+    "cancel jobs on {name}": N_(
+        "Only <@{owner}> (the owner of {name}), the people they allowed, or an admin can "
+        "cancel jobs on {name}."
+    ),
+    "run the full health check on {name}": N_(
+        "Only <@{owner}> (the owner of {name}), the people they allowed, or an admin can run "
+        "the full health check on {name}."
+    ),
+}
+
+#: What an instance's state is called in a sentence (``{name} is <state>``).
+_STATE_WORDS: dict[str, str] = {
+    "registering": N_("registering"),
+    "active": N_("active"),
+    "releasing": N_("releasing"),
+    "awaiting_confirmation": N_("awaiting confirmation"),
+    "released": N_("released"),
+    "stopped": N_("stopped"),
+    "lost": N_("lost"),
+}
 
 
 @dataclass(frozen=True)
@@ -106,16 +161,22 @@ def refuse_local(rt: Runtime, name: str, host: str) -> None:
     wants_local = name == LOCAL_NAME or host == LOCAL_HOST
     if wants_local and not rt.console:
         raise NotAuthorized(
-            "local means the machine the bot runs on, which can be used only from the bot's "
-            "own console.",
-            hint="Register a rented instance by its address, like root@203.0.113.7:22, under "
-            "another name.",
+            t(
+                "local means the machine the bot runs on, which can be used only from the "
+                "bot's own console."
+            ),
+            hint=t(
+                "Register a rented instance by its address, like root@203.0.113.7:22, under "
+                "another name."
+            ),
         )
     if (name == LOCAL_NAME) != (host == LOCAL_HOST):
         raise UsageError(
-            "The name local and the address local go together: they mean the machine the bot "
-            "runs on.",
-            hint="Use another name for a remote instance.",
+            t(
+                "The name local and the address local go together: they mean the machine the "
+                "bot runs on."
+            ),
+            hint=t("Use another name for a remote instance."),
         )
 
 
@@ -124,12 +185,22 @@ def require_owner_or_admin(
 ) -> None:
     """Raise NotAuthorized unless the caller owns the instance or is an admin.
 
-    ``action`` completes the sentence "only the owner ... can <action> it"."""
+    ``action`` completes the sentence "only the owner ... can <action> it" (in English, or
+    as the active language has it)."""
     if is_owner(caller, instance) or is_admin(rt, caller):
         return
+    owner, name = instance.owner_id, instance.name
+    sentence = _sentence_for(_OWNER_OR_ADMIN, action, name)
     raise NotAuthorized(
-        f"Only <@{instance.owner_id}> (the owner of {instance.name}) or an admin can {action} it.",
-        hint=f"Ask <@{instance.owner_id}> or an admin to do it.",
+        t(sentence, owner=owner, name=name)
+        if sentence
+        else t(
+            "Only <@{owner}> (the owner of {name}) or an admin can {action} it.",
+            owner=owner,
+            name=name,
+            action=action,
+        ),
+        hint=t("Ask <@{owner}> or an admin to do it.", owner=owner),
     )
 
 
@@ -160,12 +231,34 @@ def require_operate(
     """Raise NotAuthorized unless :func:`can_operate`; ``action`` ends "... can <action>"."""
     if can_operate(rt, caller, instance, session):
         return
+    owner, name = instance.owner_id, instance.name
+    sentence = _sentence_for(_OPERATE, action, name)
     raise NotAuthorized(
-        f"Only <@{instance.owner_id}> (the owner of {instance.name}), the people they allowed, "
-        f"or an admin can {action}.",
-        hint=f"Ask <@{instance.owner_id}> to give you access (`/gpu allow {instance.name} "
-        f"<@{caller.user_id}>`).",
+        t(sentence, owner=owner, name=name)
+        if sentence
+        else t(
+            "Only <@{owner}> (the owner of {name}), the people they allowed, or an admin can "
+            "{action}.",
+            owner=owner,
+            name=name,
+            action=action,
+        ),
+        hint=t(
+            "Ask <@{owner}> to give you access (`/gpu allow {name} <@{caller}>`).",
+            owner=owner,
+            name=name,
+            caller=caller.user_id,
+        ),
     )
+
+
+def _sentence_for(sentences: dict[str, str], action: str, name: str) -> str | None:
+    """The whole sentence for ``action`` (as typed in English, or already in the active
+    language), or None for an action the table does not hold."""
+    for key, sentence in sentences.items():
+        if action in (key.format(name=name), t(key, name=name)):
+            return sentence
+    return None
 
 
 def machine_holders(
@@ -204,36 +297,66 @@ def holder_for_registration(
     if not holders:
         return None
     if len(holders) > 1:
-        names = " and ".join(f"{h.name} (<@{h.owner_id}>)" for h in holders[:2])
+        first, second = holders[0], holders[1]
         raise Conflict(
-            f"This machine is already registered twice, as {names}.",
-            hint="Release one of them first (its owner or an admin can).",
+            t(
+                "This machine is already registered twice, as {first} (<@{first_owner}>) and "
+                "{second} (<@{second_owner}>).",
+                first=first.name,
+                first_owner=first.owner_id,
+                second=second.name,
+                second_owner=second.owner_id,
+            ),
+            hint=t("Release one of them first (its owner or an admin can)."),
         )
     holder = holders[0]
     if is_owner(caller, holder) or is_admin(rt, caller):
         return holder
     raise Conflict(
-        f"This machine is already registered as {holder.name}, held by <@{holder.owner_id}>.",
-        hint=f"Ask <@{holder.owner_id}> to allow you on it (`/gpu allow {holder.name} "
-        f"<@{caller.user_id}>`) or to release it first.",
+        t(
+            "This machine is already registered as {name}, held by <@{owner}>.",
+            name=holder.name,
+            owner=holder.owner_id,
+        ),
+        hint=t(
+            "Ask <@{owner}> to allow you on it (`/gpu allow {name} <@{caller}>`) or to release "
+            "it first.",
+            owner=holder.owner_id,
+            name=holder.name,
+            caller=caller.user_id,
+        ),
     )
 
 
 def require_awaiting_confirmation(instance: Instance, is_manual: bool, is_open: bool) -> None:
     """Raise Conflict unless the instance is a manual one whose release is open, waiting for
     "Released on the platform" (an API platform's meter stops only when the platform says so)."""
+    name = instance.name
     if not is_manual:
         raise Conflict(
-            f"{instance.name} runs on {instance.provider}, whose API says when it is released; "
-            "the bot stops its meter then.",
-            hint=f"Use `/gpu release {instance.name}` to release it.",
+            t(
+                "{name} runs on {provider}, whose API says when it is released; the bot stops "
+                "its meter then.",
+                name=name,
+                provider=instance.provider,
+            ),
+            hint=t("Use `/gpu release {name}` to release it.", name=name),
         )
     if not is_open or instance.state not in ("releasing", "awaiting_confirmation"):
-        state = instance.state.replace("_", " ")
         raise Conflict(
-            f"{instance.name} is {state}; no release of it is waiting for your confirmation.",
-            hint=f"Use `/gpu release {instance.name}` first; the bot then asks you to confirm.",
+            t(
+                "{name} is {state}; no release of it is waiting for your confirmation.",
+                name=name,
+                state=state_words(instance.state),
+            ),
+            hint=t("Use `/gpu release {name}` first; the bot then asks you to confirm.", name=name),
         )
+
+
+def state_words(state: str) -> str:
+    """An instance state as words in the active language (``awaiting confirmation``)."""
+    words = _STATE_WORDS.get(state)
+    return t(words) if words else state.replace("_", " ")
 
 
 def parse_mention(text: str) -> tuple[str, str | None] | None:

@@ -38,6 +38,7 @@ from bot.errors import (
     NotAuthorized,
     UsageError,
 )
+from bot.i18n import Language, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
 from bot.runtime import Runtime
@@ -531,8 +532,9 @@ def refresh_prompts(rt: Runtime, now: datetime) -> int:
             resolution, notice = outcome
             if prompts.resolve(session, prompt.id, resolution=resolution, by=None, now=now):
                 edits.append((prompt, notice))
+    languages: dict[str, Language] = {}
     for prompt, notice in edits:
-        prompts.update_message(rt, prompt, notice)
+        prompts.update_message(rt, prompt, notice, languages)
     return len(edits)
 
 
@@ -729,23 +731,27 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
     Owner or admin. Raises UsageError, NotFound, NotAuthorized, Conflict (not active)."""
     if change.at_deadline is not None and change.at_deadline not in POLICIES:
         raise UsageError(
-            f"{change.at_deadline!r} is not a deadline policy.",
-            hint="Use --at-deadline release, wait-for-jobs or stop.",
+            t("{policy!r} is not a deadline policy.", policy=change.at_deadline),
+            hint=t("Use --at-deadline release, wait-for-jobs or stop."),
         )
     if change == PolicyChange():
         raise UsageError(
-            "Nothing to change.",
-            hint="Give --at-deadline, --max-grace, --release-after, --idle-release or "
-            "--release-when-done.",
+            t("Nothing to change."),
+            hint=t(
+                "Give --at-deadline, --max-grace, --release-after, --idle-release or "
+                "--release-when-done."
+            ),
         )
     if change.release_after_s is not None and change.release_after_s <= 0:
-        raise UsageError("--release-after must be a positive duration.", hint="Like 24h.")
+        raise UsageError(t("--release-after must be a positive duration."), hint=t("Like 24h."))
     now = rt.now()
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="change the policy of")
         if inst.state != "active":
-            raise Conflict(f"{inst.name} is being released; its policy can no longer change.")
+            raise Conflict(
+                t("{name} is being released; its policy can no longer change.", name=inst.name)
+            )
         _check_stop_policy(rt, inst, change)
         before = _policy_of(inst)
         if change.at_deadline is not None:
@@ -779,29 +785,36 @@ def _check_stop_policy(rt: Runtime, inst: Instance, change: PolicyChange) -> Non
     if policy != STOP_POLICY:
         if change.release_after_s is not None:
             raise UsageError(
-                "--release-after goes with --at-deadline stop.",
-                hint=f"`/gpu policy {inst.name} --at-deadline stop --release-after 24h`.",
+                t("--release-after goes with --at-deadline stop."), hint=_stop_example(inst)
             )
         return
     if change.at_deadline == STOP_POLICY and inst.deadline_policy != STOP_POLICY:
         if change.release_after_s is None:
             raise UsageError(
-                "Say when the stopped instance is released: --release-after.",
-                hint=f"`/gpu policy {inst.name} --at-deadline stop --release-after 24h`.",
+                t("Say when the stopped instance is released: --release-after."),
+                hint=_stop_example(inst),
             )
         if not rt.providers.get(inst.provider).capabilities.can_stop:
             raise UsageError(
-                f"{inst.name} runs on {inst.provider}, which cannot stop an instance (only "
-                "terminate it), so it cannot be stopped at its deadline.",
-                hint="Use --at-deadline release or --at-deadline wait-for-jobs.",
+                t(
+                    "{name} runs on {provider}, which cannot stop an instance (only terminate "
+                    "it), so it cannot be stopped at its deadline.",
+                    name=inst.name,
+                    provider=inst.provider,
+                ),
+                hint=t("Use --at-deadline release or --at-deadline wait-for-jobs."),
             )
+
+
+def _stop_example(inst: Instance) -> str:
+    return t("`/gpu policy {name} --at-deadline stop --release-after 24h`.", name=inst.name)
 
 
 def _ask_an_admin(rt: Runtime) -> str:
     admins = sorted(rt.settings.admins)
     if not admins:
-        return "No admin is configured: the bot's operator lists them in GPUBOT_ADMINS."
-    return "Ask an admin: " + ", ".join(f"<@{a}>" for a in admins) + "."
+        return t("No admin is configured: the bot's operator lists them in GPUBOT_ADMINS.")
+    return t("Ask an admin: {admins}.", admins=", ".join(f"<@{a}>" for a in admins))
 
 
 def set_lifetime_cap(
@@ -811,14 +824,15 @@ def set_lifetime_cap(
     it (None). Owners cannot extend past it. Raises NotAuthorized for anyone but an admin."""
     if not rt.settings.is_admin(caller.user_id):
         raise NotAuthorized(
-            "Only an admin can set or lift a maximum lifetime.",
-            hint=_ask_an_admin(rt),
+            t("Only an admin can set or lift a maximum lifetime."), hint=_ask_an_admin(rt)
         )
     now = rt.now()
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         if inst.state != "active":
-            raise Conflict(f"{inst.name} is being released; its lifetime can no longer change.")
+            raise Conflict(
+                t("{name} is being released; its lifetime can no longer change.", name=inst.name)
+            )
         old = inst.lifetime_cap_at
         inst.lifetime_cap_at = None if lifetime is None else inst.created_at + lifetime
         session.add(inst)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
+from bot.i18n import t
 from bot.runtime import Runtime
 from bot.services import access, audit
 from bot.services.access import Caller
@@ -24,8 +25,12 @@ def allow(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Acces
         person_id, display = resolve_person(session, person, caller=caller)
         if person_id == inst.owner_id:
             raise UsageError(
-                f"<@{person_id}> owns {inst.name} and may already run jobs on it.",
-                hint="Name someone else.",
+                t(
+                    "<@{person}> owns {name} and may already run jobs on it.",
+                    person=person_id,
+                    name=inst.name,
+                ),
+                hint=t("Name someone else."),
             )
         changed = _row(session, inst, person_id) is None
         if changed:
@@ -55,8 +60,12 @@ def deny(rt: Runtime, caller: Caller, instance_name: str, person: str) -> Access
         person_id, _ = resolve_person(session, person, caller=caller)
         if person_id == inst.owner_id:
             raise UsageError(
-                f"<@{person_id}> owns {inst.name}; the owner always has access.",
-                hint="Name someone the owner allowed.",
+                t(
+                    "<@{person}> owns {name}; the owner always has access.",
+                    person=person_id,
+                    name=inst.name,
+                ),
+                hint=t("Name someone the owner allowed."),
             )
         row = _row(session, inst, person_id)
         if row is not None:

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import cache
 
 from sqlalchemy import CursorResult, or_, update
 from sqlmodel import Session, col, select
@@ -62,10 +64,11 @@ from bot.errors import (
     UsageError,
 )
 from bot.fleet.base import Target
+from bot.i18n import N_, Language, nt, speaking, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, audit, outbox
+from bot.services import access, audit, outbox, prompts
 from bot.services.access import Caller
 from bot.services.job_views import (
     FINAL_STATES,
@@ -108,6 +111,28 @@ AGENT_SAYS = "gpu-agent: error: "
 AGENT_USAGE_EXIT = 2
 #: Instance states whose agents are asked about jobs; others have no agent to ask any more.
 REACHABLE_STATES = ("registering", "active", "releasing", "awaiting_confirmation")
+#: Why a job was lost, as the bot notes it on the job (stored in English, shown translated);
+#: and the notes of the agent's own that are always worded the same.
+LOST_FORGOTTEN = N_("Lost: {name} no longer knows this job.")
+LOST_UNCONFIRMED = N_("Lost: {name} never confirmed the job.")
+LOST_INSTANCE_GONE = N_("Lost: the instance was {state}.")
+_NOTES = (
+    LOST_FORGOTTEN,
+    LOST_UNCONFIRMED,
+    LOST_INSTANCE_GONE,
+    N_("cancelled while queued"),
+    N_(
+        "the job's supervisor process is gone (killed, or the machine rebooted); what was left "
+        "of the job was stopped"
+    ),
+)
+#: A finished job's state in words (the states are English words in the store).
+_FINAL_STATE_WORDS = {
+    "succeeded": N_("succeeded"),
+    "failed": N_("failed"),
+    "cancelled": N_("cancelled"),
+    "lost": N_("lost"),
+}
 
 
 @dataclass(frozen=True)
@@ -147,7 +172,11 @@ def submit(
         inst = get_live_instance(rt, session, instance_name)
         if inst.state != "active":
             raise Conflict(
-                f"{inst.name} is {inst.state.replace('_', ' ')}; jobs run only on active instances."
+                t(
+                    "{name} is {state}; jobs run only on active instances.",
+                    name=inst.name,
+                    state=access.state_words(inst.state),
+                )
             )
         access.require_operate(rt, caller, inst, session)
         target = target_for(rt, inst)
@@ -226,7 +255,8 @@ def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
         with rt.db.session() as session:
             rows = _recent_rows(session, now, inst.id)
         stored = tuple(job_view(row, inst, _stored_record(row)) for row in rows)
-        return JobListView(inst.name, stored, problem=f"As the bot last saw them: {exc.message}")
+        problem = t("As the bot last saw them: {error}", error=exc.message)
+        return JobListView(inst.name, stored, problem=problem)
     _apply_listing(rt, _id(inst), listing, now)
     recent = [r for r in listing.jobs if r.state not in FINAL_STATES or _recent(r, now)]
     shown = recent[-LIST_LIMIT:]
@@ -253,11 +283,11 @@ def logs(rt: Runtime, caller: Caller, job_ref: str, tail: int | None = None) -> 
     NotFound, NotAuthorized, FleetError."""
     lines = DEFAULT_TAIL if tail is None else tail
     if not 1 <= lines <= MAX_TAIL:
-        raise UsageError(f"--tail must be between 1 and {MAX_TAIL}.")
+        raise UsageError(t("--tail must be between 1 and {most}.", most=MAX_TAIL))
     inst, agent_job_id, row = _resolve(rt, job_ref)
     access.require_operate(rt, caller, inst, action=f"read the logs of jobs on {inst.name}")
     if agent_job_id.startswith(PENDING_PREFIX):
-        raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
+        raise _unconfirmed(job_ref, inst)
     target = target_for(rt, inst)
     try:
         text = rt.fleet.agent(target).logs(agent_job_id, tail=lines)
@@ -319,16 +349,22 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
     owner allowed, or an admin may. Raises NotFound, Conflict, NotAuthorized, FleetError."""
     inst, agent_job_id, row = _resolve(rt, job_ref)
     if row is not None and row.state in FINAL_STATES:
-        raise Conflict(f"Job {job_ref} has already finished ({row.state}).")
+        raise Conflict(
+            t(
+                "Job {job} has already finished ({state}).",
+                job=job_ref,
+                state=_job_state_words(row.state),
+            )
+        )
     if agent_job_id.startswith(PENDING_PREFIX):
-        raise Conflict(f"Job {job_ref} has not been confirmed by {inst.name} yet; try again soon.")
+        raise _unconfirmed(job_ref, inst)
     access.require_operate(rt, caller, inst, action=f"cancel jobs on {inst.name}")
     target = target_for(rt, inst)
     try:
         record = rt.fleet.agent(target).cancel(agent_job_id)
     except AgentBroken as exc:
         if "already finished" in exc.message:
-            raise Conflict(f"Job {job_ref} has already finished.") from exc
+            raise Conflict(t("Job {job} has already finished.", job=job_ref)) from exc
         missing = _not_on_instance(exc, inst, agent_job_id)
         if missing is None:
             raise _agent_error(exc, inst) from exc
@@ -445,19 +481,27 @@ def poll_jobs(rt: Runtime, instance_id: int, now: datetime | None = None) -> Pol
 
 
 def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | None = None) -> int:
-    """Post the completion reply of every finished job that has none; returns how many."""
+    """Post the completion reply of every finished job that has none, each in the language of
+    the person who ran the job; returns how many."""
     now = now or rt.now()
     cutoff = now - CLAIM_TIMEOUT
     with rt.db.session() as session:
-        query = select(Job.id).where(
+        query = select(Job.id, Job.requested_by).where(
             col(Job.state).in_(FINAL_STATES),
             col(Job.replied_at).is_(None),
             or_(col(Job.reply_claimed_at).is_(None), col(Job.reply_claimed_at) < cutoff),
         )
         if instance_id is not None:
             query = query.where(Job.instance_id == instance_id)
-        due = [int(i) for i in session.exec(query.order_by(col(Job.id))).all() if i is not None]
-    return sum(1 for job_id in due if _reply(rt, job_id, now))
+        rows = session.exec(query.order_by(col(Job.id))).all()
+        due = [(int(job_id), by) for job_id, by in rows if job_id is not None]
+    languages: dict[str, Language] = {}
+    replied = 0
+    for job_id, requester in due:
+        with speaking(prompts.recipient_language(rt, requester, languages)):
+            if _reply(rt, job_id, now):
+                replied += 1
+    return replied
 
 
 # --- views --------------------------------------------------------------------------------
@@ -499,11 +543,11 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
         cost_micros=row.cost_micros,
         currency=inst.currency,
         summary=summary,
-        note=record.note if record is not None else None,
+        note=note_words(record.note) if record is not None else None,
         instance_active=inst.state == "active",
         instance_gpu_count=inst.gpu_count or inst.delivered_gpu_count,
         gpus_note=(
-            f"{inst.name} has no usable NVIDIA GPU, so the job runs on the CPU"
+            t("{name} has no usable NVIDIA GPU, so the job runs on the CPU", name=inst.name)
             if defaulted_to_cpu
             else None
         ),
@@ -516,10 +560,11 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
 def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str:
     if not argv:
         raise UsageError(
-            "Nothing to run.", hint="Put the command after a double dash: `-- python train.py`."
+            t("Nothing to run."),
+            hint=t("Put the command after a double dash: `-- python train.py`."),
         )
     if not 0 <= retries <= MAX_RETRIES:
-        raise UsageError(f"--retries must be between 0 and {MAX_RETRIES}.")
+        raise UsageError(t("--retries must be between 0 and {most}.", most=MAX_RETRIES))
     try:
         request = parse_gpus(gpus)
     except JobRequestError as exc:
@@ -553,10 +598,17 @@ def _run_on_agent(
                 session.delete(job)
         if isinstance(exc, Unreachable):
             raise Unreachable(
-                f"{inst.name} did not confirm the job ({exc.message}). If it was queued, I will "
-                "find it and reply when it ends.",
+                t(
+                    "{name} did not confirm the job ({error}). If it was queued, I will find it "
+                    "and reply when it ends.",
+                    name=inst.name,
+                    error=exc.message,
+                ),
                 instance=inst.name,
-                hint=f"`/gpu jobs {inst.name}` shows the queue; run it again if it is not there.",
+                hint=t(
+                    "`/gpu jobs {name}` shows the queue; run it again if it is not there.",
+                    name=inst.name,
+                ),
             ) from exc
         raise _agent_error(exc, inst) from exc
 
@@ -595,7 +647,7 @@ def _refresh(
                 continue  # local, outside the console: only the console polls it
             if inst.state not in REACHABLE_STATES:
                 for row in inst_rows:
-                    _mark_lost(row, inst, now, f"the instance was {inst.state}")
+                    _mark_lost(row, inst, now, LOST_INSTANCE_GONE.format(state=inst.state))
                     updated += 1
                 continue
             plans[inst.name] = (iid, target_for(rt, inst), _since(inst_rows))
@@ -635,13 +687,13 @@ def _apply_listing(rt: Runtime, instance_id: int, listing: JobList, now: datetim
                 record = by_name.get(NAME_PREFIX + token)
                 if record is None:
                     if row.submitted_at < now - SUBMIT_CONFIRM_TIMEOUT:
-                        _mark_lost(row, inst, now, f"{inst.name} never confirmed the job")
+                        _mark_lost(row, inst, now, LOST_UNCONFIRMED.format(name=inst.name))
                         changed += 1
                     continue
             else:
                 record = by_id.get(row.agent_job_id)
                 if record is None:
-                    _mark_lost(row, inst, now, f"{inst.name} no longer knows this job")
+                    _mark_lost(row, inst, now, LOST_FORGOTTEN.format(name=inst.name))
                     changed += 1
                     continue
             if _apply_record(row, record, inst):
@@ -668,9 +720,9 @@ def _apply_record(job: Job, record: JobRecord, inst: Instance) -> bool:
     return before != (job.agent_job_id, job.state, job.summary_json)
 
 
-def _mark_lost(job: Job, inst: Instance, now: datetime, why: str) -> None:
+def _mark_lost(job: Job, inst: Instance, now: datetime, note: str) -> None:
+    """Mark the job lost, ``note`` (one of the ``LOST_*`` notes, in English) saying why."""
     record = _stored_record(job)
-    note = f"Lost: {why}."
     if record is None:
         record = JobRecord(
             id=job.agent_job_id,
@@ -694,9 +746,9 @@ def _mark_lost(job: Job, inst: Instance, now: datetime, why: str) -> None:
 
 
 def _reply(rt: Runtime, job_id: int, now: datetime) -> bool:
-    """Queue one completion reply in the outbox (marking the job replied in the same
-    transaction) and try to post it; False when another process queued it or the post did not
-    go out now (the outbox then retries it)."""
+    """Queue one completion reply, in the active language, in the outbox (marking the job
+    replied in the same transaction) and try to post it; False when another process queued it
+    or the post did not go out now (the outbox then retries it)."""
     message_id = _queue_reply(rt, job_id, now)
     return message_id is not None and outbox.deliver(rt, message_id, now=now) is not None
 
@@ -796,9 +848,12 @@ def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
     )
     problem = None
     if unreachable:
-        names = ", ".join(unreachable)
-        whose = "its" if len(unreachable) == 1 else "their"
-        problem = f"Could not ask {names} now: {whose} jobs are shown as the bot last saw them."
+        problem = nt(
+            "Could not ask {names} now: its jobs are shown as the bot last saw them.",
+            "Could not ask {names} now: their jobs are shown as the bot last saw them.",
+            len(unreachable),
+            names=", ".join(unreachable),
+        )
     return JobListView(None, views, problem=problem)
 
 
@@ -836,7 +891,9 @@ def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
         if raw.isdigit():
             job = session.get(Job, int(raw)) if int(raw) <= MAX_ROW_ID else None
             if job is None:
-                raise NotFound(f"There is no job {raw}.", hint="`/gpu jobs` lists them.")
+                raise NotFound(
+                    t("There is no job {job}.", job=raw), hint=t("`/gpu jobs` lists them.")
+                )
             return _instance_of(rt, session, job), job.agent_job_id, job
         if ":" in raw:
             name, _, agent_id = raw.partition(":")
@@ -858,11 +915,49 @@ def _resolve(rt: Runtime, ref: str) -> tuple[Instance, str, Job | None]:
         if len(matches) == 1:
             return _instance_of(rt, session, matches[0]), matches[0].agent_job_id, matches[0]
         if matches:
-            raise UsageError(f"{ref!r} matches several jobs; give more of its id.")
+            raise UsageError(t("{job!r} matches several jobs; give more of its id.", job=ref))
         raise NotFound(
-            f"There is no job {ref!r}.",
-            hint="Name a job by its number (`/gpu jobs` lists them) or as INSTANCE:AGENT_ID.",
+            t("There is no job {job!r}.", job=ref),
+            hint=t("Name a job by its number (`/gpu jobs` lists them) or as INSTANCE:AGENT_ID."),
         )
+
+
+def _unconfirmed(job_ref: str, inst: Instance) -> Conflict:
+    return Conflict(
+        t(
+            "Job {job} has not been confirmed by {name} yet; try again soon.",
+            job=job_ref,
+            name=inst.name,
+        )
+    )
+
+
+def _job_state_words(state: str) -> str:
+    words = _FINAL_STATE_WORDS.get(state)
+    return t(words) if words is not None else state
+
+
+def note_words(note: str | None) -> str | None:
+    """A job's note in the active language: the bot's own notes (and the agent's fixed ones)
+    translated, anything else as the agent wrote it."""
+    if note is None:
+        return None
+    for template in _NOTES:
+        found = _note_pattern(template).fullmatch(note)
+        if found is None:
+            continue
+        values = found.groupdict()
+        if "state" in values:
+            values["state"] = access.state_words(values["state"])
+        return t(template, **values) if values else t(template)
+    return note
+
+
+@cache
+def _note_pattern(template: str) -> re.Pattern[str]:
+    """``template`` as a pattern whose groups are its ``{placeholders}``."""
+    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.+)", re.escape(template))
+    return re.compile(pattern)
 
 
 def _agent_error(exc: FleetError, inst: Instance) -> FleetError | UsageError:
@@ -896,8 +991,12 @@ def _not_on_instance(exc: AgentBroken, inst: Instance, agent_job_id: str) -> Not
     if "error: no job " not in exc.message:
         return None
     return NotFound(
-        f"{inst.name} has no job {agent_job_id!r} (or more than one starts with it).",
-        hint=f"`/gpu jobs {inst.name}` lists its jobs.",
+        t(
+            "{name} has no job {job!r} (or more than one starts with it).",
+            name=inst.name,
+            job=agent_job_id,
+        ),
+        hint=t("`/gpu jobs {name}` lists its jobs.", name=inst.name),
     )
 
 
@@ -906,11 +1005,14 @@ def _instance_of(rt: Runtime, session: Session, job: Job) -> Instance:
     may be someone else's now, so its jobs are no longer reached."""
     inst = access.visible(rt, session.get(Instance, job.instance_id))
     if inst is None:
-        raise NotFound(f"There is no job {job.id}.", hint="`/gpu jobs` lists them.")
+        raise NotFound(t("There is no job {job}.", job=job.id), hint=t("`/gpu jobs` lists them."))
     if inst.state == "released":
         raise Conflict(
-            f"Job {job.id} ran on {inst.name}, which has been released; its agent is no longer "
-            "asked."
+            t(
+                "Job {job} ran on {name}, which has been released; its agent is no longer asked.",
+                job=job.id,
+                name=inst.name,
+            )
         )
     return inst
 
@@ -938,7 +1040,7 @@ def _agent_only_view(inst: Instance, record: JobRecord) -> JobView:
         gpu_hours=_gpu_hours(duration, len(record.gpus_assigned)),
         currency=inst.currency,
         summary=record.summary,
-        note=record.note,
+        note=note_words(record.note),
         instance_active=inst.state == "active",
     )
 
@@ -1028,7 +1130,7 @@ def _iso(moment: datetime) -> str:
 def _job(session: Session, job_id: int) -> Job:
     job = session.get(Job, job_id)
     if job is None:
-        raise NotFound(f"There is no job {job_id}.")
+        raise NotFound(t("There is no job {job}.", job=job_id))
     return job
 
 

@@ -44,6 +44,7 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError, SlackError
+from bot.i18n import speaking, t
 from bot.notify import FileAttachment, MessageRef
 from bot.runtime import Runtime
 from bot.services import audit
@@ -297,17 +298,24 @@ def escalate(
     instance_id: int | None,
 ) -> None:
     """Queue, in ``session``, one message to the ops channel (an admin when the ops channel is
-    what fails) about the message ``about`` (its key) that cannot be posted; once per key."""
+    what fails) about the message ``about`` (its key) that cannot be posted; once per key,
+    in the workspace's language."""
     to = _elsewhere(rt, recipient)
     if to is None:
         log.error("%s cannot be posted and there is no other place to say so", about)
         return
     what = f"<@{recipient}>" if recipient[:1] in "UW" else f"<#{recipient}>"
-    text = (
-        f":warning: A {kind.replace('_', ' ')} for {what} could not be posted after "
-        f"{attempts} tries since {first_attempt_at or now:%Y-%m-%d %H:%M} UTC: "
-        f"{exc.message[:300]}. {exc.hint or 'Check the bot token and the channel.'}"
-    )
+    with speaking(None):
+        text = t(
+            ":warning: A {kind} for {recipient} could not be posted after {attempts} tries since "
+            "{since} UTC: {error}. {hint}",
+            kind=kind.replace("_", " "),
+            recipient=what,
+            attempts=attempts,
+            since=f"{first_attempt_at or now:%Y-%m-%d %H:%M}",
+            error=exc.message[:300],
+            hint=exc.hint or t("Check the bot token and the channel."),
+        )
     enqueue(
         session,
         key=f"escalation:{about}",

@@ -32,9 +32,11 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError
+from bot.i18n import Language, speaking
 from bot.notify import MessageRef, Notice
 from bot.runtime import Runtime
 from bot.services import audit, outbox
+from bot.services.people import language_for
 from bot.store.models import Instance, Prompt
 
 log = logging.getLogger(__name__)
@@ -204,10 +206,10 @@ def deliver_pending(
     rt: Runtime, now: datetime, kinds: PromptKinds, *, instance_id: int | None = None
 ) -> int:
     """Post every due, unposted, unanswered prompt of a kind in ``kinds`` (optionally of one
-    instance), each saying what its renderer returns, in the runtime's words. Returns how many
-    were posted."""
+    instance), each saying what its renderer returns, in the runtime's words and in its
+    recipient's language. Returns how many were posted."""
     stale = now - timedelta(seconds=CLAIM_LEASE_S)
-    todo: list[tuple[int, Notice]] = []
+    todo: list[tuple[int, str, Notice]] = []
     with rt.db.session() as session:
         query = select(Prompt).where(
             col(Prompt.message_ts).is_(None),
@@ -226,13 +228,31 @@ def deliver_pending(
             if notice is None:
                 resolve(session, prompt.id, resolution="skipped", by=None, now=now)
                 continue
-            todo.append((prompt.id, notice))
+            todo.append((prompt.id, prompt.recipient, notice))
     posted = 0
-    for prompt_id, notice in todo:
-        text, blocks = rt.message(notice)
+    languages: dict[str, Language] = {}
+    for prompt_id, recipient, notice in todo:
+        with speaking(recipient_language(rt, recipient, languages)):
+            text, blocks = rt.message(notice)
         if deliver(rt, prompt_id, text, blocks) is not None:
             posted += 1
     return posted
+
+
+def recipient_language(
+    rt: Runtime, recipient: str | None, known: dict[str, Language] | None = None
+) -> Language:
+    """The language to say something to ``recipient`` in: a person's own (`/gpu lang`), the
+    workspace's for a channel. ``known`` caches the answers of one round (one store read per
+    person); call it outside any store session."""
+    person = recipient if recipient and recipient[:1] in ("U", "W") else None
+    if person is None:
+        return language_for(rt, None)
+    if known is None:
+        return language_for(rt, person)
+    if person not in known:
+        known[person] = language_for(rt, person)
+    return known[person]
 
 
 def resolve(
@@ -280,13 +300,17 @@ def posted_ref(prompt: Prompt) -> MessageRef | None:
     return None
 
 
-def update_message(rt: Runtime, prompt: Prompt, notice: Notice) -> None:
+def update_message(
+    rt: Runtime, prompt: Prompt, notice: Notice, known: dict[str, Language] | None = None
+) -> None:
     """Replace a posted prompt's message with what ``notice`` says (buttons gone, decision
-    shown); failures are logged."""
+    shown), in the language of the prompt's recipient (``known``: see
+    :func:`recipient_language`); failures are logged. Call it outside any store session."""
     ref = posted_ref(prompt)
     if ref is None:
         return
-    text, blocks = rt.message(notice)
+    with speaking(recipient_language(rt, prompt.recipient, known)):
+        text, blocks = rt.message(notice)
     try:
         rt.notifier.update(ref, text, blocks)
     except GpubotError as exc:

@@ -50,10 +50,11 @@ from bot.errors import (
     ProviderNotFound,
     UsageError,
 )
+from bot.i18n import Language, speaking, t
 from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
 from bot.runtime import Runtime
-from bot.services import audit, outbox, registration, releases, rent
+from bot.services import audit, outbox, prompts, registration, releases, rent
 from bot.services.access import Caller
 from bot.services.views import InstanceBrief, RegisterResult, UnregisteredView
 from bot.store.models import Instance, Release
@@ -96,8 +97,8 @@ class UnregisteredFound(Notice):
 
 @dataclass(frozen=True)
 class Registered:
-    """A registration reconcile compares with its platform: its state, its address and whether
-    its last poll reached it (None: never polled)."""
+    """A registration reconcile compares with its platform: its state, its address, whether
+    its last poll reached it (None: never polled) and its owner (a Slack user ID)."""
 
     instance_id: int
     provider_id: str
@@ -105,6 +106,7 @@ class Registered:
     host: str = ""
     port: int = 22
     last_poll_ok: bool | None = None
+    owner_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
     registered, in_use = _registrations(rt, now)
     launches: rent.RecentLaunches | None = None
     changed: list[int] = []
+    languages: dict[str, Language] = {}
     for provider in rt.providers.accounts(in_use):
         try:
             listed = provider.list_instances()
@@ -131,7 +134,10 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
             log.warning("reconcile with %s skipped: %s", provider.name, exc)
             continue
         for change in _changes(provider, registered.get(provider.name, ()), listed):
-            if _record(rt, change, now):
+            owner = change.member.owner_id
+            with speaking(prompts.recipient_language(rt, owner, languages)):
+                recorded = _record(rt, change, now)
+            if recorded:
                 changed.append(change.member.instance_id)
         if launches is None:
             launches = rent.recent_launches(rt, now)
@@ -164,7 +170,7 @@ def report_unregistered(
         if inst.launched_at is not None and inst.launched_at > now - timedelta(seconds=MIN_AGE_S):
             continue
         key = f"unregistered:{provider}:{inst.provider_id}"[:160]
-        with rt.db.session() as session:
+        with rt.db.session() as session, speaking(None):  # the ops channel's language
             if outbox.find(session, key) is not None:
                 continue
             text, body = rt.message(UnregisteredFound(_unregistered_view(rt, provider, inst, now)))
@@ -226,15 +232,19 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
     provider = rt.providers.get(req.provider)
     if not provider.capabilities.can_list:
         raise UsageError(
-            f"{req.provider} has no API the bot can ask about an instance.",
-            hint="Register it with /gpu register NAME USER@HOST --gpu MODEL --price 2.10/h.",
+            t("{provider} has no API the bot can ask about an instance.", provider=req.provider),
+            hint=t("Register it with /gpu register NAME USER@HOST --gpu MODEL --price 2.10/h."),
         )
     seen = _look_up(provider, req.provider_id)
     if seen.state != "running" or not seen.host:
         raise Conflict(
-            f"{req.provider} instance {req.provider_id} is {seen.raw_state or seen.state}, "
-            "not running with an address.",
-            hint="Adopt it once it runs (start it on the platform first).",
+            t(
+                "{provider} instance {id} is {state}, not running with an address.",
+                provider=req.provider,
+                id=req.provider_id,
+                state=seen.raw_state or seen.state,
+            ),
+            hint=t("Adopt it once it runs (start it on the platform first)."),
         )
     request = registration.RegisterRequest(
         name=req.name,
@@ -293,6 +303,7 @@ def _registrations(
                 row.host,
                 row.port,
                 row.last_poll_ok,
+                row.owner_id,
             )
             by_provider.setdefault(row.provider, []).append(member)
     return by_provider, in_use
@@ -359,8 +370,9 @@ def _change(state: str, seen: ProviderInstance) -> str | None:
 
 
 def _record(rt: Runtime, found: Change, now: datetime) -> bool:
-    """Write one change with its Release (or audit) row and the owner's notice; False when the
-    row moved meanwhile (a release opened, another process recorded it first)."""
+    """Write one change with its Release (or audit) row and the owner's notice (in the active
+    language); False when the row moved meanwhile (a release opened, another process recorded
+    it first)."""
     instance_id, change = found.member.instance_id, found.kind
     with rt.db.session() as session:
         if releases.open_release(session, instance_id) is not None:
@@ -576,8 +588,12 @@ def _look_up(provider: Provider, provider_id: str) -> ProviderInstance:
         return provider.get(provider_id)
     except ProviderNotFound as exc:
         raise NotFound(
-            f"{provider.name} does not know an instance {provider_id[:100]!r}.",
-            hint="Copy the id from the ops channel's notice or the platform's console.",
+            t(
+                "{provider} does not know an instance {id!r}.",
+                provider=provider.name,
+                id=provider_id[:100],
+            ),
+            hint=t("Copy the id from the ops channel's notice or the platform's console."),
         ) from exc
 
 
@@ -589,13 +605,22 @@ def _price(rt: Runtime, provider: Provider, seen: ProviderInstance, given: int |
     currency = rt.settings.currency
     if seen.price_micros_per_hour is None:
         raise UsageError(
-            f"{provider.name} does not say what {seen.provider_id} costs.",
-            hint="Add the price you pay, like --price 2.10/h.",
+            t(
+                "{provider} does not say what {id} costs.",
+                provider=provider.name,
+                id=seen.provider_id,
+            ),
+            hint=t("Add the price you pay, like --price 2.10/h."),
         )
     if seen.currency != currency:
         raise UsageError(
-            f"{provider.name} prices {seen.provider_id} in {seen.currency}; the bot counts in "
-            f"{currency}.",
-            hint=f"Add its price in {currency}, like --price 2.10/h.",
+            t(
+                "{provider} prices {id} in {currency}; the bot counts in {ours}.",
+                provider=provider.name,
+                id=seen.provider_id,
+                currency=seen.currency,
+                ours=currency,
+            ),
+            hint=t("Add its price in {currency}, like --price 2.10/h.", currency=currency),
         )
     return seen.price_micros_per_hour

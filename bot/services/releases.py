@@ -48,6 +48,7 @@ from bot.errors import (
     ProviderRateLimited,
     UsageError,
 )
+from bot.i18n import Language, t
 from bot.logging_setup import log_context, log_ids
 from bot.notify import Notice
 from bot.providers.base import RELEASE_MODES, check_mode
@@ -183,21 +184,23 @@ def request_release(
     when it is already released or its deadline moved, UsageError for an unknown mode and
     ProviderError when the provider cannot release in that mode."""
     if mode not in RELEASE_MODES:
-        raise UsageError(f"Unknown release mode {mode!r}.", hint="Use terminate or stop.")
+        raise UsageError(
+            t("Unknown release mode {mode!r}.", mode=mode), hint=t("Use terminate or stop.")
+        )
     now = now or rt.now()
     with rt.db.session() as session:
         inst = session.get(Instance, instance_id)
         if inst is None:
-            raise NotFound(f"There is no instance with id {instance_id}.")
+            raise NotFound(t("There is no instance with id {id}.", id=instance_id))
         existing = open_release(session, instance_id)
         if existing is not None:
             return existing
         if inst.state == "released":
-            raise Conflict(f"{inst.name} is already released.")
+            raise _already_released(inst)
         if inst.state == STOPPED and mode == "stop":
             raise Conflict(
-                f"{inst.name} is already stopped.",
-                hint=f"`/gpu release {inst.name}` terminates it, disk and all.",
+                t("{name} is already stopped.", name=inst.name),
+                hint=t("`/gpu release {name}` terminates it, disk and all.", name=inst.name),
             )
         check_mode(rt.providers.get(inst.provider), mode)
         guard = [col(Instance.id) == instance_id, col(Instance.state).not_in(RELEASING_STATES)]
@@ -206,13 +209,13 @@ def request_release(
             guard += [_same(col(Instance.lifetime_cap_at), seen_deadline[1])]
         won = session.exec(update(Instance).where(*guard).values(state="releasing")).rowcount
         if won != 1 and seen_deadline is not None and _moved(session, instance_id, seen_deadline):
-            raise Conflict(f"{inst.name}'s deadline moved; it is not released now.")
+            raise Conflict(t("{name}'s deadline moved; it is not released now.", name=inst.name))
         if won != 1:
             existing = open_release(session, instance_id)
             if existing is not None:
                 return existing
             if _instance_state(session, instance_id) == "released":
-                raise Conflict(f"{inst.name} is already released.")
+                raise _already_released(inst)
         release = Release(
             instance_id=instance_id,
             reason=reason,
@@ -253,17 +256,21 @@ def release_now(
         inst = access.visible(rt, session.get(Instance, instance_id))
         if inst is None:
             raise NotFound(
-                f"There is no instance with id {instance_id}.",
-                hint="`/gpu list` shows the instances.",
+                t("There is no instance with id {id}.", id=instance_id),
+                hint=t("`/gpu list` shows the instances."),
             )
         access.require_owner_or_admin(rt, caller, inst, action="release")
     if inst.state == "released":
-        raise Conflict(f"{inst.name} is already released.")
+        raise _already_released(inst)
     opened = request_release(rt, instance_id, reason=reason, requested_by=caller.user_id, mode=mode)
     assert opened.id is not None
     done = process_release(rt, opened.id)
     rt.fleet.forget(inst.name)
     return done
+
+
+def _already_released(inst: Instance) -> Conflict:
+    return Conflict(t("{name} is already released.", name=inst.name))
 
 
 def _same(column: Any, value: datetime | None) -> Any:
@@ -369,7 +376,7 @@ def confirm_manual_release(
     with rt.db.session() as session:
         inst = access.visible(rt, session.get(Instance, instance_id))
         if inst is None:
-            raise NotFound(f"There is no instance with id {instance_id}.")
+            raise NotFound(t("There is no instance with id {id}.", id=instance_id))
         access.require_owner_or_admin(rt, caller, inst, action="confirm it is released")
         release = open_release(session, instance_id)
         if release is None:
@@ -406,8 +413,9 @@ def confirm_manual_release(
         at=now,
         tz_name=rt.settings.timezone,
     )
+    languages: dict[str, Language] = {}
     for prompt in to_update:
-        prompts.update_message(rt, prompt, decided)
+        prompts.update_message(rt, prompt, decided, languages)
     return release
 
 
@@ -420,8 +428,13 @@ def require_extendable(rt: Runtime, session: Session, inst: Instance) -> None:
     (extending withdraws that request: :func:`cancel_awaiting_release`)."""
     if inst.state in ("active", STOPPED) or _awaiting_owner(rt, session, inst):
         return
-    state = inst.state.replace("_", " ")
-    raise Conflict(f"{inst.name} is {state}; it cannot be extended now.")
+    raise Conflict(
+        t(
+            "{name} is {state}; it cannot be extended now.",
+            name=inst.name,
+            state=access.state_words(inst.state),
+        )
+    )
 
 
 def _awaiting_owner(rt: Runtime, session: Session, inst: Instance) -> bool:
@@ -478,8 +491,9 @@ def show_cancelled(
         tz_name=rt.settings.timezone,
         extended_s=extended_s,
     )
+    languages: dict[str, Language] = {}
     for prompt in prompts_to_edit:
-        prompts.update_message(rt, prompt, decided)
+        prompts.update_message(rt, prompt, decided, languages)
 
 
 def load_release(rt: Runtime, release_id: int) -> Release:
@@ -487,7 +501,7 @@ def load_release(rt: Runtime, release_id: int) -> Release:
     with rt.db.session() as session:
         release = session.get(Release, release_id)
         if release is None:
-            raise NotFound(f"There is no release with id {release_id}.")
+            raise NotFound(t("There is no release with id {id}.", id=release_id))
         return release
 
 
@@ -584,7 +598,7 @@ def _claim(rt: Runtime, release_id: int, now: datetime) -> _Claim | None:
     with rt.db.session() as session:
         release = session.get(Release, release_id)
         if release is None:
-            raise NotFound(f"There is no release with id {release_id}.")
+            raise NotFound(t("There is no release with id {id}.", id=release_id))
         if release.state not in OPEN_STATES:
             return None
         if release.next_attempt_at is not None and release.next_attempt_at > now:

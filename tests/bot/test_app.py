@@ -306,7 +306,11 @@ def test_bad_input_gets_an_ephemeral_message_and_changes_nothing(
 ) -> None:
     before = _store_rows(slack_bot.rt.db)
     count = len(slack_bot.slack.responses)
+    forms = len(slack_bot.slack.calls_to("views.open"))
     assert slack_bot.command(text) == 200
+    if len(slack_bot.slack.calls_to("views.open")) > forms:  # `register` alone opens its form
+        assert _store_rows(slack_bot.rt.db) == before
+        return
     reply = slack_bot.replies(count + 1)[count]
     assert reply.payload.get("text")
     if reply.payload["text"].startswith((":warning:", ":x:")):

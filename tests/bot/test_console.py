@@ -15,11 +15,14 @@ from typing import Any
 
 import pytest
 
+from bot.commands.forms import FormOutcome
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
 from bot.console import Console, Speaker, tick_steps
+from bot.listeners import Forms
 from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.settings import Settings
+from tests.chinese import assert_chinese
 from tests.fixtures.fake_nvml import build_config, fake_nvml_env
 from tests.fixtures.instances import A100_80
 
@@ -105,10 +108,24 @@ def _registry() -> Registry:
     return registry
 
 
-def _chat(tmp_path: Path, lines: list[str], *, user: str = "console-user") -> str:
+def _chat(
+    tmp_path: Path,
+    lines: list[str],
+    *,
+    user: str = "console-user",
+    registry: Registry | None = None,
+    real: bool = False,
+    forms: Forms | None = None,
+) -> str:
+    """The transcript of ``lines`` typed into a console with the test's commands (``real``:
+    the bot's own commands)."""
     out = io.StringIO()
     console = Console(
-        Settings(data_dir=tmp_path / "data"), out=out, user=user, registry=_registry()
+        Settings(data_dir=tmp_path / "data"),
+        out=out,
+        user=user,
+        registry=None if real else (registry or _registry()),
+        forms=forms,
     )
     try:
         console.start(clock=False)
@@ -119,7 +136,8 @@ def _chat(tmp_path: Path, lines: list[str], *, user: str = "console-user") -> st
 
 
 def test_blocks_print_as_text_and_buttons_are_numbered(tmp_path: Path) -> None:
-    out = _chat(tmp_path, [":as alice", "/gpu card", "card", "click 4", "click 1", "click 99"])
+    script = [":as alice", "/gpu card", "card", "click 4", "y", "click 1", "click 99"]
+    out = _chat(tmp_path, script)
     assert "== box-1 ==" in out
     assert "Owner @alice, see the docs (https://x.test/docs)" in out
     assert "*GPUs* 8x H100" in out
@@ -130,6 +148,15 @@ def test_blocks_print_as_text_and_buttons_are_numbered(tmp_path: Path) -> None:
     assert "(updated)\n  Released 7 by alice" in out
     assert "\n  kept" in out
     assert "There is no button 99" in out
+
+
+def test_a_button_that_asks_first_is_pressed_only_on_yes(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["card", "click 2", "n", "click 2", "no", "click 2", "是"])
+    assert "== Release box-1? ==" in out
+    assert "The meter stops." in out
+    assert "Type y for [Release], anything else for [Cancel]:" in out
+    assert out.count("Not pressed; nothing was done.") == 2
+    assert out.count("Released 7 by console-user") == 1
 
 
 def test_as_switches_who_speaks(tmp_path: Path) -> None:
@@ -164,6 +191,119 @@ def test_console_commands_and_mistakes(tmp_path: Path) -> None:
     assert "Unknown console command `:nope`" in out
     assert "Only /gpu is a command here; `/deploy` is not." in out
     assert "you are" not in out
+
+
+class _ThingForm:
+    """A form of the test's own: a name, a GPU to choose and a count with a default."""
+
+    def forms(self) -> Forms:
+        return Forms(
+            callback_ids=frozenset({"thing_form"}),
+            form_for_command=lambda text: "thing_form" if text == "thing" else None,
+            form_view=self.view,
+            submit_form=self.submit,
+        )
+
+    def view(self, rt: Runtime, caller: Caller, callback_id: str) -> dict[str, Any]:
+        def text_input(block_id: str, label: str, **extra: Any) -> dict[str, Any]:
+            return {
+                "type": "input",
+                "block_id": block_id,
+                "label": {"type": "plain_text", "text": label},
+                "element": {"type": "plain_text_input", "action_id": "value", **extra},
+            }
+
+        options = [
+            {"text": {"type": "plain_text", "text": name}, "value": name.lower()}
+            for name in ("A100", "H100")
+        ]
+        name = text_input("name", "Name", placeholder={"type": "plain_text", "text": "box1"})
+        name["hint"] = {"type": "plain_text", "text": "Lowercase letters and digits."}
+        count = text_input("count", "Count", initial_value="1")
+        count["optional"] = True
+        return {
+            "type": "modal",
+            "callback_id": callback_id,
+            "title": {"type": "plain_text", "text": "A thing"},
+            "submit": {"type": "plain_text", "text": "Make it"},
+            "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": "Tell me about it."}},
+                name,
+                {
+                    "type": "input",
+                    "block_id": "gpu",
+                    "label": {"type": "plain_text", "text": "GPU"},
+                    "element": {"type": "static_select", "action_id": "value", "options": options},
+                },
+                count,
+            ],
+        }
+
+    def submit(self, rt: Runtime, caller: Caller, callback_id: str, values: Any) -> FormOutcome:
+        name = values["name"]["value"]["value"]
+        gpu = values["gpu"]["value"]["selected_option"]["value"]
+        count = values["count"]["value"]["value"]
+        if not name:
+            return FormOutcome(errors={"name": "Give it a name."})
+        return FormOutcome(reply=Reply(text=f"Made {name}: {count}x {gpu}"))
+
+
+def test_a_form_is_filled_in_from_the_next_lines_and_asks_again_where_wrong(
+    tmp_path: Path,
+) -> None:
+    script = ["thing", "", "tpu", "2", "", "box1", "whoami"]
+    out = _chat(tmp_path, script, forms=_ThingForm().forms())
+    form = out.split("console-user> thing", 1)[1]
+    assert "gpubot [form] A thing" in form
+    assert "Tell me about it." in form
+    assert "* Name\n      Lowercase letters and digits.\n      for example: box1" in form
+    assert "choices: 1) A100  2) H100" in form
+    assert "* Count (optional)\n      default: 1" in form
+    assert "That is none of the choices" in form
+    assert "Name: ⚠️ Give it a name." in form
+    again = form.split("fill those fields in again:", 1)[1]
+    assert "  Name:\n" in again  # asked again, the others not
+    assert "  GPU:\n" not in again
+    assert "[DM to console-user]\n  Made box1: 1x h100" in form
+    assert "you are UCONSOLEUSER" in out.split("console-user> whoami", 1)[1]
+
+
+def test_the_register_form_is_printed_and_unsent_when_the_input_ends(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["/gpu register"], real=True)
+    assert "gpubot [form] Register an instance" in out
+    assert "* Name" in out
+    assert "choices: 1) " in out
+    assert "The form was not sent." in out
+
+
+def test_home_prints_the_home_tab_and_release_asks_first(tmp_path: Path) -> None:
+    script = [":home", "click 2", "n", "click 2", "y", ":home"]
+    out = _chat(tmp_path, script, real=True)
+    home, refused, asked, _click, released, again = out.split("console-user> ")[1:]
+    assert "gpubot [Home tab of console-user]" in home
+    assert "== Your GPUs ==" in home
+    assert "*local*" in home
+    assert "[1 Extend 1h]  [2 Release]" in home
+    assert "[3 Register an instance]" in home
+    assert "== Release local? ==" in refused
+    assert "Not pressed; nothing was done." in asked
+    assert "[DM to console-user]" not in asked
+    assert "Release local?: confirmed." in released
+    assert "[DM to console-user]" in released
+    assert "gpubot [Home tab of console-user]" in again
+
+
+def test_the_console_speaks_the_language_of_who_types(tmp_path: Path) -> None:
+    out = _chat(tmp_path, ["/gpu lang zh", ":help", ":nope", ":home"], real=True)
+    after = out.split("console-user> :help", 1)[1]
+    help_text = after.split("console-user> :nope", 1)[0]
+    assert "控制台命令" in help_text
+    assert_chinese(help_text)
+    assert "未知的控制台命令 `:nope`" in after
+    home = after.split("console-user> :home", 1)[1]
+    assert "[console-user 的主页标签]" in home
+    assert "我的 GPU 实例" in home
+    assert_chinese(home)
 
 
 def test_speaker_ids_look_like_slack_ids() -> None:
@@ -233,14 +373,16 @@ def test_register_status_and_manual_release_of_local_with_its_gpus(
         "/gpu status",
         "/gpu release local",
         "click 1",
+        "y",
         "click 3",
+        "y",
         "/gpu status",
     ]
     result = _run_cli(tmp_path, "\n".join(script) + "\n", "console", extra_env=env)
     assert result.returncode == 0, result.stderr
     turns = result.stdout.split("console-user> ")[1:]
     assert len(turns) == len(script)
-    register, status, ask, confirm, released, after = turns
+    register, status, ask, _asks, confirm, _asks_again, released, after = turns
     # The mismatch is said once, in the reply (the ops channel is the console's own channel).
     assert "[DM to console-user]" not in register
     assert register.count("GPU mismatch on local") == 1
@@ -255,6 +397,30 @@ def test_register_status_and_manual_release_of_local_with_its_gpus(
     store = _store(tmp_path)
     [release] = store["release"]
     assert "confirmed" in release
+
+
+@pytest.mark.integration
+def test_piped_lines_fill_in_the_register_form_of_local(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    config = build_config(2, A100_80)
+    env = fake_nvml_env(config, tmp_path) | {"GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp)}
+    # name, address, GPU (choice 9: A100 80GB SXM4), count, price, deadline, then the optional
+    # fields left empty; the price is asked again.
+    fields = ["local", "local", "9", "2", "cheap", "3h", *[""] * 9, "2.10/h"]
+    script = ["/gpu register", *fields, "/gpu status"]
+    result = _run_cli(tmp_path, "\n".join(script) + "\n", "console", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    form, status = result.stdout.split("console-user> /gpu status")
+    assert "gpubot [form] Register an instance" in form
+    assert "Price of the instance: ⚠️" in form
+    answer = form.split("fill those fields in again:", 1)[1]
+    assert "[DM to console-user]" in answer
+    assert "local" in answer
+    assert "GPU mismatch" not in answer
+    assert "*local*" in status
+    [instance] = [row for row in _store(tmp_path)["instance"] if "released" not in row]
+    assert 2_100_000 in instance
 
 
 @pytest.mark.integration

@@ -16,9 +16,9 @@ from slack_sdk import WebClient
 from bot.cli import cli_parser
 from bot.commands import build_registry
 from bot.listeners import SLASH_COMMAND
-from bot.local_slack import LocalSlack
+from bot.local_slack import LocalSlack, app_home_opened_body, signed_headers
 from bot.slack_notifier import SlackNotifier
-from tests.fixtures.slack import BOT_TOKEN, SlackBot
+from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET, SlackBot
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -33,6 +33,8 @@ SCOPES = {
     "files.completeUploadExternal": "files:write",
     "users.info": "users:read",
 }
+#: Web API methods that need no scope: the token check, the Home tab and modals.
+NO_SCOPE = frozenset({"auth.test", "views.publish", "views.open", "views.update"})
 
 
 def _manifest() -> dict[str, Any]:
@@ -98,6 +100,34 @@ def test_the_manifest_command_and_every_button_are_handled(slack_bot: SlackBot) 
     replies = slack_bot.replies(1 + len(actions))
     assert all(reply.payload["text"] for reply in replies)
     assert not any(":x: Something went wrong" in r.payload["text"] for r in replies)
+
+
+def test_the_home_tab_and_its_event_are_on() -> None:
+    manifest = _manifest()
+    home = manifest["features"]["app_home"]
+    assert home["home_tab_enabled"] is True
+    assert home["messages_tab_enabled"] is True
+    events = manifest["settings"]["event_subscriptions"]
+    assert events["bot_events"] == ["app_home_opened"]
+    assert events["request_url"].endswith("/slack/events")
+    assert "lang" in _slash(manifest)["usage_hint"].split(" | ")
+
+
+@pytest.mark.integration
+def test_the_manifest_event_and_the_forms_are_handled_with_its_scopes(
+    slack_bot: SlackBot,
+) -> None:
+    body = app_home_opened_body(user_id="U0ALICE")
+    headers = signed_headers(body, SIGNING_SECRET, content_type="application/json")
+    assert slack_bot.post(body, headers) == 200
+    assert slack_bot.slack.wait_for(lambda s: s.home_view("U0ALICE") is not None)
+    assert slack_bot.command("register") == 200
+    assert slack_bot.slack.wait_for(lambda s: bool(s.calls_to("views.open")))
+    called = {call.method for call in slack_bot.slack.calls}
+    assert {"views.publish", "views.open"} <= called
+    assert called <= set(SCOPES) | NO_SCOPE
+    scopes = set(_manifest()["oauth_config"]["scopes"]["bot"])
+    assert {SCOPES[method] for method in called - NO_SCOPE} <= scopes
 
 
 def test_env_example_lists_every_setting() -> None:

@@ -1,0 +1,267 @@
+"""Block Kit for the Home tab: a :class:`~bot.services.home.HomeView` in, a Home view out
+(``{"type": "home", "blocks": [...]}``, at most 100 blocks), in the active language.
+
+Each of the person's instances has Extend 1h and Release buttons, each asking first in Slack's
+own confirm dialog (Release is then the release button of `/gpu release`); the team's fleet is
+one line per instance; a Register button opens the registration form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from bot.blocks.instances import RELEASE_CONFIRM
+from bot.blocks.kit import (
+    Block,
+    actions,
+    button,
+    code,
+    confirm_dialog,
+    context,
+    divider,
+    escape,
+    header,
+    mention,
+    pack,
+    section,
+    when,
+)
+from bot.i18n import nt, t
+from bot.services.home import HomeInstance, HomeJob, HomeView
+from bot.values import format_duration, format_money
+
+#: Button action ids: Extend 1h on one of the person's instances (its handler is in
+#: bot.commands.home) and Register (the listeners open the registration form).
+HOME_EXTEND = "home_extend_1h"
+#: What the Extend button adds to the deadline.
+HOME_EXTEND_BY = timedelta(hours=1)
+HOME_REGISTER = "home_register"
+#: The most blocks a Home view holds (Slack's limit).
+HOME_MAX_BLOCKS = 100
+#: The person's instances shown with their buttons (two blocks each); the rest are counted.
+MINE_SHOWN = 20
+#: The jobs and fleet lines shown; the rest are counted.
+LINES_SHOWN = 200
+
+
+def home_view(view: HomeView) -> dict[str, Any]:
+    """The Home tab of ``view``'s person."""
+    blocks: list[Block] = [header(t("Your GPUs")), *_mine(view)]
+    blocks += [divider(), header(t("Your running jobs")), *_jobs(view)]
+    blocks += [divider(), header(t("Your spend this month")), section(_spend(view))]
+    blocks += [divider(), header(t("The team's fleet")), *_fleet(view)]
+    blocks += [
+        actions(
+            [button(t("Register an instance"), HOME_REGISTER, "register", style="primary")],
+            block_id="home-register",
+        ),
+        context(t("Updated {at}.", at=_clock(view.now, view.timezone))),
+    ]
+    return {"type": "home", "blocks": blocks[:HOME_MAX_BLOCKS]}
+
+
+def _mine(view: HomeView) -> list[Block]:
+    if not view.mine:
+        return [
+            section(
+                t(
+                    "You have no instances. Register one you rented with the button below, "
+                    "or with `/gpu register`."
+                )
+            )
+        ]
+    blocks: list[Block] = []
+    for item in view.mine[:MINE_SHOWN]:
+        blocks.append(section(_mine_text(item, view.now), block_id=f"home-inst-{item.id}"))
+        blocks.append(actions(_buttons(item, view), block_id=f"home-actions-{item.id}"))
+    left = len(view.mine) - MINE_SHOWN
+    if left > 0:
+        blocks.append(
+            context(
+                nt(
+                    "{n} more instance not shown; `/gpu status` lists them all.",
+                    "{n} more instances not shown; `/gpu status` lists them all.",
+                    left,
+                    n=left,
+                )
+            )
+        )
+    return blocks
+
+
+def _mine_text(item: HomeInstance, now: datetime) -> str:
+    facts = [_gpus(item), _util(item), _deadline(item, now)]
+    cost = t("{cost} so far", cost=format_money(item.cost_micros, item.currency))
+    return f"*{escape(item.name)}*  ·  " + "  ·  ".join([*facts, cost])
+
+
+def _buttons(item: HomeInstance, view: HomeView) -> list[Block]:
+    """Extend 1h and Release, each asking first in a confirm dialog."""
+    return [
+        button(t("Extend 1h"), HOME_EXTEND, str(item.id), confirm=_extend_dialog(item, view)),
+        button(
+            t("Release"),
+            RELEASE_CONFIRM,
+            str(item.id),
+            style="danger",
+            confirm=_release_dialog(item),
+        ),
+    ]
+
+
+def _extend_dialog(item: HomeInstance, view: HomeView) -> Block:
+    added = HOME_EXTEND_BY
+    values = {
+        "name": escape(item.name),
+        "at": when(max(item.deadline_at or view.now, view.now) + added, ZoneInfo(view.timezone)),
+        "duration": format_duration(added),
+    }
+    if item.state == "stopped":
+        what = t("*{name}* stays stopped, its disk kept, until {at} ({duration} more).", **values)
+    else:
+        what = t("*{name}* keeps running until {at} ({duration} more).", **values)
+    if item.burn_micros_per_hour > 0:
+        cost = format_money(item.burn_micros_per_hour * added // timedelta(hours=1), item.currency)
+        what += " " + t("That costs about {cost} more.", cost=cost)
+    return confirm_dialog(
+        t("Extend {name} by {duration}?", name=item.name, duration=values["duration"]),
+        what,
+        confirm=t("Yes, extend"),
+        deny=t("Cancel"),
+    )
+
+
+def _release_dialog(item: HomeInstance) -> Block:
+    cost = format_money(item.cost_micros, item.currency)
+    if item.burn_micros_per_hour > 0:
+        text = t(
+            "Releasing *{name}* ends its {rate}/h; anything not saved off it is lost. "
+            "It has cost {cost} so far.",
+            name=escape(item.name),
+            rate=format_money(item.burn_micros_per_hour, item.currency),
+            cost=cost,
+        )
+    else:
+        text = t(
+            "Releasing *{name}* loses anything not saved off it. It has cost {cost} so far.",
+            name=escape(item.name),
+            cost=cost,
+        )
+    return confirm_dialog(
+        t("Release {name}?", name=item.name),
+        text,
+        confirm=t("Yes, release it"),
+        deny=t("Cancel"),
+    )
+
+
+def _jobs(view: HomeView) -> list[Block]:
+    if not view.jobs:
+        return [context(t("No jobs of yours are running."))]
+    lines = [_job_line(job, view.now) for job in view.jobs[:LINES_SHOWN]]
+    blocks = [section(text) for text in pack(lines)]
+    return _with_rest(blocks, len(view.jobs) - LINES_SHOWN)
+
+
+def _job_line(job: HomeJob, now: datetime) -> str:
+    command = code(job.command[:120])
+    if job.started_at is None:
+        return t(
+            "`#{id}` on *{name}*: {command}",
+            id=job.id,
+            name=escape(job.instance_name),
+            command=command,
+        )
+    ran = format_duration(max(now - job.started_at, timedelta(0)))
+    return t(
+        "`#{id}` on *{name}*: {command}, running for {ran}",
+        id=job.id,
+        name=escape(job.instance_name),
+        command=command,
+        ran=ran,
+    )
+
+
+def _spend(view: HomeView) -> str:
+    spent = format_money(view.spent_micros, view.currency)
+    if view.budget_micros is None:
+        return t(
+            "{spent} in {month} so far. You have no monthly budget.",
+            spent=spent,
+            month=view.month,
+        )
+    pct = view.budget_used_pct or 0
+    text = t(
+        "{spent} of your {budget} budget in {month} ({pct}%).",
+        spent=spent,
+        budget=format_money(view.budget_micros, view.currency),
+        month=view.month,
+        pct=pct,
+    )
+    if pct >= 100:
+        text += " " + t(":no_entry: It is used up: new rentals and extensions need an admin.")
+    elif pct >= 80:
+        text += " " + t(":warning: Most of it is spent.")
+    return text
+
+
+def _fleet(view: HomeView) -> list[Block]:
+    if not view.fleet:
+        return [context(t("The team has no instances."))]
+    lines = [_fleet_line(item, view.now) for item in view.fleet[:LINES_SHOWN]]
+    blocks = [section(text) for text in pack(lines)]
+    total = sum(item.burn_micros_per_hour for item in view.fleet)
+    blocks.append(
+        context(
+            nt(
+                "{n} instance, {cost}/h together.",
+                "{n} instances, {cost}/h together.",
+                len(view.fleet),
+                n=len(view.fleet),
+                cost=format_money(total, view.currency),
+            )
+        )
+    )
+    return _with_rest(blocks, len(view.fleet) - LINES_SHOWN)
+
+
+def _fleet_line(item: HomeInstance, now: datetime) -> str:
+    price = t("{price}/h", price=format_money(item.burn_micros_per_hour, item.currency))
+    facts = [mention(item.owner_id), _gpus(item), _util(item), _deadline(item, now), price]
+    return f"*{escape(item.name)}*  ·  " + "  ·  ".join(facts)
+
+
+def _with_rest(blocks: Sequence[Block], left: int) -> list[Block]:
+    if left <= 0:
+        return list(blocks)
+    return [*blocks, context(t("{n} more not shown.", n=left))]
+
+
+def _gpus(item: HomeInstance) -> str:
+    if not item.gpu_model:
+        return t("GPUs not stated")
+    return f"{item.gpu_count or 1}x {escape(item.gpu_model)}"
+
+
+def _util(item: HomeInstance) -> str:
+    if item.state == "stopped":
+        return t("stopped")
+    if item.util_pct is None:
+        return t("utilisation unknown")
+    return t("utilisation {pct}%", pct=item.util_pct)
+
+
+def _deadline(item: HomeInstance, now: datetime) -> str:
+    if item.deadline_at is None:
+        return t("no deadline")
+    if item.deadline_at > now:
+        return t("{left} left", left=format_duration(item.deadline_at - now))
+    return t("deadline passed {ago} ago", ago=format_duration(now - item.deadline_at))
+
+
+def _clock(at: datetime, timezone: str) -> str:
+    local = at.replace(tzinfo=ZoneInfo("UTC")).astimezone(ZoneInfo(timezone))
+    return local.strftime("%Y-%m-%d %H:%M %Z")

@@ -1,0 +1,133 @@
+"""A person's Home tab in gpubot: their instances, their running jobs, their month's spend
+against their budget, and the team's fleet, as plain values (no Slack).
+
+The fleet is the stored one (the last poll's GPUs; nobody is asked), so the Home is quick to
+build and costs a constant number of queries however large the fleet: the unreleased instances
+and their running jobs (bot.services.fleet_views), the month's spend (bot.services.budgets, the
+figure `/gpu spend` and budgets show) and the person's own budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from statistics import mean
+
+from sqlmodel import select
+
+from bot.runtime import Runtime
+from bot.services import budgets, fleet_views, ledger
+from bot.services.views import InstanceRow
+from bot.store.models import Budget
+
+
+@dataclass(frozen=True)
+class HomeInstance:
+    """An instance on the Home: ``util_pct`` is its GPUs' mean utilisation at the last poll
+    (None when unknown); ``cost_micros`` what it cost since it was registered; money in
+    micro-units of ``currency``, times naive UTC."""
+
+    id: int
+    name: str
+    owner_id: str
+    state: str
+    gpu_model: str | None
+    gpu_count: int | None
+    util_pct: int | None
+    deadline_at: datetime | None
+    cost_micros: int
+    burn_micros_per_hour: int
+    currency: str
+
+
+@dataclass(frozen=True)
+class HomeJob:
+    """A running job of the person: the bot's job number, where it runs and what it runs."""
+
+    id: int
+    instance_name: str
+    command: str
+    started_at: datetime | None
+
+
+@dataclass(frozen=True)
+class HomeView:
+    """One person's Home at ``now``: ``mine`` are the instances they own, ``jobs`` the running
+    jobs they asked for, ``spent_micros`` their spend this ``month`` (``YYYY-MM`` in
+    ``timezone``) against ``budget_micros`` (None: no budget), ``fleet`` every unreleased
+    instance of the team (theirs included), by name."""
+
+    user_id: str
+    now: datetime
+    timezone: str
+    currency: str
+    month: str
+    mine: tuple[HomeInstance, ...]
+    jobs: tuple[HomeJob, ...]
+    spent_micros: int
+    budget_micros: int | None
+    fleet: tuple[HomeInstance, ...]
+
+    @property
+    def budget_used_pct(self) -> int | None:
+        """Whole percent of the budget spent (rounded down); None without a budget."""
+        if self.budget_micros is None:
+            return None
+        if self.budget_micros <= 0:
+            return 100
+        return self.spent_micros * 100 // self.budget_micros
+
+
+def home_view(rt: Runtime, user_id: str) -> HomeView:
+    """The Home of ``user_id`` now. Raises StoreError when the database fails."""
+    now = rt.now()
+    tz = rt.settings.tz()
+    overview = fleet_views.list_instances(rt)
+    spent = budgets.month_to_date(rt.db, now, tz)
+    with rt.db.session() as session:
+        budget = session.exec(
+            select(Budget).where(Budget.scope == "user", Budget.subject == user_id)
+        ).first()
+        limit = None if budget is None else budget.limit_micros
+    fleet = tuple(_instance(row) for row in overview.rows)
+    jobs = tuple(
+        HomeJob(
+            id=job.id,
+            instance_name=row.instance.name,
+            command=job.command,
+            started_at=job.started_at,
+        )
+        for row in overview.rows
+        for job in row.running_jobs
+        if job.requested_by == user_id
+    )
+    return HomeView(
+        user_id=user_id,
+        now=now,
+        timezone=rt.settings.timezone,
+        currency=rt.settings.currency,
+        month=ledger.month_of(now, tz),
+        mine=tuple(item for item in fleet if item.owner_id == user_id),
+        jobs=jobs,
+        spent_micros=spent.by_user.get(user_id, 0),
+        budget_micros=limit,
+        fleet=fleet,
+    )
+
+
+def _instance(row: InstanceRow) -> HomeInstance:
+    inst = row.instance
+    utils = [gpu.util_pct for gpu in row.gpus if gpu.util_pct is not None]
+    return HomeInstance(
+        id=inst.id,
+        name=inst.name,
+        owner_id=inst.owner_id,
+        state=inst.state,
+        gpu_model=inst.gpu_model,
+        gpu_count=inst.gpu_count,
+        util_pct=round(mean(utils)) if utils else None,
+        deadline_at=inst.deadline_at,
+        cost_micros=row.cost_micros,
+        burn_micros_per_hour=inst.burn_micros_per_hour,
+        currency=inst.currency,
+    )

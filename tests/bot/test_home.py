@@ -1,0 +1,304 @@
+"""The Home tab: rendered within Slack's limits in the viewer's language, published when they
+open it (a signed ``app_home_opened`` event into the real app), its Extend and Release buttons
+(Release asks first), and published again after their commands, at most once per interval."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from slack_sdk.models.views import View
+
+from bot import listeners
+from bot.blocks.home import HOME_EXTEND, HOME_REGISTER
+from bot.blocks.home import home_view as render_home
+from bot.i18n import speaking
+from bot.listeners import HomeTabs
+from bot.local_slack import (
+    app_home_opened_body,
+    block_actions_body,
+    check_view,
+    signed_headers,
+)
+from bot.services.home import HomeInstance, HomeJob, HomeView
+from bot.store.db import Database
+from bot.store.models import Instance, Person
+from tests.bot.services.support import T0, Clock, add_instance, make_runtime
+from tests.chinese import assert_chinese
+from tests.fixtures.slack import SIGNING_SECRET, SlackBot, start_slack_bot
+
+NOW = datetime(2026, 12, 2, 12, 0)
+
+
+def _instance(n: int, *, owner: str = "UALICE", state: str = "active") -> HomeInstance:
+    return HomeInstance(
+        id=n,
+        name=f"box{n}",
+        owner_id=owner,
+        state=state,
+        gpu_model="A100",
+        gpu_count=2,
+        util_pct=48,
+        deadline_at=NOW + timedelta(hours=2, minutes=10),
+        cost_micros=12_300_000,
+        burn_micros_per_hour=2_100_000,
+        currency="USD",
+    )
+
+
+def _view(
+    mine: int = 1, fleet: int = 2, jobs: int = 1, budget: int | None = 50_000_000
+) -> HomeView:
+    mine_items = tuple(_instance(n) for n in range(1, mine + 1))
+    others = tuple(_instance(100 + n, owner="UBOB") for n in range(max(fleet - mine, 0)))
+    return HomeView(
+        user_id="UALICE",
+        now=NOW,
+        timezone="UTC",
+        currency="USD",
+        month="2026-12",
+        mine=mine_items,
+        jobs=tuple(
+            HomeJob(40 + n, "box1", "python train.py", NOW - timedelta(hours=1))
+            for n in range(jobs)
+        ),
+        spent_micros=45_000_000,
+        budget_micros=budget,
+        fleet=mine_items + others,
+    )
+
+
+def _buttons(view: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        element
+        for block in view["blocks"]
+        if block["type"] == "actions"
+        for element in block["elements"]
+    ]
+
+
+def _button(view: dict[str, Any], action_id: str, value: str | None = None) -> dict[str, Any]:
+    (found,) = [
+        b for b in _buttons(view) if b["action_id"] == action_id and value in (None, b["value"])
+    ]
+    return found
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+def test_the_home_shows_instances_with_buttons_jobs_spend_and_the_fleet() -> None:
+    view = render_home(_view())
+    assert check_view(view, "home") == []
+    View(**view).validate_json()
+    text = json.dumps(view, ensure_ascii=False)
+    assert "Your GPUs" in text
+    assert "*box1*  ·  2x A100  ·  utilisation 48%  ·  2h 10m left  ·  $12.30 so far" in text
+    assert "`#40` on *box1*: `python train.py`, running for 1h" in text
+    assert "$45.00 of your $50.00 budget in 2026-12 (90%)." in text
+    assert "<@UBOB>" in text
+    assert "2 instances, $4.20/h together." in text
+    release = _button(view, "instance_release_confirm", "1")
+    assert release["style"] == "danger"
+    assert release["confirm"]["title"]["text"] == "Release box1?"
+    assert "$12.30" in release["confirm"]["text"]["text"]
+    extend = _button(view, HOME_EXTEND, "1")
+    assert extend["confirm"]["title"]["text"] == "Extend box1 by 1h?"
+    assert _button(view, HOME_REGISTER)["value"] == "register"
+
+
+def test_without_instances_or_budget_the_home_says_so() -> None:
+    text = json.dumps(render_home(_view(mine=0, fleet=0, jobs=0, budget=None)))
+    assert "You have no instances." in text
+    assert "You have no monthly budget." in text
+    assert "No jobs of yours are running." in text
+    assert "The team has no instances." in text
+
+
+def test_a_big_fleet_stays_within_slacks_limits_and_keeps_the_register_button() -> None:
+    view = render_home(_view(mine=60, fleet=600, jobs=300))
+    assert check_view(view, "home") == []
+    assert len(view["blocks"]) <= 100
+    assert "40 more instances not shown" in json.dumps(view)
+    assert _button(view, HOME_REGISTER)
+
+
+def test_the_home_in_chinese() -> None:
+    with speaking("zh"):
+        view = render_home(_view(budget=40_000_000))
+    assert_chinese(view)
+    text = json.dumps(view, ensure_ascii=False)
+    assert "box1" in text
+    assert "$45.00" in text
+    assert check_view(view, "home") == []
+
+
+# --- through the app ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bot(sqlite_db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SlackBot]:
+    """The app on HTTP, publishing a Home again at once after a command."""
+    monkeypatch.setattr(listeners, "HOME_REFRESH_S", 0.0)
+    with start_slack_bot(sqlite_db, tmp_path) as running:
+        yield running
+
+
+def _published(bot: SlackBot) -> int:
+    return len(bot.slack.calls_to("views.publish"))
+
+
+def _open_home(bot: SlackBot, user: str = "U0ALICE", tab: str = "home") -> int:
+    body = app_home_opened_body(user_id=user, tab=tab)
+    return bot.post(body, signed_headers(body, SIGNING_SECRET, content_type="application/json"))
+
+
+def _home(bot: SlackBot, user: str = "U0ALICE") -> dict[str, Any]:
+    before = _published(bot)
+    assert _open_home(bot, user) == 200
+    assert bot.slack.wait_for(lambda s: len(s.calls_to("views.publish")) > before)
+    call = bot.slack.calls_to("views.publish")[-1]
+    assert call.ok, call.error
+    assert call.args["user_id"] == user
+    view = bot.slack.home_view(user)
+    assert view is not None
+    return view
+
+
+def _click_home(bot: SlackBot, view: dict[str, Any], action_id: str, value: str) -> int:
+    body = block_actions_body(
+        action_id=action_id, value=value, user_id="U0ALICE", user_name="alice", view=view
+    )
+    return bot.post(body, signed_headers(body, SIGNING_SECRET))
+
+
+def _dms(bot: SlackBot, count: int) -> list[str]:
+    assert bot.slack.wait_for(lambda s: len(s.calls_to("chat.postMessage")) >= count)
+    return [str(c.args.get("text")) for c in bot.slack.calls_to("chat.postMessage")]
+
+
+def test_opening_the_home_tab_publishes_a_valid_home(bot: SlackBot) -> None:
+    add_instance(bot.rt.db, name="box", owner_id="U0ALICE")
+    add_instance(bot.rt.db, name="bobs", owner_id="U0BOB")
+    view = _home(bot)
+    assert check_view(view, "home") == []
+    sent = bot.slack.calls_to("views.publish")[-1].args["view"]
+    View(**(json.loads(sent) if isinstance(sent, str) else sent)).validate_json()
+    text = json.dumps(view)
+    assert "*box*" in text
+    assert "*bobs*" in text
+    assert _button(view, "instance_release_confirm")["confirm"]
+    # The Messages tab is no Home: nothing is published for it.
+    assert _open_home(bot, tab="messages") == 200
+    assert isinstance(bot.rt.executor, listeners.BotExecutor)
+    assert bot.rt.executor.wait_idle(5)
+    assert _published(bot) == 1
+
+
+def test_the_home_of_a_chinese_speaker_is_in_chinese(bot: SlackBot) -> None:
+    add_instance(bot.rt.db, name="box", owner_id="U0ALICE", deadline_at=T0 + timedelta(days=400))
+    with bot.rt.db.session() as session:
+        person = session.get(Person, "U0ALICE")
+        assert person is not None
+        person.language = "zh"
+        session.add(person)
+    view = _home(bot)
+    assert_chinese(view)
+    assert "box" in json.dumps(view)
+    assert "我的 GPU 实例" in json.dumps(view, ensure_ascii=False)
+
+
+def test_release_on_the_home_asks_first_then_releases_and_the_home_follows(
+    bot: SlackBot,
+) -> None:
+    iid = add_instance(bot.rt.db, name="box", owner_id="U0ALICE")
+    view = _home(bot)
+    release = _button(view, "instance_release_confirm", str(iid))
+    assert release["confirm"]["confirm"]["text"] == "Yes, release it"
+    # Slack shows the dialog; only a confirmed click reaches the app.
+    assert _click_home(bot, view, "instance_release_confirm", str(iid)) == 200
+    (text,) = _dms(bot, 1)
+    assert "box" in text
+    assert bot.slack.wait_for(lambda s: len(s.calls_to("views.publish")) >= 2)
+    with bot.rt.db.session() as session:
+        inst = session.get(Instance, iid)
+        assert inst is not None
+        assert inst.state != "active"
+    assert bot.slack.responses == []  # a click on the Home has no response URL
+
+
+def test_extend_on_the_home_moves_the_deadline_an_hour(bot: SlackBot) -> None:
+    deadline = bot.rt.now() + timedelta(hours=2)
+    iid = add_instance(bot.rt.db, name="box", owner_id="U0ALICE", deadline_at=deadline)
+    view = _home(bot)
+    assert _click_home(bot, view, HOME_EXTEND, str(iid)) == 200
+    (text,) = _dms(bot, 1)
+    assert "The deadline of *box* is now" in text
+    with bot.rt.db.session() as session:
+        inst = session.get(Instance, iid)
+        assert inst is not None
+        assert inst.deadline_at == deadline + timedelta(hours=1)
+
+
+def test_a_command_publishes_the_home_again_for_who_opened_it(bot: SlackBot) -> None:
+    _home(bot)
+    assert bot.command("help") == 200
+    assert bot.slack.wait_for(lambda s: len(s.calls_to("views.publish")) >= 2)
+    assert bot.command("help", user="U0BOB", user_name="bob") == 200
+    bot.replies(2)
+    assert isinstance(bot.rt.executor, listeners.BotExecutor)
+    assert bot.rt.executor.wait_idle(5)
+    assert {c.args["user_id"] for c in bot.slack.calls_to("views.publish")} == {"U0ALICE"}
+
+
+# --- publishing at most once per interval -------------------------------------------------------
+
+
+class _Client:
+    """Slack's views.publish as a boundary: records, or fails when told to."""
+
+    def __init__(self) -> None:
+        self.published: list[str] = []
+        self.fail = False
+        self.done = threading.Semaphore(0)
+
+    def views_publish(self, *, user_id: str, view: dict[str, Any]) -> None:
+        try:
+            if self.fail:
+                raise ConnectionError("Slack is down")
+            assert check_view(view, "home") == []
+            self.published.append(user_id)
+        finally:
+            self.done.release()
+
+
+def test_the_home_is_published_at_most_once_per_interval(
+    sqlite_db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    rt = make_runtime(sqlite_db, Clock())
+    client = _Client()
+    homes = HomeTabs(rt, client, every_s=3.0)  # type: ignore[arg-type]
+    try:
+        homes.changed("UALICE")  # never opened: nothing to keep fresh
+        homes.opened("UALICE")
+        assert client.done.acquire(timeout=5)
+        assert client.published == ["UALICE"]
+        homes.changed("UALICE")
+        homes.changed("UALICE")
+        assert client.published == ["UALICE"]  # within the interval: later, once
+        assert client.done.acquire(timeout=10)
+        assert not client.done.acquire(timeout=0.5)
+        assert client.published == ["UALICE", "UALICE"]
+        client.fail = True
+        with caplog.at_level(logging.WARNING, logger="bot.listeners"):
+            assert homes.publish("UALICE") is False
+        assert "could not publish the Home tab of UALICE" in caplog.text
+    finally:
+        homes.close()
+        rt.executor.shutdown(wait=True)
