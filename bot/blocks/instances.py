@@ -42,6 +42,7 @@ from bot.blocks.kit import (
 from bot.blocks.money import final_cost_sentence
 from bot.i18n import N_, t
 from bot.notify import Notice
+from bot.services import access
 from bot.services.lookup import HostKeyAlert
 from bot.services.registration import GpuMismatch
 from bot.services.views import (
@@ -86,16 +87,6 @@ STATUS_COUNTS = {
     "warn": N_("{n} warn"),
     "pass": N_("{n} pass"),
     "skip": N_("{n} skip"),
-}
-#: What an instance's state is called (translated where shown; others as stored).
-STATE_NAMES = {
-    "registering": N_("registering"),
-    "active": N_("active"),
-    "releasing": N_("releasing"),
-    "awaiting_confirmation": N_("awaiting confirmation"),
-    "released": N_("released"),
-    "lost": N_("lost"),
-    "stopped": N_("stopped"),
 }
 #: The unit an instance is billed by (translated where shown; others as stored).
 INCREMENT_NAMES = {"second": N_("second"), "minute": N_("minute"), "hour": N_("hour")}
@@ -911,7 +902,7 @@ def _host_key(inst: InstanceView) -> str:
 
 
 def _state(state: str) -> str:
-    return t(STATE_NAMES[state]) if state in STATE_NAMES else state.replace("_", " ")
+    return access.state_words(state)
 
 
 def _software(detail: InstanceDetail) -> str:

@@ -686,9 +686,9 @@ def _load_price_table() -> PriceTable:
     try:
         return PriceTable(
             currency=currency,
-            hourly=tuple(_row(item, "per_hour", currency) for item in data["hourly"]),
-            monthly=tuple(_row(item, "per_month", currency) for item in data["monthly"]),
-            purchase=tuple(_row(item, "price", currency) for item in data["purchase"]),
+            hourly=tuple(price_row(item, "per_hour", currency) for item in data["hourly"]),
+            monthly=tuple(price_row(item, "per_month", currency) for item in data["monthly"]),
+            purchase=tuple(price_row(item, "price", currency) for item in data["purchase"]),
             models=tuple(
                 ModelShape(
                     name=name,
@@ -706,7 +706,9 @@ def _load_price_table() -> PriceTable:
         raise ValueError(f"bot/data/prices.json is malformed: {exc}") from exc
 
 
-def _row(item: dict[str, Any], price_field: str, currency: str) -> PriceRow:
+def price_row(item: dict[str, Any], price_field: str, currency: str) -> PriceRow:
+    """One row of a price file; ``price_field`` names its price in ``currency``. Raises
+    KeyError, TypeError or UsageError for a malformed row."""
     return PriceRow(
         platform=str(item.get("platform", LIST_PRICE)),
         offer=str(item.get("offer", ONE_CARD)),

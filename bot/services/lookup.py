@@ -39,16 +39,6 @@ KIND_HOST_KEY_CHANGED = "host_key_changed"
 ECHO_MAX = 40
 #: What a host key alert presents, and keys its prompt by, when no key of the pinned type came.
 NO_PINNED_KEY = N_("no key of the pinned type")
-#: What an instance's state is called in a sentence (others as stored, underscores as spaces).
-_STATE_WORDS = {
-    "registering": N_("registering"),
-    "active": N_("active"),
-    "releasing": N_("releasing"),
-    "awaiting_confirmation": N_("awaiting confirmation"),
-    "released": N_("released"),
-    "lost": N_("lost"),
-    "stopped": N_("stopped"),
-}
 _GIB = 1024**3
 
 
@@ -66,12 +56,6 @@ class HostKeyAlert(Notice):
 def echo(text: str, limit: int = ECHO_MAX) -> str:
     """The user's ``text`` as a message echoes it: at most ``limit`` characters, then "…"."""
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def state_words(state: str) -> str:
-    """An instance's ``state`` as a sentence says it, in the active language."""
-    word = _STATE_WORDS.get(state)
-    return t(word) if word is not None else state.replace("_", " ")
 
 
 def presented_text(presented: str) -> str:
@@ -317,7 +301,7 @@ def require_active(inst: Instance, what: str) -> None:
         t(
             "{name} is {state}; it cannot be {what} now.",
             name=inst.name,
-            state=state_words(inst.state),
+            state=access.state_words(inst.state),
             what=what,
         )
     )

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from typing import Any
 
 from bot.errors import UsageError
 from bot.services import advice
-from bot.values import parse_money
 
 #: The price files of the currencies other than the main table's, by ISO 4217 code.
 _FILE = "data/prices_{code}.json"
@@ -63,25 +61,17 @@ def _other_table(code: str) -> advice.PriceTable | None:
         raise ValueError(f"{name} is not in {code}")
     try:
         return advice.PriceTable(
-            hourly=tuple(_row(item, "per_hour", code) for item in data.get("hourly", ())),
-            monthly=tuple(_row(item, "per_month", code) for item in data.get("monthly", ())),
-            purchase=tuple(_row(item, "price", code) for item in data.get("purchase", ())),
+            hourly=tuple(
+                advice.price_row(item, "per_hour", code) for item in data.get("hourly", ())
+            ),
+            monthly=tuple(
+                advice.price_row(item, "per_month", code) for item in data.get("monthly", ())
+            ),
+            purchase=tuple(
+                advice.price_row(item, "price", code) for item in data.get("purchase", ())
+            ),
             models=advice.load_price_table().models,
             currency=code,
         )
     except (KeyError, TypeError, UsageError) as exc:
         raise ValueError(f"{name} is malformed: {exc}") from exc
-
-
-def _row(item: dict[str, Any], price_field: str, currency: str) -> advice.PriceRow:
-    return advice.PriceRow(
-        platform=str(item.get("platform", "list price")),
-        offer=str(item.get("offer", "one card")),
-        gpu=str(item["gpu"]),
-        count=int(item.get("count", 1)),
-        micros=parse_money(str(item[price_field]), currency),
-        source=str(item["source"]),
-        as_of=str(item["as_of"]),
-        verified=item.get("verified") is True,
-        note=str(item.get("note", "")),
-    )

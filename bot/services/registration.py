@@ -50,7 +50,6 @@ from bot.services.lookup import (
     local_agent_home,
     presented_text,
     settings_view,
-    state_words,
 )
 from bot.services.views import InstanceView, RegisterResult
 from bot.store.models import Instance, Prompt
@@ -451,7 +450,7 @@ def _holder(
             t(
                 "{name} is {state}; it cannot be registered again now.",
                 name=holder.name,
-                state=state_words(holder.state),
+                state=access.state_words(holder.state),
             ),
             hint=t("Wait until the release is done, then register it anew."),
         )

@@ -260,3 +260,14 @@ def test_the_installed_gpubot_exits_2_naming_the_setting(
     )
     assert (done.returncode, done.stderr, done.stdout) == (2, message, "")
     assert not (tmp_path / "data" / "gpubot.sqlite3").exists()  # nothing was touched
+
+
+@pytest.mark.parametrize(("raw", "language"), [("zh", "zh"), ("中文", "zh"), ("EN", "en")])
+def test_the_workspace_language_is_read_as_people_name_it(raw: str, language: str) -> None:
+    assert Settings.from_env({"GPUBOT_LANGUAGE": raw}).language == language
+
+
+def test_a_language_gpubot_does_not_speak_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"GPUBOT_LANGUAGE='fr' is not accepted") as refused:
+        Settings.from_env({"GPUBOT_LANGUAGE": "fr"})
+    assert "zh" in refused.value.user_text()
