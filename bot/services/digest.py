@@ -166,7 +166,9 @@ def build_digest(
         idle_threshold_pct=idle_threshold_pct,
         currency=currency,
     )
-    previous_total = spend.month_total_micros(db, ledger.previous_month(month), tz=tz, now=now)
+    previous_total = spend.month_total_micros(
+        db, ledger.previous_month(month), tz=tz, now=now, idle_threshold_pct=idle_threshold_pct
+    )
     return DigestData(
         month=month,
         report=report,
@@ -183,9 +185,13 @@ def plan_savings(report: spend.SpendReport, table: advice.PriceTable) -> tuple[P
     found: list[PlanSaving] = []
     if report.currency != table.currency:
         return ()
+    plans: dict[str, advice.PriceRow | None] = {}  # per GPU model: instances share a few
     for item in report.instances:
-        spec = specs.lookup(item.gpu_model) if item.gpu_model else None
-        row = table.cheapest_monthly(spec.key) if spec else None
+        model = item.gpu_model
+        if model and model not in plans:
+            spec = specs.lookup(model)
+            plans[model] = table.cheapest_monthly(spec.key) if spec else None
+        row = plans.get(model) if model else None
         if row is None:
             continue
         plan = row.per_gpu_micros * item.gpu_count

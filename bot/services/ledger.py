@@ -16,6 +16,16 @@ is already charged, so buckets always add up to the session's cost (see bot.bill
 Runs are idempotent: a bucket starts where the last charge ended and ``(instance, kind,
 start_at)`` is unique, so running twice, from two processes at once, or after a crash never
 charges twice and never skips a bucket.
+
+The spend summary (SpendDay) holds a month's charges summed per instance and local day, for a
+zone and an idle threshold, once a report asked for the month or the tick reached its start
+(:func:`build_summary`, one INSERT ... SELECT over the month's charges, marked by a SpendMonth
+row). From then on the ledger adds every charge it writes to the summaries of its month in the
+configured zone, whatever their threshold, in the same transaction (a charge that clashes
+rolls back with its summary), and drops the summaries of other zones its charges fall in, to
+be built again when asked: reports never read stale sums.
+On PostgreSQL a build holds an advisory lock exclusively and the ledger holds it shared while
+it reads which months are summed up, so that no charge is committed between the two unseen.
 """
 
 from __future__ import annotations
@@ -23,16 +33,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, func, insert, or_, tuple_
+from sqlalchemy import (
+    Date,
+    Float,
+    Integer,
+    String,
+    and_,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal,
+    literal_column,
+    or_,
+    tuple_,
+)
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import select as sql_select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from bot import billing
-from bot.store.models import Charge, Instance, LedgerState, UtilHour
+from bot.store.models import Charge, Instance, LedgerState, SpendDay, SpendMonth, UtilHour
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -48,6 +75,13 @@ POLLS_CHUNK = 1000
 COMPUTE = "compute"
 STORAGE = "storage"
 EGRESS = "egress"
+
+#: The PostgreSQL advisory lock that orders summary builds against the ledger's writes.
+SUMMARY_LOCK_ID = 0x67707573
+#: SpendDay's sums, in the order :func:`charge_sums` gives them.
+SUMMARY_SUMS = ("compute_micros", "other_micros", "idle_micros", "compute_s", "unmeasured_micros")
+_EPOCH = date(1970, 1, 1)
+_DAY_S = 86_400
 
 #: Cumulative (billed seconds, micros) owed after a number of session seconds.
 _Totals = Callable[[int], tuple[int, int]]
@@ -167,7 +201,7 @@ def close_charges(session: Session, instance: Instance, at: datetime, tz: ZoneIn
     states = _load_states(session, [instance.id]).get(instance.id, {})
     planned = plan_charges(instance, _kind_states(states), at, tz, close_at=at)
     polls = _bucket_polls(session, [(instance, planned)])
-    _insert(session, _apply(session, instance, planned, states, polls, at, tz))
+    _insert(session, _apply(session, instance, planned, states, polls, at, tz), tz)
     session.flush()
     return len(planned)
 
@@ -263,6 +297,93 @@ def month_charged_micros(session: Session, month: str, tz: ZoneInfo) -> dict[int
     return totals
 
 
+def zone_name(tz: ZoneInfo) -> str:
+    """The name the spend summaries of ``tz`` are kept under."""
+    return str(tz.key)
+
+
+def local_day(at: datetime, tz: ZoneInfo) -> int:
+    """The day in ``tz`` of the naive UTC moment ``at``, as days since 1970-01-01."""
+    return (at.replace(tzinfo=UTC).astimezone(tz).date() - _EPOCH).days
+
+
+def day_date(day: int) -> date:
+    """A :func:`local_day` number as a date."""
+    return _EPOCH + timedelta(days=day)
+
+
+def charge_sums(row: dict[str, Any], threshold_pct: float) -> tuple[int, ...]:
+    """What one charge row (as :func:`_charge_row` writes it) adds to :data:`SUMMARY_SUMS`:
+    compute, other kinds' and idle micros, compute seconds, unmeasured micros. Idle: compute whose
+    bucket was polled, no poll bad, the highest reading under ``threshold_pct``; unmeasured:
+    compute without a poll."""
+    amount = int(row["amount_micros"])
+    if row["kind"] != COMPUTE:
+        return (0, amount, 0, 0, 0)
+    polls, bad, peak = row["polls"] or 0, row["bad_polls"] or 0, row["max_util_pct"]
+    idle = polls > 0 and bad == 0 and peak is not None and peak < threshold_pct
+    return (amount, 0, amount if idle else 0, int(row["billed_s"]), 0 if polls else amount)
+
+
+def summary_clause(month: str, tz: ZoneInfo, threshold_pct: float) -> Any:
+    """The SpendDay rows of ``month`` in ``tz`` under ``threshold_pct``."""
+    return and_(
+        col(SpendDay.zone) == zone_name(tz),
+        col(SpendDay.threshold_pct) == threshold_pct,
+        col(SpendDay.month) == month,
+    )
+
+
+def summary_ready(session: Session, month: str, tz: ZoneInfo, threshold_pct: float) -> bool:
+    """Whether ``month`` (``YYYY-MM`` in ``tz``) is summed up under ``threshold_pct``."""
+    key = (zone_name(tz), threshold_pct, month)
+    return session.get(SpendMonth, key) is not None
+
+
+def ensure_summary(db: Database, month: str, tz: ZoneInfo, threshold_pct: float) -> None:
+    """Build ``month``'s summary (:func:`build_summary`) unless it is there: one primary-key
+    read when it is. Raises StoreError when the database fails."""
+    with db.read_session() as session:
+        ready = summary_ready(session, month, tz, threshold_pct)
+    if not ready:
+        build_summary(db, month, tz, threshold_pct)
+
+
+def build_summary(db: Database, month: str, tz: ZoneInfo, threshold_pct: float) -> bool:
+    """Sum up ``month``'s charges per instance and local day in ``tz`` under ``threshold_pct``
+    (one INSERT ... SELECT ... GROUP BY over the month's charges) and mark the month summed up,
+    unless it already is; the ledger keeps it up to date from then on. Returns whether it was
+    built. Raises StoreError when the database fails."""
+    zone = zone_name(tz)
+    start, end = month_bounds(month, tz)
+    with db.session() as session:
+        _lock_summaries(session, exclusive=True)
+        if summary_ready(session, month, tz, threshold_pct):
+            return False
+        session.execute(delete(SpendDay).where(summary_clause(month, tz, threshold_pct)))
+        per_charge = sql_select(
+            col(Charge.instance_id).label("instance_id"),
+            _local_day_sql(session, start, end, tz).label("day"),
+            *(
+                expr.label(name)
+                for name, expr in zip(SUMMARY_SUMS, _charge_sums_sql(threshold_pct), strict=True)
+            ),
+        ).where(col(Charge.start_at) >= start, col(Charge.start_at) < end)
+        c = per_charge.subquery().c
+        summed = sql_select(
+            literal(zone, String),
+            literal(threshold_pct, Float),
+            literal(month, String),
+            c.instance_id,
+            c.day,
+            *(func.sum(c[name]) for name in SUMMARY_SUMS),
+        ).group_by(c.instance_id, c.day)
+        names = ["zone", "threshold_pct", "month", "instance_id", "day", *SUMMARY_SUMS]
+        session.execute(insert(SpendDay).from_select(names, summed))
+        session.add(SpendMonth(zone=zone, threshold_pct=threshold_pct, month=month))
+    return True
+
+
 def unaccrued_micros(instance: Instance, charged: int, now: datetime) -> int:
     """What the instance owes at ``now`` beyond its charges (the open bucket, and the rounding
     a release now would add)."""
@@ -279,8 +400,12 @@ def bucket_start(instance: Instance, at: datetime, tz: ZoneInfo) -> datetime:
 
 
 def ledger_tick(rt: Runtime, now: datetime) -> None:
-    """Tick hook: accrue every due charge."""
-    accrue(rt.db, now, rt.settings.tz())
+    """Tick hook: keep this month summed up under the configured idle threshold (built when it
+    is not, at the month's start while it is small: a report then never has to) and accrue
+    every due charge."""
+    tz = rt.settings.tz()
+    ensure_summary(rt.db, month_of(now, tz), tz, rt.settings.idle_threshold_pct)
+    accrue(rt.db, now, tz)
 
 
 def due_clause(now: datetime) -> Any:
@@ -316,7 +441,7 @@ def _accrue_batch(db: Database, instance_ids: list[int], now: datetime, tz: Zone
             mine = states.setdefault(instance.id, {})
             rows += _apply(session, instance, planned, mine, polls, now, tz)
             _schedule(instance, now, tz)
-        _insert(session, rows)
+        _insert(session, rows, tz)
         session.flush()
     return len(rows)
 
@@ -373,10 +498,159 @@ def _apply(
     return rows
 
 
-def _insert(session: Session, rows: list[dict[str, Any]]) -> None:
-    """The charges, in one INSERT."""
+def _insert(session: Session, rows: list[dict[str, Any]], tz: ZoneInfo) -> None:
+    """The charges, in one INSERT, and what they add to the spend summaries (months in ``tz``).
+    The only place charges are written."""
     if rows:
         session.execute(insert(Charge), rows)
+        _summarise(session, rows, tz)
+
+
+def _summarise(session: Session, rows: list[dict[str, Any]], tz: ZoneInfo) -> None:
+    """Add charge ``rows`` (just inserted in ``session``) to the summaries of their months in
+    ``tz``, for every threshold summed up, and drop the summaries of other zones that hold one
+    of them (they are built again when asked)."""
+    _lock_summaries(session, exclusive=False)
+    zone = zone_name(tz)
+    months = {month_of(row["start_at"], tz) for row in rows}
+    near = {near for month in months for near in (previous_month(month), month, next_month(month))}
+    markers = session.exec(
+        select(SpendMonth)
+        .where(col(SpendMonth.month).in_(sorted(near)))
+        .order_by(col(SpendMonth.zone), col(SpendMonth.threshold_pct), col(SpendMonth.month))
+    ).all()
+    kept: dict[str, list[float]] = {}
+    for marker in markers:
+        if marker.zone == zone:
+            if marker.month in months:
+                kept.setdefault(marker.month, []).append(marker.threshold_pct)
+        elif _holds_any(marker, rows):
+            _drop_summary(session, marker)
+    if not kept:
+        return
+    sums: dict[tuple[float, str, int, int], list[int]] = {}
+    for row in rows:
+        month = month_of(row["start_at"], tz)
+        for threshold in kept.get(month, ()):
+            key = (threshold, month, int(row["instance_id"]), local_day(row["start_at"], tz))
+            entry = sums.setdefault(key, [0] * len(SUMMARY_SUMS))
+            for index, value in enumerate(charge_sums(row, threshold)):
+                entry[index] += value
+    values = [
+        {
+            "zone": zone,
+            "threshold_pct": threshold,
+            "month": month,
+            "instance_id": instance_id,
+            "day": day,
+            **dict(zip(SUMMARY_SUMS, entry, strict=True)),
+        }
+        for (threshold, month, instance_id, day), entry in sorted(sums.items())
+    ]
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    upsert = dialect.insert(SpendDay)
+    keys = ["zone", "threshold_pct", "month", "instance_id", "day"]
+    upsert = upsert.on_conflict_do_update(
+        index_elements=keys,
+        set_={name: getattr(SpendDay, name) + upsert.excluded[name] for name in SUMMARY_SUMS},
+    )
+    session.execute(upsert, values)
+
+
+def _holds_any(marker: SpendMonth, rows: list[dict[str, Any]]) -> bool:
+    """Whether a charge of ``rows`` starts in the marker's month in its zone."""
+    try:
+        zone = ZoneInfo(marker.zone)
+    except (ValueError, LookupError):  # not a zone (any more): drop it
+        return True
+    return any(month_of(row["start_at"], zone) == marker.month for row in rows)
+
+
+def _drop_summary(session: Session, marker: SpendMonth) -> None:
+    session.execute(
+        delete(SpendDay).where(
+            col(SpendDay.zone) == marker.zone,
+            col(SpendDay.threshold_pct) == marker.threshold_pct,
+            col(SpendDay.month) == marker.month,
+        )
+    )
+    session.delete(marker)
+
+
+def _lock_summaries(session: Session, *, exclusive: bool) -> None:
+    """On PostgreSQL, the summary lock until the transaction ends (SQLite's writers already
+    queue up, each transaction starting with the write lock)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    lock = func.pg_advisory_xact_lock if exclusive else func.pg_advisory_xact_lock_shared
+    session.execute(sql_select(lock(SUMMARY_LOCK_ID)))
+
+
+def _charge_sums_sql(threshold_pct: float) -> list[Any]:
+    """:func:`charge_sums` as SQL over a charge row."""
+    compute = col(Charge.kind) == COMPUTE
+    amount = col(Charge.amount_micros)
+    polls = func.coalesce(col(Charge.polls), 0)
+    idle = and_(
+        compute,
+        polls > 0,
+        func.coalesce(col(Charge.bad_polls), 0) == 0,
+        col(Charge.max_util_pct) < threshold_pct,
+    )
+    return [
+        case((compute, amount), else_=0),
+        case((compute, 0), else_=amount),
+        case((idle, amount), else_=0),
+        case((compute, col(Charge.billed_s)), else_=0),
+        case((and_(compute, polls == 0), amount), else_=0),
+    ]
+
+
+def _local_day_sql(session: Session, start: datetime, end: datetime, tz: ZoneInfo) -> Any:
+    """:func:`local_day` of a charge's start in SQL, for charges in ``[start, end)``: whole
+    seconds since 1970 plus the zone's offset then (a CASE over the offset changes in the
+    range), divided by a day."""
+    changes = _offset_changes(start, end, tz)
+    offset: Any = literal_column(str(changes[0][1]), Integer)
+    if len(changes) > 1:
+        whens = [
+            (col(Charge.start_at) < until, literal_column(str(changes[index][1]), Integer))
+            for index, (until, _) in enumerate(changes[1:])
+        ]
+        offset = case(*whens, else_=literal_column(str(changes[-1][1]), Integer))
+    if session.get_bind().dialect.name == "postgresql":
+        # Date arithmetic: cheaper than numeric seconds.
+        second: Any = literal_column("INTERVAL '1 second'")
+        local = cast(col(Charge.start_at) + offset * second, Date)
+        return local - literal_column("DATE '1970-01-01'", Date)
+    epoch = cast(func.strftime("%s", col(Charge.start_at)), Integer)
+    return (epoch + offset) // _DAY_S
+
+
+def _offset_changes(start: datetime, end: datetime, tz: ZoneInfo) -> list[tuple[datetime, int]]:
+    """``tz``'s UTC offset in seconds over ``[start, end)`` (naive UTC): (from, offset) pairs,
+    the first from ``start``. Offsets are looked at hourly and each change found to the second
+    (zones change at whole seconds, never twice in an hour)."""
+
+    def offset(at: datetime) -> int:
+        delta = at.replace(tzinfo=UTC).astimezone(tz).utcoffset()
+        return int(delta.total_seconds()) if delta is not None else 0
+
+    changes = [(start, offset(start))]
+    at = start
+    while at < end:
+        step = min(at + timedelta(hours=1), end)
+        if step < end and offset(step) != changes[-1][1]:
+            low, high = at, step  # low has the old offset, high the new one
+            while high - low > timedelta(seconds=1):
+                middle = low + (high - low) / 2
+                if offset(middle) == changes[-1][1]:
+                    low = middle
+                else:
+                    high = middle
+            changes.append((high.replace(microsecond=0), offset(high)))
+        at = step
+    return changes
 
 
 def _charge_row(

@@ -9,6 +9,10 @@ failed poll counts as active. A bucket without polls is neither: its compute is 
 The current month is **this month so far** (bot.services.costs): its charges, which reach the
 last full hour, plus what each instance owes beyond them now (``pending``: the open hour and the
 rounding a release now would add), the figure budgets and `/gpu status` show too.
+
+Reports read the month's spend summary, the charges summed per instance and local day, kept
+by the ledger (bot.services.ledger): two GROUP BYs over instances x days rows, whatever the
+number of charges.
 """
 
 from __future__ import annotations
@@ -23,16 +27,16 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import and_, case, func
+from sqlalchemy import func
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
 from bot import billing
-from bot.errors import UsageError
+from bot.errors import StoreError, UsageError
 from bot.i18n import t
 from bot.services import costs, ledger
 from bot.store.db import Database
-from bot.store.models import Charge, Instance, Person
+from bot.store.models import Charge, Instance, Person, SpendDay, SpendMonth
 from bot.values import MICROS
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
@@ -190,28 +194,15 @@ def spend_report(
     """The spend of ``month`` grouped ``by``, after accruing every charge due up to ``now``;
     the current month is this month so far (its charges plus what is owed beyond them now).
 
-    Raises StoreError when the database fails.
+    Reads the month's spend summary (bot.services.ledger), built first from the charges when
+    the month was not summed up in ``tz`` under ``idle_threshold_pct`` yet. Raises StoreError
+    when the database fails.
     """
     ledger.accrue(db, now, tz)
     start, end = ledger.month_bounds(month, tz)
     current = month == ledger.month_of(now, tz)
-    with db.read_session() as session:
-        classified = _classified(start, end, idle_threshold_pct)
-        sums = _instance_sums(session, classified)
-        pending = costs.pending_now(session, now) if current else {}
-        ids = set(sums) | set(pending)
-        instances = {
-            item.id: item
-            for item in session.exec(select(Instance).where(col(Instance.id).in_(list(ids))))
-        }
-        hours = _hour_sums(session, classified)
-        owners = {item.owner_id for item in instances.values()}
-        names = {
-            person.slack_id: person.display_name
-            for person in session.exec(select(Person).where(col(Person.slack_id).in_(owners)))
-            if person.display_name
-        }
-    spends = _per_instance(sums, pending, instances)
+    read = _read_summary(db, month, tz, idle_threshold_pct, now if current else None)
+    spends = _per_instance(read.sums, read.pending, read.instances)
     return SpendReport(
         month=month,
         start_at=start,
@@ -221,27 +212,54 @@ def spend_report(
         complete=now >= end,
         instances=spends,
         groups=group_lines(spends, by),
-        days=_per_day(hours, start, end, tz),
+        days=_per_day(read.days, start, end, tz),
         now=now,
         charged_until=costs.charged_until(now, tz) if current else None,
         timezone=str(tz.key),
-        names=names,
+        names=read.names,
     )
 
 
-def month_total_micros(db: Database, month: str, *, tz: ZoneInfo, now: datetime) -> int:
-    """What ``month`` (``YYYY-MM`` in ``tz``, complete by ``now``) cost in all: one SUM over its
-    charges, the same total :func:`spend_report` gives for a past month, without its groups.
-    Raises StoreError when the database fails."""
+def month_total_micros(
+    db: Database,
+    month: str,
+    *,
+    tz: ZoneInfo,
+    now: datetime,
+    idle_threshold_pct: float | None = None,
+) -> int:
+    """What ``month`` (``YYYY-MM`` in ``tz``, complete by ``now``) cost in all, the same total
+    :func:`spend_report` gives for a past month, without its groups: one SUM over the month's
+    spend summary under any threshold, built under ``idle_threshold_pct`` when there is none
+    (without a threshold, one SUM over the month's charges). Raises StoreError when the
+    database fails."""
     ledger.accrue(db, now, tz)
-    start, end = ledger.month_bounds(month, tz)
-    with db.read_session() as session:
-        total = session.exec(
-            select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
-                col(Charge.start_at) >= start, col(Charge.start_at) < end
-            )
-        ).one()
-    return int(total)
+    for _ in range(2):
+        with db.read_session() as session:
+            marker = session.exec(
+                select(SpendMonth.threshold_pct).where(
+                    SpendMonth.zone == ledger.zone_name(tz), SpendMonth.month == month
+                )
+            ).first()
+            if marker is not None:
+                total = session.exec(
+                    select(
+                        func.coalesce(
+                            func.sum(col(SpendDay.compute_micros) + col(SpendDay.other_micros)), 0
+                        )
+                    ).where(ledger.summary_clause(month, tz, marker))
+                ).one()
+                return int(total)
+            if idle_threshold_pct is None:
+                start, end = ledger.month_bounds(month, tz)
+                total = session.exec(
+                    select(func.coalesce(func.sum(Charge.amount_micros), 0)).where(
+                        col(Charge.start_at) >= start, col(Charge.start_at) < end
+                    )
+                ).one()
+                return int(total)
+        ledger.build_summary(db, month, tz, idle_threshold_pct)
+    raise StoreError(f"the spend summary of {month} was dropped while it was read")
 
 
 def group_lines(instances: Iterable[InstanceSpend], by: str) -> tuple[SpendLine, ...]:
@@ -318,73 +336,84 @@ def spend_csv(report: SpendReport) -> bytes:
     return buffer.getvalue().encode("utf-8-sig")
 
 
-def _classified(start: datetime, end: datetime, threshold_pct: float) -> Any:
-    """The month's charges, each with 1/0 flags: ``idle`` (compute whose bucket was polled, no
-    poll bad, every reading under ``threshold_pct``) and ``unmeasured`` (compute without a
-    single poll), from the polls each compute charge carries: no join."""
-    compute = col(Charge.kind) == ledger.COMPUTE
-    polls = func.coalesce(col(Charge.polls), 0)
-    idle = case(
-        (
-            and_(
-                compute,
-                polls > 0,
-                func.coalesce(col(Charge.bad_polls), 0) == 0,
-                col(Charge.max_util_pct) < threshold_pct,
-            ),
-            1,
-        ),
-        else_=0,
-    )
-    unmeasured = case((and_(compute, polls == 0), 1), else_=0)
-    return (
+@dataclass(frozen=True)
+class _Summary:
+    """What a report reads: per instance (compute, other, idle, compute seconds, unmeasured)
+    micros and seconds; per local day (days since 1970) active and idle micros; pending micros
+    per instance; the instances and their owners' names."""
+
+    sums: dict[int, tuple[int, ...]]
+    days: list[tuple[int, int, int]]
+    pending: dict[int, int]
+    instances: dict[int | None, Instance]
+    names: dict[str, str]
+
+
+def _read_summary(
+    db: Database, month: str, tz: ZoneInfo, threshold_pct: float, now: datetime | None
+) -> _Summary:
+    """The month's summary under ``threshold_pct``, built first when it is missing; with
+    ``now`` (the current month) what each instance owes beyond its charges then. Raises
+    StoreError when the database fails, or when the summary is dropped (the zone changed)
+    each time it was built."""
+    for _ in range(3):
+        with db.read_session() as session:
+            if not ledger.summary_ready(session, month, tz, threshold_pct):
+                found = None
+            else:
+                found = _read(session, month, tz, threshold_pct, now)
+        if found is not None:
+            return found
+        ledger.build_summary(db, month, tz, threshold_pct)
+    raise StoreError(f"the spend summary of {month} was dropped while it was read")
+
+
+def _read(
+    session: Session, month: str, tz: ZoneInfo, threshold_pct: float, now: datetime | None
+) -> _Summary:
+    rows = ledger.summary_clause(month, tz, threshold_pct)
+
+    def total(column: Any) -> Any:
+        return func.coalesce(func.sum(column), 0)
+
+    per_instance = session.execute(
         sql_select(
-            col(Charge.instance_id).label("instance_id"),
-            col(Charge.kind).label("kind"),
-            col(Charge.start_at).label("start_at"),
-            col(Charge.billed_s).label("billed_s"),
-            col(Charge.amount_micros).label("amount"),
-            idle.label("idle"),
-            unmeasured.label("unmeasured"),
+            col(SpendDay.instance_id),
+            *(total(getattr(SpendDay, name)) for name in ledger.SUMMARY_SUMS),
         )
-        .where(col(Charge.start_at) >= start, col(Charge.start_at) < end)
-        .subquery()
+        .where(rows)
+        .group_by(col(SpendDay.instance_id))
+    ).all()
+    sums = {int(row[0]): tuple(int(value) for value in row[1:]) for row in per_instance}
+    idle = col(SpendDay.idle_micros)
+    per_day = session.execute(
+        sql_select(
+            col(SpendDay.day),
+            total(col(SpendDay.compute_micros) + col(SpendDay.other_micros) - idle),
+            total(idle),
+        )
+        .where(rows)
+        .group_by(col(SpendDay.day))
+    ).all()
+    pending = costs.pending_now(session, now) if now is not None else {}
+    ids = set(sums) | set(pending)
+    instances = {
+        item.id: item
+        for item in session.exec(select(Instance).where(col(Instance.id).in_(list(ids))))
+    }
+    owners = {item.owner_id for item in instances.values()}
+    names = {
+        person.slack_id: person.display_name
+        for person in session.exec(select(Person).where(col(Person.slack_id).in_(owners)))
+        if person.display_name
+    }
+    return _Summary(
+        sums=sums,
+        days=[(int(day), int(active), int(idle)) for day, active, idle in per_day],
+        pending=pending,
+        instances=instances,
+        names=names,
     )
-
-
-def _instance_sums(session: Session, classified: Any) -> dict[int, tuple[int, ...]]:
-    """Per instance: (compute, storage and other, idle, compute seconds, unmeasured), one
-    GROUP BY in the database."""
-    c = classified.c
-    compute = c.kind == ledger.COMPUTE
-
-    def total(expr: Any) -> Any:
-        return func.coalesce(func.sum(expr), 0)
-
-    rows = session.execute(
-        sql_select(
-            c.instance_id,
-            total(case((compute, c.amount), else_=0)),
-            total(case((compute, 0), else_=c.amount)),
-            total(c.amount * c.idle),
-            total(case((compute, c.billed_s), else_=0)),
-            total(c.amount * c.unmeasured),
-        ).group_by(c.instance_id)
-    ).all()
-    return {int(row[0]): tuple(int(value) for value in row[1:]) for row in rows}
-
-
-def _hour_sums(session: Session, classified: Any) -> list[tuple[datetime, int, int]]:
-    """Per charge start (at most a month of hours): (start, active, idle) micros."""
-    c = classified.c
-    rows = session.execute(
-        sql_select(
-            c.start_at,
-            func.coalesce(func.sum(c.amount * (1 - c.idle)), 0),
-            func.coalesce(func.sum(c.amount * c.idle), 0),
-        ).group_by(c.start_at)
-    ).all()
-    return [(row[0], int(row[1]), int(row[2])) for row in rows]
 
 
 def _per_instance(
@@ -420,7 +449,7 @@ def _per_instance(
 
 
 def _per_day(
-    hours: list[tuple[datetime, int, int]], start: datetime, end: datetime, tz: ZoneInfo
+    days_found: list[tuple[int, int, int]], start: datetime, end: datetime, tz: ZoneInfo
 ) -> tuple[tuple[date, int, int], ...]:
     first = start.replace(tzinfo=UTC).astimezone(tz).date()
     last = end.replace(tzinfo=UTC).astimezone(tz).date()
@@ -429,9 +458,8 @@ def _per_day(
     while day < last:
         days[day] = [0, 0]
         day = date.fromordinal(day.toordinal() + 1)
-    for at, active, idle in hours:
-        local = at.replace(tzinfo=UTC).astimezone(tz).date()
-        entry = days.setdefault(local, [0, 0])
+    for number, active, idle in days_found:
+        entry = days.setdefault(ledger.day_date(number), [0, 0])
         entry[0] += active
         entry[1] += idle
     return tuple((day, active, idle) for day, (active, idle) in sorted(days.items()))

@@ -307,6 +307,37 @@ class LedgerState(SQLModel, table=True):
     month_micros: int = Field(default=0, sa_type=BigInteger)
 
 
+class SpendDay(SQLModel, table=True):
+    """The charges of one instance that start on one local ``day`` (days since 1970-01-01 in
+    ``zone``) of ``month`` (``YYYY-MM`` in ``zone``), summed as `/gpu spend` reads them, with
+    compute idle under ``threshold_pct``: what reports group instead of the charges.
+
+    Only whole months are kept, and only while a :class:`SpendMonth` row says so; the ledger
+    adds to these rows in the transaction that writes the charges (bot.services.ledger)."""
+
+    zone: str = Field(max_length=64, primary_key=True)
+    threshold_pct: float = Field(primary_key=True)
+    month: str = Field(max_length=7, primary_key=True)
+    instance_id: int = Field(primary_key=True)
+    day: int = Field(primary_key=True)
+    compute_micros: int = Field(default=0, sa_type=BigInteger)
+    #: Storage and any other kind.
+    other_micros: int = Field(default=0, sa_type=BigInteger)
+    idle_micros: int = Field(default=0, sa_type=BigInteger)
+    compute_s: int = Field(default=0, sa_type=BigInteger)
+    unmeasured_micros: int = Field(default=0, sa_type=BigInteger)
+
+
+class SpendMonth(SQLModel, table=True):
+    """``month`` (``YYYY-MM`` in ``zone``) is summed up in :class:`SpendDay` for ``zone`` and
+    ``threshold_pct``, every charge of it included, and kept up to date by the ledger."""
+
+    zone: str = Field(max_length=64, primary_key=True)
+    threshold_pct: float = Field(primary_key=True)
+    month: str = Field(max_length=7, primary_key=True)
+    built_at: NaiveDatetime = Field(default_factory=utcnow)
+
+
 class UtilSample(SQLModel, table=True):
     """One poll of an instance: mean GPU utilisation %; ``ok`` False when the poll failed
     (a failed poll counts as active, never idle)."""
