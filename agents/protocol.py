@@ -164,13 +164,22 @@ class StatusSnapshot:
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """One check: ``status`` is pass, warn, fail or skip; ``hint`` says what to do ("" on pass)."""
+    """One check: ``status`` is pass, warn, fail or skip; ``hint`` says what to do ("" on pass).
+
+    ``summary`` and ``hint`` are English. ``summary_template`` and ``hint_template``, when not
+    None, are the English templates they were formatted from (``template.format(**params)``,
+    parameters as text), so that a reader can show them in another language; agents before
+    these fields send neither (they default to None and {})."""
 
     id: str
     status: str
     summary: str
     hint: str = ""
     details: Mapping[str, Any] = field(default_factory=dict)
+    summary_template: Optional[str] = None
+    summary_params: Mapping[str, str] = field(default_factory=dict)
+    hint_template: Optional[str] = None
+    hint_params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

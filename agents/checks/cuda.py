@@ -9,7 +9,7 @@ import re
 import shlex
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, PASS, SKIP, WARN, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Text, make
 from agents.probe import BAD_OUTPUT, CRASHED, PYTHON_NOT_FOUND, TIMEOUT, ProbeOutcome, TorchFacts
 from agents.protocol import HealthCheck, HostInfo, StatusSnapshot
 from agents.system import DevNodeFacts
@@ -57,7 +57,7 @@ MIN_DRIVER_FOR_CUDA: Dict[Tuple[int, int], str] = {
     (13, 0): "580.65.06",
 }
 
-_CONTAINER_HINT = (
+_CONTAINER_HINT = N_(
     "The container was started without GPUs: start it with `docker run --gpus all` (the "
     "nvidia-container-toolkit must be installed on the host), or pick a GPU template at the "
     "provider."
@@ -78,15 +78,19 @@ def check_dev_nodes(nodes: DevNodeFacts, host: Optional[HostInfo] = None) -> Hea
     if host is not None and host.is_wsl and not nodes.control.exists:
         return _wsl_nodes(nodes, details)
     if not nodes.control.exists and not nodes.gpus:
-        return make("dev_nodes", FAIL, "no /dev/nvidia* device nodes", _CONTAINER_HINT, details)
+        return make("dev_nodes", FAIL, N_("no /dev/nvidia* device nodes"), _CONTAINER_HINT, details)
     if not nodes.control.exists or not nodes.gpus:
         missing = nodes.control.path if not nodes.control.exists else "/dev/nvidia0.."
         return make(
             "dev_nodes",
             FAIL,
-            f"{missing} missing: the GPU device nodes are incomplete",
-            "Load the driver (`sudo modprobe nvidia`, or reboot after installing it); in a "
-            "container: " + _CONTAINER_HINT,
+            N_("{missing} missing: the GPU device nodes are incomplete", missing=missing),
+            N_(
+                "Load the driver (`sudo modprobe nvidia`, or reboot after installing it); in a "
+                "container: The container was started without GPUs: start it with `docker run "
+                "--gpus all` (the nvidia-container-toolkit must be installed on the host), or "
+                "pick a GPU template at the provider."
+            ),
             details,
         )
     unusable = [n.path for n in (nodes.control, *nodes.gpus) if not n.usable]
@@ -94,9 +98,11 @@ def check_dev_nodes(nodes: DevNodeFacts, host: Optional[HostInfo] = None) -> Hea
         return make(
             "dev_nodes",
             FAIL,
-            f"no read/write access to {', '.join(unusable)}",
-            "Add your user to the group that owns them (see `ls -l /dev/nvidia*`, often "
-            "`video`: `sudo usermod -aG video $USER`, then log in again).",
+            N_("no read/write access to {unusable}", unusable=", ".join(unusable)),
+            N_(
+                "Add your user to the group that owns them (see `ls -l /dev/nvidia*`, often "
+                "`video`: `sudo usermod -aG video $USER`, then log in again)."
+            ),
             details,
         )
     in_container = host is not None and host.in_container
@@ -104,31 +110,35 @@ def check_dev_nodes(nodes: DevNodeFacts, host: Optional[HostInfo] = None) -> Hea
         return make(
             "dev_nodes",
             WARN,
-            "/dev/nvidia-uvm missing: CUDA programs will fail to start",
-            "Start the container with `--gpus all` (the toolkit passes nvidia-uvm), or ask "
-            "the provider.",
+            N_("/dev/nvidia-uvm missing: CUDA programs will fail to start"),
+            N_(
+                "Start the container with `--gpus all` (the toolkit passes nvidia-uvm), or ask "
+                "the provider."
+            ),
             details,
         )
-    note = "" if nodes.uvm.exists else " (/dev/nvidia-uvm appears on first CUDA use)"
-    return make(
-        "dev_nodes",
-        PASS,
-        f"/dev/nvidiactl and {len(nodes.gpus)} GPU node(s) usable{note}",
-        "",
-        details,
-    )
+    if nodes.uvm.exists:
+        summary = N_("/dev/nvidiactl and {n} GPU node(s) usable", n=len(nodes.gpus))
+    else:
+        summary = N_(
+            "/dev/nvidiactl and {n} GPU node(s) usable (/dev/nvidia-uvm appears on first CUDA use)",
+            n=len(nodes.gpus),
+        )
+    return make("dev_nodes", PASS, summary, "", details)
 
 
 def _wsl_nodes(nodes: DevNodeFacts, details: Dict[str, object]) -> HealthCheck:
     details = dict(details, dxg=nodes.dxg.exists)
     if nodes.dxg.usable:
-        return make("dev_nodes", PASS, "WSL: GPU reached through /dev/dxg", "", details)
+        return make("dev_nodes", PASS, N_("WSL: GPU reached through /dev/dxg"), "", details)
     return make(
         "dev_nodes",
         FAIL,
-        "WSL: /dev/dxg missing or not usable",
-        "Install the current NVIDIA driver on Windows (not inside WSL) and run `wsl --update`, "
-        "then `wsl --shutdown` and start WSL again.",
+        N_("WSL: /dev/dxg missing or not usable"),
+        N_(
+            "Install the current NVIDIA driver on Windows (not inside WSL) and run `wsl --update`, "
+            "then `wsl --shutdown` and start WSL again."
+        ),
         details,
     )
 
@@ -150,39 +160,65 @@ def check_torch_build(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
         return make(
             "torch_build",
             FAIL,
-            f"torch not installed in {python} (Python {facts.python_version})",
-            f"Install a CUDA build: `{install_command(python, status, reinstall=False)}`. "
-            "If your jobs use another Python, pass it with --python PATH.",
+            N_(
+                "torch not installed in {python} (Python {python_version})",
+                python=python,
+                python_version=facts.python_version,
+            ),
+            N_(
+                "Install a CUDA build: `{install_command}`. If your jobs use another Python, pass "
+                "it with --python PATH.",
+                install_command=install_command(python, status, reinstall=False),
+            ),
             details,
         )
     if facts.torch_version is None:
         return make(
             "torch_build",
             FAIL,
-            f"torch fails to import: {facts.torch_import_error}",
-            f"Reinstall it: `{install_command(python, status, reinstall=True)}`.",
+            N_(
+                "torch fails to import: {torch_import_error}",
+                torch_import_error=facts.torch_import_error,
+            ),
+            N_(
+                "Reinstall it: `{install_command}`.",
+                install_command=install_command(python, status, reinstall=True),
+            ),
             details,
         )
     if facts.torch_hip_version:
         return make(
             "torch_build",
             FAIL,
-            f"torch {facts.torch_version} is a ROCm (AMD) build",
-            f"Install the CUDA build: `{install_command(python, status, reinstall=True)}`.",
+            N_("torch {torch_version} is a ROCm (AMD) build", torch_version=facts.torch_version),
+            N_(
+                "Install the CUDA build: `{install_command}`.",
+                install_command=install_command(python, status, reinstall=True),
+            ),
             details,
         )
     if not facts.torch_cuda_version:
         return make(
             "torch_build",
             FAIL,
-            f"torch {facts.torch_version} is a CPU-only build: it cannot use the GPU",
-            f"Replace it with a CUDA build: `{install_command(python, status, reinstall=True)}`.",
+            N_(
+                "torch {torch_version} is a CPU-only build: it cannot use the GPU",
+                torch_version=facts.torch_version,
+            ),
+            N_(
+                "Replace it with a CUDA build: `{install_command}`.",
+                install_command=install_command(python, status, reinstall=True),
+            ),
             details,
         )
     return make(
         "torch_build",
         PASS,
-        f"torch {facts.torch_version} built for CUDA {facts.torch_cuda_version}",
+        N_(
+            "torch {torch_version} built for CUDA {torch_cuda_version}",
+            torch_version=facts.torch_version,
+            torch_cuda_version=facts.torch_cuda_version,
+        ),
         "",
         details,
     )
@@ -236,38 +272,54 @@ def _probe_failure(check_id: str, probe: ProbeOutcome) -> Optional[HealthCheck]:
         return make(
             check_id,
             FAIL,
-            f"{probe.python}: Python not found",
-            "Pass the Python your jobs use with --python /path/to/venv/bin/python.",
+            N_("{python}: Python not found", python=probe.python),
+            N_("Pass the Python your jobs use with --python /path/to/venv/bin/python."),
             details,
         )
     if probe.failure == TIMEOUT:
         return make(
             check_id,
             FAIL,
-            f"`import torch` and CUDA start-up did not finish: {probe.message}",
-            f"Run `{probe.python} -c 'import torch; print(torch.cuda.is_available())'` to see "
-            "where it hangs (a stuck GPU, a slow network filesystem); a GPU that hangs needs a "
-            "reset or a reboot. Allow more time with --timeout.",
+            N_("`import torch` and CUDA start-up did not finish: {message}", message=probe.message),
+            N_(
+                "Run `{python} -c 'import torch; print(torch.cuda.is_available())'` to see where "
+                "it hangs (a stuck GPU, a slow network filesystem); a GPU that hangs needs a reset "
+                "or a reboot. Allow more time with --timeout.",
+                python=probe.python,
+            ),
             details,
         )
     if probe.failure == CRASHED and "SyntaxError" in probe.message:
         return make(
             check_id,
             FAIL,
-            f"{probe.python} is too old to run the torch probe: {probe.message}",
-            "Pass a Python 3.7 or newer (the one your jobs use) with --python PATH.",
+            N_(
+                "{python} is too old to run the torch probe: {message}",
+                python=probe.python,
+                message=probe.message,
+            ),
+            N_("Pass a Python 3.7 or newer (the one your jobs use) with --python PATH."),
             details,
         )
     if probe.failure in (CRASHED, BAD_OUTPUT):
         return make(
             check_id,
             FAIL,
-            f"the torch probe failed: {probe.message}",
-            f"Run `{probe.python} -c 'import torch'` to see the error, then reinstall torch.",
+            N_("the torch probe failed: {message}", message=probe.message),
+            N_(
+                "Run `{python} -c 'import torch'` to see the error, then reinstall torch.",
+                python=probe.python,
+            ),
             details,
         )
     if probe.facts is None:
-        return make(check_id, FAIL, f"the torch probe gave no result: {probe.message}", "", details)
+        return make(
+            check_id,
+            FAIL,
+            N_("the torch probe gave no result: {message}", message=probe.message),
+            "",
+            details,
+        )
     return None
 
 
@@ -278,7 +330,7 @@ def check_cuda_compat(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
     """torch's CUDA major is not above the driver's; a newer minor within the major passes."""
     facts = _cuda_facts(probe)
     if facts is None or not facts.torch_cuda_version:
-        return make("cuda_compat", SKIP, "skipped: no CUDA build of torch (see torch_build)")
+        return make("cuda_compat", SKIP, N_("skipped: no CUDA build of torch (see torch_build)"))
     torch_cuda = _parse_version(facts.torch_cuda_version)
     driver_text = status.driver.cuda_version if status.driver else None
     driver_cuda = _parse_version(driver_text)
@@ -287,7 +339,7 @@ def check_cuda_compat(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
         return make(
             "cuda_compat",
             SKIP,
-            "skipped: the driver's CUDA version is unknown (see nvml)",
+            N_("skipped: the driver's CUDA version is unknown (see nvml)"),
             "",
             details,
         )
@@ -298,15 +350,23 @@ def check_cuda_compat(probe: ProbeOutcome, status: StatusSnapshot) -> HealthChec
         return make(
             "cuda_compat",
             PASS,
-            f"torch CUDA {facts.torch_cuda_version} on a CUDA {driver_text} driver "
-            "(minor-version compatibility)",
+            N_(
+                "torch CUDA {torch_cuda_version} on a CUDA {driver_text} driver (minor-version "
+                "compatibility)",
+                torch_cuda_version=facts.torch_cuda_version,
+                driver_text=driver_text,
+            ),
             "",
             details,
         )
     return make(
         "cuda_compat",
         PASS,
-        f"torch CUDA {facts.torch_cuda_version} within the driver's CUDA {driver_text}",
+        N_(
+            "torch CUDA {torch_cuda_version} within the driver's CUDA {driver_text}",
+            torch_cuda_version=facts.torch_cuda_version,
+            driver_text=driver_text,
+        ),
         "",
         details,
     )
@@ -317,7 +377,7 @@ def _driver_too_old(
     status: StatusSnapshot,
     torch_cuda: Tuple[int, int],
     driver_cuda: Tuple[int, int],
-) -> Tuple[str, str]:
+) -> Tuple[Text, Text]:
     """(summary, hint) for a torch whose CUDA the driver cannot run. The hint compares the
     driver's version with the minimums and never names one older than what runs: a driver
     new enough for the major gets the real cause (the release's own minimum, or another
@@ -329,37 +389,68 @@ def _driver_too_old(
     major_min = MIN_DRIVER_FOR_CUDA_MAJOR.get(torch_cuda[0])
     own_min = MIN_DRIVER_FOR_CUDA.get(torch_cuda)
     command = install_command(facts.python_executable, status, reinstall=True)
-    older_torch = (
-        f"install a torch built for CUDA {driver_cuda[0]}.{driver_cuda[1]} or older: `{command}`"
-    )
+    older = f"{driver_cuda[0]}.{driver_cuda[1]}"
     needs_major = torch_cuda[0] > driver_cuda[0] or major_min is None
     if needs_major or _older(have, major_min):
         need = major_min or f"a driver for CUDA {torch_text}"
         if have is None or _older(have, need):
             return (
-                f"torch needs CUDA {torch_text}; driver {version or '?'} runs CUDA "
-                f"{driver_cuda[0]}.{driver_cuda[1]} at most",
-                f"Upgrade the NVIDIA driver to {need} or newer (then reboot), or {older_torch}.",
+                N_(
+                    "torch needs CUDA {torch_cuda}; driver {driver} runs CUDA {driver_cuda} "
+                    "at most",
+                    torch_cuda=torch_text,
+                    driver=version or "?",
+                    driver_cuda=older,
+                ),
+                N_(
+                    "Upgrade the NVIDIA driver to {need} or newer (then reboot), or install a "
+                    "torch built for CUDA {driver_cuda} or older: `{command}`.",
+                    need=need,
+                    driver_cuda=older,
+                    command=command,
+                ),
             )
     if torch_cuda > driver_cuda and (own_min is None or have is None or _older(have, own_min)):
         target = own_min or f"a driver for CUDA {torch_text} (nvidia-smi's CUDA Version)"
         return (
-            f"torch (CUDA {torch_text}) cannot start CUDA on driver {driver_text}: CUDA "
-            f"{torch_text}'s own minimum driver is {own_min or 'newer'}",
-            f"Driver {version} runs CUDA {torch_cuda[0]}.x builds only through minor-version "
-            f"compatibility, without what needs CUDA {torch_text}'s own driver (JIT-compiling "
-            f"its PTX for a GPU the build has no native code for). Either {older_torch}, or "
-            f"upgrade the NVIDIA driver to {target} or newer (then reboot).",
+            N_(
+                "torch (CUDA {torch_cuda}) cannot start CUDA on driver {driver}: CUDA "
+                "{torch_cuda}'s own minimum driver is {minimum}",
+                torch_cuda=torch_text,
+                driver=driver_text,
+                minimum=own_min or "newer",
+            ),
+            N_(
+                "Driver {version} runs CUDA {major}.x builds only through minor-version "
+                "compatibility, without what needs CUDA {torch_cuda}'s own driver (JIT-compiling "
+                "its PTX for a GPU the build has no native code for). Either install a torch "
+                "built for CUDA {driver_cuda} or older: `{command}`, or upgrade the NVIDIA "
+                "driver to {target} or newer (then reboot).",
+                version=version,
+                major=torch_cuda[0],
+                torch_cuda=torch_text,
+                driver_cuda=older,
+                command=command,
+                target=target,
+            ),
         )
     python = shlex.quote(facts.python_executable)
     return (
-        f"torch (CUDA {torch_text}) says the driver is too old, but driver {driver_text} "
-        f"meets CUDA {torch_text}'s minimum ({own_min or major_min})",
-        "The driver is not what is old: torch loads another libcuda.so than the driver's, "
-        "e.g. from a cuda-compat package, a CUDA toolkit's stubs directory or the container "
-        "image. Find it with `ldconfig -p | grep libcuda` and LD_LIBRARY_PATH, and remove it "
-        f"so the driver's own libcuda.so.1 loads; `{python} -c 'import torch; "
-        "torch.cuda.init()'` shows the error.",
+        N_(
+            "torch (CUDA {torch_cuda}) says the driver is too old, but driver {driver} "
+            "meets CUDA {torch_cuda}'s minimum ({minimum})",
+            torch_cuda=torch_text,
+            driver=driver_text,
+            minimum=own_min or major_min,
+        ),
+        N_(
+            "The driver is not what is old: torch loads another libcuda.so than the driver's, "
+            "e.g. from a cuda-compat package, a CUDA toolkit's stubs directory or the container "
+            "image. Find it with `ldconfig -p | grep libcuda` and LD_LIBRARY_PATH, and remove it "
+            "so the driver's own libcuda.so.1 loads; `{python} -c 'import torch; "
+            "torch.cuda.init()'` shows the error.",
+            python=python,
+        ),
     )
 
 
@@ -391,14 +482,16 @@ def check_arch(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck:
     lower minor) is; PTX only warns (JIT at start-up)."""
     facts = _cuda_facts(probe)
     if facts is None or not facts.torch_cuda_version:
-        return make("arch", SKIP, "skipped: no CUDA build of torch (see torch_build)")
+        return make("arch", SKIP, N_("skipped: no CUDA build of torch (see torch_build)"))
     if not facts.arch_list:
-        return make("arch", SKIP, "skipped: torch cannot start CUDA, so it lists no architectures")
+        return make(
+            "arch", SKIP, N_("skipped: torch cannot start CUDA, so it lists no architectures")
+        )
     capabilities = _capabilities(status) or [
         c for c in (_parse_version(d.capability) for d in facts.devices) if c is not None
     ]
     if not capabilities:
-        return make("arch", SKIP, "skipped: no GPU compute capability known")
+        return make("arch", SKIP, N_("skipped: no GPU compute capability known"))
     details = {"arch_list": list(facts.arch_list), "gpus": sorted({_sm(c) for c in capabilities})}
     verdicts = {c: arch_support(c, facts.arch_list) for c in set(capabilities)}
     missing = sorted(c for c, v in verdicts.items() if v == "missing")
@@ -406,7 +499,11 @@ def check_arch(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck:
         return make(
             "arch",
             FAIL,
-            f"torch {facts.torch_version} has no kernels for {', '.join(_sm(c) for c in missing)}",
+            N_(
+                "torch {torch_version} has no kernels for {sm}",
+                torch_version=facts.torch_version,
+                sm=", ".join(_sm(c) for c in missing),
+            ),
             _arch_hint(missing, facts, status),
             details,
         )
@@ -415,12 +512,24 @@ def check_arch(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck:
         return make(
             "arch",
             WARN,
-            f"{', '.join(_sm(c) for c in ptx)} runs only through PTX JIT (slow first start)",
-            f"Install a torch whose wheel lists {', '.join(_sm(c) for c in ptx)}: "
-            f"`{install_command(facts.python_executable, status, reinstall=True)}`.",
+            N_(
+                "{sm} runs only through PTX JIT (slow first start)",
+                sm=", ".join(_sm(c) for c in ptx),
+            ),
+            N_(
+                "Install a torch whose wheel lists {sm}: `{install_command}`.",
+                sm=", ".join(_sm(c) for c in ptx),
+                install_command=install_command(facts.python_executable, status, reinstall=True),
+            ),
             details,
         )
-    return make("arch", PASS, f"torch has kernels for {', '.join(details['gpus'])}", "", details)
+    return make(
+        "arch",
+        PASS,
+        N_("torch has kernels for {details}", details=", ".join(details["gpus"])),
+        "",
+        details,
+    )
 
 
 def arch_support(capability: Tuple[int, int], arch_list: Sequence[str]) -> str:
@@ -462,18 +571,20 @@ def _parse_arch(entry: str) -> Optional[Tuple[str, Tuple[int, int], bool]]:
 
 def _arch_hint(
     missing: Sequence[Tuple[int, int]], facts: TorchFacts, status: StatusSnapshot
-) -> str:
+) -> Text:
     known = [p for p in (_parse_arch(a) for a in facts.arch_list) if p is not None]
     newest = max((p[1] for p in known), default=(0, 0))
     if max(missing) > newest:
-        return (
-            f"This GPU is newer than the wheel: install a build that lists {_sm(max(missing))}: "
-            f"`{install_command(facts.python_executable, status, reinstall=True)}` "
-            "(Blackwell GPUs such as the RTX 5090 need cu128 or newer)."
+        return N_(
+            "This GPU is newer than the wheel: install a build that lists {sm}: `{command}` "
+            "(Blackwell GPUs such as the RTX 5090 need cu128 or newer).",
+            sm=_sm(max(missing)),
+            command=install_command(facts.python_executable, status, reinstall=True),
         )
-    return (
-        f"This torch dropped support for {_sm(min(missing))}: install an older torch release "
-        "whose `torch.cuda.get_arch_list()` still lists it, or rent a newer GPU."
+    return N_(
+        "This torch dropped support for {sm}: install an older torch release "
+        "whose `torch.cuda.get_arch_list()` still lists it, or rent a newer GPU.",
+        sm=_sm(min(missing)),
     )
 
 
@@ -488,7 +599,7 @@ def check_visibility(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck
     """torch sees as many CUDA devices as NVML sees GPUs (CUDA_VISIBLE_DEVICES explains fewer)."""
     facts = _cuda_facts(probe)
     if facts is None or not facts.torch_cuda_version:
-        return make("visibility", SKIP, "skipped: no CUDA build of torch (see torch_build)")
+        return make("visibility", SKIP, N_("skipped: no CUDA build of torch (see torch_build)"))
     torch_count = facts.device_count if facts.cuda_available else 0
     nvml_count = len(status.gpus) if status.nvml_error is None else None
     cvd = facts.cuda_visible_devices
@@ -504,35 +615,61 @@ def check_visibility(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck
         return make(
             "visibility",
             PASS,
-            f"torch sees {torch_count} GPU(s) (NVML unavailable to compare)",
+            N_(
+                "torch sees {torch_count} GPU(s) (NVML unavailable to compare)",
+                torch_count=torch_count,
+            ),
             "",
             details,
         )
     if torch_count == nvml_count:
-        return make("visibility", PASS, f"torch sees all {torch_count} GPU(s)", "", details)
+        return make(
+            "visibility",
+            PASS,
+            N_("torch sees all {torch_count} GPU(s)", torch_count=torch_count),
+            "",
+            details,
+        )
     if torch_count > nvml_count or any(g.mig_mode for g in status.gpus):
         return make(
             "visibility",
             WARN,
-            f"torch sees {torch_count} device(s), NVML {nvml_count} GPU(s) (MIG mode?)",
-            "With MIG each process sees the MIG instances it is given: check "
-            "`nvidia-smi -L` and CUDA_VISIBLE_DEVICES.",
+            N_(
+                "torch sees {torch_count} device(s), NVML {nvml_count} GPU(s) (MIG mode?)",
+                torch_count=torch_count,
+                nvml_count=nvml_count,
+            ),
+            N_(
+                "With MIG each process sees the MIG instances it is given: check "
+                "`nvidia-smi -L` and CUDA_VISIBLE_DEVICES."
+            ),
             details,
         )
     if cvd is not None:
         return make(
             "visibility",
             WARN,
-            f"torch sees {torch_count} of {nvml_count} GPUs: CUDA_VISIBLE_DEVICES={cvd}",
-            "Unset CUDA_VISIBLE_DEVICES (or list every GPU) if you meant to use them all.",
+            N_(
+                "torch sees {torch_count} of {nvml_count} GPUs: CUDA_VISIBLE_DEVICES={cvd}",
+                torch_count=torch_count,
+                nvml_count=nvml_count,
+                cvd=cvd,
+            ),
+            N_("Unset CUDA_VISIBLE_DEVICES (or list every GPU) if you meant to use them all."),
             details,
         )
     return make(
         "visibility",
         FAIL,
-        f"torch sees {torch_count} of {nvml_count} GPUs",
-        "Some GPUs do not start CUDA: check `nvidia-smi -q` for errors, reset them "
-        "(`sudo nvidia-smi -r -i N`) or ask the provider.",
+        N_(
+            "torch sees {torch_count} of {nvml_count} GPUs",
+            torch_count=torch_count,
+            nvml_count=nvml_count,
+        ),
+        N_(
+            "Some GPUs do not start CUDA: check `nvidia-smi -q` for errors, reset them "
+            "(`sudo nvidia-smi -r -i N`) or ask the provider."
+        ),
         details,
     )
 
@@ -540,15 +677,18 @@ def check_visibility(probe: ProbeOutcome, status: StatusSnapshot) -> HealthCheck
 def _torch_sees_none(
     facts: TorchFacts, cvd: Optional[str], details: Mapping[str, object]
 ) -> HealthCheck:
-    why = f": {facts.cuda_init_error}" if facts.cuda_init_error else ""
     if cvd is not None and _hides_everything(cvd):
-        hint = f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU: unset it."
+        hint = N_("CUDA_VISIBLE_DEVICES={cvd} hides every GPU: unset it.", cvd=repr(cvd))
     else:
-        hint = (
+        hint = N_(
             "torch cannot start CUDA: see dev_nodes and cuda_compat; after a driver upgrade, "
             "reboot."
         )
-    return make("visibility", FAIL, f"torch sees no CUDA device{why}", hint, details)
+    if facts.cuda_init_error:
+        summary = N_("torch sees no CUDA device: {error}", error=facts.cuda_init_error)
+    else:
+        summary = N_("torch sees no CUDA device")
+    return make("visibility", FAIL, summary, hint, details)
 
 
 def _hides_everything(cvd: str) -> bool:

@@ -12,7 +12,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, PASS, SKIP, WARN, make, skip_without_nvml
+from agents.checks.common import (
+    FAIL,
+    N_,
+    PASS,
+    SKIP,
+    WARN,
+    Message,
+    joined,
+    make,
+    skip_without_nvml,
+)
 from agents.probe import TIMEOUT, NcclOutcome, PairMeasurement, ProbeOutcome
 from agents.protocol import GpuSnapshot, HealthCheck, StatusSnapshot
 from agents.topology import Expectation, Topology, describe, expected_gbps, gpu_spec
@@ -22,25 +32,27 @@ P2P_MIN_FRACTION = 0.5
 #: Measured / expected below which the all-reduce bus bandwidth is reported as slow.
 NCCL_MIN_FRACTION = 0.5
 
-_NO_CUDA = "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
-_ONE_GPU = "skipped: one GPU, nothing to connect"
+_NO_CUDA = N_(
+    "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
+)
+_ONE_GPU = N_("skipped: one GPU, nothing to connect")
 
-_FABRIC_MANAGER_HINT = (
+_FABRIC_MANAGER_HINT = N_(
     "On NVSwitch systems (HGX, DGX) the NVIDIA Fabric Manager must run, in the driver's own "
     "version (`systemctl status nvidia-fabricmanager`); without it the GPUs talk over PCIe "
     "only, or CUDA does not start. Ask the provider: you are paying for NVLink."
 )
-_DEGRADED_HINT = (
+_DEGRADED_HINT = N_(
     "A link that is down slows every multi-GPU job on this GPU: `nvidia-smi nvlink -s` shows "
     "each link. Reset the GPUs (or reboot); if it stays down, ask the provider."
 )
-_NO_P2P_HINT = (
+_NO_P2P_HINT = N_(
     "Without peer-to-peer, GPU-to-GPU copies and NCCL go through host memory, several times "
     "slower. In VMs and containers, PCIe ACS or IOMMU settings often block it; ask the "
     "provider for a host with peer-to-peer enabled. If NCCL hangs, NCCL_P2P_DISABLE=1 "
     "avoids the hang at that cost."
 )
-_SLOW_HINT = (
+_SLOW_HINT = N_(
     "GPU-to-GPU traffic runs far below what the links allow: see the topology check (links "
     "down, no peer-to-peer, GPUs on different CPU sockets). `NCCL_DEBUG=INFO` shows which "
     "transport NCCL chose (P2P, SHM or NET). Data-parallel training all-reduces the gradients "
@@ -57,7 +69,7 @@ def check_topology(topology: Optional[Topology], status: StatusSnapshot) -> Heal
     if len(status.gpus) < 2:
         return make("topology", SKIP, _ONE_GPU)
     if topology is None:
-        return make("topology", SKIP, "skipped: the topology was not collected")
+        return make("topology", SKIP, N_("skipped: the topology was not collected"))
     details: Dict[str, Any] = describe(topology)
     if topology.error:
         details["error"] = topology.error
@@ -70,11 +82,11 @@ def check_topology(topology: Optional[Topology], status: StatusSnapshot) -> Heal
     if blocked:
         warnings.append("no peer-to-peer between " + ", ".join(blocked))
         hints.append(_NO_P2P_HINT)
-    hint = " ".join(dict.fromkeys(hints))
+    hint = joined(" ", list(dict.fromkeys(hints)))
     if failures:
-        return make("topology", FAIL, "; ".join(failures + warnings), hint, details)
+        return make("topology", FAIL, joined("; ", failures + warnings), hint, details)
     if warnings:
-        return make("topology", WARN, "; ".join(warnings), hint, details)
+        return make("topology", WARN, joined("; ", warnings), hint, details)
     return make("topology", PASS, _topology_summary(topology, status.gpus), "", details)
 
 
@@ -94,19 +106,33 @@ def check_p2p(
         return make("p2p", SKIP, _NO_CUDA)
     mapped = not facts.cuda_visible_devices
     rows: List[Dict[str, Any]] = []
-    failed: List[str] = []
-    slow: List[str] = []
+    failed: List[Message] = []
+    slow: List[Message] = []
     for m in facts.p2p:
         expected = _pair_expectation(topology, status.gpus, m.src, m.dst) if mapped else None
         row = _pair_row(m, expected)
         rows.append(row)
         if m.error or m.gbps is None:
-            failed.append(f"GPU {m.src} -> {m.dst}: {m.error or 'no result'}")
+            failed.append(
+                N_(
+                    "GPU {src} -> {dst}: {value}",
+                    src=m.src,
+                    dst=m.dst,
+                    value=m.error or "no result",
+                )
+            )
         elif expected is not None and expected.gbps and m.gbps / expected.gbps < P2P_MIN_FRACTION:
             path = "peer-to-peer" if m.peer_access else "through host memory"
             slow.append(
-                f"GPU {m.src} -> {m.dst}: {m.gbps:.0f} GB/s, {row['fraction']:.0%} of "
-                f"{row['expected_gbps']:.0f} ({path})"
+                N_(
+                    "GPU {src} -> {dst}: {gbps} GB/s, {row} of {row2} ({path})",
+                    src=m.src,
+                    dst=m.dst,
+                    gbps=f"{m.gbps:.0f}",
+                    row=f"{row['fraction']:.0%}",
+                    row2=f"{row['expected_gbps']:.0f}",
+                    path=path,
+                )
             )
     details = {"pairs": rows, "unit": "GB/s one way", "min_fraction": P2P_MIN_FRACTION}
     if not mapped:
@@ -115,14 +141,16 @@ def check_p2p(
         return make(
             "p2p",
             FAIL,
-            "copy between GPUs failed: " + "; ".join(failed),
-            "A GPU that cannot copy to another needs a reset; ask the provider if it persists.",
+            N_("copy between GPUs failed: {pairs}", pairs="; ".join(map(str, failed))),
+            N_("A GPU that cannot copy to another needs a reset; ask the provider if it persists."),
             details,
         )
     if slow:
         no_peer = any(not m.peer_access for m in facts.p2p)
         hint = (_NO_P2P_HINT + " " if no_peer else "") + _SLOW_HINT
-        return make("p2p", WARN, "slow: " + "; ".join(slow), hint, details)
+        return make(
+            "p2p", WARN, N_("slow: {pairs}", pairs="; ".join(map(str, slow))), hint, details
+        )
     return make("p2p", PASS, _p2p_summary(facts.p2p, rows), "", details)
 
 
@@ -154,17 +182,21 @@ def check_nccl(
         return _probe_failed("nccl", nccl.failure, nccl.message, details, hung=True)
     if nccl.error is not None:
         if "no NCCL" in nccl.error:
-            return make("nccl", SKIP, f"skipped: {nccl.error}", "", details)
+            return make("nccl", SKIP, N_("skipped: {error}", error=nccl.error), "", details)
         return make(
             "nccl",
             FAIL,
-            f"NCCL could not run across {nccl.world_size} GPUs: {nccl.error}",
+            N_(
+                "NCCL could not run across {world_size} GPUs: {error}",
+                world_size=nccl.world_size,
+                error=nccl.error,
+            ),
             "Run with `NCCL_DEBUG=INFO` to see why; " + _NO_P2P_HINT,
             details,
         )
     busbw = nccl.busbw_gbps
     if busbw is None:
-        return make("nccl", FAIL, "the all-reduce reported no result", "", details)
+        return make("nccl", FAIL, N_("the all-reduce reported no result"), "", details)
     expected = _ring_expectation(topology, status.gpus, nccl.world_size)
     fraction = busbw / expected.gbps if expected is not None and expected.gbps else None
     details.update(
@@ -182,17 +214,23 @@ def check_nccl(
         return make("nccl", PASS, text + " (no figure to compare with)", "", details)
     against = f"{fraction:.0%} of {expected.gbps:.0f} GB/s, {expected.basis}"
     if fraction < NCCL_MIN_FRACTION:
-        return make("nccl", WARN, f"{text}, only {against}", _SLOW_HINT, details)
-    return make("nccl", PASS, f"{text} ({against})", "", details)
+        return make(
+            "nccl",
+            WARN,
+            N_("{text}, only {against}", text=text, against=against),
+            _SLOW_HINT,
+            details,
+        )
+    return make("nccl", PASS, N_("{text} ({against})", text=text, against=against), "", details)
 
 
 def _link_problems(
     topology: Topology, gpus: Sequence[GpuSnapshot]
-) -> Tuple[List[str], List[str], List[str]]:
+) -> Tuple[List[Message], List[Message], List[Message]]:
     """(failures, warnings, hints) about NVLinks that are down."""
-    failures: List[str] = []
-    warnings: List[str] = []
-    hints: List[str] = []
+    failures: List[Message] = []
+    warnings: List[Message] = []
+    hints: List[Message] = []
     for gpu in gpus:
         links = topology.gpu(gpu.index)
         spec = gpu_spec(gpu)
@@ -202,13 +240,34 @@ def _link_problems(
         active = links.active_links
         if expected and active == 0:
             model = spec.name if spec is not None else "this model"
-            failures.append(f"GPU {gpu.index}: no NVLink is up ({model} has {expected})")
+            failures.append(
+                N_(
+                    "GPU {index}: no NVLink is up ({model} has {expected})",
+                    index=gpu.index,
+                    model=model,
+                    expected=expected,
+                )
+            )
             hints.append(_FABRIC_MANAGER_HINT)
         elif expected and active < expected:
-            warnings.append(f"GPU {gpu.index}: {active} of {expected} NVLinks up")
+            warnings.append(
+                N_(
+                    "GPU {index}: {active} of {expected} NVLinks up",
+                    index=gpu.index,
+                    active=active,
+                    expected=expected,
+                )
+            )
             hints.append(_DEGRADED_HINT)
         elif links.nvlinks and 0 < active < len(links.nvlinks) and not expected:
-            warnings.append(f"GPU {gpu.index}: {active} of {len(links.nvlinks)} NVLinks up")
+            warnings.append(
+                N_(
+                    "GPU {index}: {active} of {n_nvlinks} NVLinks up",
+                    index=gpu.index,
+                    active=active,
+                    n_nvlinks=len(links.nvlinks),
+                )
+            )
             hints.append(_DEGRADED_HINT)
     return failures, warnings, hints
 
@@ -297,7 +356,17 @@ def _probe_failed(
         else "Reset the GPUs or reboot; ask the provider if it persists. Allow more time with "
         "--timeout on slow GPUs."
     )
-    return make(check_id, FAIL, f"the GPU test {what}: {message}", hint, details or {})
+    return make(
+        check_id,
+        FAIL,
+        (
+            N_("the GPU test did not finish: {message}", message=message)
+            if what == "did not finish"
+            else N_("the GPU test failed: {message}", message=message)
+        ),
+        hint,
+        details or {},
+    )
 
 
 def _mib(nbytes: int) -> str:

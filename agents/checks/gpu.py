@@ -10,11 +10,14 @@ from agents import specs
 from agents.checks.common import (
     FAIL,
     GIB,
+    N_,
     PASS,
     SKIP,
     WARN,
+    Message,
     gib,
     gpu_list,
+    joined,
     make,
     per_gpu,
     skip_without_nvml,
@@ -68,7 +71,7 @@ def check_nvml(status: StatusSnapshot) -> HealthCheck:
         return make(
             "nvml",
             FAIL,
-            f"NVML failed ({error.code}): {error.message}",
+            N_("NVML failed ({code}): {message}", code=error.code, message=error.message),
             error.hint,
             {"code": error.code},
         )
@@ -76,13 +79,19 @@ def check_nvml(status: StatusSnapshot) -> HealthCheck:
         return make(
             "nvml",
             FAIL,
-            "NVML works but reports no GPU",
-            "This machine has no GPU attached, or all of them are hidden from it: ask the "
-            "provider for the GPUs you are paying for.",
+            N_("NVML works but reports no GPU"),
+            N_(
+                "This machine has no GPU attached, or all of them are hidden from it: ask the "
+                "provider for the GPUs you are paying for."
+            ),
             {"gpu_count": 0},
         )
     return make(
-        "nvml", PASS, f"NVML sees {len(status.gpus)} GPU(s)", "", {"gpu_count": len(status.gpus)}
+        "nvml",
+        PASS,
+        N_("NVML sees {n_gpus} GPU(s)", n_gpus=len(status.gpus)),
+        "",
+        {"gpu_count": len(status.gpus)},
     )
 
 
@@ -90,28 +99,39 @@ def check_driver(status: StatusSnapshot) -> HealthCheck:
     """The driver reports a version; warn when it predates R525 (no CUDA 12)."""
     driver = status.driver
     if driver is None:
-        return make("driver", SKIP, "skipped: no driver information (see the nvml check)")
+        return make("driver", SKIP, N_("skipped: no driver information (see the nvml check)"))
     details = {"version": driver.version, "cuda_version": driver.cuda_version}
     major = _leading_int(driver.version)
     if major is None:
         return make(
             "driver",
             WARN,
-            f"driver version {driver.version!r} is not in the usual form",
-            "Check the driver with `nvidia-smi`; reinstall it if the version looks wrong.",
+            N_("driver version {version} is not in the usual form", version=f"{driver.version!r}"),
+            N_("Check the driver with `nvidia-smi`; reinstall it if the version looks wrong."),
             details,
         )
     if major < DRIVER_OLD_BELOW_MAJOR:
         return make(
             "driver",
             WARN,
-            f"driver {driver.version} is old: it runs CUDA {driver.cuda_version or '11'} at most",
-            "Current PyTorch wheels need CUDA 12 (driver 525.60.13 or newer). Pick an image "
-            "with a newer driver, or install a torch built for CUDA 11 (cu118).",
+            N_(
+                "driver {version} is old: it runs CUDA {value} at most",
+                version=driver.version,
+                value=driver.cuda_version or "11",
+            ),
+            N_(
+                "Current PyTorch wheels need CUDA 12 (driver 525.60.13 or newer). Pick an image "
+                "with a newer driver, or install a torch built for CUDA 11 (cu118)."
+            ),
             details,
         )
-    cuda = f", CUDA up to {driver.cuda_version}" if driver.cuda_version else ""
-    return make("driver", PASS, f"driver {driver.version}{cuda}", "", details)
+    if driver.cuda_version:
+        summary = N_(
+            "driver {version}, CUDA up to {cuda}", version=driver.version, cuda=driver.cuda_version
+        )
+    else:
+        summary = N_("driver {version}", version=driver.version)
+    return make("driver", PASS, summary, "", details)
 
 
 def check_identity(
@@ -120,23 +140,26 @@ def check_identity(
     """The GPUs are the rented model (name, memory, SM count) and number."""
     if expect_gpu is None and expect_count is None:
         return make(
-            "identity", SKIP, "skipped: nothing expected (pass --expect-gpu/--expect-count)"
+            "identity", SKIP, N_("skipped: nothing expected (pass --expect-gpu/--expect-count)")
         )
     if status.nvml_error is not None:
         return make(
             "identity",
             FAIL,
-            "cannot see the GPUs to compare with what was rented (NVML failed)",
-            "Fix NVML first (see the nvml check), then run the health check again.",
+            N_("cannot see the GPUs to compare with what was rented (NVML failed)"),
+            N_("Fix NVML first (see the nvml check), then run the health check again."),
         )
-    problems: List[str] = []
-    warnings: List[Tuple[str, str]] = []  # (what, what to do)
+    problems: List[Message] = []
+    warnings: List[Tuple[Message, Message]] = []  # (what, what to do)
     wanted = specs.candidates(expect_gpu) if expect_gpu else ()
     if expect_gpu and not wanted:
         warnings.append(
             (
-                f"{expect_gpu!r} is not in the GPU catalogue, so only the count was compared",
-                "Name the model as the catalogue does, e.g. h100, a100-80gb, 4090 or l40s.",
+                N_(
+                    "{expect_gpu} is not in the GPU catalogue, so only the count was compared",
+                    expect_gpu=f"{expect_gpu!r}",
+                ),
+                N_("Name the model as the catalogue does, e.g. h100, a100-80gb, 4090 or l40s."),
             )
         )
     _compare_count(len(status.gpus), expect_count, problems, warnings)
@@ -147,9 +170,14 @@ def check_identity(
     if mig and not problems:
         warnings.append(
             (
-                f"{gpu_list(mig)} in MIG mode: programs get MIG slices, not whole GPUs",
-                "If you rented whole GPUs, ask the provider to turn MIG off "
-                "(`sudo nvidia-smi -i N -mig 0`, then reset the GPU).",
+                N_(
+                    "{gpu_list} in MIG mode: programs get MIG slices, not whole GPUs",
+                    gpu_list=gpu_list(mig),
+                ),
+                N_(
+                    "If you rented whole GPUs, ask the provider to turn MIG off "
+                    "(`sudo nvidia-smi -i N -mig 0`, then reset the GPU)."
+                ),
             )
         )
     details = {
@@ -163,38 +191,56 @@ def check_identity(
         return make(
             "identity",
             FAIL,
-            "; ".join(problems),
-            "This is not what was rented: ask the provider for the right GPUs (or a refund) "
-            "before paying for more hours.",
+            joined("; ", problems),
+            N_(
+                "This is not what was rented: ask the provider for the right GPUs (or a refund) "
+                "before paying for more hours."
+            ),
             details,
         )
     if warnings:
         return make(
             "identity",
             WARN,
-            "; ".join(text for text, _ in warnings),
-            " ".join(hint for _, hint in warnings),
+            joined("; ", [text for text, _ in warnings]),
+            joined(" ", [hint for _, hint in warnings]),
             details,
         )
     model = status.gpus[0].name if status.gpus else "GPU"
-    return make("identity", PASS, f"{len(status.gpus)} x {model} as rented", "", details)
+    return make(
+        "identity",
+        PASS,
+        N_("{n_gpus} x {model} as rented", n_gpus=len(status.gpus), model=model),
+        "",
+        details,
+    )
 
 
 def _compare_count(
     count: int,
     expect_count: Optional[int],
-    problems: List[str],
-    warnings: List[Tuple[str, str]],
+    problems: List[Message],
+    warnings: List[Tuple[Message, Message]],
 ) -> None:
     if expect_count is None:
         return
     if count < expect_count:
-        problems.append(f"{count} GPU(s) visible, {expect_count} rented")
+        problems.append(
+            N_(
+                "{count} GPU(s) visible, {expect_count} rented",
+                count=count,
+                expect_count=expect_count,
+            )
+        )
     elif count > expect_count:
         warnings.append(
             (
-                f"{count} GPUs visible, {expect_count} rented",
-                "Check the provider's bill: you may be paying for every GPU you can see.",
+                N_(
+                    "{count} GPUs visible, {expect_count} rented",
+                    count=count,
+                    expect_count=expect_count,
+                ),
+                N_("Check the provider's bill: you may be paying for every GPU you can see."),
             )
         )
 
@@ -282,28 +328,39 @@ def check_leftover_memory(status: StatusSnapshot) -> HealthCheck:
         "held_without_process": per_gpu(held),
         "threshold_bytes": LEFTOVER_BYTES,
     }
-    found: List[str] = []
-    hints: List[str] = []
+    found: List[Message] = []
+    hints: List[Message] = []
     if foreign:
         listed = "; ".join(_describe_process(p) for p in foreign[:5])
         more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
-        found.append(f"{len(foreign)} process(es) already use the GPUs: {listed}{more}")
+        found.append(
+            N_(
+                "{n_foreign} process(es) already use the GPUs: {listed}{more}",
+                n_foreign=len(foreign),
+                listed=listed,
+                more=more,
+            )
+        )
         hints.append(
-            "If they are yours and finished, stop them (`kill PID`). If not, someone else is "
-            "using this machine: ask the provider."
+            N_(
+                "If they are yours and finished, stop them (`kill PID`). If not, someone else is "
+                "using this machine: ask the provider."
+            )
         )
     if held:
         where = ", ".join(f"GPU {i}: {gib(b)}" for i, b in sorted(held.items()))
-        found.append(f"memory in use with no process visible ({where})")
+        found.append(N_("memory in use with no process visible ({where})", where=where))
         hints.append(
-            "Memory held with no process listed belongs to a process in another container or "
-            "PID namespace (run `nvidia-smi` on the host) or was left by a crashed job: reset "
-            "the GPU when idle (`sudo nvidia-smi -r -i N`) or ask the provider."
+            N_(
+                "Memory held with no process listed belongs to a process in another container or "
+                "PID namespace (run `nvidia-smi` on the host) or was left by a crashed job: reset "
+                "the GPU when idle (`sudo nvidia-smi -r -i N`) or ask the provider."
+            )
         )
     if found:
-        return make("leftover_memory", WARN, "; ".join(found), " ".join(hints), details)
+        return make("leftover_memory", WARN, joined("; ", found), joined(" ", hints), details)
     return make(
-        "leftover_memory", PASS, "no memory held and no other process on the GPUs", "", details
+        "leftover_memory", PASS, N_("no memory held and no other process on the GPUs"), "", details
     )
 
 
@@ -337,9 +394,12 @@ def check_ecc(status: StatusSnapshot) -> HealthCheck:
         return make(
             "ecc",
             FAIL,
-            f"uncorrected ECC errors since the last reset ({where})",
-            "Results computed on this GPU may be corrupt. Stop using it and ask the provider to "
-            "replace it; a reset (`nvidia-smi -r`) clears the counter but not the cause.",
+            N_("uncorrected ECC errors since the last reset ({where})", where=where),
+            N_(
+                "Results computed on this GPU may be corrupt. Stop using it and ask the provider "
+                "to "
+                "replace it; a reset (`nvidia-smi -r`) clears the counter but not the cause."
+            ),
             details,
         )
     supported = [
@@ -348,8 +408,14 @@ def check_ecc(status: StatusSnapshot) -> HealthCheck:
         if g.ecc_mode_enabled is True or g.ecc_uncorrected_volatile is not None
     ]
     if not supported:
-        return make("ecc", SKIP, "ECC is off or not supported on these GPUs", "", details)
-    return make("ecc", PASS, f"no uncorrected ECC errors on {len(supported)} GPU(s)", "", details)
+        return make("ecc", SKIP, N_("ECC is off or not supported on these GPUs"), "", details)
+    return make(
+        "ecc",
+        PASS,
+        N_("no uncorrected ECC errors on {n_supported} GPU(s)", n_supported=len(supported)),
+        "",
+        details,
+    )
 
 
 def check_row_remap(status: StatusSnapshot) -> HealthCheck:
@@ -368,8 +434,11 @@ def check_row_remap(status: StatusSnapshot) -> HealthCheck:
         return make(
             "row_remap",
             FAIL,
-            f"{gpu_list(failed)}: memory row remapping failed (no spare rows left)",
-            "The GPU memory is wearing out: ask the provider to replace the GPU.",
+            N_(
+                "{gpu_list}: memory row remapping failed (no spare rows left)",
+                gpu_list=gpu_list(failed),
+            ),
+            N_("The GPU memory is wearing out: ask the provider to replace the GPU."),
             details,
         )
     pending = [g.index for g in gpus if g.remapped_rows_pending or g.retired_pages_pending]
@@ -377,9 +446,14 @@ def check_row_remap(status: StatusSnapshot) -> HealthCheck:
         return make(
             "row_remap",
             WARN,
-            f"{gpu_list(pending)}: bad memory rows/pages are waiting to be retired",
-            "Reset the GPU (`sudo nvidia-smi -r -i N` when idle) or reboot to apply them; ask "
-            "the provider if you cannot.",
+            N_(
+                "{gpu_list}: bad memory rows/pages are waiting to be retired",
+                gpu_list=gpu_list(pending),
+            ),
+            N_(
+                "Reset the GPU (`sudo nvidia-smi -r -i N` when idle) or reboot to apply them; ask "
+                "the provider if you cannot."
+            ),
             details,
         )
     known = [
@@ -390,8 +464,8 @@ def check_row_remap(status: StatusSnapshot) -> HealthCheck:
         or g.retired_pages_pending is not None
     ]
     if not known:
-        return make("row_remap", SKIP, "not reported by these GPUs", "", details)
-    return make("row_remap", PASS, "no pending or failed memory remaps", "", details)
+        return make("row_remap", SKIP, N_("not reported by these GPUs"), "", details)
+    return make("row_remap", PASS, N_("no pending or failed memory remaps"), "", details)
 
 
 def check_throttle(status: StatusSnapshot) -> HealthCheck:
@@ -404,27 +478,31 @@ def check_throttle(status: StatusSnapshot) -> HealthCheck:
         "reasons": per_gpu({i: list(r) if r is not None else None for i, r in reported.items()})
     }
     if all(r is None for r in reported.values()):
-        return make("throttle", SKIP, "clock event reasons not reported", "", details)
+        return make("throttle", SKIP, N_("clock event reasons not reported"), "", details)
     severe, mild = _classify_reasons(reported)
     if severe:
         return make(
             "throttle",
             FAIL,
-            "clocks cut by the hardware: " + _reason_text(severe),
-            "The GPU is overheating or its power supply is braking it, even before any job: "
-            "ask the provider to check cooling and power, or move to another machine.",
+            N_("clocks cut by the hardware: {reasons}", reasons=_reason_text(severe)),
+            N_(
+                "The GPU is overheating or its power supply is braking it, even before any job: "
+                "ask the provider to check cooling and power, or move to another machine."
+            ),
             details,
         )
     if mild:
         return make(
             "throttle",
             WARN,
-            "clocks lowered by the driver: " + _reason_text(mild),
-            "The GPU runs hot: check the temperature check and the fans/airflow; expect lower "
-            "speed until it cools.",
+            N_("clocks lowered by the driver: {reasons}", reasons=_reason_text(mild)),
+            N_(
+                "The GPU runs hot: check the temperature check and the fans/airflow; expect lower "
+                "speed until it cools."
+            ),
             details,
         )
-    return make("throttle", PASS, "no hardware, thermal or power-brake slowdown", "", details)
+    return make("throttle", PASS, N_("no hardware, thermal or power-brake slowdown"), "", details)
 
 
 def _classify_reasons(
@@ -471,27 +549,31 @@ def check_temperature(status: StatusSnapshot) -> HealthCheck:
     temps = {g.index: g.temp_c for g in status.gpus if g.temp_c is not None}
     details = {"temp_c": per_gpu(temps), "warn_c": TEMP_WARN_C, "fail_c": TEMP_FAIL_C}
     if not temps:
-        return make("temperature", SKIP, "temperature not reported", "", details)
+        return make("temperature", SKIP, N_("temperature not reported"), "", details)
     hottest = max(temps.values())
     hot = ", ".join(f"GPU {i}: {t} °C" for i, t in sorted(temps.items()) if t >= TEMP_WARN_C)
     if hottest >= TEMP_FAIL_C:
         return make(
             "temperature",
             FAIL,
-            f"GPU too hot ({hot})",
-            "The cooling is failing: stop jobs on it and ask the provider to check the machine.",
+            N_("GPU too hot ({hot})", hot=hot),
+            N_(
+                "The cooling is failing: stop jobs on it and ask the provider to check the machine."
+            ),
             details,
         )
     if hottest >= TEMP_WARN_C:
         return make(
             "temperature",
             WARN,
-            f"GPU running hot ({hot})",
-            "Expect thermal slowdown; if it is this hot while idle, ask the provider to check "
-            "the cooling.",
+            N_("GPU running hot ({hot})", hot=hot),
+            N_(
+                "Expect thermal slowdown; if it is this hot while idle, ask the provider to check "
+                "the cooling."
+            ),
             details,
         )
-    return make("temperature", PASS, f"hottest GPU {hottest} °C", "", details)
+    return make("temperature", PASS, N_("hottest GPU {hottest} °C", hottest=hottest), "", details)
 
 
 def check_power_cap(status: StatusSnapshot) -> HealthCheck:
@@ -509,7 +591,7 @@ def check_power_cap(status: StatusSnapshot) -> HealthCheck:
         "power_default_limit_w": per_gpu({i: p[1] for i, p in pairs.items()}),
     }
     if not pairs:
-        return make("power_cap", SKIP, "power limits not reported", "", details)
+        return make("power_cap", SKIP, N_("power limits not reported"), "", details)
     capped = {
         i: (limit, default)
         for i, (limit, default) in pairs.items()
@@ -523,13 +605,15 @@ def check_power_cap(status: StatusSnapshot) -> HealthCheck:
         return make(
             "power_cap",
             WARN,
-            f"power-capped card ({where})",
-            "Its power limit was lowered (`nvidia-smi -pl`), so it runs slower than the model "
-            "should. Ask the provider, or restore it with `sudo nvidia-smi -pl <default W>` "
-            "where allowed.",
+            N_("power-capped card ({where})", where=where),
+            N_(
+                "Its power limit was lowered (`nvidia-smi -pl`), so it runs slower than the model "
+                "should. Ask the provider, or restore it with `sudo nvidia-smi -pl <default W>` "
+                "where allowed."
+            ),
             details,
         )
-    return make("power_cap", PASS, "power limits at their defaults", "", details)
+    return make("power_cap", PASS, N_("power limits at their defaults"), "", details)
 
 
 def check_pcie(status: StatusSnapshot) -> HealthCheck:
@@ -557,19 +641,21 @@ def check_pcie(status: StatusSnapshot) -> HealthCheck:
     }
     known = [g for g in status.gpus if _has_link_info(g)]
     if not known:
-        return make("pcie", SKIP, "PCIe link not reported", "", details)
+        return make("pcie", SKIP, N_("PCIe link not reported"), "", details)
     narrow, slow, idle_slow = _link_findings(known)
     if narrow or slow:
         return make(
             "pcie",
             WARN,
-            "; ".join(narrow + slow),
-            "Host-to-GPU copies will be slower: the card may sit in a narrower or older slot, "
-            "or a riser is faulty. Ask the provider if data loading matters to you.",
+            joined("; ", narrow + slow),
+            N_(
+                "Host-to-GPU copies will be slower: the card may sit in a narrower or older slot, "
+                "or a riser is faulty. Ask the provider if data loading matters to you."
+            ),
             details,
         )
     note = f" ({'; '.join(idle_slow)}: normal when idle)" if idle_slow else ""
-    return make("pcie", PASS, f"PCIe links at full width{note}", "", details)
+    return make("pcie", PASS, N_("PCIe links at full width{note}", note=note), "", details)
 
 
 def _has_link_info(gpu: GpuSnapshot) -> bool:
@@ -578,9 +664,11 @@ def _has_link_info(gpu: GpuSnapshot) -> bool:
     )
 
 
-def _link_findings(gpus: Sequence[GpuSnapshot]) -> Tuple[List[str], List[str], List[str]]:
-    narrow: List[str] = []
-    slow: List[str] = []
+def _link_findings(
+    gpus: Sequence[GpuSnapshot],
+) -> Tuple[List[Message], List[Message], List[str]]:
+    narrow: List[Message] = []
+    slow: List[Message] = []
     idle_slow: List[str] = []
     for g in gpus:
         if (
@@ -588,7 +676,14 @@ def _link_findings(gpus: Sequence[GpuSnapshot]) -> Tuple[List[str], List[str], L
             and g.pcie_width_max is not None
             and g.pcie_width_current < g.pcie_width_max
         ):
-            narrow.append(f"GPU {g.index} link x{g.pcie_width_current} of x{g.pcie_width_max}")
+            narrow.append(
+                N_(
+                    "GPU {index} link x{pcie_width_current} of x{pcie_width_max}",
+                    index=g.index,
+                    pcie_width_current=g.pcie_width_current,
+                    pcie_width_max=g.pcie_width_max,
+                )
+            )
         if g.pcie_gen_current is None or g.pcie_gen_max is None:
             continue
         if g.pcie_gen_current < g.pcie_gen_max:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from agents import specs
-from agents.checks.common import FAIL, PASS, SKIP, WARN, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Message, make
 from agents.probe import TIMEOUT, Measurement, ProbeOutcome, TorchFacts
 from agents.protocol import HealthCheck
 
@@ -21,7 +21,9 @@ MATMUL_FAIL_REL_ERROR = 1e-2
 BANDWIDTH_MIN_FRACTION = 0.6
 GEMM_MIN_FRACTION = 0.5
 
-_NO_CUDA = "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
+_NO_CUDA = N_(
+    "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
+)
 
 
 def check_matmul(full: Optional[ProbeOutcome]) -> HealthCheck:
@@ -46,9 +48,14 @@ def check_matmul(full: Optional[ProbeOutcome]) -> HealthCheck:
         return make(
             "matmul",
             FAIL,
-            "wrong matrix product: " + "; ".join(_matmul_text(m) for m in broken),
-            "This GPU computes wrong results: do not use it; ask the provider to replace it "
-            "(check the ecc and row_remap checks too).",
+            N_(
+                "wrong matrix product: {products}",
+                products="; ".join(_matmul_text(m) for m in broken),
+            ),
+            N_(
+                "This GPU computes wrong results: do not use it; ask the provider to replace it "
+                "(check the ecc and row_remap checks too)."
+            ),
             details,
         )
     loose = [m for m in facts.matmul if m.value is not None and m.value >= MATMUL_WARN_REL_ERROR]
@@ -56,17 +63,25 @@ def check_matmul(full: Optional[ProbeOutcome]) -> HealthCheck:
         return make(
             "matmul",
             WARN,
-            "imprecise fp32 product: " + "; ".join(_matmul_text(m) for m in loose),
-            "Reduced precision is forced somewhere (e.g. NVIDIA_TF32_OVERRIDE=1); unset it for "
-            "exact fp32, or check the GPU if nothing forces it.",
+            N_(
+                "imprecise fp32 product: {products}",
+                products="; ".join(_matmul_text(m) for m in loose),
+            ),
+            N_(
+                "Reduced precision is forced somewhere (e.g. NVIDIA_TF32_OVERRIDE=1); unset it for "
+                "exact fp32, or check the GPU if nothing forces it."
+            ),
             details,
         )
     worst = max((m.value or 0.0) for m in facts.matmul)
     return make(
         "matmul",
         PASS,
-        f"matrix product matches the CPU on {len(facts.matmul)} GPU(s) "
-        f"(max relative error {worst:.1e})",
+        N_(
+            "matrix product matches the CPU on {n_matmul} GPU(s) (max relative error {worst})",
+            n_matmul=len(facts.matmul),
+            worst=f"{worst:.1e}",
+        ),
         "",
         details,
     )
@@ -129,9 +144,15 @@ def _measured(
         return None, make(
             check_id,
             FAIL,
-            f"the GPU tests {what}: {full.message}",
-            "A GPU that hangs or crashes under a simple product needs a reset or a reboot; ask "
-            "the provider if it persists. Allow more time with --timeout on slow GPUs.",
+            (
+                N_("the GPU tests did not finish: {message}", message=full.message)
+                if what == "did not finish"
+                else N_("the GPU tests failed: {message}", message=full.message)
+            ),
+            N_(
+                "A GPU that hangs or crashes under a simple product needs a reset or a reboot; ask "
+                "the provider if it persists. Allow more time with --timeout on slow GPUs."
+            ),
             {"python": full.python, "failure": full.failure},
         )
     facts = full.facts
@@ -150,8 +171,8 @@ def _against_spec(
     spec_value: Any,
 ) -> HealthCheck:
     rows: Dict[int, Dict[str, Any]] = {}
-    slow: List[str] = []
-    failed: List[str] = []
+    slow: List[Message] = []
+    failed: List[Message] = []
     for m in results:
         spec = _spec_for(facts, m.index)
         expected = spec_value(spec, m) if spec is not None else None
@@ -165,27 +186,37 @@ def _against_spec(
             **dict(m.extra),
         }
         if m.error or m.value is None:
-            failed.append(f"GPU {m.index}: {m.error or 'no result'}")
+            failed.append(N_("GPU {index}: {value}", index=m.index, value=m.error or "no result"))
         elif ratio is not None and ratio < minimum:
             slow.append(
-                f"GPU {m.index}: {m.value:.0f} {unit}, {ratio:.0%} of the {expected:.0f} spec"
+                N_(
+                    "GPU {index}: {value} {unit}, {ratio} of the {expected} spec",
+                    index=m.index,
+                    value=f"{m.value:.0f}",
+                    unit=unit,
+                    ratio=f"{ratio:.0%}",
+                    expected=f"{expected:.0f}",
+                )
             )
     details = {"gpus": _keyed(rows), "unit": unit, "min_fraction_of_spec": minimum}
     if failed:
         return make(
             check_id,
             FAIL,
-            "measurement failed: " + "; ".join(failed),
-            "The GPU failed a simple workload: reset it or ask the provider.",
+            N_("measurement failed: {failures}", failures="; ".join(map(str, failed))),
+            N_("The GPU failed a simple workload: reset it or ask the provider."),
             details,
         )
     if slow:
         return make(
             check_id,
             WARN,
-            "far below spec: " + "; ".join(slow),
-            "The GPU is shared (oversold or a MIG slice), throttled (see throttle, temperature, "
-            "power_cap) or not the model it claims to be (see identity).",
+            N_("far below spec: {gpus}", gpus="; ".join(map(str, slow))),
+            N_(
+                "The GPU is shared (oversold or a MIG slice), throttled (see throttle, "
+                "temperature, "
+                "power_cap) or not the model it claims to be (see identity)."
+            ),
             details,
         )
     return make(

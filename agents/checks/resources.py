@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from agents.checks.common import FAIL, GIB, PASS, SKIP, WARN, gib, make
+from agents.checks.common import FAIL, GIB, N_, PASS, SKIP, WARN, Message, gib, joined, make
 from agents.protocol import HealthCheck, HostInfo
 from agents.system import FilesystemFacts, ShmFacts
 
@@ -29,19 +29,19 @@ SHM_PER_GPU_BYTES = 1 * GIB
 
 _ROLE_NAMES = {"home": "home", "jobs": "job directory", "temp": "temporary directory"}
 
-_DISK_HINT = (
+_DISK_HINT = N_(
     "Free space: `du -xsh ~/.cache/* /tmp/* 2>/dev/null | sort -h | tail` shows what is big; "
     "pip and Hugging Face caches are the usual culprits (`pip cache purge`, "
     "`huggingface-cli delete-cache`). Keep datasets and checkpoints on a larger volume and "
     "point HF_HOME and TMPDIR there. On container platforms the disk size is fixed at launch: "
     "ask for a larger container disk or attach a volume."
 )
-_READ_ONLY_HINT = (
+_READ_ONLY_HINT = N_(
     "This filesystem is mounted read-only: jobs cannot write logs or checkpoints there. "
     "Point GPU_AGENT_HOME and TMPDIR at a writable volume, or ask the provider why it is "
     "read-only (a full or failing disk is remounted read-only by the kernel)."
 )
-_INODE_HINT = (
+_INODE_HINT = N_(
     "The filesystem is running out of inodes (too many small files): delete caches of many "
     "small files (`find ~/.cache -xdev -type f | wc -l`), or pack datasets into fewer files "
     "(tar, WebDataset shards)."
@@ -53,43 +53,51 @@ def check_disk(filesystems: Sequence[FilesystemFacts]) -> HealthCheck:
     fail below DISK_FAIL_FREE_BYTES, read-only or out of inodes; warn below
     DISK_WARN_FREE_BYTES or DISK_WARN_INODE_FRACTION of inodes free."""
     if not filesystems:
-        return make("disk", SKIP, "skipped: no directory to measure")
+        return make("disk", SKIP, N_("skipped: no directory to measure"))
     details: Dict[str, Any] = {
         "filesystems": [_disk_row(fs) for fs in filesystems],
         "fail_below_bytes": DISK_FAIL_FREE_BYTES,
         "warn_below_bytes": DISK_WARN_FREE_BYTES,
         "warn_below_inode_fraction": DISK_WARN_INODE_FRACTION,
     }
-    failures: List[str] = []
-    warnings: List[str] = []
-    hints: List[str] = []
+    failures: List[Message] = []
+    warnings: List[Message] = []
+    hints: List[Message] = []
     for fs in filesystems:
         where = _where(fs)
         if fs.error is not None:
-            warnings.append(f"{where}: cannot be measured ({fs.error})")
+            warnings.append(
+                N_("{where}: cannot be measured ({error})", where=where, error=fs.error)
+            )
             continue
         free = fs.free_bytes or 0
         if fs.read_only:
-            failures.append(f"{where} is read-only")
+            failures.append(N_("{where} is read-only", where=where))
             hints.append(_READ_ONLY_HINT)
         elif free < DISK_FAIL_FREE_BYTES:
-            failures.append(f"{where} has {gib(free)} free")
+            failures.append(N_("{where} has {gib} free", where=where, gib=gib(free)))
             hints.append(_DISK_HINT)
         elif free < DISK_WARN_FREE_BYTES:
-            warnings.append(f"{where} has only {gib(free)} free")
+            warnings.append(N_("{where} has only {gib} free", where=where, gib=gib(free)))
             hints.append(_DISK_HINT)
         inodes = _inode_fraction(fs)
         if inodes is not None and fs.inodes_free == 0:
-            failures.append(f"{where} has no inodes left")
+            failures.append(N_("{where} has no inodes left", where=where))
             hints.append(_INODE_HINT)
         elif inodes is not None and inodes < DISK_WARN_INODE_FRACTION:
-            warnings.append(f"{where} has only {inodes:.1%} of its inodes free")
+            warnings.append(
+                N_(
+                    "{where} has only {inodes} of its inodes free",
+                    where=where,
+                    inodes=f"{inodes:.1%}",
+                )
+            )
             hints.append(_INODE_HINT)
-    hint = " ".join(dict.fromkeys(hints))
+    hint = joined(" ", list(dict.fromkeys(hints)))
     if failures:
-        return make("disk", FAIL, "; ".join(failures + warnings), hint, details)
+        return make("disk", FAIL, joined("; ", failures + warnings), hint, details)
     if warnings:
-        return make("disk", WARN, "; ".join(warnings), hint or _DISK_HINT, details)
+        return make("disk", WARN, joined("; ", warnings), hint or _DISK_HINT, details)
     summary = "; ".join(
         f"{_where(fs)}: {gib(fs.free_bytes)} free of {gib(fs.total_bytes)}" for fs in filesystems
     )
@@ -105,7 +113,7 @@ def check_shm(shm: Optional[ShmFacts], host: HostInfo, gpu_count: int) -> Health
     """Free space in /dev/shm: fail below SHM_FAIL_BYTES (or none at all), warn below
     :func:`shm_needed_bytes` for this many GPUs."""
     if shm is None:
-        return make("shm", SKIP, "skipped: /dev/shm was not looked at")
+        return make("shm", SKIP, N_("skipped: /dev/shm was not looked at"))
     needed = shm_needed_bytes(gpu_count)
     details: Dict[str, Any] = {
         "path": shm.path,
@@ -121,12 +129,21 @@ def check_shm(shm: Optional[ShmFacts], host: HostInfo, gpu_count: int) -> Health
         return make(
             "shm",
             FAIL,
-            f"{shm.path} does not exist: PyTorch DataLoader workers cannot share batches",
+            N_(
+                "{path} does not exist: PyTorch DataLoader workers cannot share batches",
+                path=shm.path,
+            ),
             hint,
             details,
         )
     if shm.free_bytes is None or shm.total_bytes is None:
-        return make("shm", WARN, f"{shm.path} cannot be measured ({shm.error})", hint, details)
+        return make(
+            "shm",
+            WARN,
+            N_("{path} cannot be measured ({error})", path=shm.path, error=shm.error),
+            hint,
+            details,
+        )
     size = f"{_size(shm.free_bytes)} free of {_size(shm.total_bytes)}"
     leftovers = shm.free_bytes < shm.total_bytes / 2
     if leftovers:
@@ -138,8 +155,12 @@ def check_shm(shm: Optional[ShmFacts], host: HostInfo, gpu_count: int) -> Health
         return make(
             "shm",
             FAIL,
-            f"{shm.path} has {size}: DataLoader workers (num_workers > 0) die with "
-            '"bus error" or "insufficient shared memory"',
+            N_(
+                "{path} has {size}: DataLoader workers (num_workers > 0) die with "
+                '"bus error" or "insufficient shared memory"',
+                path=shm.path,
+                size=size,
+            ),
             hint,
             details,
         )
@@ -147,12 +168,17 @@ def check_shm(shm: Optional[ShmFacts], host: HostInfo, gpu_count: int) -> Health
         return make(
             "shm",
             WARN,
-            f"{shm.path} has {size}; {_size(needed)} is wanted for DataLoader workers on "
-            f"{max(1, gpu_count)} GPU(s)",
+            N_(
+                "{path} has {size}; {size2} is wanted for DataLoader workers on {value} GPU(s)",
+                path=shm.path,
+                size=size,
+                size2=_size(needed),
+                value=max(1, gpu_count),
+            ),
             hint,
             details,
         )
-    return make("shm", PASS, f"{shm.path} has {size}", "", details)
+    return make("shm", PASS, N_("{path} has {size}", path=shm.path, size=size), "", details)
 
 
 def _where(fs: FilesystemFacts) -> str:

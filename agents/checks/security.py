@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agents.checks.common import PASS, SKIP, WARN, make
+from agents.checks.common import N_, PASS, SKIP, WARN, make
 from agents.protocol import HealthCheck
 from agents.system import ListeningSocket, SshdConfig
 
@@ -57,7 +57,9 @@ def check_ssh_password_login(config: SshdConfig) -> HealthCheck:
     PAM; both default to yes). An AuthenticationMethods list without a password-only entry
     also passes."""
     if not config.found:
-        return make("ssh_password_login", SKIP, f"no {config.path} (sshd not installed here?)")
+        return make(
+            "ssh_password_login", SKIP, N_("no {path} (sshd not installed here?)", path=config.path)
+        )
     enabled = password_login_settings(config)
     details = {
         "config": config.path,
@@ -69,25 +71,37 @@ def check_ssh_password_login(config: SshdConfig) -> HealthCheck:
     if enabled:
         where = "; ".join(f"{name} ({source})" for name, source in enabled)
         files = sorted({source for _, source in enabled if source != DEFAULT_SOURCE})
-        target = " and ".join(files) if files else f"{config.path} (before any Match block)"
+        if files:
+            hint = N_(
+                "Password logins invite brute-force attacks. Set `PasswordAuthentication no` and "
+                "`KbdInteractiveAuthentication no` in {target}; sshd keeps the first value it "
+                "reads. Make sure your key works, then `sudo systemctl reload ssh`.",
+                target=" and ".join(files),
+            )
+        else:
+            hint = N_(
+                "Password logins invite brute-force attacks. Set `PasswordAuthentication no` and "
+                "`KbdInteractiveAuthentication no` in {path} (before any Match block); sshd keeps "
+                "the first value it reads. Make sure your key works, then "
+                "`sudo systemctl reload ssh`.",
+                path=config.path,
+            )
         return make(
             "ssh_password_login",
             WARN,
-            f"sshd accepts password logins: {where}",
-            "Password logins invite brute-force attacks. Set `PasswordAuthentication no` and "
-            f"`KbdInteractiveAuthentication no` in {target}; sshd keeps the first value it "
-            "reads. Make sure your key works, then `sudo systemctl reload ssh`.",
+            N_("sshd accepts password logins: {where}", where=where),
+            hint,
             details,
         )
     if config.unreadable:
         return make(
             "ssh_password_login",
             SKIP,
-            f"could not read {', '.join(config.unreadable)}",
-            "Run the check as root to read every sshd configuration file.",
+            N_("could not read {unreadable}", unreadable=", ".join(config.unreadable)),
+            N_("Run the check as root to read every sshd configuration file."),
             details,
         )
-    return make("ssh_password_login", PASS, "sshd accepts keys only", "", details)
+    return make("ssh_password_login", PASS, N_("sshd accepts keys only"), "", details)
 
 
 _RELEVANT = (
@@ -162,16 +176,21 @@ def check_exposed_ports(sockets: Sequence[ListeningSocket]) -> HealthCheck:
         return make(
             "exposed_ports",
             WARN,
-            f"listening on all interfaces: {named}{also}",
-            "Anyone who can reach this machine can use them. Bind them to 127.0.0.1 (e.g. "
-            "`jupyter lab --ip 127.0.0.1`) and open an SSH tunnel instead: "
-            f"`ssh -L {first}:localhost:{first} user@host`; or close the port in the "
-            "provider's firewall.",
+            N_("listening on all interfaces: {named}{also}", named=named, also=also),
+            N_(
+                "Anyone who can reach this machine can use them. Bind them to 127.0.0.1 (e.g. "
+                "`jupyter lab --ip 127.0.0.1`) and open an SSH tunnel instead: `ssh -L "
+                "{first}:localhost:{first} user@host`; or close the port in the provider's "
+                "firewall.",
+                first=first,
+            ),
             details,
         )
     if others:
-        return make("exposed_ports", PASS, f"no well-known service exposed{also}", "", details)
-    return make("exposed_ports", PASS, "nothing but SSH listens on all interfaces", "", details)
+        return make(
+            "exposed_ports", PASS, N_("no well-known service exposed{also}", also=also), "", details
+        )
+    return make("exposed_ports", PASS, N_("nothing but SSH listens on all interfaces"), "", details)
 
 
 def service_name(sock: ListeningSocket) -> Optional[str]:

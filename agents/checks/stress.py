@@ -8,7 +8,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, PASS, SKIP, WARN, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Message, joined, make
 from agents.checks.gpu import TEMP_FAIL_C, TEMP_WARN_C
 from agents.probe import TIMEOUT, StressOutcome
 from agents.protocol import HealthCheck
@@ -29,14 +29,16 @@ _HW_REASONS = {
 }
 _WARN_REASONS = {"sw_thermal_slowdown": "software thermal slowdown"}
 
-_NO_CUDA = "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
-_HW_HINT = (
+_NO_CUDA = N_(
+    "skipped: needs a CUDA build of torch that sees the GPUs (see torch_build, visibility)"
+)
+_HW_HINT = N_(
     "Under sustained load the card is slowed by its own protection: power brake means the "
     "host's power supply signalled it cannot deliver; hardware thermal slowdown means cooling "
     "fails. Both are the host's fault: ask the provider to move you to another host, and do "
     "not pay full price for this one."
 )
-_HOT_HINT = (
+_HOT_HINT = N_(
     "The card runs hot under load and slows down: check that its fans spin and the air intake "
     "is clear (on a rented host, ask the provider); long jobs will run slower than "
     "benchmarks promise."
@@ -54,9 +56,15 @@ def check_stress(stress: Optional[StressOutcome]) -> HealthCheck:
         return make(
             "stress",
             FAIL,
-            f"the load test {what}: {stress.message}",
-            "A GPU that hangs or crashes under sustained load needs a reset or a reboot; ask "
-            "the provider if it persists.",
+            (
+                N_("the load test did not finish: {message}", message=stress.message)
+                if what == "did not finish"
+                else N_("the load test failed: {message}", message=stress.message)
+            ),
+            N_(
+                "A GPU that hangs or crashes under sustained load needs a reset or a reboot; ask "
+                "the provider if it persists."
+            ),
             {"duration_s": stress.duration_s, "samples": len(stress.samples)},
         )
     if stress.facts is None or not stress.windows:
@@ -78,11 +86,11 @@ def check_stress(stress: Optional[StressOutcome]) -> HealthCheck:
         "temp_fail_c": TEMP_FAIL_C,
     }
     failures, warnings, hints = _judge(per_gpu, stress.errors)
-    hint = " ".join(dict.fromkeys(hints))
+    hint = joined(" ", list(dict.fromkeys(hints)))
     if failures:
-        return make("stress", FAIL, "; ".join(failures + warnings), hint, details)
+        return make("stress", FAIL, joined("; ", failures + warnings), hint, details)
     if warnings:
-        return make("stress", WARN, "; ".join(warnings), hint, details)
+        return make("stress", WARN, joined("; ", warnings), hint, details)
     return make(
         "stress", PASS, "; ".join(_pass_text(i, s, stress) for i, s in per_gpu.items()), "", details
     )
@@ -128,28 +136,32 @@ def _gpu_summary(index: int, stress: StressOutcome, warmup: float) -> Dict[str, 
 
 def _judge(
     per_gpu: Mapping[int, Mapping[str, Any]], errors: Mapping[str, str]
-) -> Tuple[List[str], List[str], List[str]]:
-    failures: List[str] = []
-    warnings: List[str] = []
-    hints: List[str] = []
+) -> Tuple[List[Message], List[Message], List[Message]]:
+    failures: List[Message] = []
+    warnings: List[Message] = []
+    hints: List[Message] = []
     for key, error in sorted(errors.items()):
-        failures.append(f"GPU {key}: GEMM failed under load ({error})")
-        hints.append("The GPU failed under load: reset it or ask the provider.")
+        failures.append(N_("GPU {key}: GEMM failed under load ({error})", key=key, error=error))
+        hints.append(N_("The GPU failed under load: reset it or ask the provider."))
     for index, s in per_gpu.items():
         seen_hw = [text for name, text in _HW_REASONS.items() if s["reasons"].get(name)]
         if seen_hw:
-            failures.append(f"GPU {index}: {', '.join(seen_hw)} under load")
+            failures.append(
+                N_("GPU {index}: {seen_hw} under load", index=index, seen_hw=", ".join(seen_hw))
+            )
             hints.append(_HW_HINT)
         temp = s["temp_max_c"]
         if temp is not None and temp >= TEMP_FAIL_C:
-            failures.append(f"GPU {index}: reached {temp} °C")
+            failures.append(N_("GPU {index}: reached {temp} °C", index=index, temp=temp))
             hints.append(_HOT_HINT)
         elif temp is not None and temp >= TEMP_WARN_C:
-            warnings.append(f"GPU {index}: reached {temp} °C")
+            warnings.append(N_("GPU {index}: reached {temp} °C", index=index, temp=temp))
             hints.append(_HOT_HINT)
         seen_sw = [text for name, text in _WARN_REASONS.items() if s["reasons"].get(name)]
         if seen_sw:
-            warnings.append(f"GPU {index}: {', '.join(seen_sw)} under load")
+            warnings.append(
+                N_("GPU {index}: {seen_sw} under load", index=index, seen_sw=", ".join(seen_sw))
+            )
             hints.append(_HOT_HINT)
         for what, early, late, unit in (
             ("SM clock", s["sm_clock_early_mhz"], s["sm_clock_late_mhz"], "MHz"),
@@ -158,7 +170,15 @@ def _judge(
             drop = _drop(early, late)
             if drop is not None and drop >= STRESS_DROP_WARN:
                 warnings.append(
-                    f"GPU {index}: {what} fell from {early:.0f} to {late:.0f} {unit} ({drop:.0%})"
+                    N_(
+                        "GPU {index}: {what} fell from {early} to {late} {unit} ({drop})",
+                        index=index,
+                        what=what,
+                        early=f"{early:.0f}",
+                        late=f"{late:.0f}",
+                        unit=unit,
+                        drop=f"{drop:.0%}",
+                    )
                 )
                 hints.append(_HOT_HINT)
     return failures, warnings, hints

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, PASS, SKIP, WARN, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, make
 from agents.nvml import bus_key
 from agents.protocol import GpuSnapshot, HealthCheck
 from agents.system import KernelLogFacts
@@ -173,19 +173,29 @@ def check_xid(
             return make(
                 "xid",
                 SKIP,
-                f"skipped: the kernel log cannot be read ({why}){during}",
-                "Run the agent as root, or run `sudo dmesg | grep -i xid` yourself; in a "
-                "container the host's kernel log is not visible.",
+                N_(
+                    "skipped: the kernel log cannot be read ({why}){during}", why=why, during=during
+                ),
+                N_(
+                    "Run the agent as root, or run `sudo dmesg | grep -i xid` yourself; in a "
+                    "container the host's kernel log is not visible."
+                ),
                 details,
             )
-        return make("xid", PASS, f"no Xid errors since boot ({', '.join(sources)})", "", details)
+        return make(
+            "xid",
+            PASS,
+            N_("no Xid errors since boot ({sources})", sources=", ".join(sources)),
+            "",
+            details,
+        )
     graded = [(_grade(f), f) for f in findings]
     shown = [(status, f) for status, f in graded if status != PASS]
     if not shown:
         return make(
             "xid",
             PASS,
-            f"only old program errors: {_list(findings)} (more than a day ago)",
+            N_("only old program errors: {list} (more than a day ago)", list=_list(findings)),
             "",
             details,
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable as _Callable
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -40,7 +40,7 @@ from bot.blocks.kit import (
     when,
 )
 from bot.blocks.money import final_cost_sentence
-from bot.i18n import N_, t
+from bot.i18n import N_, placeholders, t
 from bot.notify import Notice
 from bot.services import access
 from bot.services.lookup import HostKeyAlert
@@ -677,11 +677,29 @@ def _check_lines(checks: Sequence[CheckView]) -> list[str]:
     lines = []
     for check in checks:
         emoji = STATUS_EMOJI.get(check.status, "")
-        line = f"{emoji} *{escape(check.id)}*: {escape(clip(check.summary, 500))}"
+        summary = finding(check.summary, check.summary_template, check.summary_params)
+        line = f"{emoji} *{escape(check.id)}*: {escape(clip(summary, 500))}"
         if check.hint and check.status != "pass":
-            line += f"\n      _{escape(clip(check.hint, 500))}_"
+            hint = finding(check.hint, check.hint_template, check.hint_params)
+            line += f"\n      _{escape(clip(hint, 500))}_"
         lines.append(line)
     return lines
+
+
+def finding(english: str, template: str | None, params: Mapping[str, str]) -> str:
+    """An agent's finding in the reader's language: the catalogue's text for its template,
+    filled with the parameters as sent. The English as sent when there is no template (an
+    old agent), the catalogue does not know it (English, or a newer agent), or the
+    parameters do not fit it."""
+    if not template:
+        return english
+    translated = t(template)
+    if translated == template:
+        return english
+    wanted = placeholders(translated)
+    if not wanted <= params.keys():
+        return english
+    return translated.format(**{name: str(params[name]) for name in wanted})
 
 
 def _status_name(status: str) -> str:

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from agents.protocol import HealthReport, ProtocolError, StatusSnapshot, dumps, from_dict
+from agents.protocol import (
+    HealthCheck,
+    HealthReport,
+    ProtocolError,
+    StatusSnapshot,
+    dumps,
+    from_dict,
+)
 from bot.errors import FleetError, HostKeyNotPinned
 from bot.fleet.base import Target
 from bot.i18n import t
@@ -142,9 +149,34 @@ def health_view(inst: InstanceView, report: HealthReport, *, full: bool) -> Heal
     return HealthView(
         instance=inst,
         status=report.status,
-        checks=tuple(CheckView(c.id, c.status, c.summary, c.hint) for c in report.checks),
+        checks=tuple(check_view(c) for c in report.checks),
         full=full,
     )
+
+
+def check_view(check: HealthCheck) -> CheckView:
+    """One check of an agent's report; templates kept only when they and their parameters are
+    text (an old agent sends none, and the English is then shown as sent)."""
+    summary_template, summary_params = _template(check.summary_template, check.summary_params)
+    hint_template, hint_params = _template(check.hint_template, check.hint_params)
+    return CheckView(
+        check.id,
+        check.status,
+        check.summary,
+        check.hint,
+        summary_template=summary_template,
+        summary_params=summary_params,
+        hint_template=hint_template,
+        hint_params=hint_params,
+    )
+
+
+def _template(template: object, params: object) -> tuple[str | None, dict[str, str]]:
+    if not isinstance(template, str) or not template or not isinstance(params, Mapping):
+        return None, {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+        return None, {}
+    return template, dict(params)
 
 
 def running_jobs(session: Session, instance_ids: Iterable[int]) -> dict[int, tuple[JobBrief, ...]]:

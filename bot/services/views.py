@@ -6,7 +6,8 @@ and the time zone name to show absolute times in. Money is integer micro-units; 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -218,12 +219,19 @@ class InstanceDetail:
 
 @dataclass(frozen=True)
 class CheckView:
-    """One health check: ``status`` pass, warn, fail or skip; ``hint`` what to do about it."""
+    """One health check: ``status`` pass, warn, fail or skip; ``hint`` what to do about it.
+
+    ``summary`` and ``hint`` are the agent's English; the templates, when the agent sent them,
+    are what they were formatted from, with their parameters (text), for other languages."""
 
     id: str
     status: str
     summary: str
     hint: str
+    summary_template: str | None = None
+    summary_params: Mapping[str, str] = field(default_factory=dict)
+    hint_template: str | None = None
+    hint_params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agents import health, protocol
+from agents.checks import common
 from agents.protocol import HealthCheck, HealthReport
 from agents.system import (
     FilesystemFacts,
@@ -277,8 +278,55 @@ def test_report_json_round_trips(healthy_paths):
     assert doc["schema"] == 1
     assert doc["status"] == "fail"
     assert {c["status"] for c in doc["checks"]} <= {"pass", "warn", "fail", "skip"}
-    assert all(set(c) == {"id", "status", "summary", "hint", "details"} for c in doc["checks"])
+    keys = {"id", "status", "summary", "hint", "details"}
+    translatable = {"summary_template", "summary_params", "hint_template", "hint_params"}
+    assert all(set(c) == keys | translatable for c in doc["checks"])
     assert protocol.loads(HealthReport, text) == report
+
+
+def test_each_finding_carries_its_english_template_and_parameters(healthy_paths):
+    """The English text is the template filled with the parameters, for summary and hint."""
+    status = make_status(n=2, temp_c=96)
+    report = health.evaluate(
+        facts_for(status, full_probe=make_full_probe(device_count=2), paths=healthy_paths),
+        full=True,
+        expect_gpu="h100",
+    )
+    templated = 0
+    for check in report.checks:
+        for text, template, params in (
+            (check.summary, check.summary_template, check.summary_params),
+            (check.hint, check.hint_template, check.hint_params),
+        ):
+            if template is not None:
+                templated += 1
+                assert all(isinstance(v, str) for v in params.values())
+                assert template.format(**params) == text
+    assert templated >= 20
+    hot = next(c for c in report.checks if c.id == "temperature")
+    assert hot.summary_template == "GPU too hot ({hot})"
+    assert "96" in hot.summary_params["hot"]
+
+
+def test_an_old_agents_check_without_templates_still_parses():
+    doc = {"id": "nvml", "status": "pass", "summary": "NVML sees 8 GPU(s)", "hint": ""}
+    check = protocol.from_dict(HealthCheck, doc)
+    assert (check.summary_template, check.summary_params) == (None, {})
+    assert (check.hint_template, check.hint_params) == (None, {})
+    plain = common.make("nvml", "fail", "as sent", "do this")
+    assert (plain.summary, plain.summary_template, plain.hint, plain.hint_template) == (
+        "as sent",
+        None,
+        "do this",
+        None,
+    )
+    text = common.make("x", "pass", common.N_("{n} GPU(s)", n=2), common.N_("dropped on pass"))
+    assert (text.summary, text.summary_template, text.summary_params) == (
+        "2 GPU(s)",
+        "{n} GPU(s)",
+        {"n": "2"},
+    )
+    assert (text.hint, text.hint_template, text.hint_params) == ("", None, {})
 
 
 def test_render_text_is_a_checklist_with_indented_hints():
@@ -353,3 +401,14 @@ def test_health_full_on_a_real_gpu():
         for check_id in ("bandwidth", "gemm"):
             assert checks[check_id].status in ("pass", "warn")
             assert checks[check_id].details["gpus"]["0"]["measured"] > 0
+
+
+def test_one_joined_finding_keeps_its_template_and_several_are_english():
+    one = common.joined("; ", [common.N_("{where} is read-only", where="/data")])
+    assert isinstance(one, common.Text)
+    assert str(one) == "/data is read-only"
+    two = common.joined(
+        "; ", [common.N_("{where} is read-only", where="/a"), "/b has 1.0 GiB free"]
+    )
+    assert two == "/a is read-only; /b has 1.0 GiB free"
+    assert common.joined(" ", []) == ""

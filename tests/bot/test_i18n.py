@@ -14,21 +14,26 @@ from bot.i18n import N_, nt, placeholders, speaking, t
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYWORDS = {"t": None, "nt": (1, 2), "N_": None}
+#: Where marked messages are: the bot, and the agent's health checks, whose findings carry
+#: their English template (marked with the agent's own ``N_``) for the bot to translate.
+MARKED_DIRS = ("bot", "agents/checks")
 
 
 def marked_messages() -> dict[str, str | tuple[str, str]]:
     """Every message marked in bot/, by its singular text, with where it is."""
     found: dict[str, str | tuple[str, str]] = {}
-    for filename, lineno, message, _comments, _context in extract_from_dir(
-        str(ROOT / "bot"),
-        method_map=[("**.py", "python")],
-        keywords=KEYWORDS,
-        comment_tags=(),
-        strip_comment_tags=True,
-    ):
-        key = message[0] if isinstance(message, tuple) else message
-        if key:
-            found[key] = message if isinstance(message, tuple) else f"{filename}:{lineno}"
+    for directory in MARKED_DIRS:
+        for filename, lineno, message, _comments, _context in extract_from_dir(
+            str(ROOT / directory),
+            method_map=[("**.py", "python")],
+            keywords=KEYWORDS,
+            comment_tags=(),
+            strip_comment_tags=True,
+        ):
+            key = message[0] if isinstance(message, tuple) else message
+            if key:
+                where = f"{directory}/{filename}:{lineno}"
+                found[key] = message if isinstance(message, tuple) else where
     return found
 
 
@@ -58,7 +63,7 @@ def test_every_marked_message_has_its_chinese_with_the_same_placeholders() -> No
 
 def test_no_marked_message_is_an_fstring_or_a_concatenation() -> None:
     bad: list[str] = []
-    for path in sorted((ROOT / "bot").rglob("*.py")):
+    for path in sorted(p for d in MARKED_DIRS for p in (ROOT / d).rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
