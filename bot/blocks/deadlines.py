@@ -875,7 +875,6 @@ def _extend_confirm(notice: DeadlineWarning, added_s: int) -> Block:
         t("Extend {name} by {duration}?", name=inst.name, duration=values["duration"]),
         _sentences(what, cost),
         confirm=t("Yes, extend"),
-        deny=t("Cancel"),
     )
 
 
@@ -888,7 +887,6 @@ def _release_confirm(inst: InstanceBrief) -> Block:
             name=escape(inst.name),
         ),
         confirm=t("Yes, release it"),
-        deny=t("Cancel"),
     )
 
 
@@ -902,7 +900,6 @@ def _keep_confirm(inst: InstanceBrief) -> Block:
             cost=per_hour(inst),
         ),
         confirm=t("Keep it"),
-        deny=t("Cancel"),
     )
 
 
@@ -918,7 +915,6 @@ def _done_confirm(inst: InstanceBrief, *, stopped: bool) -> Block:
                 name=name,
             ),
             confirm=t("Yes, it is stopped"),
-            deny=t("Cancel"),
         )
     return confirm_dialog(
         t("Is {name} released?", name=inst.name),
@@ -928,7 +924,6 @@ def _done_confirm(inst: InstanceBrief, *, stopped: bool) -> Block:
             name=name,
         ),
         confirm=t("Yes, it is released"),
-        deny=t("Cancel"),
     )
 
 

@@ -130,7 +130,6 @@ def _extend_dialog(item: HomeInstance, view: HomeView) -> Block:
         t("Extend {name} by {duration}?", name=item.name, duration=values["duration"]),
         what,
         confirm=t("Yes, extend"),
-        deny=t("Cancel"),
     )
 
 
@@ -154,7 +153,6 @@ def _release_dialog(item: HomeInstance) -> Block:
         t("Release {name}?", name=item.name),
         text,
         confirm=t("Yes, release it"),
-        deny=t("Cancel"),
     )
 
 

@@ -853,7 +853,6 @@ def _release_dialog(ask: ReleaseAsk) -> Block:
         t("Release {name}?", name=inst.name),
         text,
         confirm=t("Yes, release it"),
-        deny=t("Cancel"),
     )
 
 
@@ -882,7 +881,6 @@ def _stop_dialog(ask: ReleaseAsk) -> Block:
         t("Stop {name}?", name=inst.name),
         text,
         confirm=t("Yes, stop it"),
-        deny=t("Cancel"),
     )
 
 
