@@ -349,10 +349,11 @@ class Console:
         return answer
 
     def _fill_opened(self, trigger: str) -> None:
-        """Fill in and submit the form opened with ``trigger``, if one was."""
+        """Fill in and submit the form opened with ``trigger``, if one was (forms open on the
+        executor, after the command is answered: wait for it first)."""
+        self.wait()
         stored = self.slack.opened_view(trigger)
         if stored is not None:
-            self.wait()
             self.fill(stored)
 
     def fill(self, stored: StoredView) -> None:

@@ -116,8 +116,28 @@ def register_listeners(
         )
         text = str(command.get("text") or "")
         callback_id = form_set.form_for_command(text)
-        trigger = str(command.get("trigger_id") or "")
-        if callback_id and open_form(app.client, rt, form_set, caller, callback_id, trigger):
+        if callback_id:
+            # The form opens on the executor: the listener returns at once (Bolt answers
+            # Slack when it returns), and a form that cannot open runs the command as typed.
+            trigger = str(command.get("trigger_id") or "")
+            opening = FormOpening(app.client, form_set, callback_id, trigger)
+            try:
+                submit_command(
+                    rt,
+                    caller,
+                    _open_form_or_run,
+                    rt,
+                    registry,
+                    homes,
+                    caller,
+                    text,
+                    respond,
+                    opening,
+                )
+            except Busy as exc:
+                with speaking(language_for(rt, caller.user_id)):
+                    ack(text=busy_text(exc), response_type="ephemeral")
+                return
             ack()
             return
         try:
@@ -153,11 +173,9 @@ def register_listeners(
         ack()
         caller = caller_of_action(body)
         trigger = str(body.get("trigger_id") or "")
-        if REGISTER_FORM in form_set.callback_ids and open_form(
-            app.client, rt, form_set, caller, REGISTER_FORM, trigger
-        ):
-            return
-        rt.executor.submit(_form_unavailable, rt, caller)
+        opening = FormOpening(app.client, form_set, REGISTER_FORM, trigger)
+        # On the executor: Bolt answers Slack only when the listener returns.
+        rt.executor.submit(_open_form_or_say_why, rt, caller, opening)
 
     if form_set.callback_ids:
 
@@ -511,6 +529,40 @@ def _run_command(
     with speaking(language_for(rt, caller.user_id)):
         send_reply(respond, execute_command(rt, registry, caller, text))
     homes.changed(caller.user_id)
+
+
+@dataclass(frozen=True)
+class FormOpening:
+    """What opening a form needs: the Slack client, the forms, which one, and the trigger."""
+
+    client: WebClient
+    forms: Forms
+    callback_id: str
+    trigger: str
+
+
+def _open_form_or_say_why(rt: Runtime, caller: Caller, opening: FormOpening) -> None:
+    """Open the form a button asks for; if it cannot open, tell the person who clicked."""
+    if opening.callback_id in opening.forms.callback_ids and open_form(
+        opening.client, rt, opening.forms, caller, opening.callback_id, opening.trigger
+    ):
+        return
+    _form_unavailable(rt, caller)
+
+
+def _open_form_or_run(
+    rt: Runtime,
+    registry: Registry,
+    homes: HomeTabs,
+    caller: Caller,
+    text: str,
+    respond: Respond,
+    opening: FormOpening,
+) -> None:
+    """Open the form the command asks for; if it cannot open, run the command as typed."""
+    if open_form(opening.client, rt, opening.forms, caller, opening.callback_id, opening.trigger):
+        return
+    _run_command(rt, registry, homes, caller, text, respond)
 
 
 def _run_action(

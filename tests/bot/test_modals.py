@@ -116,9 +116,24 @@ def test_a_form_whose_trigger_expired_runs_the_command_as_typed(slack_bot: Slack
         trigger_id=f"{int(time.time()) - 60}.1.old",
     )
     assert slack_bot.post(body, signed_headers(body, SIGNING_SECRET)) == 200
+    # The form is opened after the command is answered.
+    assert slack_bot.slack.wait_for(lambda s: len(s.calls_to("views.open")) >= 1)
     (call,) = slack_bot.slack.calls_to("views.open")
     assert call.error == "expired_trigger_id"
     assert "Usage:" in slack_bot.reply_text()
+
+
+def test_a_slow_views_open_does_not_hold_the_commands_answer(slack_bot: SlackBot) -> None:
+    """Slack wants the command answered within 3 s; the form opens after the answer, so a
+    views.open that answers late costs the answer nothing, and the form still opens."""
+    slack_bot.slack.answer_late("views.open", 2.0)
+    started = time.monotonic()
+    assert slack_bot.command("register") == 200
+    assert time.monotonic() - started < 1.5
+    view = _opened(slack_bot)
+    assert view["callback_id"] == REGISTER_FORM
+    _idle(slack_bot)
+    assert slack_bot.slack.responses == []
 
 
 def test_mistakes_go_back_onto_the_fields_and_change_nothing(slack_bot: SlackBot) -> None:
