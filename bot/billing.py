@@ -20,11 +20,12 @@ Rules:
   monthly figures (EBS usage is reported in GB-hours and divided by 730 h; the AWS Pricing
   Calculator's month); so a month's storage costs the same whichever month it is.
 - **A stop and a restart**: a stopped instance (``stopped_at`` set, not released) bills its disk
-  only; when it runs again what its sessions owed is closed and carried (:func:`restart`), so
-  the stopped time costs nothing. The increment and minimum then apply to the running time
-  since the first start as one session, not to each start: exact on per-second platforms
-  without a minimum; an approximation on the others (a restart mid-hour may be billed less
-  than a platform that rounds every start bills).
+  only; when it runs again the session before it is closed (its increment and minimum applied)
+  and a new billing session begins at the restart (``compute_session_at``, see
+  :func:`restart`). Each start is a session of its own, as the platforms bill it (AWS's
+  60-second minimum per start, an hourly platform's hour rounded up per start), and the time it
+  stood stopped costs no compute and counts in no billed seconds. ``compute_closed_s`` and
+  ``compute_closed_used_s`` hold the billed and the used seconds of the closed sessions.
 - **A change of rules mid-session** (a re-registration with a new price, say) applies from that
   moment only: the seconds billed so far and what they cost under the old rules are carried
   (``compute_carried_s``/``_micros``, ``storage_carried_s``/``_micros``, see :func:`carry`), and
@@ -50,6 +51,9 @@ from bot.i18n import N_, t
 from bot.values import MICROS
 
 SECONDS_PER_HOUR = 3600
+#: Micros a carried stretch may differ from the current price by and still count as the same
+#: price (each session's cost is rounded up to a micro; a hundredth of a cent shows nowhere).
+PRICE_SLACK_MICROS = 100
 #: A storage month: 730 hours (365 days * 24 h / 12).
 STORAGE_MONTH_S = 730 * SECONDS_PER_HOUR
 #: Decimal megabytes per gigabyte: disk sizes are kept in whole MB for integer math.
@@ -179,6 +183,9 @@ class BilledInstance(Protocol):
     compute_carried_micros: int
     storage_carried_s: int
     storage_carried_micros: int
+    compute_session_at: datetime | None
+    compute_closed_s: int
+    compute_closed_used_s: int
     created_at: datetime
     ssh_ready_at: datetime | None
     stopped_at: datetime | None
@@ -205,6 +212,9 @@ BILLED_FIELDS = (
     "compute_carried_micros",
     "storage_carried_s",
     "storage_carried_micros",
+    "compute_session_at",
+    "compute_closed_s",
+    "compute_closed_used_s",
     "created_at",
     "ssh_ready_at",
     "stopped_at",
@@ -321,13 +331,47 @@ def storage_cost_s(rules: BillingRules, seconds: int) -> int:
 
 
 def compute_totals(instance: BilledInstance, seconds: int, *, final: bool) -> tuple[int, int]:
-    """(billed seconds, micros) the compute session owes after ``seconds`` of it: what was
-    carried from earlier rules plus the rest under the current rules. ``final`` applies the
-    increment and the minimum charge (the session ends there)."""
+    """(billed seconds, micros) the instance's compute owes ``seconds`` after billing started:
+    the sessions closed at earlier stops, what the current session carried from earlier rules,
+    and the rest of the current session under the current rules. ``final`` applies the
+    increment and the minimum charge to the current session (it ends there). Moments before
+    the current session began owe what the closed sessions owe."""
     rules = rules_for(instance)
-    billed = billed_seconds(rules, seconds) if final else max(0, seconds)
-    carried_s = min(instance.compute_carried_s, billed)
-    return billed, instance.compute_carried_micros + metered_cost(rules, billed - carried_s)
+    offset = session_offset_s(instance)
+    session_s = max(0, seconds - offset)
+    billed = billed_seconds(rules, session_s) if final else session_s
+    carried_s = min(max(0, instance.compute_carried_s - offset), billed)
+    return (
+        instance.compute_closed_s + billed,
+        instance.compute_carried_micros + metered_cost(rules, billed - carried_s),
+    )
+
+
+def session_offset_s(instance: BilledInstance) -> int:
+    """Seconds from the billing start to the start of the current billing session (the last
+    restart); 0 when the instance never ran again after a stop."""
+    start = billing_start(instance)
+    if start is None or instance.compute_session_at is None:
+        return 0
+    return elapsed_seconds(start, instance.compute_session_at)
+
+
+def used_seconds(instance: BilledInstance, seconds: int) -> int:
+    """The seconds the instance ran (every session, stopped time left out) ``seconds`` after
+    billing started."""
+    return instance.compute_closed_used_s + max(0, seconds - session_offset_s(instance))
+
+
+def at_one_price(instance: BilledInstance) -> bool:
+    """Whether every compute second carried so far (closed sessions, and stretches before a
+    change of rules) cost what the current price makes of it, within :data:`PRICE_SLACK_MICROS`
+    of rounding; False when an earlier stretch had another price (or none)."""
+    rules = rules_for(instance)
+    carried_s = instance.compute_closed_s + max(
+        0, instance.compute_carried_s - session_offset_s(instance)
+    )
+    expected = metered_cost(rules, carried_s)
+    return abs(expected - instance.compute_carried_micros) <= PRICE_SLACK_MICROS
 
 
 def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
@@ -364,19 +408,27 @@ def storage_micros_per_hour(instance: BilledInstance) -> int:
 
 
 def restart(instance: BilledInstance, at: datetime) -> dict[str, object]:
-    """The fields to store when a stopped instance runs again from ``at``: the compute sessions
-    before it are closed (their increment and minimum applied) and carried, together with the
-    seconds up to ``at``, so billing goes on from ``at`` at the instance's price and the time it
-    stood stopped costs nothing. Charges already written stay right: what is owed just before
-    ``at`` and just after it is the same. (The carried seconds include the stopped time, so the
-    billed seconds the ledger records for the first bucket after a restart count it too.)"""
+    """The fields to store when a stopped instance runs again from ``at``: the session before
+    it is closed (its increment and minimum applied) and what every closed session owes is
+    carried (``compute_carried_*``, the seconds counted from the billing start up to ``at``),
+    with their billed and used seconds (``compute_closed_*``); a new billing session begins at
+    ``at`` (``compute_session_at``), with the increment and the minimum of its own. The time it
+    stood stopped costs nothing and is billed for no seconds. Charges already written stay
+    right: what is owed just before ``at`` and just after it is the same."""
     start = billing_start(instance)
     end = compute_end(instance)
     values: dict[str, object] = {"stopped_at": None}
     if start is None or end is None:
         return values
-    owed = compute_totals(instance, elapsed_seconds(start, end), final=True)[1]
-    values.update(compute_carried_s=elapsed_seconds(start, at), compute_carried_micros=owed)
+    seconds = elapsed_seconds(start, end)
+    billed, owed = compute_totals(instance, seconds, final=True)
+    values.update(
+        compute_carried_s=elapsed_seconds(start, at),
+        compute_carried_micros=owed,
+        compute_session_at=at,
+        compute_closed_s=billed,
+        compute_closed_used_s=used_seconds(instance, seconds),
+    )
     return values
 
 

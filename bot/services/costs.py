@@ -141,8 +141,9 @@ def final_cost(instance: Instance) -> FinalCost | None:
     at = instance.released_at or end
     cost = billing.cost_breakdown(instance, at)
     start = billing.billing_start(instance)
-    used_s = 0 if start is None else billing.elapsed_seconds(start, end)
-    billed_s = billing.compute_totals(instance, used_s, final=True)[0] if used_s else 0
+    seconds = 0 if start is None else billing.elapsed_seconds(start, end)
+    used_s = billing.used_seconds(instance, seconds) if seconds else 0
+    billed_s = billing.compute_totals(instance, seconds, final=True)[0] if seconds else 0
     return FinalCost(
         total_micros=cost.total_micros,
         compute_micros=cost.compute_micros,
@@ -151,6 +152,6 @@ def final_cost(instance: Instance) -> FinalCost | None:
         billed_s=billed_s,
         hourly_micros=billing.hourly_cost_micros(instance),
         currency=instance.currency,
-        carried=instance.compute_carried_s > 0,
+        carried=not billing.at_one_price(instance),
         started=start is not None and used_s > 0,
     )

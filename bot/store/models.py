@@ -58,6 +58,9 @@ class Instance(SQLModel, table=True):
     ``compute_carried_*`` and ``storage_carried_*`` hold what the billing session owed under
     earlier billing rules (a re-registration with a new price): seconds of the session and
     micros owed for them. Billing goes on from there under the current rules (bot.billing).
+    ``compute_session_at`` is when the current billing session began (a restart after a stop:
+    each start is billed on its own); ``compute_closed_s`` and ``compute_closed_used_s`` are the
+    billed and the used seconds of the sessions closed before it.
     """
 
     __table_args__ = (
@@ -132,6 +135,11 @@ class Instance(SQLModel, table=True):
     storage_carried_micros: int = Field(
         default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
     )
+    # The billing session that began at the last restart after a stop, and the billed and used
+    # seconds of the sessions before it (bot.billing.restart).
+    compute_session_at: NaiveDatetime | None = None
+    compute_closed_s: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    compute_closed_used_s: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
     # Life cycle (UTC).
     created_at: NaiveDatetime = Field(default_factory=utcnow, index=True)

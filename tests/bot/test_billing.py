@@ -247,6 +247,9 @@ def test_a_restart_bills_from_the_start_and_not_the_stopped_time() -> None:
         "stopped_at": None,
         "compute_carried_s": 4 * 3600,
         "compute_carried_micros": 3_600_000,
+        "compute_session_at": started,
+        "compute_closed_s": 3600,
+        "compute_closed_used_s": 3600,
     }
     for name, value in values.items():
         setattr(inst, name, value)
@@ -264,3 +267,85 @@ def test_restarting_what_never_stopped_changes_only_the_stop() -> None:
     from bot.billing import restart
 
     assert restart(_instance(), T0 + timedelta(hours=1)) == {"stopped_at": None}
+
+
+def _restart_at(inst: Instance, at: datetime) -> None:
+    from bot.billing import restart
+
+    for name, value in restart(inst, at).items():
+        setattr(inst, name, value)
+
+
+def test_each_start_has_the_minimum_of_its_own_and_stopped_time_bills_nothing() -> None:
+    """AWS bills at least 60 s per start: 20 s, 10 s and 30 s runs are three minutes."""
+    from bot.services.costs import final_cost
+
+    inst = _instance(price_micros=3_600_000, provider="aws")  # $0.001 a second
+    inst.stopped_at = T0 + timedelta(seconds=20)
+    _restart_at(inst, T0 + timedelta(hours=1))
+    inst.stopped_at = T0 + timedelta(hours=1, seconds=10)
+    assert cost_so_far(inst, T0 + timedelta(hours=1, minutes=30)) == 120_000
+    _restart_at(inst, T0 + timedelta(hours=2))
+    released = T0 + timedelta(hours=2, seconds=30)
+    inst.released_at = released
+    assert cost_so_far(inst, released) == 180_000
+    cost = final_cost(inst)
+    assert cost is not None
+    assert (cost.used_s, cost.billed_s, cost.carried) == (60, 180, False)
+
+
+def test_an_hourly_platform_rounds_every_start_up_to_the_hour() -> None:
+    """Two 10-minute runs on an hourly platform, the second starting mid-hour: two started
+    hours."""
+    inst = _instance(price_micros=2 * USD, provider="compshare", currency="CNY")
+    inst.stopped_at = T0 + timedelta(minutes=10)
+    assert cost_so_far(inst, T0 + timedelta(hours=3)) == 2 * USD
+    _restart_at(inst, T0 + timedelta(hours=5, minutes=30))
+    assert cost_so_far(inst, T0 + timedelta(hours=5, minutes=40)) == 4 * USD
+    inst.released_at = T0 + timedelta(hours=5, minutes=40)
+    assert cost_so_far(inst, T0 + timedelta(days=1)) == 4 * USD
+
+
+def test_a_new_price_after_a_restart_applies_from_then_within_that_session() -> None:
+    from bot.billing import carry
+
+    inst = _instance(price_micros=3_600_000, provider="vast")
+    inst.stopped_at = T0 + timedelta(hours=1)
+    _restart_at(inst, T0 + timedelta(hours=3))
+    changed = T0 + timedelta(hours=3, minutes=30)
+    for name, value in carry(inst, changed).items():
+        setattr(inst, name, value)
+    inst.price_micros = 7_200_000
+    assert cost_so_far(inst, changed) == 3_600_000 + 1_800_000
+    assert cost_so_far(inst, changed + timedelta(minutes=30)) == 3_600_000 + 1_800_000 + 3_600_000
+
+
+def test_a_release_is_partly_at_an_earlier_price_only_when_that_price_differed() -> None:
+    """A session priced from the start, or restarted at the same price, is one price; a stretch
+    without a price, or at another one, before the current price is an earlier price."""
+    from bot.billing import carry
+    from bot.services.costs import final_cost
+
+    def carried_after_price_change(before: int, after: int) -> bool:
+        inst = _instance(price_micros=before, provider="vast")
+        changed = T0 + timedelta(minutes=30)
+        for name, value in carry(inst, changed).items():
+            setattr(inst, name, value)
+        inst.price_micros = after
+        inst.released_at = T0 + timedelta(hours=1)
+        cost = final_cost(inst)
+        assert cost is not None
+        return cost.carried
+
+    assert carried_after_price_change(2 * USD, 2 * USD) is False
+    assert carried_after_price_change(0, 2 * USD) is True
+    assert carried_after_price_change(1 * USD, 2 * USD) is True
+
+    restarted = _instance(price_micros=3_600_000, provider="aws")
+    for stop, start in ((7, 20), (33, 50)):
+        restarted.stopped_at = T0 + timedelta(minutes=stop, seconds=1)
+        _restart_at(restarted, T0 + timedelta(minutes=start))
+    restarted.released_at = T0 + timedelta(hours=1, seconds=7)
+    cost = final_cost(restarted)
+    assert cost is not None
+    assert cost.carried is False

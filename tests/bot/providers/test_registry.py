@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.errors import ConfigError, NotFound, ProviderError
+from bot.providers.lambda_cloud import LambdaProvider
 from bot.providers.manual import ManualProvider
 from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
@@ -45,3 +46,11 @@ def test_compshare_needs_both_keys():
     )
     assert "compshare" in both.names()
     assert "pk-7f3a9c" not in repr(Settings(compshare_private_key="pk-7f3a9c"))
+
+
+def test_lambda_is_reached_at_its_documented_host():
+    """Lambda's API documents ``https://cloud.lambda.ai/api/v1`` (formerly cloud.lambdalabs.com)."""
+    lam = ProviderRegistry.from_settings(Settings(lambda_api_key="k")).get("lambda")
+    assert Settings().lambda_api_url == "https://cloud.lambda.ai/api/v1"
+    assert isinstance(lam, LambdaProvider)
+    assert lam.api.base_url == "https://cloud.lambda.ai/api/v1"

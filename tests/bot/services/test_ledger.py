@@ -249,3 +249,43 @@ def test_month_helpers() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad} was accepted")
+
+
+def _restart(db: Database, instance_id: int, at: datetime) -> None:
+    """What reconcile stores when a stopped instance runs again at ``at``."""
+    with db.session() as session:
+        instance = session.get(Instance, instance_id)
+        assert instance is not None
+        for name, value in billing.restart(instance, at).items():
+            setattr(instance, name, value)
+
+
+def test_every_start_is_a_session_and_stopped_time_is_charged_nothing(db: Database) -> None:
+    """AWS, $3.60/h and 60 s minimum per start: 20 s, then 30m10s, then 5 s, each a session;
+    the hours it stood stopped carry no compute and no billed seconds."""
+    start = datetime(2026, 3, 10, 10, 0)
+    instance_id = add_instance(db, created_at=start, provider="aws")
+    update_instance(db, instance_id, stopped_at=start + timedelta(seconds=20), release_mode="stop")
+    ledger.accrue(db, start + timedelta(minutes=5), UTC_TZ)
+    _restart(db, instance_id, datetime(2026, 3, 10, 11, 30))
+    ledger.accrue(db, datetime(2026, 3, 10, 12, 0, 5), UTC_TZ)
+    update_instance(db, instance_id, stopped_at=datetime(2026, 3, 10, 12, 0, 10))
+    ledger.accrue_instance(db, instance_id, datetime(2026, 3, 10, 12, 30), UTC_TZ)
+    _restart(db, instance_id, datetime(2026, 3, 10, 13, 0))
+    released = datetime(2026, 3, 10, 13, 0, 5)
+    update_instance(db, instance_id, released_at=released, state="released")
+    ledger.accrue(db, datetime(2026, 3, 10, 13, 1), UTC_TZ)
+    rows = charges(db, instance_id)
+    assert [(r.start_at.strftime("%H:%M:%S"), r.billed_s, r.amount_micros) for r in rows] == [
+        ("10:00:00", 60, 60_000),  # the first start's minimum
+        ("10:00:20", 0, 0),  # stopped
+        ("11:00:00", 1800, 1_800_000),  # from the restart at 11:30
+        ("12:00:00", 10, 10_000),  # stopped at 12:00:10
+        ("12:00:10", 0, 0),  # stopped
+        ("13:00:00", 60, 60_000),  # 5 s run, billed as the minimum of its start
+    ]
+    with db.session() as session:
+        instance = session.get(Instance, instance_id)
+        assert instance is not None
+        assert billing.cost_so_far(instance, released) == sum(r.amount_micros for r in rows)
+    assert ledger.accrue(db, datetime(2026, 3, 11), UTC_TZ) == 0

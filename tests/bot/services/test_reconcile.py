@@ -152,13 +152,15 @@ def test_stopped_outside_the_bot_then_started_again(db, account: Account):
     listed = account.provider.get(provider_id)
     assert (inst.host, inst.port) == (listed.host, listed.ssh_port)
     moved = (inst.host, inst.port) != registered_at
-    # Billed again from the start on, not for the three hours it stood stopped: exactly on a
-    # per-second platform, within one increment where a platform rounds (see bot.billing).
+    # Billed again from the start on, not for the three hours it stood stopped, the start a
+    # billing session of its own (an hourly platform rounds it on its own; see bot.billing).
     slack = billing.rules_for(inst).increment_s * 1_000  # $0.001 a second
     hour_later = billing.cost_breakdown(inst, started_at + timedelta(hours=1)).compute_micros
     at_start = billing.cost_breakdown(inst, started_at).compute_micros
     assert 0 <= hour_later - (stopped_cost.compute_micros + 3_600_000) <= slack - 1_000
     assert 0 <= at_start - stopped_cost.compute_micros <= slack - 1_000
+    assert hour_later == stopped_cost.compute_micros + 3_600_000
+    assert at_start == stopped_cost.compute_micros
 
     told = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
     assert len(told) == 2
@@ -358,3 +360,37 @@ def test_aws_is_looked_at_once_the_team_uses_it():
     assert [p.name for p in registry.accounts({"aws"})] == ["aws", "vast"]
     explicit = ProviderRegistry.from_settings(Settings(aws_endpoint_url="http://127.0.0.1:9"))
     assert [p.name for p in explicit.accounts()] == ["aws"]
+
+
+def test_a_bot_counting_in_yuan_adopts_at_the_platform_s_price(
+    local_rt: Runtime, sshd: SshServer, tmp_path: Path
+):
+    """Compshare prices in CNY: a bot that counts in CNY takes that price, and bills it by
+    Compshare's rules in the catalogue (started hours)."""
+    rt = local_rt
+    rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory, currency="CNY")
+    standin = CompshareStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
+    standin.start()
+    try:
+        rt.providers.add(_rest("compshare", standin).provider)
+        provider_id = standin.add()
+        clock = rt.clock
+        assert isinstance(clock, Clock)
+        request = reconcile.AdoptRequest(
+            provider="compshare",
+            provider_id=provider_id,
+            name="cs1",
+            ssh_user=sshd.user,
+            key_name=sshd.client_key_path.name,
+            release_in=timedelta(hours=3),
+            agent_home=str(tmp_path / "remote-home"),
+        )
+        result = reconcile.adopt(rt, OWNER, request)
+        inst = get_instance(rt.db, result.instance.id)
+        assert (inst.price_micros, inst.currency) == (3_960_000, "CNY")
+        rules = billing.rules_for(inst)
+        assert (rules.increment, rules.currency) == ("hour", "CNY")
+        ten_minutes = billing.cost_so_far(inst, inst.created_at + timedelta(minutes=10))
+        assert ten_minutes == 3_960_000
+    finally:
+        standin.close()
