@@ -37,8 +37,8 @@ from bot.blocks import home as home_blocks
 from bot.blocks.forms import REGISTER_FORM
 from bot.commands import forms as form_commands
 from bot.commands.help import usage_text
-from bot.commands.parser import parse
-from bot.commands.registry import Registry, Reply
+from bot.commands.parser import cut_echoes, parse
+from bot.commands.registry import Registry, Reply, button_id
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
 from bot.i18n import N_, speaking, t
@@ -49,14 +49,11 @@ from bot.services.people import language_for
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
-from bot.store.models import MAX_ROW_ID
 
 log = logging.getLogger(__name__)
 
 #: The one slash command; deploy/manifest.yaml declares it.
 SLASH_COMMAND = "/gpu"
-#: The largest id a button may carry (a larger one overflows an id column on PostgreSQL).
-MAX_BUTTON_ID = MAX_ROW_ID
 #: Said of a button whose value is not an id.
 BAD_BUTTON_NOTE = N_(
     "That button is out of date or malformed; run the command again for a new one."
@@ -68,7 +65,6 @@ BAD_BUTTON_TEXT = f":warning: {BAD_BUTTON_NOTE}"
 FORM_ANSWER_WAIT_S = 2.0
 #: A person's Home tab is published again after their commands at most this often, seconds.
 HOME_REFRESH_S = 10.0
-_BUTTON_ID = re.compile(r"[1-9][0-9]{0,9}")
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -409,7 +405,7 @@ def execute_command(rt: Runtime, registry: Registry, caller: Caller, text: str) 
         spec, args = parse(text, registry)
         return spec.handler(rt, caller, args)
     except GpubotError as exc:
-        return error_reply(exc)
+        return error_reply(exc, typed=text)
     except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
         return crash_reply(f"/gpu {text[:200]!r}", caller)
 
@@ -434,18 +430,10 @@ def execute_action(
         return crash_reply(f"button {action_id}={value[:100]!r}", caller)
 
 
-def button_id(value: str) -> int | None:
-    """A button's value as an id: digits without a leading zero, 1 to :data:`MAX_BUTTON_ID`;
-    None for anything else."""
-    if _BUTTON_ID.fullmatch(value) is None:
-        return None
-    number = int(value)
-    return number if number <= MAX_BUTTON_ID else None
-
-
-def error_reply(exc: GpubotError) -> Reply:
-    """An ephemeral message for an error the bot expects: message, hint, usage line."""
-    lines = [t(":warning: {problem}", problem=exc.user_text())]
+def error_reply(exc: GpubotError, *, typed: str = "") -> Reply:
+    """An ephemeral message for an error the bot expects: message, hint, usage line; long
+    words of the command the user ``typed`` are echoed cut."""
+    lines = [t(":warning: {problem}", problem=cut_echoes(exc.user_text(), typed))]
     if isinstance(exc, UsageError) and exc.usage:
         lines.append(usage_text(exc.usage))
     return Reply(text="\n".join(lines))

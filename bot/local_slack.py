@@ -37,8 +37,6 @@ from bot.blocks import kit
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: How long a trigger id opens a modal, in seconds (Slack's).
 TRIGGER_TTL_S = 3.0
-#: The most blocks a Home tab or a modal holds (Slack's).
-VIEW_MAX_BLOCKS = 100
 
 
 @dataclass(frozen=True)
@@ -546,7 +544,7 @@ def check_view(view: Any, kind: str) -> list[str]:
     ids = [b.get("block_id") for b in blocks if isinstance(b, dict) and b.get("block_id")]
     if len(ids) != len(set(ids)):
         problems.append("block ids repeat")
-    return problems + check_blocks(blocks, max_blocks=VIEW_MAX_BLOCKS)
+    return problems + check_blocks(blocks, max_blocks=kit.VIEW_BLOCKS_MAX)
 
 
 # --- Web API methods --------------------------------------------------------------------------

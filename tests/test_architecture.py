@@ -71,6 +71,36 @@ def test_no_block_kit_is_built_outside_the_presentation_floor() -> None:
     assert wrong == []
 
 
+def test_every_block_kit_block_comes_from_the_kit() -> None:
+    """Blocks, their elements and views are built by bot.blocks.kit alone, which keeps Slack's
+    limits; the Slack stand-in builds only what Slack itself sends (the payload of a click)."""
+    kinds = {
+        "section",
+        "actions",
+        "header",
+        "context",
+        "divider",
+        "image",
+        "input",
+        "button",
+        "static_select",
+        "checkboxes",
+        "plain_text_input",
+        "mrkdwn",
+        "plain_text",
+        "modal",
+        "home",
+    }
+    wrong = []
+    for name, path in modules().items():
+        if name in ("bot.blocks.kit", "bot.local_slack") or not name.startswith("bot"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict) and _builds_block(node, kinds):
+                wrong.append(f"{name}:{node.lineno}")
+    assert wrong == []
+
+
 def _builds_block(node: ast.Dict, kinds: set[str]) -> bool:
     for key, value in zip(node.keys, node.values, strict=True):
         if (

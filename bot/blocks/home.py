@@ -18,15 +18,18 @@ from bot.blocks.kit import (
     Block,
     actions,
     button,
+    clip,
     code,
     confirm_dialog,
     context,
     divider,
     escape,
     header,
+    home,
     mention,
     pack,
     section,
+    time_left,
     when,
 )
 from bot.i18n import nt, t
@@ -39,8 +42,6 @@ HOME_EXTEND = "home_extend_1h"
 #: What the Extend button adds to the deadline.
 HOME_EXTEND_BY = timedelta(hours=1)
 HOME_REGISTER = "home_register"
-#: The most blocks a Home view holds (Slack's limit).
-HOME_MAX_BLOCKS = 100
 #: The person's instances shown with their buttons (two blocks each); the rest are counted.
 MINE_SHOWN = 20
 #: The jobs and fleet lines shown; the rest are counted.
@@ -58,9 +59,9 @@ def home_view(view: HomeView) -> dict[str, Any]:
             [button(t("Register an instance"), HOME_REGISTER, "register", style="primary")],
             block_id="home-register",
         ),
-        context(t("Updated {at}.", at=_clock(view.now, view.timezone))),
+        context(t("Updated {at}.", at=when(view.now, ZoneInfo(view.timezone)))),
     ]
-    return {"type": "home", "blocks": blocks[:HOME_MAX_BLOCKS]}
+    return home(blocks)
 
 
 def _mine(view: HomeView) -> list[Block]:
@@ -93,23 +94,23 @@ def _mine(view: HomeView) -> list[Block]:
 
 
 def _mine_text(item: HomeInstance, now: datetime) -> str:
-    facts = [_gpus(item), _util(item), _deadline(item, now)]
+    facts = [_gpus(item), _util(item), time_left(item.deadline_at, now)]
     cost = t("{cost} so far", cost=format_money(item.cost_micros, item.currency))
     return f"*{escape(item.name)}*  ·  " + "  ·  ".join([*facts, cost])
 
 
 def _buttons(item: HomeInstance, view: HomeView) -> list[Block]:
-    """Extend 1h and Release, each asking first in a confirm dialog."""
-    return [
-        button(t("Extend 1h"), HOME_EXTEND, str(item.id), confirm=_extend_dialog(item, view)),
-        button(
-            t("Release"),
-            RELEASE_CONFIRM,
-            str(item.id),
-            style="danger",
-            confirm=_release_dialog(item),
-        ),
-    ]
+    """Extend 1h (where the person may: not past an admin's cap) and Release, each asking
+    first in a confirm dialog."""
+    extend = button(t("Extend 1h"), HOME_EXTEND, str(item.id), confirm=_extend_dialog(item, view))
+    release = button(
+        t("Release"),
+        RELEASE_CONFIRM,
+        str(item.id),
+        style="danger",
+        confirm=_release_dialog(item),
+    )
+    return [extend, release] if item.can_extend else [release]
 
 
 def _extend_dialog(item: HomeInstance, view: HomeView) -> Block:
@@ -165,7 +166,7 @@ def _jobs(view: HomeView) -> list[Block]:
 
 
 def _job_line(job: HomeJob, now: datetime) -> str:
-    command = code(job.command[:120])
+    command = code(clip(job.command, 120))
     if job.started_at is None:
         return t(
             "`#{id}` on *{name}*: {command}",
@@ -228,7 +229,13 @@ def _fleet(view: HomeView) -> list[Block]:
 
 def _fleet_line(item: HomeInstance, now: datetime) -> str:
     price = t("{price}/h", price=format_money(item.burn_micros_per_hour, item.currency))
-    facts = [mention(item.owner_id), _gpus(item), _util(item), _deadline(item, now), price]
+    facts = [
+        mention(item.owner_id),
+        _gpus(item),
+        _util(item),
+        time_left(item.deadline_at, now),
+        price,
+    ]
     return f"*{escape(item.name)}*  ·  " + "  ·  ".join(facts)
 
 
@@ -250,16 +257,3 @@ def _util(item: HomeInstance) -> str:
     if item.util_pct is None:
         return t("utilisation unknown")
     return t("utilisation {pct}%", pct=item.util_pct)
-
-
-def _deadline(item: HomeInstance, now: datetime) -> str:
-    if item.deadline_at is None:
-        return t("no deadline")
-    if item.deadline_at > now:
-        return t("{left} left", left=format_duration(item.deadline_at - now))
-    return t("deadline passed {ago} ago", ago=format_duration(now - item.deadline_at))
-
-
-def _clock(at: datetime, timezone: str) -> str:
-    local = at.replace(tzinfo=ZoneInfo("UTC")).astimezone(ZoneInfo(timezone))
-    return local.strftime("%Y-%m-%d %H:%M %Z")

@@ -44,6 +44,7 @@ from bot.i18n import N_, placeholders, t
 from bot.notify import Notice
 from bot.services import access
 from bot.services.lookup import HostKeyAlert
+from bot.services.outbox import PostFailed
 from bot.services.registration import GpuMismatch
 from bot.services.views import (
     CheckView,
@@ -950,8 +951,27 @@ def _host_key_alert(notice: HostKeyAlert) -> Message:
     return host_key_changed(notice.instance, expected=notice.expected, presented=notice.presented)
 
 
+def post_failed(notice: PostFailed) -> Message:
+    """The ops channel told of a message the bot could not post (text only: it must get
+    through where blocks might not)."""
+    recipient = notice.recipient
+    what = mention(recipient) if recipient[:1] in "UW" else f"<#{recipient}>"
+    text = t(
+        ":warning: A {kind} for {recipient} could not be posted after {attempts} tries since "
+        "{since} UTC: {error}. {hint}",
+        kind=notice.kind.replace("_", " "),
+        recipient=what,
+        attempts=notice.attempts,
+        since=f"{notice.since:%Y-%m-%d %H:%M}",
+        error=escape(clip(notice.error, 300)),
+        hint=notice.hint or t("Check the bot token and the channel."),
+    )
+    return fallback(text), ()
+
+
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
 RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
     GpuMismatch: _gpu_mismatch,
     HostKeyAlert: _host_key_alert,
+    PostFailed: post_failed,
 }

@@ -192,7 +192,12 @@ def actions(elements: Sequence[Block], *, block_id: str | None = None) -> Block:
     return block
 
 
-# --- modals ------------------------------------------------------------------------------------
+# --- views: the Home tab and modals -----------------------------------------------------------
+
+
+def home(blocks: Sequence[Block]) -> Block:
+    """A Home tab view of at most 100 blocks (those past Slack's 100 are left out)."""
+    return {"type": "home", "blocks": list(blocks[:VIEW_BLOCKS_MAX])}
 
 
 def modal(
@@ -367,7 +372,7 @@ def fallback(text: str) -> str:
 
 
 def when(at: datetime, tz: ZoneInfo) -> str:
-    """A naive-UTC time as ``Wed 18:00 CET`` in ``tz`` (with the date when not within a week)."""
+    """A naive-UTC time in ``tz`` with weekday, date, time and zone: ``Wed 03 Dec 18:00 CET``."""
     local = at.replace(tzinfo=UTC).astimezone(tz)
     return t(
         "{weekday} {day} {month} {time} {zone}",

@@ -14,7 +14,7 @@ from unicodedata import east_asian_width
 from zoneinfo import ZoneInfo
 
 from bot import charts
-from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, section
+from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, mention, section
 from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
 from bot.services.advice import (
@@ -209,7 +209,7 @@ def digest_message(data: DigestData) -> Message:
                 "{source} — *{saving} less*",
                 instance=escape(s.instance_name),
                 gpu=escape(s.gpu_label),
-                owner=f"<@{s.owner_id}>",
+                owner=mention(s.owner_id),
                 hourly=format_money(s.compute_micros, currency),
                 plan=format_money(s.plan_micros, currency),
                 source=s.plan_source,
@@ -225,7 +225,7 @@ def digest_message(data: DigestData) -> Message:
                 "• {job} on *{instance}* by {who}: {cost} over {duration} — {command}",
                 job=code(job.job_id),
                 instance=escape(job.instance_name),
-                who=f"<@{job.requested_by}>",
+                who=mention(job.requested_by),
                 cost=format_money(job.cost_micros, currency),
                 duration=format_duration(_seconds(job.duration_s)),
                 command=code(clip(job.command, COMMAND_MAX)),
@@ -578,7 +578,7 @@ def _instance_lines(report: SpendReport) -> str:
         values = {
             "name": escape(item.name),
             "gpu": escape(item.gpu_label),
-            "owner": f"<@{item.owner_id}>",
+            "owner": mention(item.owner_id),
             "total": format_money(item.total_micros, currency),
         }
         if item.idle_micros:
@@ -592,7 +592,7 @@ def _instance_lines(report: SpendReport) -> str:
 
 
 def _label(key: str, by: str) -> str:
-    return f"<@{key}>" if by == "user" else escape(key)
+    return mention(key) if by == "user" else escape(key)
 
 
 def _change(current: int, previous: int) -> str:
@@ -623,7 +623,7 @@ def _budget_line(status: BudgetStatus, currency: str) -> str:
 
 def _subject(scope: str, subject: str) -> str:
     if scope == "user":
-        return f"<@{subject}>"
+        return mention(subject)
     return t("project *{name}*", name=escape(subject))
 
 

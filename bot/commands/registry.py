@@ -7,6 +7,7 @@ nothing of Bolt; the app and the console turn a :class:`Reply` into Slack calls 
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from bot.errors import UsageError
 from bot.i18n import t
 from bot.services.access import Caller
+from bot.store.models import MAX_ROW_ID
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -30,12 +32,28 @@ class Reply:
     replace_original: bool = False
 
 
+#: The largest id a button may carry (a larger one overflows an id column on PostgreSQL).
+MAX_BUTTON_ID = MAX_ROW_ID
+_BUTTON_ID = re.compile(r"[1-9][0-9]{0,9}")
+
+
+def button_id(value: str) -> int | None:
+    """A button's value as an id: digits without a leading zero, 1 to :data:`MAX_BUTTON_ID`;
+    None for anything else (the listeners answer such a click before any handler runs)."""
+    if _BUTTON_ID.fullmatch(value) is None:
+        return None
+    number = int(value)
+    return number if number <= MAX_BUTTON_ID else None
+
+
 def button_number(value: str) -> int:
-    """A button's value as the id it carries. Raises UsageError for anything else (a button
-    edited by hand or left over from an older message)."""
-    if not (value.isascii() and value.isdigit()):
+    """A button's value as the id it carries (read as :func:`button_id` reads it). Raises
+    UsageError for anything else (a button edited by hand or left over from an older
+    message)."""
+    number = button_id(value)
+    if number is None:
         raise UsageError(t("This button is broken; run the command again."))
-    return int(value)
+    return number
 
 
 CommandHandler = Callable[["Runtime", Caller, argparse.Namespace], Reply]

@@ -56,6 +56,7 @@ from bot.providers.base import (
 )
 from bot.providers.http import JsonApi
 from bot.settings import Settings
+from bot.values import MICROS
 
 _STATES = {
     "Initializing": "pending",
@@ -360,7 +361,7 @@ def _hourly_price(item: dict[str, Any]) -> int | None:
         return None
     if not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
         return None
-    return round(float(price) * 1_000_000)
+    return round(float(price) * MICROS)
 
 
 def _epoch(value: Any) -> datetime | None:

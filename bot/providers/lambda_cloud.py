@@ -26,6 +26,7 @@ from bot.providers.base import (
 )
 from bot.providers.http import JsonApi
 from bot.settings import Settings
+from bot.values import MICROS
 
 _STATES = {
     "booting": "pending",
@@ -35,7 +36,7 @@ _STATES = {
     "terminated": "terminated",
     "preempted": "terminated",
 }
-CENTS_TO_MICROS = 10_000
+CENTS_TO_MICROS = MICROS // 100
 
 
 class LambdaProvider:

@@ -30,6 +30,7 @@ from bot.providers.base import (
 )
 from bot.providers.http import JsonApi
 from bot.settings import Settings
+from bot.values import MICROS
 
 _STATES = {
     "RUNNING": "running",
@@ -164,7 +165,7 @@ def _micros(value: Any) -> int | None:
             return None
     if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         return None
-    return round(float(value) * 1_000_000)
+    return round(float(value) * MICROS)
 
 
 def _iso(value: Any) -> datetime | None:

@@ -34,6 +34,7 @@ from bot.providers.base import (
 )
 from bot.providers.http import JsonApi
 from bot.settings import Settings
+from bot.values import MICROS
 
 _ACTUAL = {
     None: "pending",
@@ -173,9 +174,7 @@ def _instance(item: Any) -> ProviderInstance:
         ssh_port=port,
         gpu_model=item.get("gpu_name"),
         gpu_count=item.get("num_gpus") if isinstance(item.get("num_gpus"), int) else None,
-        price_micros_per_hour=round(float(dph) * 1_000_000)
-        if isinstance(dph, int | float)
-        else None,
+        price_micros_per_hour=round(float(dph) * MICROS) if isinstance(dph, int | float) else None,
         launched_at=_epoch(item.get("start_date")),
         tags=(("label", label),) if isinstance(label, str) and label else (),
     )

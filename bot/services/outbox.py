@@ -44,8 +44,8 @@ from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError, SlackError
-from bot.i18n import speaking, t
-from bot.notify import FileAttachment, MessageRef
+from bot.i18n import speaking
+from bot.notify import FileAttachment, MessageRef, Notice
 from bot.runtime import Runtime
 from bot.services import audit
 from bot.store.models import OutboxMessage
@@ -284,6 +284,20 @@ def failing_too_long(attempts: int, first_attempt_at: datetime | None, now: date
     return now - first_attempt_at >= timedelta(seconds=ESCALATE_AFTER_S)
 
 
+@dataclass(frozen=True)
+class PostFailed(Notice):
+    """A message (``kind``, for ``recipient``: a user or channel ID) that could not be posted
+    after ``attempts`` tries since ``since`` (naive UTC); ``error`` and ``hint`` are Slack's
+    failure as the bot reads it."""
+
+    kind: str
+    recipient: str
+    attempts: int
+    since: datetime
+    error: str
+    hint: str | None
+
+
 def escalate(
     rt: Runtime,
     session: Session,
@@ -304,18 +318,9 @@ def escalate(
     if to is None:
         log.error("%s cannot be posted and there is no other place to say so", about)
         return
-    what = f"<@{recipient}>" if recipient[:1] in "UW" else f"<#{recipient}>"
+    notice = PostFailed(kind, recipient, attempts, first_attempt_at or now, exc.message, exc.hint)
     with speaking(None):
-        text = t(
-            ":warning: A {kind} for {recipient} could not be posted after {attempts} tries since "
-            "{since} UTC: {error}. {hint}",
-            kind=kind.replace("_", " "),
-            recipient=what,
-            attempts=attempts,
-            since=f"{first_attempt_at or now:%Y-%m-%d %H:%M}",
-            error=exc.message[:300],
-            hint=exc.hint or t("Check the bot token and the channel."),
-        )
+        text, _ = rt.message(notice)
     enqueue(
         session,
         key=f"escalation:{about}",

@@ -23,9 +23,17 @@ from sqlmodel import SQLModel
 from bot.app import BotExecutor, build_app
 from bot.commands import build_registry
 from bot.commands.forms import form_for_command
-from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
-from bot.errors import ConfigError, NotFound
-from bot.listeners import BAD_BUTTON_TEXT, MAX_BUTTON_ID, button_id
+from bot.commands.registry import (
+    MAX_BUTTON_ID,
+    ActionSpec,
+    CommandSpec,
+    Registry,
+    Reply,
+    button_id,
+    button_number,
+)
+from bot.errors import ConfigError, NotFound, UsageError
+from bot.listeners import BAD_BUTTON_TEXT
 from bot.local_slack import check_blocks, slash_command_body
 from bot.services.access import Caller
 from bot.settings import Settings
@@ -401,6 +409,13 @@ def test_button_id_reads_only_canonical_ids_in_bigint_range() -> None:
     assert button_id("42") == 42
     assert button_id(str(MAX_BUTTON_ID)) == MAX_BUTTON_ID
     assert [v for v in BAD_BUTTON_VALUES if button_id(v) is not None] == []
+
+
+def test_the_handlers_read_a_button_value_as_the_listeners_check_it() -> None:
+    assert button_number(str(MAX_BUTTON_ID)) == MAX_BUTTON_ID
+    for value in BAD_BUTTON_VALUES:
+        with pytest.raises(UsageError, match="button is broken"):
+            button_number(value)
 
 
 def test_whoever_used_the_bot_is_known_by_name(sqlite_db: Database, tmp_path: Path) -> None:

@@ -129,6 +129,16 @@ def test_a_big_fleet_stays_within_slacks_limits_and_keeps_the_register_button() 
     assert _button(view, HOME_REGISTER)
 
 
+def test_a_long_command_is_cut_with_an_ellipsis_and_the_time_shows_its_date() -> None:
+    view = _view()
+    long_job = HomeJob(41, "box1", "python train.py " + "x" * 300, NOW - timedelta(hours=1))
+    text = json.dumps(
+        render_home(HomeView(**{**vars(view), "jobs": (long_job,)})), ensure_ascii=False
+    )
+    assert "x" * 100 + "…`" in text
+    assert "Updated Wed 02 Dec 12:00 UTC." in text
+
+
 def test_the_home_in_chinese() -> None:
     with speaking("zh"):
         view = render_home(_view(budget=40_000_000))
@@ -244,6 +254,28 @@ def test_extend_on_the_home_moves_the_deadline_an_hour(bot: SlackBot) -> None:
         inst = session.get(Instance, iid)
         assert inst is not None
         assert inst.deadline_at == deadline + timedelta(hours=1)
+
+
+def test_the_home_offers_no_extend_past_an_admins_cap(bot: SlackBot) -> None:
+    deadline = bot.rt.now() + timedelta(hours=2)
+    capped = add_instance(
+        bot.rt.db,
+        name="capped",
+        owner_id="U0ALICE",
+        deadline_at=deadline,
+        lifetime_cap_at=deadline + timedelta(minutes=30),
+    )
+    room = add_instance(
+        bot.rt.db,
+        name="room",
+        owner_id="U0ALICE",
+        deadline_at=deadline,
+        lifetime_cap_at=deadline + timedelta(hours=1),
+    )
+    view = _home(bot)
+    extends = [b["value"] for b in _buttons(view) if b["action_id"] == HOME_EXTEND]
+    assert extends == [str(room)]
+    assert _button(view, "instance_release_confirm", str(capped))
 
 
 def test_a_command_publishes_the_home_again_for_who_opened_it(bot: SlackBot) -> None:

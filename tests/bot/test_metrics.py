@@ -207,6 +207,29 @@ def test_an_empty_store_reads_as_zeros(db: Database) -> None:
         assert found[("gpubot_releases", (("state", state),))] == 0
 
 
+def test_the_spend_rate_sums_billings_hourly_cost_of_each_instance(db: Database) -> None:
+    """The gauge adds the hour up in SQL; it reads the GPU count and the price as
+    bot.billing.hourly_cost_micros does (registered count, else the agent's, at least one)."""
+    counts = [(None, 4), (0, None), (None, None), (3, 8), (2, 2)]
+    for n, (registered, delivered) in enumerate(counts):
+        for price_per in ("gpu_hour", "instance_hour"):
+            add_instance(
+                db,
+                name=f"{price_per}{n}",
+                gpu_count=registered,
+                delivered_gpu_count=delivered,
+                price_micros=1_000_000 + n,
+                price_per=price_per,
+                ssh_ready_at=NOW - timedelta(hours=1),
+            )
+    with db.session() as session:
+        rows = session.exec(select(Instance)).all()
+        wanted = sum(billing.hourly_cost_micros(inst) for inst in rows)
+    assert read_stats(db, NOW, tz=BERLIN, poll_interval_s=POLL_S).spend_micros_per_hour == {
+        "USD": wanted
+    }
+
+
 def test_reading_the_gauges_takes_the_same_queries_for_5_or_150_instances(
     db: Database,
 ) -> None:

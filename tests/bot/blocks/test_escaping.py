@@ -33,6 +33,7 @@ from bot.services.job_views import (
     WhoProcess,
     WhoView,
 )
+from bot.services.outbox import PostFailed
 from bot.services.views import (
     CheckView,
     HealthView,
@@ -172,6 +173,9 @@ RENDERERS: dict[str, Callable[[], Message]] = {
     "mismatch_notice": lambda: instances.mismatch_notice(_REGISTERED),
     "host_key_changed": lambda: instances.host_key_changed(
         _HOSTILE_INST, expected=HOSTILE, presented=HOSTILE
+    ),
+    "post_failed": lambda: instances.post_failed(
+        PostFailed("job_reply", "U0OWNER", 5, NOW, HOSTILE, None)
     ),
     "fleet_overview": lambda: instances.fleet_overview(overview([_HOSTILE_ROW])),
     "instance_list": lambda: instances.instance_list(overview([_HOSTILE_ROW])),
@@ -397,6 +401,7 @@ def test_no_renderer_lets_a_mention_or_link_through(name: str) -> None:
         "register_result",
         "instance_detail",
         "release_result",
+        "post_failed",
         "release_escalation",
         "rent_started",
         "rent_finished",
