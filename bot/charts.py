@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from datetime import date
 
+from babel.numbers import get_currency_precision
 from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -48,8 +49,8 @@ CJK_FAMILIES = (
 
 def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "USD") -> bytes:
     """A horizontal bar per (label, micros), largest on top; at most 15 bars, the rest summed
-    into "others"; the amounts on the bars and the axis each with one number of decimals.
-    Returns PNG bytes."""
+    into "others"; the amounts on the bars (as the spend message rounds them, :func:`bar_labels`)
+    and the axis each with one number of decimals. Returns PNG bytes."""
     rows = _top(items)
     family = font_families()
     height = 1.2 + 0.38 * max(1, len(rows))
@@ -60,7 +61,7 @@ def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "
     axes.barh(range(len(values)), values, color=_BAR)
     axes.set_yticks(range(len(labels)), labels, fontsize=9, fontfamily=family)
     axes.xaxis.set_major_formatter(_money_axis(currency))
-    amounts = tick_labels(values, currency)
+    amounts = bar_labels([micros for _, micros in reversed(rows)], currency)
     for index, (_, micros) in enumerate(reversed(rows)):
         axes.annotate(
             amounts[index],
@@ -142,11 +143,21 @@ def tick_labels(values: Sequence[float], currency: str = "USD") -> list[str]:
     return [_tick(value, decimals, currency) for value in values]
 
 
+def bar_labels(amounts: Sequence[int], currency: str = "USD") -> list[str]:
+    """The amounts written on bars (micro-units), all with the same decimals and rounded as
+    format_money rounds money: the currency's own (``$4.00`` for 3.999445 dollars, ``¥1,200``)
+    when any bar reaches 0.10, else 4 (``$0.0003``)."""
+    small = all(abs(micros) < MICROS // 10 for micros in amounts)
+    digits = 4 if small else get_currency_precision(currency.upper())
+    return [format_money(micros, currency, digits=digits) for micros in amounts]
+
+
 def _tick(value: float, decimals: int, currency: str) -> str:
     """``value`` with ``decimals`` decimals, marked as format_money marks ``currency``."""
+    micros = round(value * MICROS)
     if abs(value) < 0.5 * 10**-decimals:
-        value = 0.0  # no "-0.00"
-    return format_money(0, currency).replace("0.00", f"{value:,.{decimals}f}")
+        micros = 0  # no "-0.00"
+    return format_money(micros, currency, digits=decimals)
 
 
 def _decimals(values: Sequence[float]) -> int:

@@ -239,14 +239,16 @@ def parse_price(text: str, currency: str) -> int:
     return _amount(amount, currency, shown=text, hint=hint) * 3600 // unit_s
 
 
-def format_money(micros: int, currency: str = "USD") -> str:
+def format_money(micros: int, currency: str = "USD", *, digits: int | None = None) -> str:
     """Micro-units of ``currency`` (ISO 4217) as the active language writes money (Babel, with
     the locale's grouping): ``$2.10``, ``€2.10``, ``£2.10`` and ``2.10 CHF`` in English; ``¥12.50``,
     ``US$2.10`` in Chinese. Each currency keeps its own decimals (``1,200 JPY``); an amount under
-    0.10 keeps 4 decimals so small per-second prices stay readable."""
+    0.10 keeps 4 decimals so small per-second prices stay readable. ``digits`` (0 to 6) sets the
+    decimals instead, for figures shown side by side (a chart's axis)."""
     code = currency.upper()
     value = Decimal(micros) / MICROS
-    digits = 4 if 0 < abs(value) < _SMALL else get_currency_precision(code)
+    if digits is None:
+        digits = 4 if 0 < abs(value) < _SMALL else get_currency_precision(code)
     number = "#,##0" + ("." + "0" * digits if digits else "")
     language = active_language()
     locale = LOCALES[language]

@@ -85,7 +85,7 @@ def queued_message(job: JobView) -> Message:
         head = t("{title} for {who}", title=head, who=mention(job.requested_by))
     gpus = escape(gpus_text(job))
     if job.gpus_note:
-        gpus += f" ({escape(job.gpus_note)})"
+        gpus = t("{gpus} ({why})", gpus=gpus, why=escape(job.gpus_note))
     details = [t("GPUs: {gpus}", gpus=gpus)]
     if job.retries:
         details.append(t("retries: {n}", n=job.retries))
@@ -125,7 +125,7 @@ def completion_reply(job: JobView) -> Message:
     if job.note and job.note.strip().lower() != job.state:  # "cancelled" says nothing new
         head += f"\n{escape(job.note)}"
     if job.gpus_note:
-        head += f"\n{escape(job.gpus_note)}."
+        head += "\n" + t("{sentence}.", sentence=escape(job.gpus_note))
     blocks: list[Block] = [section(head), fields(_facts(job))]
     blocks.append(section(code_block(command_line(job.command))))
     summary = job.summary

@@ -32,6 +32,8 @@ _NEGATIVE = re.compile(r"-\d")
 #: A long word of the user's: more than ECHO_MAX characters without a space. Chinese characters
 #: and full-width punctuation end a word (a Chinese sentence has no spaces to end one).
 _LONG_WORD = re.compile(rf"[^\s\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]{{{ECHO_MAX + 1},}}")
+#: Quotes and punctuation a message puts around a word it echoes.
+_AROUND_WORD = "'\"`*_.,:;!?()[]{}<>@"
 #: What a value parser reads, by its function's name, for the refusal of a negative value.
 _KINDS = {
     "parse_duration": "duration",
@@ -278,6 +280,23 @@ def _run_argparse(spec: CommandSpec, tokens: list[str]) -> argparse.Namespace:
         ) from exc
     except argparse.ArgumentError as exc:
         raise UsageError(_sentence(str(exc)), usage=spec.usage) from exc
+
+
+def cut_echoes(message: str, typed: str) -> str:
+    """``message`` with each long word it repeats of what the user ``typed`` cut to its first
+    :data:`ECHO_MAX` characters and "…" (quotes and punctuation around it kept), however the
+    handler that refused it worded it: a 10 kB name is never sent back whole."""
+    said = typed.lower()
+
+    def cut(match: re.Match[str]) -> str:
+        word = match.group(0)
+        inner = word.strip(_AROUND_WORD)
+        if len(inner) <= ECHO_MAX or inner[:ECHO_MAX].lower() not in said:
+            return word
+        start = word.index(inner)
+        return word[:start] + echo(inner) + word[start + len(inner) :]
+
+    return _LONG_WORD.sub(cut, message)
 
 
 def _clipped(message: str) -> str:

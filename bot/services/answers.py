@@ -180,7 +180,7 @@ def _open_prompt(
     if inst.state == "awaiting_confirmation":
         return ReleasePending(releases.instance_view(inst), caller.user_id == inst.owner_id)
     if prompt.resolved_at is not None:
-        return _answered_before(rt, prompt_id)
+        return _withdrawn(rt, prompt, inst) or _answered_before(rt, prompt_id)
     if inst.state != "active" and not _stopped_warning(rt, prompt, inst):
         return BeingReleased(inst.name, inst.state)
     if prompt.kind == deadlines.KIND_WARNING:
@@ -196,6 +196,21 @@ def _open_prompt(
             prompts.update_message(rt, prompt, superseded)
             return superseded
     return _Clicked(prompt, inst)
+
+
+def _withdrawn(rt: Runtime, prompt: Prompt, inst: Instance) -> deadlines.Superseded | None:
+    """A warning answered by a release that was since taken back (the instance runs with a new
+    deadline): the deadline it has now, rather than "already answered: released"."""
+    if (
+        prompt.kind != deadlines.KIND_WARNING
+        or prompt.resolution != "released"
+        or inst.state != "active"
+    ):
+        return None
+    deadline = deadlines.effective_deadline(inst)
+    return deadlines.Superseded(
+        releases.instance_view(inst), deadline.at if deadline else None, rt.settings.timezone
+    )
 
 
 def _stopped_warning(rt: Runtime, prompt: Prompt, inst: Instance) -> bool:

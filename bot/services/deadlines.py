@@ -47,7 +47,7 @@ from bot.services import reconcile as platform_reconcile
 from bot.services.access import Caller
 from bot.services.lookup import get_live_instance
 from bot.services.releases import Decided
-from bot.services.views import InstanceBrief
+from bot.services.views import InstanceBrief, InstanceView
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release, UtilSample
 
 log = logging.getLogger(__name__)
@@ -672,7 +672,9 @@ def _warning(
     )
 
 
-def extend_choices(rt: Runtime, inst: Instance, user_id: str, now: datetime) -> tuple[int, ...]:
+def extend_choices(
+    rt: Runtime, inst: Instance | InstanceView, user_id: str, now: datetime
+) -> tuple[int, ...]:
     """The Extend choices (seconds, of ``EXTEND_CHOICES_S``) that ``user_id`` may use now: all
     for an admin; for anyone else those that stay within the admin's lifetime cap."""
     cap = inst.lifetime_cap_at

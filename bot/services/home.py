@@ -16,9 +16,12 @@ from statistics import mean
 from sqlmodel import select
 
 from bot.runtime import Runtime
-from bot.services import budgets, fleet_views, ledger
+from bot.services import budgets, deadlines, fleet_views, ledger
 from bot.services.views import InstanceRow
 from bot.store.models import Budget
+
+#: What the Home tab's Extend button adds to a deadline, in seconds (one of the warnings' choices).
+HOME_EXTEND_S = deadlines.EXTEND_CHOICES_S[0]
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class HomeInstance:
     cost_micros: int
     burn_micros_per_hour: int
     currency: str
+    #: Whether the person whose Home it is may extend it by the Home's hour (not past an
+    #: admin's lifetime cap unless they are an admin).
+    can_extend: bool = True
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ def home_view(rt: Runtime, user_id: str) -> HomeView:
             select(Budget).where(Budget.scope == "user", Budget.subject == user_id)
         ).first()
         limit = None if budget is None else budget.limit_micros
-    fleet = tuple(_instance(row) for row in overview.rows)
+    fleet = tuple(_instance(rt, row, user_id, now) for row in overview.rows)
     jobs = tuple(
         HomeJob(
             id=job.id,
@@ -115,8 +121,9 @@ def home_view(rt: Runtime, user_id: str) -> HomeView:
     )
 
 
-def _instance(row: InstanceRow) -> HomeInstance:
+def _instance(rt: Runtime, row: InstanceRow, user_id: str, now: datetime) -> HomeInstance:
     inst = row.instance
+    may_extend = deadlines.extend_choices(rt, inst, user_id, now)
     utils = [gpu.util_pct for gpu in row.gpus if gpu.util_pct is not None]
     return HomeInstance(
         id=inst.id,
@@ -130,4 +137,5 @@ def _instance(row: InstanceRow) -> HomeInstance:
         cost_micros=row.cost_micros,
         burn_micros_per_hour=inst.burn_micros_per_hour,
         currency=inst.currency,
+        can_extend=HOME_EXTEND_S in may_extend,
     )

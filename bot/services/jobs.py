@@ -126,6 +126,91 @@ _NOTES = (
         "of the job was stopped"
     ),
 )
+#: How ``--gpus`` is refused, by the shared parser or by the agent (the agent's words, with the
+#: instance's name for "this machine"): the English each says, shown translated.
+_GPUS_REFUSALS = (
+    N_(
+        "--gpus {text} is not understood: write --gpus 0 or --gpus 0,1 (these GPUs, numbered "
+        "as CUDA_VISIBLE_DEVICES and nvidia-smi number them), --gpus any:2 (any 2 free GPUs), "
+        "--gpus all, --gpus none (CPU only); without --gpus: one free GPU."
+    ),
+    N_("--gpus {text}: for a job without GPUs write --gpus none."),
+    N_("--gpus {text} names a GPU twice; give each GPU once."),
+    N_(
+        "--gpus {text}: write any:N with N a number of GPUs from 1 (--gpus any:2), or --gpus "
+        "none for CPU only."
+    ),
+    N_(
+        "{name} has {count} GPUs ({indices}); --gpus {text} names GPU {missing}, which it does "
+        "not have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free "
+        "GPUs write --gpus any:N (at most {most} here)."
+    ),
+    N_(
+        "{name} has {count} GPUs ({indices}); --gpus {text} names GPUs {missing}, which it "
+        "does not have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of "
+        "free GPUs write --gpus any:N (at most {most} here)."
+    ),
+    N_(
+        "{name} has 1 GPU ({indices}); --gpus {text} names GPU {missing}, which it does not "
+        "have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs "
+        "write --gpus any:N (at most {most} here)."
+    ),
+    N_(
+        "{name} has 1 GPU ({indices}); --gpus {text} names GPUs {missing}, which it does not "
+        "have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs "
+        "write --gpus any:N (at most {most} here)."
+    ),
+    N_("{name} has {count} GPUs ({indices}); --gpus {text} asks for {wanted}."),
+    N_("{name} has 1 GPU ({indices}); --gpus {text} asks for {wanted}."),
+    N_(
+        "No NVIDIA GPU can be used on {name} ({why}), and --gpus {text} asks for GPUs; "
+        "`gpu-agent health` shows why, or run the job with --gpus none for CPU only."
+    ),
+)
+#: Why an instance's GPUs cannot be read, as the agent says it (agents/runner.py), with its
+#: hint for each NVML error (agents/nvml.py's HINTS, word for word).
+_NVML_FAILURES = (
+    N_("No NVIDIA driver on {name} (nvidia-smi / NVML not found): {hint}"),
+    N_("The NVIDIA driver on {name} is installed but not loaded: {error}. {hint}"),
+    N_("The GPUs of {name} cannot be read (NVML: {code}): {error}. {hint}"),
+)
+_AGENT_SAYS = _GPUS_REFUSALS + _NVML_FAILURES
+_NVML_HINTS = (
+    N_(
+        "No NVIDIA driver library (libnvidia-ml.so.1) is visible here. In a container, start it "
+        "with GPUs (`docker run --gpus all ...` with the NVIDIA Container Toolkit, or the nvidia "
+        "runtime). On a VM or bare metal, install the NVIDIA driver. If you rented a GPU "
+        "instance and see this, ask the provider: you are paying for a GPU you cannot use."
+    ),
+    N_(
+        "The NVIDIA kernel module is not loaded. Run `sudo modprobe nvidia` and check "
+        "`sudo dmesg | grep -i nvidia` for why it did not load; if that fails, reboot. After a "
+        "kernel update the driver may need rebuilding (DKMS) or reinstalling."
+    ),
+    N_(
+        "This user may not open /dev/nvidia*. Add it to the video group "
+        "(`sudo usermod -aG video $USER`, then log in again) or run the agent as a user that "
+        "can use the GPU."
+    ),
+    N_(
+        "The operating system blocked access to the GPU. On WSL2, update the NVIDIA driver on "
+        "Windows (not inside Linux) and run `wsl --update`; in a container, check that the "
+        "cgroup device rules allow /dev/nvidia*."
+    ),
+    N_(
+        "The NVIDIA driver was upgraded but the old kernel module is still loaded (driver/library "
+        "version mismatch). Reboot the instance; nvidia-smi fails the same way until then."
+    ),
+    N_(
+        "A GPU fell off the bus (look for Xid 79 in `sudo dmesg`). Reboot the instance; if it "
+        "happens again, the hardware is failing: ask the provider to replace the GPU or move "
+        "you to another host, and stop paying for this one."
+    ),
+    N_(
+        "NVML failed unexpectedly. Run `nvidia-smi` to see the driver's own error and "
+        "`sudo dmesg | grep -i -e nvrm -e xid` for kernel messages; a reboot often clears it."
+    ),
+)
 #: A finished job's state in words (the states are English words in the store).
 _FINAL_STATE_WORDS = {
     "succeeded": N_("succeeded"),
@@ -568,7 +653,7 @@ def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str
     try:
         request = parse_gpus(gpus)
     except JobRequestError as exc:
-        raise UsageError(_sentence(str(exc))) from exc
+        raise UsageError(agent_words(_sentence(str(exc)))) from exc
     return request.text
 
 
@@ -953,6 +1038,30 @@ def note_words(note: str | None) -> str | None:
     return note
 
 
+def agent_words(text: str) -> str:
+    """What the agent (or the shared ``--gpus`` parser) said, as a sentence, in the active
+    language: a refusal of ``--gpus``, or why the GPUs cannot be read (with the agent's hint
+    for its NVML error); any other text as it is."""
+    for template in _AGENT_SAYS:
+        found = _said_pattern(template).fullmatch(text)
+        if found is None:
+            continue
+        values = found.groupdict()
+        hint = values.get("hint")
+        if hint in _NVML_HINTS:
+            values["hint"] = t(hint)
+        return t(template, **values)
+    return text
+
+
+@cache
+def _said_pattern(template: str) -> re.Pattern[str]:
+    """``template`` as a pattern whose groups are its ``{placeholders}``, each as short as the
+    rest allows (an NVML error before the hint stops at the hint)."""
+    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.+?)", re.escape(template))
+    return re.compile(pattern, re.DOTALL)
+
+
 @cache
 def _note_pattern(template: str) -> re.Pattern[str]:
     """``template`` as a pattern whose groups are its ``{placeholders}``."""
@@ -973,8 +1082,8 @@ def _agent_error(exc: FleetError, inst: Instance) -> FleetError | UsageError:
         return exc
     text = _sentence(said).replace("This machine", inst.name).replace("this machine", inst.name)
     if head.rstrip().endswith(f"exit code {AGENT_USAGE_EXIT}"):
-        return UsageError(text)
-    return AgentBroken(text, instance=inst.name, hint="")
+        return UsageError(agent_words(text))
+    return AgentBroken(agent_words(text), instance=inst.name, hint="")
 
 
 def _sentence(text: str) -> str:

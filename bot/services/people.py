@@ -15,7 +15,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
-from bot.i18n import LANGUAGE_NAMES, Language, language_of, t
+from bot.i18n import LANGUAGE_NAMES, N_, Language, language_of, t
 from bot.services import access
 from bot.services.access import Caller
 from bot.store.models import Person
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _SLACK_ID = re.compile(r"@?([UW][A-Z0-9]{2,})")
 #: A display name after ``@``, as people type it.
 _NAME = re.compile(r"@([\w.\-]{1,200})")
-_HOW = (
+_HOW = N_(
     "Mention them with Slack's @ autocomplete, or give their Slack member ID "
     "(like U0123ABC, under ⋮ in their profile)."
 )
@@ -52,8 +52,11 @@ def resolve_person(
     named = _NAME.fullmatch(raw)
     if named is None:
         raise UsageError(
-            f"I don't know who {raw[:80]!r} is: it is not a Slack user's mention, ID or @name.",
-            hint=_HOW,
+            t(
+                "I don't know who {text!r} is: it is not a Slack user's mention, ID or @name.",
+                text=raw[:80],
+            ),
+            hint=t(_HOW),
         )
     return _by_name(session, named.group(1), caller)
 
@@ -111,6 +114,9 @@ def _by_name(session: Session, name: str, caller: Caller | None) -> tuple[str, s
         return next(iter(found.items()))
     if not found:
         raise UsageError(
-            f"I don't know who @{name} is: I know nobody called @{name} yet.", hint=_HOW
+            t("I don't know who @{name} is: I know nobody called @{name} yet.", name=name),
+            hint=t(_HOW),
         )
-    raise UsageError(f"I know {len(found)} people called @{name}.", hint=_HOW)
+    raise UsageError(
+        t("I know {count} people called @{name}.", count=len(found), name=name), hint=t(_HOW)
+    )

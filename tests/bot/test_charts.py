@@ -159,3 +159,17 @@ def test_a_drawn_axis_labels_every_tick_alike() -> None:
     labels = [tick.get_text() for tick in axes.get_xticklabels()]
     assert labels
     assert {len(label.split(".")[1]) for label in labels} == {2}
+
+
+def test_a_currency_without_decimals_labels_every_tick_with_its_amount() -> None:
+    # Yen have no decimals: each tick shows its own amount, never "0 JPY" on every one.
+    assert charts.tick_labels([0.0, 500.0, 1500.0], "JPY") == ["0 JPY", "500 JPY", "1,500 JPY"]
+    with speaking("zh"):
+        assert charts.tick_labels([0.0, 500.0], "JPY") == ["JP¥0", "JP¥500"]
+
+
+def test_the_amounts_on_the_bars_are_rounded_as_the_spend_message_rounds_money() -> None:
+    # A release billed partly at an earlier price sums to 3.999445 dollars: the bar says $4.00.
+    assert charts.bar_labels([3_999_445, 50_000]) == ["$4.00", "$0.05"]
+    assert charts.bar_labels([300, 50_000]) == ["$0.0003", "$0.0500"]
+    assert charts.bar_labels([1_200_000_000], "JPY") == ["1,200 JPY"]

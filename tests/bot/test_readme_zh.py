@@ -1,7 +1,8 @@
-"""The README's Chinese console walkthrough, run as written: every line between the
+"""The README's console walkthroughs, run as written. The Chinese one: every line between the
 ``console-zh`` markers is typed into `gpubot console` (GPUBOT_LANGUAGE=zh, GPUBOT_CURRENCY=CNY,
 a fake RTX 4090), and every reply reads as Chinese, the health checks' findings and hints
-too: the agent sends each one's English template and parameters, and the bot translates."""
+too: the agent sends each one's English template and parameters, and the bot translates.
+The English one (``console-en``) prints every line the README shows, in its order."""
 
 from __future__ import annotations
 
@@ -67,3 +68,43 @@ def test_the_readme_walkthrough_in_chinese_runs_as_written(
     assert "已释放，已停止计费" in result.stdout
     assert "还没有实例" in turns[-2]
     assert "简体中文" in turns[-1]
+
+
+def walkthrough_en() -> list[str]:
+    """The README's English console block: the lines it types (``> ``) and the lines it
+    shows, in order (``...`` stands for lines left out)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- console-en -->", 1)[1].split("<!-- /console-en -->", 1)[0]
+    return [line for line in block.splitlines() if line and not line.startswith("```")]
+
+
+@pytest.mark.integration
+def test_the_english_walkthrough_shows_what_the_console_prints(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    block = walkthrough_en()
+    typed = [line[2:] for line in block if line.startswith("> ")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    env |= fake_nvml_env(build_config(1, RTX_4090), tmp_path)
+    env |= {"GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp), "GPUBOT_DATA_DIR": str(tmp_path / "d")}
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "console"],
+        input="\n".join(typed) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    # Every line the README shows is printed, in the README's order; "..." leaves lines out.
+    printed = result.stdout.replace("console-user> ", "> ").splitlines()
+    at = 0
+    for line in block:
+        if line == "...":
+            continue
+        head = line.split(" ...", 1)[0]
+        found = next((i for i in range(at, len(printed)) if printed[i].startswith(head)), None)
+        assert found is not None, f"the console never printed {line!r} after line {at}"
+        at = found + 1

@@ -3,6 +3,7 @@ commands), with the text escaped and the newest log lines kept."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import replace
 from datetime import datetime
@@ -14,6 +15,7 @@ from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import jobs as blocks
 from bot.blocks import render
 from bot.blocks.kit import MAX_BLOCKS, SECTION_TEXT_MAX
+from bot.i18n import speaking
 from bot.local_slack import check_blocks
 from bot.services.job_views import (
     AccessChange,
@@ -450,6 +452,13 @@ def test_a_job_that_defaulted_to_the_cpu_says_why() -> None:
         replace(queued, state="succeeded", started_at=queued.submitted_at)
     )
     assert f"{why}." in section_texts(body)[0]
+    with speaking("zh"):
+        _, queued_body = blocks.queued_message(replace(queued, gpus_note="没有"))
+        _, body = blocks.completion_reply(
+            replace(queued, state="succeeded", started_at=queued.submitted_at, gpus_note="没有")
+        )
+    assert "\uff08没有\uff09" in json.dumps(queued_body, ensure_ascii=False)
+    assert "没有。" in section_texts(body)[0]
 
 
 def test_who_never_calls_a_gpu_free_while_memory_is_in_use_unseen() -> None:

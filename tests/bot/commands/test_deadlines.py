@@ -353,6 +353,18 @@ def test_extend_takes_back_a_manual_release_awaiting_confirmation(rt, clock):
     assert get_instance(rt.db, iid).state == "awaiting_confirmation"
 
 
+def test_a_stale_extend_after_the_release_was_taken_back_gives_the_deadline_now(rt, clock):
+    iid = _manual_past_deadline(rt, clock)
+    warning = _warnings(rt)[0]
+    _command(rt, OWNER, "extend box 2h")
+    deadline = get_instance(rt.db, iid).deadline_at
+    reply = _click(rt, "deadline_extend_1h", OWNER, warning.button_value("deadline_extend_1h"))
+    # The instance runs: never "already answered: released".
+    assert "released" not in reply.text
+    assert "this warning is superseded; the deadline is now" in reply.text
+    assert get_instance(rt.db, iid).deadline_at == deadline
+
+
 def test_only_the_owner_or_an_admin_takes_back_a_manual_release(rt, clock):
     iid = _manual_past_deadline(rt, clock)
     with pytest.raises(NotAuthorized):

@@ -314,6 +314,31 @@ def test_a_10000_character_name_is_echoed_cut(rt: Runtime, db: Database, text: s
     assert rows(db, Instance) == []
 
 
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"fit {LONG_NAME} lora",
+        f"estimate --gpu {LONG_NAME} --hours 5",
+        f"budget set project {LONG_NAME} 5",
+        f"logs {LONG_NAME}",
+        f"cancel {LONG_NAME}",
+        f"run box --gpus {LONG_NAME} -- true",
+        f"register box root@10.0.0.1 --gpu a100 --price {LONG_NAME}",
+        f"register box root@10.0.0.1 --gpu {LONG_NAME} --price 2.10/h",
+        f"spend {LONG_NAME}",
+        f"lang {LONG_NAME}",
+    ],
+)
+def test_no_command_sends_a_10000_character_word_back_whole(rt: Runtime, text: str) -> None:
+    from bot.listeners import execute_command
+
+    add_instance(rt.db, name="box", owner_id=OWNER.user_id)
+    shown = execute_command(rt, REGISTRY, Caller(user_id="UADMIN", channel_id="CTEAM"), text)
+    assert shown.text.startswith(":warning:"), shown.text[:300]
+    assert "n" * 41 not in shown.text, shown.text[:300]
+
+
 def test_the_register_summary_names_the_default_deadline() -> None:
     default = format_duration(timedelta(seconds=Settings.default_release_in_s))
     assert f"({default} from now unless" in commands.REGISTER.summary

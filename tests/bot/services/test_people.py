@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from bot.errors import UsageError
+from bot.i18n import speaking
 from bot.services.access import Caller
 from bot.services.people import resolve_person
 from bot.store.db import Database
 from bot.store.models import Person
+from tests.chinese import assert_chinese
 
 
 def _people(db: Database) -> None:
@@ -58,3 +60,16 @@ def test_nobody_or_many_is_one_clear_answer(sqlite_db: Database, text: str, mess
         resolve_person(session, text)
     assert "member ID" in (raised.value.hint or "")
     assert len(raised.value.message) < 300
+
+
+@pytest.mark.parametrize("text", ["@bob", "@sam", "bob"])
+def test_nobody_or_many_is_said_in_the_callers_language(sqlite_db: Database, text: str) -> None:
+    _people(sqlite_db)
+    with (
+        speaking("zh"),
+        sqlite_db.session() as session,
+        pytest.raises(UsageError) as raised,
+    ):
+        resolve_person(session, text)
+    assert_chinese(raised.value.message)
+    assert_chinese(raised.value.hint or "")
