@@ -51,12 +51,13 @@ from bot.local_slack import (
 )
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle
+from bot.services.access import parse_member_id
 from bot.services.people import language_for
 from bot.services.registration import ensure_local_instance
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.store.models import utcnow
-from bot.values import format_duration, parse_duration
+from bot.values import format_duration, format_when, parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +115,10 @@ class Speaker:
     @classmethod
     def named(cls, name: str) -> Speaker:
         """``alice`` speaks as ``UALICE``; a name that looks like a Slack ID is used as is."""
+        member_id = parse_member_id(name)
+        if member_id is not None:
+            return cls(member_id.lower(), member_id)
         cleaned = name.strip().lstrip("@")
-        if re.fullmatch(r"[UW][A-Z0-9]{2,}", cleaned):
-            return cls(cleaned.lower(), cleaned)
         ident = re.sub(r"[^A-Z0-9]", "", cleaned.upper())[:20] or "ANON"
         return cls(cleaned or "anon", "U" + ident)
 
@@ -499,19 +501,17 @@ class Console:
             failed.update(report.errors)
             ticks += 1
             self.wait()
-        at = f"{report.now:%Y-%m-%d %H:%M}"
+        at = format_when(report.now, self.runtime.settings.tz())
         ahead = format_duration(self._ahead)
         if ticks > 1:
             text = t(
-                "ticked at {at} UTC ({n} ticks, the console's clock is {ahead} ahead)",
+                "ticked at {at} ({n} ticks, the console's clock is {ahead} ahead)",
                 at=at,
                 n=ticks,
                 ahead=ahead,
             )
         else:
-            text = t(
-                "ticked at {at} UTC (the console's clock is {ahead} ahead)", at=at, ahead=ahead
-            )
+            text = t("ticked at {at} (the console's clock is {ahead} ahead)", at=at, ahead=ahead)
         if failed:
             text += "; " + t("failed steps: {steps}", steps=", ".join(sorted(failed)))
         self.printer.note(text)

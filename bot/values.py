@@ -175,6 +175,39 @@ def format_duration(delta: timedelta) -> str:
     return sign + (" ".join(parts[:2]) if parts else "0s")
 
 
+#: The days and months of :func:`format_when`, Monday and January first.
+_WEEKDAYS = (N_("Mon"), N_("Tue"), N_("Wed"), N_("Thu"), N_("Fri"), N_("Sat"), N_("Sun"))
+_MONTHS = (
+    N_("Jan"),
+    N_("Feb"),
+    N_("Mar"),
+    N_("Apr"),
+    N_("May"),
+    N_("Jun"),
+    N_("Jul"),
+    N_("Aug"),
+    N_("Sep"),
+    N_("Oct"),
+    N_("Nov"),
+    N_("Dec"),
+)
+
+
+def format_when(at: datetime, tz: ZoneInfo) -> str:
+    """A naive-UTC time in ``tz`` with weekday, date, time and zone: ``Wed 03 Dec 18:00 CET``,
+    in the active language. The one way every message shows a time (the presentation kit's
+    ``when`` is this; a service's error text uses it too)."""
+    local = at.replace(tzinfo=ZoneInfo("UTC")).astimezone(tz)
+    return t(
+        "{weekday} {day} {month} {time} {zone}",
+        weekday=t(_WEEKDAYS[local.weekday()]),
+        day=local.strftime("%d"),
+        month=t(_MONTHS[local.month - 1]),
+        time=local.strftime("%H:%M"),
+        zone=local.strftime("%Z"),
+    )
+
+
 def parse_when(text: str, *, now_utc: datetime, tz: ZoneInfo) -> datetime:
     """``18:00`` (next such time in ``tz``), or ISO 8601 (``2026-12-03T18:00``, with or without
     offset; without one it is read in ``tz``). Returns naive UTC, which must lie in the future."""

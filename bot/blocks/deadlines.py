@@ -74,7 +74,7 @@ from bot.services.rent import (
     RentRecoverFailed,
     RentStarted,
 )
-from bot.services.views import InstanceBrief
+from bot.services.views import STORAGE_HINT, InstanceBrief
 from bot.values import format_duration, format_money
 
 #: Button action ids (the handlers live in bot.commands.deadlines; RELEASE_DONE and STOP_DONE
@@ -792,7 +792,7 @@ def rent_given_back_failed(notice: RentGivenBackFailed) -> Message:
 
 def rent_recovered(notice: RentRecovered) -> Message:
     """A rental never registered (the bot stopped, say) was terminated."""
-    launched = notice.launched_at.strftime("%Y-%m-%d %H:%M UTC")
+    launched = when(notice.launched_at, ZoneInfo(notice.tz_name))
     return _plain(
         _sentences(
             t(
@@ -834,7 +834,7 @@ def rent_launch_checked(notice: RentLaunchChecked) -> Message:
                 "got no answer from the platform.",
                 instance_type=escape(notice.instance_type),
                 provider=notice.provider,
-                at=notice.started_at.strftime("%Y-%m-%d %H:%M UTC"),
+                at=when(notice.started_at, ZoneInfo(notice.tz_name)),
             ),
             t(
                 "The bot checked: nothing was started under its name {platform_name}, so nothing "
@@ -871,6 +871,8 @@ def _extend_confirm(notice: DeadlineWarning, added_s: int) -> Block:
         )
     else:
         cost = t("It keeps billing on its platform; no price is recorded.")
+        if notice.stopped:
+            cost = _sentences(cost, t(STORAGE_HINT, name=inst.name))
     return confirm_dialog(
         t("Extend {name} by {duration}?", name=inst.name, duration=values["duration"]),
         _sentences(what, cost),
@@ -1052,10 +1054,13 @@ def _state_text(state: str) -> str:
 def _storage_note(inst: InstanceBrief) -> str:
     """What a stopped instance still costs, and how to stop that."""
     if inst.storage_micros_per_hour <= 0:
-        return t(
-            "Its disk may still bill on the platform while it is stopped; "
-            "`/gpu release {name}` terminates it, disk and all.",
-            name=inst.name,
+        return _sentences(
+            t(
+                "Its disk may still bill on the platform while it is stopped; "
+                "`/gpu release {name}` terminates it, disk and all.",
+                name=inst.name,
+            ),
+            t(STORAGE_HINT, name=inst.name),
         )
     return t(
         "Its disk keeps billing ({cost}/h) while it is stopped; `/gpu release {name}` "

@@ -34,6 +34,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import nt, t
 from bot.services.home import HomeInstance, HomeJob, HomeView
+from bot.services.views import STORAGE_HINT
 from bot.values import format_duration, format_money
 
 #: Button action ids: Extend 1h on one of the person's instances (its handler is in
@@ -127,6 +128,8 @@ def _extend_dialog(item: HomeInstance, view: HomeView) -> Block:
     if item.burn_micros_per_hour > 0:
         cost = format_money(item.burn_micros_per_hour * added // timedelta(hours=1), item.currency)
         what += " " + t("That costs about {cost} more.", cost=cost)
+    elif item.storage_unknown:
+        what += " " + t(STORAGE_HINT, name=item.name)
     return confirm_dialog(
         t("Extend {name} by {duration}?", name=item.name, duration=values["duration"]),
         what,
@@ -213,22 +216,29 @@ def _fleet(view: HomeView) -> list[Block]:
     lines = [_fleet_line(item, view.now) for item in view.fleet[:LINES_SHOWN]]
     blocks = [section(text) for text in pack(lines)]
     total = sum(item.burn_micros_per_hour for item in view.fleet)
-    blocks.append(
-        context(
-            nt(
-                "{n} instance, {cost}/h together.",
-                "{n} instances, {cost}/h together.",
-                len(view.fleet),
-                n=len(view.fleet),
-                cost=format_money(total, view.currency),
-            )
-        )
+    summary = nt(
+        "{n} instance, {cost}/h together.",
+        "{n} instances, {cost}/h together.",
+        len(view.fleet),
+        n=len(view.fleet),
+        cost=format_money(total, view.currency),
     )
+    unknown = sum(1 for item in view.fleet if item.storage_unknown)
+    if unknown:
+        summary += " " + nt(
+            "Not counted: the disk of {n} stopped instance whose storage price is unknown.",
+            "Not counted: the disks of {n} stopped instances whose storage price is unknown.",
+            unknown,
+            n=unknown,
+        )
+    blocks.append(context(summary))
     return _with_rest(blocks, len(view.fleet) - LINES_SHOWN)
 
 
 def _fleet_line(item: HomeInstance, now: datetime) -> str:
     price = t("{price}/h", price=format_money(item.burn_micros_per_hour, item.currency))
+    if item.storage_unknown:
+        price = t("storage price unknown")
     facts = [
         mention(item.owner_id),
         _gpus(item),

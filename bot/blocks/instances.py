@@ -40,13 +40,14 @@ from bot.blocks.kit import (
     when,
 )
 from bot.blocks.money import final_cost_sentence
-from bot.i18n import N_, placeholders, t
+from bot.i18n import N_, nt, placeholders, t
 from bot.notify import Notice
-from bot.services import access
+from bot.services import access, nvml_words
 from bot.services.lookup import HostKeyAlert
 from bot.services.outbox import PostFailed
 from bot.services.registration import GpuMismatch
 from bot.services.views import (
+    STORAGE_HINT,
     CheckView,
     FleetOverview,
     GpuView,
@@ -97,6 +98,8 @@ MORE_GPUS = N_("… and {n} more GPUs.")
 MORE_JOBS = N_("… and {n} more jobs.")
 MORE_PROCESSES = N_("… and {n} more processes.")
 _PROBLEM_TEXT_MAX = 300
+#: The agent's nvml check's summary when NVML fails (agents/checks/gpu.py).
+NVML_FAILED = "NVML failed ({code}): {message}"
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -539,6 +542,18 @@ def _fleet(overview: FleetOverview, *, title: str) -> Message:
         burn=format_money(overview.hourly_burn_micros, currency),
         spent=format_money(overview.cost_micros, currency),
     )
+    unknown = sum(1 for r in rows if r.instance.storage_unknown)
+    if unknown:
+        summary = t(
+            "{summary} · {note}",
+            summary=summary,
+            note=nt(
+                "the disk of {n} stopped instance not counted (storage price unknown)",
+                "the disks of {n} stopped instances not counted (storage price unknown)",
+                unknown,
+                n=unknown,
+            ),
+        )
     down = sum(1 for r in rows if r.problem is not None)
     if down:
         summary = t("{summary} · {count} not reachable", summary=summary, count=down)
@@ -620,7 +635,7 @@ def _live_line(row: InstanceRow, now: datetime) -> str:
         hint = f" {escape(clip(row.problem.hint, _PROBLEM_TEXT_MAX))}" if row.problem.hint else ""
         parts.append(f":red_circle: *{row.problem.kind}*: {message}{hint}")
     if row.nvml_problem:
-        problem = escape(clip(row.nvml_problem, _PROBLEM_TEXT_MAX))
+        problem = escape(nvml_words.described(row.nvml_code or "unknown", row.nvml_problem))
         parts.append(t(":warning: GPUs not readable: {problem}", problem=problem))
     stale = not row.live and row.polled_at is not None
     dot = ":large_green_circle:" if row.live else ":white_circle:"
@@ -678,13 +693,25 @@ def _check_lines(checks: Sequence[CheckView]) -> list[str]:
     lines = []
     for check in checks:
         emoji = STATUS_EMOJI.get(check.status, "")
-        summary = finding(check.summary, check.summary_template, check.summary_params)
+        summary = _nvml_failed(check) or finding(
+            check.summary, check.summary_template, check.summary_params
+        )
         line = f"{emoji} *{escape(check.id)}*: {escape(clip(summary, 500))}"
         if check.hint and check.status != "pass":
-            hint = finding(check.hint, check.hint_template, check.hint_params)
+            hint = nvml_words.hint(finding(check.hint, check.hint_template, check.hint_params))
             line += f"\n      _{escape(clip(hint, 500))}_"
         lines.append(line)
     return lines
+
+
+def _nvml_failed(check: CheckView) -> str | None:
+    """The agent's "NVML failed ({code}): {message}" as the kind of error in words, with the
+    driver's message as a code-formatted detail; None for any other finding."""
+    params = check.summary_params
+    if check.summary_template != NVML_FAILED or "code" not in params:
+        return None
+    problem = nvml_words.described(params["code"], params.get("message", ""))
+    return t("NVML failed: {problem}", problem=problem)
 
 
 def finding(english: str, template: str | None, params: Mapping[str, str]) -> str:
@@ -781,11 +808,16 @@ def _stopped(inst: InstanceView, now: datetime) -> str:
     """Since when a stopped instance is stopped and what its disk still costs."""
     if inst.storage_micros_per_hour <= 0:
         if inst.stopped_at is None:
-            return t("stopped; no storage price recorded (its disk may still bill on the platform)")
-        return t(
-            "stopped {ago}; no storage price recorded (its disk may still bill on the platform)",
-            ago=ago(inst.stopped_at, now),
-        )
+            unknown = t(
+                "stopped; no storage price recorded (its disk may still bill on the platform)"
+            )
+        else:
+            unknown = t(
+                "stopped {ago}; no storage price recorded (its disk may still bill on the "
+                "platform)",
+                ago=ago(inst.stopped_at, now),
+            )
+        return t("{status}. {hint}", status=unknown, hint=t(STORAGE_HINT, name=inst.name))
     storage = format_money(inst.storage_micros_per_hour, inst.currency)
     if inst.stopped_at is None:
         return t("stopped; storage {price}/h", price=storage)
@@ -800,11 +832,13 @@ def _kept_disk(inst: InstanceView) -> str:
             price=format_money(inst.storage_micros_per_hour, inst.currency),
             name=inst.name,
         )
-    return t(
+    unknown = t(
         "Its disk is kept and keeps billing while it is stopped; "
         "`/gpu release {name}` terminates it, disk and all.",
         name=inst.name,
     )
+    hint = t(STORAGE_HINT, name=inst.name)
+    return unknown + hint if unknown.endswith("。") else f"{unknown} {hint}"
 
 
 def _release_question(ask: ReleaseAsk) -> str:
@@ -958,11 +992,11 @@ def post_failed(notice: PostFailed) -> Message:
     what = mention(recipient) if recipient[:1] in "UW" else f"<#{recipient}>"
     text = t(
         ":warning: A {kind} for {recipient} could not be posted after {attempts} tries since "
-        "{since} UTC: {error}. {hint}",
+        "{since}: {error}. {hint}",
         kind=notice.kind.replace("_", " "),
         recipient=what,
         attempts=notice.attempts,
-        since=f"{notice.since:%Y-%m-%d %H:%M}",
+        since=when(notice.since, ZoneInfo(notice.tz_name)),
         error=escape(clip(notice.error, 300)),
         hint=notice.hint or t("Check the bot token and the channel."),
     )

@@ -10,12 +10,12 @@ The kit's own words (``Cancel``, time left, ``ago``) are in the active language 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.i18n import N_, t
-from bot.values import format_duration
+from bot.i18n import t
+from bot.values import format_duration, format_when
 
 Block = dict[str, Any]
 Message = tuple[str, tuple[Block, ...]]
@@ -53,22 +53,6 @@ OPTION_TEXT_MAX = 75
 OPTION_VALUE_MAX = 150
 OPTION_GROUP_LABEL_MAX = 75
 ELLIPSIS = "…"
-#: The days and months of :func:`when`, Monday and January first.
-_WEEKDAYS = (N_("Mon"), N_("Tue"), N_("Wed"), N_("Thu"), N_("Fri"), N_("Sat"), N_("Sun"))
-_MONTHS = (
-    N_("Jan"),
-    N_("Feb"),
-    N_("Mar"),
-    N_("Apr"),
-    N_("May"),
-    N_("Jun"),
-    N_("Jul"),
-    N_("Aug"),
-    N_("Sep"),
-    N_("Oct"),
-    N_("Nov"),
-    N_("Dec"),
-)
 
 
 def clip(text: str, limit: int) -> str:
@@ -372,16 +356,9 @@ def fallback(text: str) -> str:
 
 
 def when(at: datetime, tz: ZoneInfo) -> str:
-    """A naive-UTC time in ``tz`` with weekday, date, time and zone: ``Wed 03 Dec 18:00 CET``."""
-    local = at.replace(tzinfo=UTC).astimezone(tz)
-    return t(
-        "{weekday} {day} {month} {time} {zone}",
-        weekday=t(_WEEKDAYS[local.weekday()]),
-        day=local.strftime("%d"),
-        month=t(_MONTHS[local.month - 1]),
-        time=local.strftime("%H:%M"),
-        zone=local.strftime("%Z"),
-    )
+    """A naive-UTC time in ``tz`` with weekday, date, time and zone: ``Wed 03 Dec 18:00 CET``
+    (:func:`bot.values.format_when`)."""
+    return format_when(at, tz)
 
 
 def ago(at: datetime, now: datetime) -> str:

@@ -532,7 +532,21 @@ def _totals_line(report: SpendReport) -> str:
     if report.pending_micros:
         pending = format_money(report.pending_micros, currency)
         parts.append(t("not yet charged {amount}", amount=pending))
-    return " · ".join(parts) + "\n" + _idle_line(report)
+    text = " · ".join(parts) + "\n" + _idle_line(report)
+    if report.unpriced_disks:
+        names = report.unpriced_disks
+        shown = escape(", ".join(clip(name, 40) for name in names[:5]))
+        if len(names) > 5:
+            shown = t("{names} and {n} more", names=shown, n=len(names) - 5)
+        text += "\n" + nt(
+            ":warning: Storage leaves out the disk of {names}: stopped, its storage price "
+            "unknown. `/gpu policy NAME --disk 200 --storage 0.10/GB-month` tells the bot.",
+            ":warning: Storage leaves out the disks of {names}: stopped, their storage price "
+            "unknown. `/gpu policy NAME --disk 200 --storage 0.10/GB-month` tells the bot.",
+            len(names),
+            names=shown,
+        )
+    return text
 
 
 def _idle_line(report: SpendReport) -> str:

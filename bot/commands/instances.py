@@ -41,7 +41,7 @@ REGISTER_USAGE = (
 ADOPT_USAGE = (
     "/gpu adopt PROVIDER ID NAME [--user root] [--key NAME] "
     "[--release-in 3h | --release-at 18:00] [--price 2.10/h] [--gpu MODEL] [--count N] "
-    "[--project P] [--python PATH]"
+    "[--disk 200 --storage 0.10/GB-month] [--project P] [--python PATH]"
 )
 STATUS_USAGE = "/gpu status [NAME]"
 LIST_USAGE = "/gpu list"
@@ -125,6 +125,8 @@ def _configure_adopt(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--price", metavar="2.10/h")
     parser.add_argument("--gpu", metavar="MODEL")
     parser.add_argument("--count", type=GPU_COUNT, metavar="N")
+    parser.add_argument("--disk", type=parse_size_gb, metavar="200")
+    parser.add_argument("--storage", metavar="0.10/GB-month")
     parser.add_argument("--project", metavar="P")
     parser.add_argument("--python", metavar="PATH")
 
@@ -148,6 +150,12 @@ def _adopt(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         gpu_count=args.count,
         project=args.project,
         python_path=args.python,
+        disk_gb=args.disk,
+        storage_micros_per_gb_month=(
+            None
+            if args.storage is None
+            else parse_storage_price(args.storage, rt.settings.currency)
+        ),
     )
     text, body = blocks.register_result(reconcile.adopt(rt, caller, request))
     return Reply(text=text, blocks=body, ephemeral=False)
@@ -290,7 +298,9 @@ ADOPT = CommandSpec(
     name="adopt",
     summary=N_(
         "Take over an instance of a platform account that nobody registered (the ops "
-        "channel is told of each): its address, GPUs and price come from the platform"
+        "channel is told of each): its address, GPUs and price come from the platform, and "
+        "its disk and storage price where the platform says them (Vast.ai); --disk and "
+        "--storage say them where it does not"
     ),
     usage=ADOPT_USAGE,
     examples=(

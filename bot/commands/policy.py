@@ -8,19 +8,21 @@ from datetime import timedelta
 
 from bot.blocks import deadlines as blocks
 from bot.blocks import instances as instance_blocks
+from bot.commands.instances import parse_storage_price
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.runtime import Runtime
-from bot.services import deadlines, fleet_views
+from bot.services import deadlines, fleet_views, registration
 from bot.services.access import Caller
 from bot.services.lookup import echo
-from bot.values import parse_duration
+from bot.values import parse_duration, parse_size_gb
 
 POLICY_USAGE = (
     "/gpu policy NAME [--at-deadline release|wait-for-jobs|stop] [--max-grace 2h] "
     "[--release-after 24h] "
-    "[--idle-release 1h|off] [--release-when-done on|off]"
+    "[--idle-release 1h|off] [--release-when-done on|off] "
+    "[--disk 200] [--storage 0.10/GB-month]"
 )
 CAP_USAGE = "/gpu cap NAME 3d|none"
 
@@ -34,6 +36,8 @@ def _configure_policy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-grace", type=parse_duration, metavar="2h")
     parser.add_argument("--idle-release", type=_duration_or_off, metavar="1h|off")
     parser.add_argument("--release-when-done", type=_on_off, metavar="on|off")
+    parser.add_argument("--disk", type=parse_size_gb, metavar="200")
+    parser.add_argument("--storage", metavar="0.10/GB-month")
 
 
 def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -44,6 +48,22 @@ def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         release_when_done=args.release_when_done,
         release_after_s=int(args.release_after.total_seconds()) if args.release_after else None,
     )
+    storage_given = args.disk is not None or args.storage is not None
+    if storage_given:
+        settings = registration.set_storage(
+            rt,
+            caller,
+            args.name,
+            disk_gb=args.disk,
+            storage_micros_per_gb_month=(
+                None
+                if args.storage is None
+                else parse_storage_price(args.storage, rt.settings.currency)
+            ),
+        )
+        if change == deadlines.PolicyChange():
+            text, body = instance_blocks.instance_settings(settings)
+            return Reply(text=text, blocks=body, ephemeral=False)
     if change == deadlines.PolicyChange():
         text, body = instance_blocks.instance_settings(fleet_views.instance_settings(rt, args.name))
         return Reply(text=text, blocks=body)
@@ -97,7 +117,9 @@ POLICY = CommandSpec(
         "lifetime cap, billing increment, minimum charge, disk and storage price); with options, "
         "change what happens at the deadline, when idle, and when the jobs are done "
         "(--at-deadline stop, where the platform can stop: stopped at the deadline, its disk "
-        "kept and billed, then released --release-after later unless someone starts it again)"
+        "kept and billed, then released --release-after later unless someone starts it again); "
+        "--disk and --storage tell the bot the disk's size and price, from now on (a stopped "
+        "instance's disk bills on)"
     ),
     usage=POLICY_USAGE,
     examples=(
@@ -106,6 +128,7 @@ POLICY = CommandSpec(
         "/gpu policy box1 --at-deadline stop --release-after 24h",
         "/gpu policy box1 --idle-release 1h",
         "/gpu policy box1 --release-when-done on",
+        "/gpu policy box1 --disk 200 --storage 0.10/GB-month",
     ),
     configure=_configure_policy,
     handler=_policy,

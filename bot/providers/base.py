@@ -59,7 +59,9 @@ class ProviderInstance:
     """One instance as the platform reports it. ``state`` is one of PROVIDER_STATES and
     ``raw_state`` the platform's own word; ``host`` is the address to reach SSH on.
 
-    ``price_micros_per_hour`` is in ``currency`` (the platform's, ISO 4217); ``launched_at`` is
+    ``price_micros_per_hour`` is in ``currency`` (the platform's, ISO 4217), compute only where
+    the platform prices the disk apart (``disk_gb`` and ``storage_micros_per_gb_month``, set
+    where the platform says them); ``launched_at`` is
     naive UTC where the platform says when it started; ``tags`` are the platform's labels that
     say whose it is (AWS tags, a Vast label, a Compshare business group), as (key, value)."""
 
@@ -76,6 +78,11 @@ class ProviderInstance:
     currency: str = "USD"
     launched_at: datetime | None = None
     tags: tuple[tuple[str, str], ...] = ()
+    #: The disk the platform bills storage for, in GB (10^9 bytes), where it says.
+    disk_gb: float | None = None
+    #: What that disk costs per GB-month of 730 hours in micro-units of ``currency``, where the
+    #: platform says (the price it bills now: a stopped instance's where it is stopped).
+    storage_micros_per_gb_month: int | None = None
 
     @property
     def is_gone(self) -> bool:

@@ -13,6 +13,15 @@ States, from Vast's instance documents: ``actual_status`` is the container (``nu
 ``cur_state`` the machine contract (``running``, ``stopped``, or ``unloaded`` once destroyed).
 An ``exited`` container whose contract still runs is ``crashed``: the GPU stays allocated, so
 the meter keeps running.
+
+Disk and storage, from Vast's instance documents (show instance): ``disk_space`` is the disk
+allocated in GB, ``storage_cost`` its price in $/GB/month (as the search fields say),
+``storage_total_cost`` what the whole disk costs per hour (the ``diskHour`` of the instance's
+pricing), and ``dph_total`` the total per hour, disk included (the documents' example:
+``dph_base`` 1 + ``storage_total_cost`` 0.002074 = ``dph_total`` 1.002074, which is 10 GB at
+0.1493 $/GB/month over a 720-hour month). Where both are given the compute price is
+``dph_total`` less ``storage_total_cost``, and the disk's price per 730-hour GB-month is
+``storage_total_cost`` per GB times 730 h, so the bot's hourly storage is Vast's.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from bot.billing import STORAGE_MONTH_S
 from bot.errors import ProviderError, ProviderNotFound
 from bot.i18n import t
 from bot.providers.base import (
@@ -164,6 +174,13 @@ def _instance(item: Any) -> ProviderInstance:
     host, port = _ssh_address(item)
     dph = item.get("dph_total")
     label = item.get("label")
+    disk_gb, storage_per_hour = _disk(item)
+    price = _number(dph)
+    if price is not None and storage_per_hour is not None:
+        price = max(0.0, price - storage_per_hour)
+    storage = None
+    if disk_gb is not None and storage_per_hour is not None:
+        storage = round(storage_per_hour / disk_gb * STORAGE_MONTH_S / 3600 * MICROS)
     return ProviderInstance(
         provider_id=str(item["id"]),
         state=state_of(item),
@@ -174,10 +191,29 @@ def _instance(item: Any) -> ProviderInstance:
         ssh_port=port,
         gpu_model=item.get("gpu_name"),
         gpu_count=item.get("num_gpus") if isinstance(item.get("num_gpus"), int) else None,
-        price_micros_per_hour=round(float(dph) * MICROS) if isinstance(dph, int | float) else None,
+        price_micros_per_hour=None if price is None else round(price * MICROS),
         launched_at=_epoch(item.get("start_date")),
         tags=(("label", label),) if isinstance(label, str) and label else (),
+        disk_gb=disk_gb,
+        storage_micros_per_gb_month=storage,
     )
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (booleans too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _disk(item: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(``disk_space`` in GB, ``storage_total_cost`` in $/h): each None unless a number, the
+    size above 0 and the cost 0 or more; the cost is None without a size."""
+    size = _number(item.get("disk_space"))
+    if size is None or size <= 0:
+        return None, None
+    cost = _number(item.get("storage_total_cost"))
+    return size, (cost if cost is not None and cost >= 0 else None)
 
 
 def state_of(item: dict[str, Any]) -> str:

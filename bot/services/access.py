@@ -45,8 +45,13 @@ from bot.runtime import Runtime
 from bot.store.models import Instance, InstanceAccess
 
 LOCAL_NAME = "local"
+#: A Slack member ID: ``U`` or ``W`` and upper-case letters and digits, 3 to 64 characters in
+#: all (Slack's own are 9 to 11). The one rule for an ID typed bare and one inside a mention.
+_MEMBER_ID = r"[UW][A-Z0-9]{2,63}"
 #: A Slack user mention as Slack sends it: ``<@U123|name>`` or ``<@U123>``.
-_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|([^>]*))?>")
+_MENTION = re.compile(rf"<@({_MEMBER_ID})(?:\|([^>]*))?>")
+#: A member ID typed bare, an ``@`` before it allowed.
+_BARE_MEMBER_ID = re.compile(rf"@?({_MEMBER_ID})")
 
 #: What :func:`require_owner_or_admin` says, by the ``action`` its callers pass (whole
 #: sentences, so that each language can order its words).
@@ -366,6 +371,13 @@ def parse_mention(text: str) -> tuple[str, str | None] | None:
     if found is None:
         return None
     return found.group(1), (found.group(2) or None)
+
+
+def parse_member_id(text: str) -> str | None:
+    """A Slack member ID typed bare, ``U0123ABC`` or ``@U0123ABC`` (spaces around it aside), as
+    the ID; None when ``text`` is not one. Mentions are :func:`parse_mention`'s."""
+    found = _BARE_MEMBER_ID.fullmatch(text.strip())
+    return found.group(1) if found is not None else None
 
 
 def _granted(session: Session, instance_id: int, user_id: str) -> bool:

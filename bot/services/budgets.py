@@ -111,8 +111,9 @@ def parse_subject(scope: str, text: str) -> str:
     mention = access.parse_mention(raw)
     if mention is not None:
         return mention[0]
-    if _looks_like_user_id(raw):
-        return raw
+    member_id = access.parse_member_id(raw)
+    if member_id is not None:
+        return member_id
     raise UsageError(
         t("{text!r} is not a Slack user", text=text),
         hint=t("Mention the person, like `/gpu budget set user @alice 500`."),
@@ -411,14 +412,3 @@ def _describe(scope: str, subject: str) -> str:
 
 def _money(rt: Runtime, micros: int) -> str:
     return format_money(micros, rt.settings.currency)
-
-
-def _looks_like_user_id(text: str) -> bool:
-    return (
-        len(text) >= 2
-        and text[0] in "UW"
-        and text[1:].isalnum()
-        and text.isupper()
-        and text.isascii()
-        and len(text) <= 64
-    )

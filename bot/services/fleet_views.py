@@ -293,6 +293,7 @@ def _row(
         cost_micros=costs.since_registered_micros(inst, now),
         polled_at=polled_at,
         nvml_problem=snapshot.nvml_error.message if snapshot and snapshot.nvml_error else None,
+        nvml_code=snapshot.nvml_error.code if snapshot and snapshot.nvml_error else None,
         mismatch=compare_gpus(inst.gpu_model, inst.gpu_count, snapshot) if snapshot else None,
     )
 

@@ -44,6 +44,8 @@ class HomeInstance:
     #: Whether the person whose Home it is may extend it by the Home's hour (not past an
     #: admin's lifetime cap unless they are an admin).
     can_extend: bool = True
+    #: Stopped with no storage price recorded: what it costs per hour is not known.
+    storage_unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,4 +140,5 @@ def _instance(rt: Runtime, row: InstanceRow, user_id: str, now: datetime) -> Hom
         burn_micros_per_hour=inst.burn_micros_per_hour,
         currency=inst.currency,
         can_extend=HOME_EXTEND_S in may_extend,
+        storage_unknown=inst.storage_unknown,
     )

@@ -68,7 +68,7 @@ from bot.i18n import N_, Language, nt, speaking, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, audit, outbox, prompts
+from bot.services import access, audit, nvml_words, outbox, prompts
 from bot.services.access import Caller
 from bot.services.job_views import (
     FINAL_STATES,
@@ -168,49 +168,29 @@ _GPUS_REFUSALS = (
     ),
 )
 #: Why an instance's GPUs cannot be read, as the agent says it (agents/runner.py), with its
-#: hint for each NVML error (agents/nvml.py's HINTS, word for word).
+#: hint for each NVML error (:data:`bot.services.nvml_words.HINTS`). The generic one, whose
+#: code names the kind, is read in the words of its kind (:data:`_NVML_BY_KIND`).
 _NVML_FAILURES = (
     N_("No NVIDIA driver on {name} (nvidia-smi / NVML not found): {hint}"),
     N_("The NVIDIA driver on {name} is installed but not loaded: {error}. {hint}"),
     N_("The GPUs of {name} cannot be read (NVML: {code}): {error}. {hint}"),
 )
+#: The generic NVML failure for each kind, as the agent words it (its code written out), so
+#: that a reader of another language reads what the kind means; the driver's own words
+#: (``error``) are a code-formatted detail there.
+_NVML_BY_KIND = {
+    "library_not_found": N_(
+        "The GPUs of {name} cannot be read (NVML: library_not_found): {error}. {hint}"
+    ),
+    "no_permission": N_("The GPUs of {name} cannot be read (NVML: no_permission): {error}. {hint}"),
+    "blocked_by_os": N_("The GPUs of {name} cannot be read (NVML: blocked_by_os): {error}. {hint}"),
+    "driver_library_mismatch": N_(
+        "The GPUs of {name} cannot be read (NVML: driver_library_mismatch): {error}. {hint}"
+    ),
+    "gpu_lost": N_("The GPUs of {name} cannot be read (NVML: gpu_lost): {error}. {hint}"),
+    "unknown": N_("The GPUs of {name} cannot be read (NVML: unknown): {error}. {hint}"),
+}
 _AGENT_SAYS = _GPUS_REFUSALS + _NVML_FAILURES
-_NVML_HINTS = (
-    N_(
-        "No NVIDIA driver library (libnvidia-ml.so.1) is visible here. In a container, start it "
-        "with GPUs (`docker run --gpus all ...` with the NVIDIA Container Toolkit, or the nvidia "
-        "runtime). On a VM or bare metal, install the NVIDIA driver. If you rented a GPU "
-        "instance and see this, ask the provider: you are paying for a GPU you cannot use."
-    ),
-    N_(
-        "The NVIDIA kernel module is not loaded. Run `sudo modprobe nvidia` and check "
-        "`sudo dmesg | grep -i nvidia` for why it did not load; if that fails, reboot. After a "
-        "kernel update the driver may need rebuilding (DKMS) or reinstalling."
-    ),
-    N_(
-        "This user may not open /dev/nvidia*. Add it to the video group "
-        "(`sudo usermod -aG video $USER`, then log in again) or run the agent as a user that "
-        "can use the GPU."
-    ),
-    N_(
-        "The operating system blocked access to the GPU. On WSL2, update the NVIDIA driver on "
-        "Windows (not inside Linux) and run `wsl --update`; in a container, check that the "
-        "cgroup device rules allow /dev/nvidia*."
-    ),
-    N_(
-        "The NVIDIA driver was upgraded but the old kernel module is still loaded (driver/library "
-        "version mismatch). Reboot the instance; nvidia-smi fails the same way until then."
-    ),
-    N_(
-        "A GPU fell off the bus (look for Xid 79 in `sudo dmesg`). Reboot the instance; if it "
-        "happens again, the hardware is failing: ask the provider to replace the GPU or move "
-        "you to another host, and stop paying for this one."
-    ),
-    N_(
-        "NVML failed unexpectedly. Run `nvidia-smi` to see the driver's own error and "
-        "`sudo dmesg | grep -i -e nvrm -e xid` for kernel messages; a reboot often clears it."
-    ),
-)
 #: A finished job's state in words (the states are English words in the store).
 _FINAL_STATE_WORDS = {
     "succeeded": N_("succeeded"),
@@ -1047,9 +1027,13 @@ def agent_words(text: str) -> str:
         if found is None:
             continue
         values = found.groupdict()
-        hint = values.get("hint")
-        if hint in _NVML_HINTS:
-            values["hint"] = t(hint)
+        if "hint" in values:
+            values["hint"] = nvml_words.hint(values["hint"])
+        for said in ("error", "why"):  # the driver's words, shown as a code span
+            if said in values:
+                values[said] = values[said].replace("`", "'")
+        if template == _NVML_FAILURES[-1] and values["code"] in _NVML_BY_KIND:
+            template = _NVML_BY_KIND[values.pop("code")]
         return t(template, **values)
     return text
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import update
 from sqlmodel import col
@@ -23,7 +24,7 @@ from bot.services.fleet_views import running_jobs
 from bot.services.lookup import by_id, get_live_instance, instance_view, is_manual, require_active
 from bot.services.views import InstanceView, ReleaseAsk, ReleaseView
 from bot.store.models import Instance
-from bot.values import format_duration
+from bot.values import format_duration, format_when
 
 #: What a refusal past the lifetime cap suggests, unless the caller says otherwise.
 EARLIER_DEADLINE_HINT = N_("Choose an earlier deadline, or ask an admin to go past the limit.")
@@ -209,10 +210,9 @@ def check_cap(
         return
     raise NotAuthorized(
         t(
-            "{name} may run until {cap} UTC at most (a limit an admin set); {doing} would go "
-            "past it.",
+            "{name} may run until {cap} at most (a limit an admin set); {doing} would go past it.",
             name=inst.name,
-            cap=f"{cap:%Y-%m-%d %H:%M}",
+            cap=format_when(cap, ZoneInfo(rt.settings.timezone)),
             doing=doing,
         ),
         hint=hint if hint is not None else t(EARLIER_DEADLINE_HINT),

@@ -24,7 +24,7 @@ from bot.fleet.base import HostKey, Target
 from bot.i18n import N_, nt, speaking, t
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, prompts, releases
+from bot.services import access, nvml_words, prompts, releases
 from bot.services.people import language_for
 from bot.services.views import GpuView, InstanceView, Mismatch, SettingsView
 from bot.store.models import Instance, Person
@@ -234,7 +234,8 @@ def compare_gpus(
     problems: list[str] = []
     delivered = len(status.gpus)
     if status.nvml_error is not None:
-        problems.append(t("no GPU is visible: {error}", error=status.nvml_error.message))
+        error = nvml_words.described(status.nvml_error.code, status.nvml_error.message)
+        problems.append(t("no GPU is visible: {error}", error=error))
     elif expected_count is not None and delivered < expected_count:
         problems.append(
             t(

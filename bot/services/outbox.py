@@ -287,8 +287,8 @@ def failing_too_long(attempts: int, first_attempt_at: datetime | None, now: date
 @dataclass(frozen=True)
 class PostFailed(Notice):
     """A message (``kind``, for ``recipient``: a user or channel ID) that could not be posted
-    after ``attempts`` tries since ``since`` (naive UTC); ``error`` and ``hint`` are Slack's
-    failure as the bot reads it."""
+    after ``attempts`` tries since ``since`` (naive UTC, shown in ``tz_name``); ``error`` and
+    ``hint`` are Slack's failure as the bot reads it."""
 
     kind: str
     recipient: str
@@ -296,6 +296,7 @@ class PostFailed(Notice):
     since: datetime
     error: str
     hint: str | None
+    tz_name: str = "UTC"
 
 
 def escalate(
@@ -318,7 +319,15 @@ def escalate(
     if to is None:
         log.error("%s cannot be posted and there is no other place to say so", about)
         return
-    notice = PostFailed(kind, recipient, attempts, first_attempt_at or now, exc.message, exc.hint)
+    notice = PostFailed(
+        kind,
+        recipient,
+        attempts,
+        first_attempt_at or now,
+        exc.message,
+        exc.hint,
+        rt.settings.timezone,
+    )
     with speaking(None):
         text, _ = rt.message(notice)
     enqueue(

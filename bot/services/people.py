@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: A bare Slack member ID ``U123``/``W123`` (an ``@`` before it is fine).
-_SLACK_ID = re.compile(r"@?([UW][A-Z0-9]{2,})")
 #: A display name after ``@``, as people type it.
 _NAME = re.compile(r"@([\w.\-]{1,200})")
 _HOW = N_(
@@ -46,9 +44,9 @@ def resolve_person(
     mention = access.parse_mention(raw)
     if mention is not None:
         return mention
-    bare = _SLACK_ID.fullmatch(raw)
-    if bare:
-        return bare.group(1), None
+    bare = access.parse_member_id(raw)
+    if bare is not None:
+        return bare, None
     named = _NAME.fullmatch(raw)
     if named is None:
         raise UsageError(

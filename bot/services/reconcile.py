@@ -117,6 +117,8 @@ class Change:
     member: Registered
     kind: str
     address: tuple[str, int] | None = None
+    #: The instance as the platform listed it (its disk and storage price, where it says).
+    seen: ProviderInstance | None = None
 
 
 def reconcile(rt: Runtime, now: datetime) -> list[int]:
@@ -220,6 +222,10 @@ class AdoptRequest:
     python_path: str | None = None
     #: Where the agent keeps its jobs there (default: a home of its own, see register).
     agent_home: str | None = None
+    #: The disk in GB and its price (micros of the bot's currency per GB-month), where given;
+    #: else the platform's, where it says them.
+    disk_gb: float | None = None
+    storage_micros_per_gb_month: int | None = None
 
 
 def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
@@ -246,6 +252,7 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
             ),
             hint=t("Adopt it once it runs (start it on the platform first)."),
         )
+    disk_gb, storage = _storage(rt, seen, req)
     request = registration.RegisterRequest(
         name=req.name,
         address=registration.format_address(req.ssh_user, seen.host, seen.ssh_port),
@@ -260,6 +267,8 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
         python_path=req.python_path,
         key_name=req.key_name,
         agent_home=req.agent_home,
+        disk_gb=disk_gb,
+        storage_micros_per_gb_month=storage,
     )
     result = registration.register(rt, caller, request)
     with rt.db.session() as session:
@@ -343,7 +352,7 @@ def _changes(
         if kind is None and address is not None:
             kind = MOVED
         if kind is not None:
-            found.append(Change(member, kind, address))
+            found.append(Change(member, kind, address, seen))
     return found
 
 
@@ -394,6 +403,8 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
         session.refresh(inst)
+        if change == STOPPED:
+            _learn_storage(rt, session, inst, found.seen, now)
         if change != MOVED:
             audit.record(
                 session,
@@ -448,6 +459,25 @@ def _stop_or_release(session: Session, inst: Instance, change: str, now: datetim
     session.add(release)
     session.flush()
     return release.id
+
+
+def _learn_storage(
+    rt: Runtime, session: Session, inst: Instance, seen: ProviderInstance | None, now: datetime
+) -> None:
+    """A stopped registration without a storage price takes the platform's, where the platform
+    says the disk and its price in the registration's currency, from ``now`` (so what it costs
+    stopped is known). A price someone gave is left as it is."""
+    if inst.storage_micros_per_gb_month > 0 or seen is None:
+        return
+    if seen.disk_gb is None or seen.storage_micros_per_gb_month is None:
+        return
+    if seen.currency != inst.currency:
+        return
+    registration.change_storage(
+        session, inst, seen.disk_gb, seen.storage_micros_per_gb_month, now, rt.settings.tz()
+    )
+    session.flush()
+    session.refresh(inst)
 
 
 def _restart(
@@ -595,6 +625,22 @@ def _look_up(provider: Provider, provider_id: str) -> ProviderInstance:
             ),
             hint=t("Copy the id from the ops channel's notice or the platform's console."),
         ) from exc
+
+
+def _storage(rt: Runtime, seen: ProviderInstance, req: AdoptRequest) -> tuple[float | None, int]:
+    """The disk (GB) and storage price (micros per GB-month) to register: each as given, else
+    the platform's where it says it in the bot's currency; 0 where the price is not known."""
+    disk_gb = req.disk_gb if req.disk_gb is not None else seen.disk_gb
+    if req.storage_micros_per_gb_month is not None:
+        if disk_gb is None:
+            raise UsageError(
+                t("--storage needs --disk (the size it is charged on)."),
+                hint=t("Like --disk 200."),
+            )
+        return disk_gb, req.storage_micros_per_gb_month
+    if seen.storage_micros_per_gb_month is None or seen.currency != rt.settings.currency:
+        return disk_gb, 0
+    return disk_gb, seen.storage_micros_per_gb_month
 
 
 def _price(rt: Runtime, provider: Provider, seen: ProviderInstance, given: int | None) -> int:

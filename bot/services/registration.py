@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
@@ -44,6 +45,7 @@ from bot.services.lookup import (
     compare_gpus,
     echo,
     ensure_person,
+    get_live_instance,
     gpu_views,
     instance_view,
     live_by_name,
@@ -51,7 +53,7 @@ from bot.services.lookup import (
     presented_text,
     settings_view,
 )
-from bot.services.views import InstanceView, RegisterResult
+from bot.services.views import STORAGE_HINT, InstanceSettings, InstanceView, RegisterResult
 from bot.store.models import Instance, Prompt
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
@@ -620,6 +622,93 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
         after=registration_record(inst),
     )
     return inst
+
+
+def set_storage(
+    rt: Runtime,
+    caller: Caller,
+    name: str,
+    *,
+    disk_gb: float | None = None,
+    storage_micros_per_gb_month: int | None = None,
+) -> InstanceSettings:
+    """Tell the bot an instance's disk size (GB) and what its storage costs (micro-units of the
+    bot's currency per GB-month): `/gpu policy NAME --disk 200 --storage 0.10/GB-month`. Works
+    on a running or a stopped instance (nothing is asked of the machine); the new price applies
+    from now (what the disk cost before is kept as it was). Owner or admin. Raises UsageError
+    (no size to charge the price on, a size or price out of range), NotFound, NotAuthorized,
+    Conflict (released or being released)."""
+    if disk_gb is None and storage_micros_per_gb_month is None:
+        raise UsageError(t("Nothing to change."), hint=t(STORAGE_HINT, name=name))
+    if disk_gb is not None and disk_gb <= 0:
+        raise UsageError(t("--disk must be a positive size in GB."), hint=t("Like --disk 200."))
+    if storage_micros_per_gb_month is not None and storage_micros_per_gb_month < 0:
+        raise UsageError(
+            t("{name} must not be negative", name="--storage"), hint=t("Give amounts of 0 or more.")
+        )
+    now = rt.now()
+    with rt.db.session() as session:
+        inst = get_live_instance(rt, session, name)
+        access.require_owner_or_admin(rt, caller, inst, action="change")
+        if inst.state not in ("active", "lost", "stopped"):
+            raise Conflict(
+                t("{name} is being released; its storage price can no longer change.", name=name)
+            )
+        disk = inst.disk_gb if disk_gb is None else disk_gb
+        if disk is None:
+            raise UsageError(
+                t("--storage needs --disk (the size it is charged on)."),
+                hint=t(STORAGE_HINT, name=inst.name),
+            )
+        price = (
+            inst.storage_micros_per_gb_month
+            if storage_micros_per_gb_month is None
+            else storage_micros_per_gb_month
+        )
+        before = registration_record(inst)
+        change_storage(session, inst, disk, price, now, rt.settings.tz())
+        audit.record(
+            session,
+            caller.user_id,
+            "storage",
+            inst.id,
+            at=now,
+            before=before,
+            after=registration_record(inst),
+        )
+        session.flush()
+        return InstanceSettings(
+            instance=instance_view(inst),
+            settings=settings_view(inst),
+            now=now,
+            timezone=rt.settings.timezone,
+        )
+
+
+def change_storage(
+    session: Session,
+    inst: Instance,
+    disk_gb: float,
+    storage_micros_per_gb_month: int,
+    now: datetime,
+    tz: ZoneInfo,
+) -> bool:
+    """Set the instance's disk (GB) and storage price (micros per GB-month) from ``now``: its
+    charges are written up to ``now`` and what its disk cost so far is carried, so the new
+    price bills only from ``now``. False (nothing changed) when the price and size are the ones
+    it has."""
+    changes: dict[str, object] = {
+        "disk_gb": disk_gb,
+        "storage_micros_per_gb_month": storage_micros_per_gb_month,
+    }
+    if billing.rules_for(inst) == billing.rules_for(_preview(inst, changes)):
+        return False
+    ledger.close_charges(session, inst, now, tz)
+    changes.update(billing.carry(inst, now))
+    for key, value in changes.items():
+        setattr(inst, key, value)
+    session.add(inst)
+    return True
 
 
 def _preview(inst: Instance, changes: dict[str, object]) -> billing.BilledInstance:

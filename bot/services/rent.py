@@ -156,14 +156,16 @@ class RentGivenBackFailed(Notice):
 
 @dataclass(frozen=True)
 class RentRecovered(Notice):
-    """To the renter: an instance rented at ``launched_at`` (``name`` where it got one) was never
-    registered because of ``reason``, and has been terminated."""
+    """To the renter: an instance rented at ``launched_at`` (naive UTC, shown in ``tz_name``;
+    ``name`` where it got one) was never registered because of ``reason``, and has been
+    terminated."""
 
     provider: str
     provider_id: str
     name: str | None
     launched_at: datetime
     reason: str
+    tz_name: str = "UTC"
 
 
 @dataclass(frozen=True)
@@ -180,13 +182,14 @@ class RentRecoverFailed(Notice):
 
 @dataclass(frozen=True)
 class RentLaunchChecked(Notice):
-    """To the renter: a launch of ``instance_type`` at ``started_at`` got no answer, and nothing
-    was found started under its ``platform_name``."""
+    """To the renter: a launch of ``instance_type`` at ``started_at`` (naive UTC, shown in
+    ``tz_name``) got no answer, and nothing was found started under its ``platform_name``."""
 
     provider: str
     instance_type: str
     started_at: datetime
     platform_name: str
+    tz_name: str = "UTC"
 
 
 @dataclass(frozen=True)
@@ -609,7 +612,12 @@ def _recover_for_renter(rt: Runtime, now: datetime, launch: _Launch) -> bool:
         detail="already gone" if outcome.already_gone else outcome.state,
     )
     recovered = RentRecovered(
-        launch.provider, launch.provider_id, launch.name, launch.launched_at, t(launch.reason)
+        launch.provider,
+        launch.provider_id,
+        launch.name,
+        launch.launched_at,
+        t(launch.reason),
+        rt.settings.timezone,
     )
     _notify(
         rt,
@@ -742,7 +750,11 @@ def _recover_unanswered(rt: Runtime, now: datetime, launch: _Unanswered) -> list
     )
     if not started:
         checked = RentLaunchChecked(
-            launch.provider, launch.instance_type, launch.started_at, launch.platform_name
+            launch.provider,
+            launch.instance_type,
+            launch.started_at,
+            launch.platform_name,
+            rt.settings.timezone,
         )
         with speaking(language_for(rt, launch.renter)):
             _notify(rt, launch.renter, checked, key=f"rent_launch_checked:{launch.launch_id}")

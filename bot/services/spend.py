@@ -105,6 +105,9 @@ class SpendReport:
     charged_until: datetime | None = None
     timezone: str = "UTC"
     names: dict[str, str] = field(default_factory=dict)
+    #: The instances stopped now whose storage price is not recorded (the current month
+    #: only): their disks bill on the platform, and nothing here counts them.
+    unpriced_disks: tuple[str, ...] = ()
 
     @property
     def pending_micros(self) -> int:
@@ -217,7 +220,23 @@ def spend_report(
         charged_until=costs.charged_until(now, tz) if current else None,
         timezone=str(tz.key),
         names=read.names,
+        unpriced_disks=_unpriced_disks(db) if current else (),
     )
+
+
+def _unpriced_disks(db: Database) -> tuple[str, ...]:
+    """The names of the instances stopped now with no storage price recorded, by name."""
+    with db.read_session() as session:
+        rows = session.exec(
+            select(Instance.name)
+            .where(
+                Instance.state == "stopped",
+                col(Instance.released_at).is_(None),
+                (col(Instance.storage_micros_per_gb_month) == 0) | col(Instance.disk_gb).is_(None),
+            )
+            .order_by(col(Instance.name))
+        ).all()
+    return tuple(rows)
 
 
 def month_total_micros(

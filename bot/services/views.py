@@ -11,8 +11,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from bot.i18n import N_
+
 if TYPE_CHECKING:
     from bot.services.costs import FinalCost
+
+#: How to tell the bot what an instance's disk costs (``{name}`` the instance), said wherever
+#: a stopped instance's storage price is not known.
+STORAGE_HINT = N_(
+    "Tell the bot what its disk costs: `/gpu policy {name} --disk 200 --storage 0.10/GB-month` "
+    "(its size in GB and the platform's price per GB-month)."
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,11 @@ class InstanceView:
     def is_stopped(self) -> bool:
         """Stopped on its platform: compute off, the disk kept."""
         return self.state == "stopped"
+
+    @property
+    def storage_unknown(self) -> bool:
+        """Stopped with no storage price recorded: what its disk costs is not known."""
+        return self.is_stopped and self.storage_micros_per_hour <= 0
 
     @property
     def burn_micros_per_hour(self) -> int:
@@ -165,7 +179,10 @@ class InstanceRow:
     running_jobs: tuple[JobBrief, ...]
     cost_micros: int
     polled_at: datetime | None
+    #: Why NVML failed at the last poll: the agent's message (the driver's own English) and
+    #: its code (``protocol.NVML_ERROR_CODES``, the kind the bot says in words).
     nvml_problem: str | None = None
+    nvml_code: str | None = None
     #: How the GPUs of the last poll differ from the rented ones, for as long as they do.
     mismatch: Mismatch | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -493,6 +494,8 @@ def test_tick_moves_the_clock_and_warns_before_the_deadline(tmp_path: Path) -> N
     first, rest = result.stdout.split("console-user> :tick 15m", 1)
     assert "will be released in" not in first
     assert "the console's clock is 0s ahead" in first
+    # The time as every message shows one (weekday, date, time, zone), not an ISO stamp.
+    assert re.search(r"ticked at \w{3} \d{2} \w{3} \d{2}:\d{2} UTC \(", first), first
     warned, bad = rest.split("console-user> :tick 5x", 1)
     assert "*local* will be released in" in warned
     assert "Extend 1h]" in warned

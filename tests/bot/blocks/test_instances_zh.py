@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from agents.nvml import HINTS
 from bot.blocks import instances as render
 from bot.blocks import render as render_notice
 from bot.blocks.kit import Message
@@ -282,3 +283,40 @@ def test_an_unregistered_instance_in_chinese() -> None:
     assert "标签：owner=alice" in shown
     assert "已运行 1d 6h" in shown
     assert "平台未报告价格" in unknown
+
+
+#: What the agent sends when NVML cannot start (agents/nvml.py): the loader's English reason.
+LOADER_SAYS = (
+    "the NVIDIA driver's NVML library does not load: libnvidia-ml.so.1: cannot open shared "
+    "object file: No such file or directory"
+)
+
+
+def test_gpus_that_cannot_be_read_are_said_by_kind_with_the_drivers_words_as_code() -> None:
+    failing = row(inst("box7"), gpus=(), nvml_problem=LOADER_SAYS, nvml_code="library_not_found")
+    with speaking("zh"):
+        shown = chinese(render.fleet_overview(overview([failing])), "box7")
+        one = chinese(render.instance_detail(detail(row=failing)), "box7")
+    for text in (shown, one):
+        assert "无法读取 GPU：NVIDIA 驱动库无法加载（NVML 报告：`the NVIDIA driver's" in text
+    english = all_text(list(render.fleet_overview(overview([failing]))[1]))
+    assert "GPUs not readable: the NVIDIA driver library does not load (NVML said: `" in english
+
+
+@pytest.mark.parametrize("code", sorted(HINTS))
+def test_the_nvml_health_finding_reads_in_chinese(code: str) -> None:
+    """As the agent's nvml check sends it (agents/checks/gpu.py): a summary template with the
+    code and the driver's message, and the hint as plain English (old agents, too)."""
+    check = CheckView(
+        "nvml",
+        "fail",
+        f"NVML failed ({code}): {LOADER_SAYS}",
+        HINTS[code],
+        summary_template="NVML failed ({code}): {message}",
+        summary_params={"code": code, "message": LOADER_SAYS},
+    )
+    view = HealthView(instance=inst(), status="fail", checks=(check,), full=False)
+    with speaking("zh"):
+        shown = chinese(render.health_report(view), "box1", "nvml")
+    assert "NVML 失败：" in shown
+    assert "`the NVIDIA driver's NVML library does not load: libnvidia-ml.so.1" in shown

@@ -411,3 +411,32 @@ def test_the_stand_ins_refuse_urllib_s_own_user_agent(rest_platform):
         urllib.request.urlopen(request, timeout=5)
     assert caught.value.code == 403
     assert rest_platform.standin.user_agents[-1].startswith("Python-urllib")
+
+
+#: The disk and its storage price each platform's documents give for an instance of its
+#: stand-in: (GB, micros per 730-hour GB-month, compute micros per hour). A platform left out
+#: does not say them in its instance documents.
+DISK_DOCUMENTS: dict[str, tuple[float, int, int]] = {
+    # show instance: disk_space 86.4 GB, storage_total_cost 0.012 $/h (86.4 GB at 0.1
+    # $/GB/month over Vast's 720 h), dph_total 0.712 = dph_base 0.7 + the disk.
+    "vast": (86.4, round(0.012 / 86.4 * 730 * 1_000_000), 700_000),
+}
+
+
+def test_disk_and_storage_are_the_platforms_or_none(platform: Platform):
+    """Where a platform documents an instance's disk and storage price, the provider reads
+    them (and a price with the disk in it is left without it); elsewhere they are None."""
+    iid = platform.create()
+    for seen in (platform.provider.get(iid), _listed(platform.provider, iid)):
+        expected = DISK_DOCUMENTS.get(platform.provider.name)
+        if expected is None:
+            assert (seen.disk_gb, seen.storage_micros_per_gb_month) == (None, None)
+            continue
+        disk_gb, storage, compute = expected
+        assert seen.disk_gb == disk_gb
+        assert seen.storage_micros_per_gb_month == storage
+        assert seen.price_micros_per_hour == compute
+
+
+def _listed(provider: Provider, iid: str) -> ProviderInstance:
+    return next(i for i in provider.list_instances() if i.provider_id == iid)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from agents.gpu_queue import resolve_request
-from agents.nvml import HINTS
-from agents.protocol import JobError, JobRequestError, NvmlError, parse_gpus
+from agents.nvml import _RESET_HINT, HINTS
+from agents.protocol import NVML_ERROR_CODES, JobError, JobRequestError, NvmlError, parse_gpus
 from agents.runner import nvml_failure
 from bot.i18n import speaking
+from bot.services import nvml_words
 from bot.services.jobs import _sentence, agent_words
 from tests.chinese import assert_chinese
 
@@ -61,3 +62,43 @@ def test_every_gpus_refusal_reads_in_chinese_and_unchanged_in_english(english: s
 def test_other_words_of_the_agent_are_left_as_they_are() -> None:
     with speaking("zh"):
         assert agent_words("Something else went wrong.") == "Something else went wrong."
+
+
+#: What the loader says when the driver's library is missing (agents/nvml.py passes it on).
+LOADER_SAYS = (
+    "the NVIDIA driver's NVML library does not load: libnvidia-ml.so.1: cannot open shared "
+    "object file: No such file or directory"
+)
+
+
+@pytest.mark.parametrize("code", [*HINTS, "reset_required", "a_newer_kind"])
+def test_a_chinese_run_reply_says_the_kind_and_keeps_the_drivers_words_as_code(
+    code: str,
+) -> None:
+    hint = HINTS.get(code, _RESET_HINT)
+    error = NvmlError(code=code, message=LOADER_SAYS, hint=hint)
+    if code == "reset_required":
+        error = NvmlError(code="unknown", message=LOADER_SAYS, hint=_RESET_HINT)
+    shown = _sentence(nvml_failure(error)).replace("this machine", "box")
+    with speaking("zh"):
+        said = agent_words(shown)
+    assert_chinese(said)
+    assert LOADER_SAYS in said or code == "library_not_found"  # that one says no detail
+    if LOADER_SAYS in said:
+        assert f"`{LOADER_SAYS}`" in said
+    assert agent_words(shown) == shown  # English: the agent's own words
+
+
+def test_no_gpu_for_the_job_keeps_the_drivers_words_as_code_in_chinese() -> None:
+    english = _sentence(_agent_says("0", ())).replace("NVML failed", LOADER_SAYS)
+    shown = english.replace("this machine", "box")
+    with speaking("zh"):
+        said = agent_words(shown)
+    assert_chinese(said)
+    assert f"`{LOADER_SAYS}`" in said
+
+
+def test_the_bot_knows_the_agents_nvml_hints_word_for_word() -> None:
+    assert nvml_words.HINTS == HINTS
+    assert nvml_words.RESET_HINT == _RESET_HINT
+    assert set(nvml_words.HINTS) == set(NVML_ERROR_CODES)

@@ -15,12 +15,20 @@ from bot.errors import (
     NotFound,
     UsageError,
 )
+from bot.i18n import speaking
 from bot.runtime import Runtime
 from bot.services import audit, budgets, lifecycle
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Release
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance, rows
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    RecordingNotifier,
+    add_instance,
+    make_runtime,
+    rows,
+)
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM", user_name="owner")
 OTHER = Caller(user_id="UOTHER", channel_id="CTEAM")
@@ -98,6 +106,19 @@ def test_only_an_admin_extends_past_the_lifetime_cap(
     assert view.deadline_at == cap + timedelta(hours=5)
     [last, _] = _audit(db, action="extend")
     assert audit.details(last)["past_cap"] is True
+
+
+def test_the_lifetime_cap_refusal_shows_the_cap_as_every_message_does(db: Database) -> None:
+    """In the workspace's zone and the speaker's language, not a bare UTC stamp."""
+    rt = make_runtime(db, Clock(), timezone="Europe/Berlin")
+    cap = T0 + timedelta(hours=2)
+    add_instance(db, name="box1", deadline_at=T0 + timedelta(hours=1), lifetime_cap_at=cap)
+    with pytest.raises(NotAuthorized) as info:
+        lifecycle.extend(rt, OWNER, "box1", timedelta(hours=2))
+    assert info.value.message.startswith("box1 may run until Wed 02 Dec 15:00 CET at most")
+    with speaking("zh"), pytest.raises(NotAuthorized) as info:
+        lifecycle.extend(rt, OWNER, "box1", timedelta(hours=2))
+    assert info.value.message.startswith("box1 最多只能运行到 12月02日 周三 15:00 CET")
 
 
 def test_past_a_used_up_budget_only_an_admin_extends(

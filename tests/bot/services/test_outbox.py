@@ -70,7 +70,7 @@ def test_deciding_twice_queues_once_and_posts_once(db: Database) -> None:
 def test_a_failing_slack_is_retried_with_a_back_off_and_escalated_once(db: Database) -> None:
     clock = Clock()
     notifier = RecordingNotifier()
-    rt = make_runtime(db, clock, notifier=notifier, channel="COPS")
+    rt = make_runtime(db, clock, notifier=notifier, channel="COPS", timezone="Asia/Shanghai")
     message_id = _queue(rt)
     notifier.fail_posts = True
     tries = 0
@@ -89,6 +89,7 @@ def test_a_failing_slack_is_retried_with_a_back_off_and_escalated_once(db: Datab
     assert len(escalations) == 1
     assert escalations[0].recipient == "COPS"
     assert "could not be posted" in escalations[0].text
+    assert "tries since Wed 02 Dec 20:00 CST:" in escalations[0].text  # the workspace's zone
     notifier.fail_posts = False  # Slack is back
     clock.advance(seconds=outbox.RETRY_MAX_S)
     assert outbox.deliver_due(rt, clock.now) == 2

@@ -6,7 +6,8 @@ import pytest
 
 from bot.errors import UsageError
 from bot.i18n import speaking
-from bot.services.access import Caller
+from bot.services import access, budgets
+from bot.services.access import Caller, parse_member_id
 from bot.services.people import resolve_person
 from bot.store.db import Database
 from bot.store.models import Person
@@ -73,3 +74,32 @@ def test_nobody_or_many_is_said_in_the_callers_language(sqlite_db: Database, tex
         resolve_person(session, text)
     assert_chinese(raised.value.message)
     assert_chinese(raised.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["U012AB3CD", "W0ADMIN", "UAB", " U0ALICE ", "U1", "UA", "u012ab3cd", "U0Ä", "U" + "A" * 70],
+)
+def test_a_member_id_is_read_by_one_rule_for_budgets_and_people(
+    sqlite_db: Database, text: str
+) -> None:
+    """A bare ID a budget takes is one every other command takes, and the other way round."""
+    member_id = parse_member_id(text)
+    if member_id is None:
+        with pytest.raises(UsageError):
+            budgets.parse_subject("user", text)
+        with sqlite_db.session() as session, pytest.raises(UsageError):
+            resolve_person(session, text)
+        return
+    assert member_id == text.strip()
+    assert budgets.parse_subject("user", text) == member_id
+    with sqlite_db.session() as session:
+        assert resolve_person(session, text) == (member_id, None)
+    assert access.parse_mention(f"<@{member_id}|x>") == (member_id, "x")
+
+
+def test_the_member_id_rule() -> None:
+    assert parse_member_id("@U012AB3CD") == "U012AB3CD"
+    assert parse_member_id("W0ADMIN") == "W0ADMIN"
+    for wrong in ("U1", "UA", "u012ab3cd", "@alice", "C0123ABC", "U0Ä", "U" + "A" * 64, "U0 A"):
+        assert parse_member_id(wrong) is None, wrong

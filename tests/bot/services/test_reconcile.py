@@ -394,3 +394,92 @@ def test_a_bot_counting_in_yuan_adopts_at_the_platform_s_price(
         assert ten_minutes == 3_960_000
     finally:
         standin.close()
+
+
+def test_adopting_a_vast_instance_takes_its_disk_and_storage_price(
+    local_rt: Runtime, sshd: SshServer, tmp_path: Path
+):
+    """Vast says an instance's disk and what it costs an hour (in dph_total too): the
+    registration bills the disk apart, at Vast's price, and compute without it."""
+    rt = local_rt
+    rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+    standin = VastStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
+    standin.start()
+    try:
+        rt.providers.add(_rest("vast", standin).provider)
+        provider_id = standin.add()
+        request = reconcile.AdoptRequest(
+            provider="vast",
+            provider_id=provider_id,
+            name="v1",
+            ssh_user=sshd.user,
+            key_name=sshd.client_key_path.name,
+            release_in=timedelta(hours=3),
+            agent_home=str(tmp_path / "remote-home"),
+        )
+        inst = get_instance(rt.db, reconcile.adopt(rt, OWNER, request).instance.id)
+        assert (inst.price_micros, inst.disk_gb) == (700_000, 86.4)
+        # 86.4 GB at 0.012 $/h: what Vast bills for the disk, to the micro (rounded up).
+        assert 12_000 <= billing.storage_micros_per_hour(inst) <= 12_001
+        hour = billing.cost_breakdown(inst, inst.created_at + timedelta(hours=1))
+        assert hour.compute_micros + hour.storage_micros in (712_000, 712_001)
+    finally:
+        standin.close()
+
+
+def test_adopting_with_a_storage_price_but_no_disk_is_refused(db, runpod_cloud: RunpodStandIn):
+    provider = ProviderRegistry.from_settings(
+        Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+    ).get("runpod")
+    rt = _runtime(db, provider)
+    request = reconcile.AdoptRequest(
+        provider="runpod",
+        provider_id=runpod_cloud.add(),
+        name="rp1",
+        storage_micros_per_gb_month=100_000,
+    )
+    with pytest.raises(UsageError, match="--storage needs --disk"):
+        reconcile.adopt(rt, OWNER, request)
+
+
+def test_a_stop_seen_outside_prices_a_disk_nobody_priced(db, vast_cloud: VastStandIn):
+    """Registered without a storage price, stopped on Vast: the registration takes the disk
+    and the stopped price Vast says, from the stop on (the hours before cost no storage)."""
+    account = _rest("vast", vast_cloud)
+    rt = _runtime(db, account.provider)
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    provider_id = account.create()
+    iid = add_instance(
+        rt.db,
+        provider="vast",
+        provider_instance_id=provider_id,
+        created_at=T0 - timedelta(hours=2),
+        price_micros=3_600_000,
+    )
+    vast_cloud.stop_outside(provider_id, storage_cost=0.2)  # 86.4 GB: 0.024 $/h stopped
+    stopped_at = clock.advance(minutes=20)
+    assert reconcile.reconcile(rt, clock.now) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert inst.state == "stopped"
+    assert inst.disk_gb == 86.4
+    assert 24_000 <= billing.storage_micros_per_hour(inst) <= 24_001
+    at_stop = billing.cost_breakdown(inst, stopped_at)
+    assert at_stop.storage_micros == 0
+    later = billing.cost_breakdown(inst, stopped_at + timedelta(hours=2))
+    assert 48_000 <= later.storage_micros <= 48_002
+    [told] = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
+    assert "keeps billing ($0.0240/h)" in told
+    assert "/gpu policy" not in told
+
+
+def test_a_stop_seen_outside_keeps_a_storage_price_someone_gave(db, vast_cloud: VastStandIn):
+    account = _rest("vast", vast_cloud)
+    rt = _runtime(db, account.provider)
+    iid, provider_id = _registered(rt, account)
+    vast_cloud.stop_outside(provider_id, storage_cost=0.2)
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    assert reconcile.reconcile(rt, clock.advance(minutes=20)) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.disk_gb, inst.storage_micros_per_gb_month) == (730.0, 100_000)

@@ -534,7 +534,17 @@ def test_compare_gpus_without_nvml_says_no_gpu_is_visible() -> None:
     error = NvmlError("library_not_found", "libnvidia-ml.so.1 not found", "install the driver")
     found = lookup.compare_gpus("a100", 1, _snapshot(nvml_error=error))
     assert found is not None
-    assert found.problems == ("no GPU is visible: libnvidia-ml.so.1 not found",)
+    assert found.problems == (
+        "no GPU is visible: the NVIDIA driver library does not load "
+        "(NVML said: `libnvidia-ml.so.1 not found`)",
+    )
+    with speaking("zh"):
+        found = lookup.compare_gpus("a100", 1, _snapshot(nvml_error=error))
+    assert found is not None
+    [problem] = found.problems
+    assert_chinese(problem)
+    assert "NVIDIA 驱动库无法加载" in problem
+    assert "`libnvidia-ml.so.1 not found`" in problem
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
@@ -242,6 +243,7 @@ def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
     rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _with_runpod(rt, runpod_cloud)
+    rt.settings = replace(rt.settings, timezone="Asia/Shanghai")
     clock = cast(Clock, rt.clock)
     notifier = cast(RecordingNotifier, rt.notifier)
     registered = runpod_cloud.add()
@@ -270,6 +272,7 @@ def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
     [told] = notifier.to("UOWNER")
     assert f"runpod instance {pod} (pod5)" in told.text
     assert "never registered" in told.text
+    assert "rented with /gpu rent at Wed 02 Dec 20:00 CST," in told.text  # the workspace's zone
     assert "terminated" in told.text
     assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
     assert len(runpod_cloud.calls_to("DELETE", f"/pods/{pod}")) == 1
@@ -423,6 +426,7 @@ def test_a_launch_that_started_nothing_is_settled_and_the_renter_told(
     rt: Runtime, runpod_cloud: RunpodStandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     provider = _with_runpod(rt, runpod_cloud)
+    rt.settings = replace(rt.settings, timezone="Asia/Shanghai")
     clock = cast(Clock, rt.clock)
     notifier = cast(RecordingNotifier, rt.notifier)
     _launch_then(provider, monkeypatch, Crash(), start=False)
@@ -437,6 +441,7 @@ def test_a_launch_that_started_nothing_is_settled_and_the_renter_told(
     assert rent.recover_orphans(rt, clock.now + timedelta(minutes=1)) == []
     [told] = notifier.to("UOWNER")
     assert "got no answer from the platform" in told.text
+    assert "on runpod at Wed 02 Dec 20:00 CST got" in told.text  # the workspace's zone
     assert "nothing was started under its name solo-" in told.text
     assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
     assert len(notifier.to("UOWNER")) == 1

@@ -110,7 +110,7 @@ def test_what_only_an_admin_may_do_and_what_cannot_be_done_now_is_said_in_chines
     text = _chinese_error(
         lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(hours=3)),
         "capped",
-        "2026-12-02 13:00",
+        "12月02日 周三 13:00 UTC",
     )
     assert "管理员" in text
     text = _chinese_error(

@@ -15,7 +15,7 @@ from bot import billing
 from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.commands.registry import Reply
-from bot.errors import Conflict, ProviderError
+from bot.errors import Conflict, NotAuthorized, ProviderError, UsageError
 from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import deadlines, spend
@@ -193,3 +193,86 @@ def test_a_stopped_instance_is_warned_and_released_at_its_deadline(rt: Runtime) 
     clock.set(deadline + timedelta(minutes=1))
     assert deadlines.check_deadlines(rt, clock.now) == [iid]
     assert _releases(rt) == [("deadline", "terminate", "pending")]
+
+
+def test_a_stopped_instance_without_a_storage_price_says_so_and_how_to_give_it(
+    rt: Runtime, runpod_cloud: RunpodStandIn
+):
+    """Stopped with no storage price recorded (adopted, or registered without --disk and
+    --storage): nothing shows its disk as costing $0.00/h; every view says the price is not
+    known and how to tell the bot, and `/gpu policy NAME --disk --storage` does, from then on."""
+    from bot.blocks import home as home_blocks
+    from bot.i18n import speaking
+    from bot.services import home
+
+    settings = Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+    rt.providers.add(ProviderRegistry.from_settings(settings).get("runpod"))
+    clock = cast(Clock, rt.clock)
+    iid = add_instance(
+        rt.db,
+        provider="runpod",
+        provider_instance_id=runpod_cloud.add(),
+        price_micros=3_600_000,
+        created_at=T0 - timedelta(hours=2),
+    )
+    hint = "`/gpu policy box --disk 200 --storage 0.10/GB-month`"
+
+    ask = run(rt, "release box --stop")
+    assert hint in ask.text
+    done = click(rt, "instance_stop_confirm", str(iid))
+    assert "*box* is stopped" in done.text
+    assert hint in done.text
+    clock.advance(hours=3)
+
+    for listing in (run(rt, "status"), run(rt, "list")):
+        shown = str(listing.blocks)
+        assert "stopped 3h ago; no storage price recorded" in shown
+        assert hint in shown
+        assert "the disk of 1 stopped instance not counted (storage price unknown)" in shown
+        assert "storage $0.00/h" not in shown
+    assert hint in str(run(rt, "status box").blocks)
+    page = str(home_blocks.home_view(home.home_view(rt, "UOWNER")))
+    assert "storage price unknown" in page
+    assert "$0.00/h" not in page.replace("$0.00/h together", "")
+    assert "Not counted: the disk of 1 stopped instance whose storage price is unknown." in page
+    month = str(run(rt, "spend").blocks)
+    assert "Storage leaves out the disk of box: stopped, its storage price unknown." in month
+    assert "`/gpu policy NAME --disk 200 --storage 0.10/GB-month` tells the bot" in month
+    with speaking("zh"):
+        zh = str(run(rt, "status").blocks) + str(
+            home_blocks.home_view(home.home_view(rt, "UOWNER"))
+        )
+        zh += str(run(rt, "spend").blocks)
+    assert "/gpu policy box --disk 200 --storage 0.10/GB-month" in zh
+    assert "no storage price" not in zh
+    assert "storage price unknown" not in zh
+    assert "存储费用未计入 box 的磁盘" in zh
+
+    # Told now: the disk bills from here on, the three stopped hours before cost nothing.
+    told_at = clock.now
+    reply = run(rt, "policy box --disk 730 --storage 0.10/GB-month")
+    assert not reply.ephemeral
+    assert "730 GB at $0.10/GB-month" in reply.text + str(reply.blocks)
+    inst = get_instance(rt.db, iid)
+    assert billing.storage_micros_per_hour(inst) == 100_000
+    assert billing.cost_breakdown(inst, told_at).storage_micros == 0
+    later = billing.cost_breakdown(inst, told_at + timedelta(hours=2))
+    assert later.storage_micros == 2 * 100_000
+    listing = str(run(rt, "status").blocks)
+    assert "stopped 3h ago; storage $0.10/h" in listing
+    assert "not counted" not in listing
+    assert "Storage leaves out" not in str(run(rt, "spend").blocks)
+    # Only the owner or an admin may say it; a price needs a size.
+    with pytest.raises(NotAuthorized):
+        run(rt, "policy box --storage 0.20/GB-month", Caller(user_id="USTRANGER"))
+    assert get_instance(rt.db, iid).storage_micros_per_gb_month == 100_000
+
+
+def test_a_storage_price_needs_a_disk_size(rt: Runtime) -> None:
+    add_instance(rt.db)
+    with pytest.raises(UsageError, match="--storage needs --disk"):
+        run(rt, "policy box --storage 0.10/GB-month")
+    run(rt, "policy box --disk 100")
+    run(rt, "policy box --storage 0.10/GB-month")
+    inst = get_instance(rt.db, 1)
+    assert (inst.disk_gb, inst.storage_micros_per_gb_month) == (100.0, 100_000)
