@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
+
+import pytest
+
+from bot.errors import GpubotError
+from bot.i18n import speaking
 
 _KEEP = re.compile(
     r"`[^`]*`"  # code
@@ -58,3 +64,32 @@ def assert_chinese(*parts: Any) -> None:
         texts.extend([part] if isinstance(part, str) else texts_of(part))
     left = [run for text in texts for run in english_left(text)]
     assert not left, "English left in a Chinese message: " + json.dumps(left, ensure_ascii=False)
+
+
+#: A Chinese (Han) character.
+#: A Chinese (Han) character.
+HAN = re.compile(r"[\u4e00-\u9fff]")
+
+
+def assert_said_in_chinese(*texts: str) -> None:
+    """Each text is Chinese: no English sentence left, and Chinese words in it (a short English
+    phrase slips past the check for sentences)."""
+    assert_chinese(*texts)
+    for text in texts:
+        assert HAN.search(text), text
+
+
+def _raised_in_chinese(action: Callable[[], object]) -> GpubotError:
+    """The error ``action`` raises, raised while speaking Chinese."""
+    with speaking("zh"), pytest.raises(GpubotError) as caught:
+        action()
+    return caught.value
+
+
+def chinese_error(action: Callable[[], object], *kept: str) -> str:
+    """The Chinese text of the error ``action`` raises; ``kept`` must appear in it as given."""
+    text = _raised_in_chinese(action).user_text()
+    assert_said_in_chinese(text)
+    for value in kept:
+        assert value in text, (value, text)
+    return text

@@ -1008,7 +1008,7 @@ def note_words(note: str | None) -> str | None:
     if note is None:
         return None
     for template in _NOTES:
-        found = _note_pattern(template).fullmatch(note)
+        found = _template_pattern(template).fullmatch(note)
         if found is None:
             continue
         values = found.groupdict()
@@ -1023,7 +1023,7 @@ def agent_words(text: str) -> str:
     language: a refusal of ``--gpus``, or why the GPUs cannot be read (with the agent's hint
     for its NVML error); any other text as it is."""
     for template in _AGENT_SAYS:
-        found = _said_pattern(template).fullmatch(text)
+        found = _template_pattern(template, shortest=True).fullmatch(text)
         if found is None:
             continue
         values = found.groupdict()
@@ -1039,18 +1039,13 @@ def agent_words(text: str) -> str:
 
 
 @cache
-def _said_pattern(template: str) -> re.Pattern[str]:
-    """``template`` as a pattern whose groups are its ``{placeholders}``, each as short as the
-    rest allows (an NVML error before the hint stops at the hint)."""
-    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.+?)", re.escape(template))
-    return re.compile(pattern, re.DOTALL)
-
-
-@cache
-def _note_pattern(template: str) -> re.Pattern[str]:
-    """``template`` as a pattern whose groups are its ``{placeholders}``."""
-    pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>.+)", re.escape(template))
-    return re.compile(pattern)
+def _template_pattern(template: str, *, shortest: bool = False) -> re.Pattern[str]:
+    """``template`` as a pattern whose groups are its ``{placeholders}``: each as long as it
+    can be, or with ``shortest`` as short as the rest allows (an NVML error before the hint
+    stops at the hint; the text may then span lines)."""
+    group = r"(?P<\1>.+?)" if shortest else r"(?P<\1>.+)"
+    pattern = re.sub(r"\\\{(\w+)\\\}", group, re.escape(template))
+    return re.compile(pattern, re.DOTALL if shortest else 0)
 
 
 def _agent_error(exc: FleetError, inst: Instance) -> FleetError | UsageError:

@@ -6,7 +6,6 @@ that person chose, while everyone else keeps the workspace's English."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -31,18 +30,9 @@ from tests.bot.services.support import (
     make_runtime,
 )
 from tests.bot.services.test_registration import RTX4090, _snapshot
-from tests.chinese import assert_chinese
+from tests.chinese import assert_chinese, assert_said_in_chinese, chinese_error
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
-_HAN = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _assert_said_in_chinese(*texts: str) -> None:
-    """Each text is Chinese: no English sentence left, and Chinese words in it (a short English
-    phrase slips past the check for sentences)."""
-    assert_chinese(*texts)
-    for text in texts:
-        assert _HAN.search(text), text
 
 
 @pytest.fixture
@@ -50,32 +40,16 @@ def rt(sqlite_db: Database) -> Runtime:
     return make_runtime(sqlite_db, Clock(), providers=[ScriptedPlatform()])
 
 
-def _error(action: Callable[[], object]) -> GpubotError:
-    """The error ``action`` raises, raised while speaking Chinese."""
-    with speaking("zh"), pytest.raises(GpubotError) as caught:
-        action()
-    return caught.value
-
-
-def _chinese_error(action: Callable[[], object], *kept: str) -> str:
-    """The Chinese text of the error ``action`` raises; ``kept`` must appear in it as given."""
-    text = _error(action).user_text()
-    _assert_said_in_chinese(text)
-    for value in kept:
-        assert value in text, (value, text)
-    return text
-
-
 # --- errors -----------------------------------------------------------------------------------
 
 
 def test_bad_names_and_addresses_are_refused_in_chinese() -> None:
-    text = _chinese_error(lambda: registration.validate_name("Bad Name!"), "'Bad Name!'")
+    text = chinese_error(lambda: registration.validate_name("Bad Name!"), "'Bad Name!'")
     assert "实例名" in text
-    _chinese_error(lambda: registration.parse_address("203.0.113.7"), "'203.0.113.7'", "USER@HOST")
-    _chinese_error(lambda: registration.parse_address("root@bad_host!"), "'bad_host!'")
-    _chinese_error(lambda: registration.parse_address("root@[2001:db8::1"), "IPv6")
-    _chinese_error(lambda: registration.parse_address("root@box:99999"), "'99999'", "65535")
+    chinese_error(lambda: registration.parse_address("203.0.113.7"), "'203.0.113.7'", "USER@HOST")
+    chinese_error(lambda: registration.parse_address("root@bad_host!"), "'bad_host!'")
+    chinese_error(lambda: registration.parse_address("root@[2001:db8::1"), "IPv6")
+    chinese_error(lambda: registration.parse_address("root@box:99999"), "'99999'", "65535")
 
 
 def test_a_registration_with_bad_options_is_refused_in_chinese(rt: Runtime) -> None:
@@ -85,19 +59,19 @@ def test_a_registration_with_bad_options_is_refused_in_chinese(rt: Runtime) -> N
         request = registration.RegisterRequest(**fields)  # type: ignore[arg-type]
         return lambda: registration.register(rt, OWNER, request)
 
-    _chinese_error(register(gpu_count=0), "--count 0", "64")
-    _chinese_error(register(provider="azure"), "'azure'", "runpod")
-    _chinese_error(register(provider="runpod"), "--provider runpod", "--provider-id")
+    chinese_error(register(gpu_count=0), "--count 0", "64")
+    chinese_error(register(provider="azure"), "'azure'", "runpod")
+    chinese_error(register(provider="runpod"), "--provider runpod", "--provider-id")
     both = register(release_in=timedelta(hours=1), release_at=T0 + timedelta(hours=2))
-    _chinese_error(both, "--release-in", "--release-at")
+    chinese_error(both, "--release-in", "--release-at")
 
 
 def test_an_unknown_instance_is_said_in_chinese(rt: Runtime) -> None:
     with rt.db.session() as session:
-        _chinese_error(lambda: lookup.get_live_instance(rt, session, "ghost"), "'ghost'")
-        _chinese_error(lambda: lookup.by_id(rt, session, 999), "999", "`/gpu list`")
-    _chinese_error(lambda: lifecycle.extend(rt, OWNER, "ghost", timedelta(hours=1)), "'ghost'")
-    _chinese_error(lambda: answers.keep(rt, OWNER, 999), "/gpu status NAME")
+        chinese_error(lambda: lookup.get_live_instance(rt, session, "ghost"), "'ghost'")
+        chinese_error(lambda: lookup.by_id(rt, session, 999), "999", "`/gpu list`")
+    chinese_error(lambda: lifecycle.extend(rt, OWNER, "ghost", timedelta(hours=1)), "'ghost'")
+    chinese_error(lambda: answers.keep(rt, OWNER, 999), "/gpu status NAME")
 
 
 def test_what_only_an_admin_may_do_and_what_cannot_be_done_now_is_said_in_chinese(
@@ -107,44 +81,44 @@ def test_what_only_an_admin_may_do_and_what_cannot_be_done_now_is_said_in_chines
     add_instance(rt.db, name="parked", state="stopped")
     add_instance(rt.db, name="going", state="releasing")
 
-    text = _chinese_error(
+    text = chinese_error(
         lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(hours=3)),
         "capped",
         "12月02日 周三 13:00 UTC",
     )
     assert "管理员" in text
-    text = _chinese_error(
+    text = chinese_error(
         lambda: lifecycle.extend(rt, Caller("UOTHER"), "capped", timedelta(hours=1)),
         "<@UOWNER>",
         "capped",
     )
     assert "延长" in text
-    _chinese_error(lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(0)), "/gpu extend")
-    _chinese_error(
+    chinese_error(lambda: lifecycle.extend(rt, OWNER, "capped", timedelta(0)), "/gpu extend")
+    chinese_error(
         lambda: lifecycle.ask_release(rt, OWNER, "parked", stop=True), "`/gpu release parked`"
     )
-    text = _chinese_error(lambda: lifecycle.ask_release(rt, OWNER, "going"), "going")
+    text = chinese_error(lambda: lifecycle.ask_release(rt, OWNER, "going"), "going")
     assert "释放中" in text
 
 
 def test_renting_checks_are_said_in_chinese(rt: Runtime) -> None:
     request = rent.RentRequest("scripted", "x", count=9)
-    _chinese_error(lambda: rent.plan_rent(rt, OWNER, request), "8", "--count 1")
+    chinese_error(lambda: rent.plan_rent(rt, OWNER, request), "8", "--count 1")
 
 
 def test_sizing_advice_errors_and_figures_are_in_chinese() -> None:
-    _chinese_error(lambda: advice.fit("huge", "inference"), "'huge'", "7b")
-    _chinese_error(lambda: advice.fit("7b", "inference", seq=0), "--seq 0", "4096")
-    _chinese_error(lambda: advice.resolve_bits("qlora", 16), "QLoRA", "--bits")
-    _chinese_error(lambda: advice.estimate("nope", hours=Decimal(50)), "'nope'", "4090")
-    _chinese_error(lambda: advice.estimate("4090", hours=Decimal(800)), "--hours 800", "744")
-    _chinese_error(lambda: advice.parse_hours("lots"), "'lots'")
+    chinese_error(lambda: advice.fit("huge", "inference"), "'huge'", "7b")
+    chinese_error(lambda: advice.fit("7b", "inference", seq=0), "--seq 0", "4096")
+    chinese_error(lambda: advice.resolve_bits("qlora", 16), "QLoRA", "--bits")
+    chinese_error(lambda: advice.estimate("nope", hours=Decimal(50)), "'nope'", "4090")
+    chinese_error(lambda: advice.estimate("4090", hours=Decimal(800)), "--hours 800", "744")
+    chinese_error(lambda: advice.parse_hours("lots"), "'lots'")
     with speaking("zh"):
         report = advice.estimate("4090", hours=Decimal(50), count=2, hourly_micros=500_000)
     for option in report.options:
-        _assert_said_in_chinese(option.detail)
+        assert_said_in_chinese(option.detail)
         assert "2" in option.detail
-    _assert_said_in_chinese(report.hourly_source, report.buy_source)  # as given; a list price
+    assert_said_in_chinese(report.hourly_source, report.buy_source)  # as given; a list price
     assert report.monthly_source.endswith("未核实")  # the platform names its own offer
 
 
@@ -154,7 +128,7 @@ def test_gpu_mismatches_are_said_in_chinese() -> None:
         other = lookup.compare_gpus("a100", 2, _snapshot(RTX4090, RTX4090))
     assert fewer is not None
     assert other is not None
-    _assert_said_in_chinese(*fewer.problems, *other.problems)
+    assert_said_in_chinese(*fewer.problems, *other.problems)
     assert "8" in fewer.problems[0]
     assert "NVIDIA GeForce RTX 4090" in other.problems[0]
     assert "a100" in other.problems[0]

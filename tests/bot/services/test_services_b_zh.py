@@ -7,9 +7,7 @@ workspace's English."""
 from __future__ import annotations
 
 import json
-import re
 import threading
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -46,20 +44,12 @@ from tests.bot.services.support import (
     make_runtime,
     rows,
 )
-from tests.chinese import assert_chinese
+from tests.chinese import HAN, assert_chinese, assert_said_in_chinese, chinese_error
 
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
 STRANGER = Caller(user_id="USTRANGER", channel_id="CTEAM")
 ADMIN = Caller(user_id="UADMIN", channel_id="COPS")
 ZH, EN = "UZH", "UEN"
-_HAN = re.compile(r"[\u4e00-\u9fff]")
-
-
-def _assert_said_in_chinese(*texts: str) -> None:
-    """Each text is Chinese: no English sentence left, and Chinese words in it."""
-    assert_chinese(*texts)
-    for text in texts:
-        assert _HAN.search(text), text
 
 
 @pytest.fixture
@@ -109,22 +99,6 @@ def rendered(rt: Runtime) -> list[tuple[str, str]]:
     return seen
 
 
-def _error(action: Callable[[], object]) -> GpubotError:
-    """The error ``action`` raises while speaking Chinese."""
-    with speaking("zh"), pytest.raises(GpubotError) as caught:
-        action()
-    return caught.value
-
-
-def _chinese_error(action: Callable[[], object], *kept: str) -> str:
-    """The Chinese text of the error ``action`` raises; ``kept`` must appear in it as given."""
-    text = _error(action).user_text()
-    _assert_said_in_chinese(text)
-    for value in kept:
-        assert value in text, (value, text)
-    return text
-
-
 def _job(rt: Runtime, instance_id: int, **fields: Any) -> int:
     values: dict[str, Any] = {
         "instance_id": instance_id,
@@ -155,13 +129,13 @@ def _words(posted: Posted) -> list[Any]:
 
 def test_only_the_owner_or_an_admin_changes_an_instance_in_chinese(rt: Runtime) -> None:
     add_instance(rt.db, name="box")
-    text = _chinese_error(
+    text = chinese_error(
         lambda: job_access.allow(rt, STRANGER, "box", "<@UFRIEND>"), "<@UOWNER>", "box"
     )
     assert "授权" in text
-    _chinese_error(lambda: job_access.allow(rt, OWNER, "box", "<@UOWNER>"), "<@UOWNER>", "box")
-    _chinese_error(lambda: job_access.deny(rt, OWNER, "box", "<@UOWNER>"), "<@UOWNER>")
-    _chinese_error(lambda: deadlines.set_policy(rt, STRANGER, "box", PolicyChange("release")))
+    chinese_error(lambda: job_access.allow(rt, OWNER, "box", "<@UOWNER>"), "<@UOWNER>", "box")
+    chinese_error(lambda: job_access.deny(rt, OWNER, "box", "<@UOWNER>"), "<@UOWNER>")
+    chinese_error(lambda: deadlines.set_policy(rt, STRANGER, "box", PolicyChange("release")))
 
 
 def test_an_action_named_by_a_caller_in_the_active_language_still_reads_whole(
@@ -171,8 +145,8 @@ def test_an_action_named_by_a_caller_in_the_active_language_still_reads_whole(
     with speaking("zh"), pytest.raises(GpubotError) as caught:
         access.require_owner_or_admin(rt, STRANGER, inst, action="extend")
     assert "延长" in caught.value.message
-    _assert_said_in_chinese(caught.value.user_text())
-    fallback = _chinese_error(
+    assert_said_in_chinese(caught.value.user_text())
+    fallback = chinese_error(
         lambda: access.require_owner_or_admin(rt, STRANGER, inst, action="重命名"), "重命名"
     )
     assert "<@UOWNER>" in fallback
@@ -180,20 +154,20 @@ def test_an_action_named_by_a_caller_in_the_active_language_still_reads_whole(
 
 def test_unknown_and_finished_jobs_are_refused_in_chinese(rt: Runtime) -> None:
     iid = add_instance(rt.db, name="box")
-    _chinese_error(lambda: jobs.cancel(rt, OWNER, "999"), "999", "`/gpu jobs`")
-    _chinese_error(lambda: jobs.cancel(rt, OWNER, "nosuchjob"), "'nosuchjob'", "INSTANCE:AGENT_ID")
+    chinese_error(lambda: jobs.cancel(rt, OWNER, "999"), "999", "`/gpu jobs`")
+    chinese_error(lambda: jobs.cancel(rt, OWNER, "nosuchjob"), "'nosuchjob'", "INSTANCE:AGENT_ID")
     done = _job(rt, iid)
-    text = _chinese_error(lambda: jobs.cancel(rt, OWNER, str(done)), str(done))
+    text = chinese_error(lambda: jobs.cancel(rt, OWNER, str(done)), str(done))
     assert "succeeded" not in text
     pending = _job(rt, iid, agent_job_id="pending-abc", state="queued", finished_at=None)
-    _chinese_error(lambda: jobs.cancel(rt, OWNER, str(pending)), str(pending), "box")
-    _chinese_error(lambda: jobs.logs(rt, OWNER, str(done), tail=0), "5000")
+    chinese_error(lambda: jobs.cancel(rt, OWNER, str(pending)), str(pending), "box")
+    chinese_error(lambda: jobs.logs(rt, OWNER, str(done), tail=0), "5000")
 
 
 def test_reading_logs_needs_the_owners_leave_in_chinese(rt: Runtime) -> None:
     iid = add_instance(rt.db, name="box")
     done = _job(rt, iid)
-    text = _chinese_error(
+    text = chinese_error(
         lambda: jobs.logs(rt, STRANGER, str(done)), "<@UOWNER>", "`/gpu allow box <@USTRANGER>`"
     )
     assert "日志" in text
@@ -201,50 +175,50 @@ def test_reading_logs_needs_the_owners_leave_in_chinese(rt: Runtime) -> None:
 
 def test_a_bad_job_request_is_refused_in_chinese(rt: Runtime) -> None:
     add_instance(rt.db, name="box")
-    _chinese_error(lambda: jobs.submit(rt, OWNER, "box", []), "`-- python train.py`")
-    _chinese_error(lambda: jobs.submit(rt, OWNER, "box", ["ls"], retries=101), "100")
+    chinese_error(lambda: jobs.submit(rt, OWNER, "box", []), "`-- python train.py`")
+    chinese_error(lambda: jobs.submit(rt, OWNER, "box", ["ls"], retries=101), "100")
 
 
 def test_policies_and_caps_are_refused_in_chinese(rt: Runtime) -> None:
     add_instance(rt.db, name="box", provider="manual")
-    _chinese_error(lambda: deadlines.set_policy(rt, OWNER, "box", PolicyChange()), "--at-deadline")
-    _chinese_error(
+    chinese_error(lambda: deadlines.set_policy(rt, OWNER, "box", PolicyChange()), "--at-deadline")
+    chinese_error(
         lambda: deadlines.set_policy(rt, OWNER, "box", PolicyChange(at_deadline="later")), "'later'"
     )
-    _chinese_error(
+    chinese_error(
         lambda: deadlines.set_policy(rt, OWNER, "box", PolicyChange(release_after_s=3600)),
         "--release-after",
     )
-    _chinese_error(
+    chinese_error(
         lambda: deadlines.set_lifetime_cap(rt, OWNER, "box", timedelta(days=1)), "<@UADMIN>"
     )
 
 
 def test_releases_are_refused_in_chinese(rt: Runtime) -> None:
-    _chinese_error(lambda: releases.release_now(rt, OWNER, 999), "999", "`/gpu list`")
+    chinese_error(lambda: releases.release_now(rt, OWNER, 999), "999", "`/gpu list`")
     gone = add_instance(rt.db, name="gone", state="released")
-    _chinese_error(lambda: releases.request_release(rt, gone, reason="user", requested_by="U"))
+    chinese_error(lambda: releases.request_release(rt, gone, reason="user", requested_by="U"))
     releasing = add_instance(rt.db, name="busy", state="releasing")
     with rt.db.session() as session:
         inst = session.get(Instance, releasing)
         assert inst is not None
-        text = _chinese_error(lambda: releases.require_extendable(rt, session, inst), "busy")
+        text = chinese_error(lambda: releases.require_extendable(rt, session, inst), "busy")
     assert "释放中" in text
 
 
 def test_a_machine_held_by_someone_else_is_refused_in_chinese(rt: Runtime) -> None:
     held = Instance(name="theirs", owner_id="UOTHER", host="h", ssh_user="root", price_micros=1)
-    _chinese_error(
+    chinese_error(
         lambda: access.holder_for_registration(rt, OWNER, [held], "mine"),
         "theirs",
         "<@UOTHER>",
         "`/gpu allow theirs <@UOWNER>`",
     )
-    _chinese_error(lambda: access.refuse_local(rt, "local", "local"))
+    chinese_error(lambda: access.refuse_local(rt, "local", "local"))
     api = Instance(
         name="cloud", owner_id="UOWNER", host="h", ssh_user="root", price_micros=1, state="active"
     )
-    _chinese_error(
+    chinese_error(
         lambda: access.require_awaiting_confirmation(api, is_manual=False, is_open=False),
         "`/gpu release cloud`",
     )
@@ -252,7 +226,7 @@ def test_a_machine_held_by_someone_else_is_refused_in_chinese(rt: Runtime) -> No
 
 def test_adopting_what_the_bot_cannot_ask_about_is_refused_in_chinese(rt: Runtime) -> None:
     request = reconcile.AdoptRequest(provider="manual", provider_id="i-9", name="box")
-    _chinese_error(lambda: reconcile.adopt(rt, OWNER, request), "manual", "--price 2.10/h")
+    chinese_error(lambda: reconcile.adopt(rt, OWNER, request), "manual", "--price 2.10/h")
 
 
 def test_a_busy_bot_says_so_in_chinese() -> None:
@@ -267,7 +241,7 @@ def test_a_busy_bot_says_so_in_chinese() -> None:
     finally:
         gate.set()
         pool.shutdown(wait=True)
-    _assert_said_in_chinese(mine.value.user_text(), full.value.user_text())
+    assert_said_in_chinese(mine.value.user_text(), full.value.user_text())
     assert "1" in mine.value.user_text()
     assert "gpubot" in full.value.user_text()
 
@@ -277,7 +251,7 @@ def test_the_hints_of_the_error_classes_are_said_in_the_readers_language() -> No
     with speaking("zh"):
         chinese = Unreachable("连接超时。").user_text()
     assert english not in chinese
-    _assert_said_in_chinese(chinese)
+    assert_said_in_chinese(chinese)
     assert "SSH" in chinese
     assert Unreachable("x", hint="").hint == ""
 
@@ -291,7 +265,7 @@ def test_the_bots_own_notes_on_a_job_are_shown_in_chinese() -> None:
     assert "box" in lost
     assert gone is not None
     assert "已释放" in gone
-    _assert_said_in_chinese(lost, gone)
+    assert_said_in_chinese(lost, gone)
     assert theirs == "exit code 137 (killed)"
     assert jobs.note_words("Lost: box no longer knows this job.") == (
         "Lost: box no longer knows this job."
@@ -315,7 +289,7 @@ def test_an_escalation_to_the_ops_channel_is_in_the_workspaces_language(rt: Runt
         )
     (row,) = rows(rt.db, OutboxMessage)
     assert row.recipient == "COPS"
-    _assert_said_in_chinese(row.text)
+    assert_said_in_chinese(row.text)
     assert "<@UOWNER>" in row.text
     assert "5" in row.text
 
@@ -337,7 +311,7 @@ def test_a_deadline_warning_goes_to_each_owner_in_their_language(
     (english,) = notifier.to(EN)
     assert_chinese(*_words(chinese))
     assert "zhbox" in chinese.text
-    assert not _HAN.search(english.text), english.text
+    assert not HAN.search(english.text), english.text
 
 
 def test_a_release_to_do_by_hand_asks_the_owner_in_their_language(
@@ -373,7 +347,7 @@ def test_a_finished_jobs_reply_is_in_the_language_of_who_ran_it(
     for posted in chinese:
         assert_chinese(*_words(posted))
         assert "box" in posted.text
-    assert not _HAN.search(english.text), english.text
+    assert not HAN.search(english.text), english.text
 
 
 def test_a_change_seen_on_the_platform_is_told_to_the_owner_in_their_language(
