@@ -24,10 +24,10 @@ from bot.i18n import speaking
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
-    ProviderCapabilities,
     ProviderInstance,
     ReleaseOutcome,
 )
+from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.store.db import Database
@@ -91,14 +91,7 @@ class NoNetwork:
     """A launching platform that fails the test if the form calls it."""
 
     name = "runpod"
-    capabilities = ProviderCapabilities(
-        can_stop=True,
-        storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=0,
-        can_launch=True,
-        reports_instance_price=True,
-    )
+    capabilities = RunpodProvider.capabilities
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         raise AssertionError(f"the form called the platform ({name})")
