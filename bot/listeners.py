@@ -9,9 +9,11 @@ and reaches no handler. Whoever types a command or clicks is remembered (Slack I
 name), so `@name` in a later command finds them. Everything is said in the caller's language.
 
 Forms: a `/gpu` command that names a form (``register`` without arguments, ``rent`` …) opens
-it as a modal in the listener itself (a trigger id lasts 3 seconds); a submission is read by
-the form's own code on the executor, and the listener waits up to :data:`FORM_ANSWER_WAIT_S`
-for it: mistakes are shown on the form's fields, and the answer comes as a direct message.
+it as a modal on the executor once the command is answered (its trigger id lasts 3 seconds; a
+form that cannot open runs the command as typed); a submission is read by the form's own code
+on the executor, and the listener waits up to :data:`FORM_ANSWER_WAIT_S` for it: mistakes are
+shown on the form's fields, and the answer comes as a direct message. A form sent again while
+its submission runs, or after it was accepted, is closed without running twice.
 
 The Home tab (:class:`HomeTabs`) is published when its person opens it, and again after each
 of their commands and clicks, at most once every :data:`HOME_REFRESH_S` seconds; a click on
@@ -25,6 +27,7 @@ import re
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -65,6 +68,8 @@ BAD_BUTTON_TEXT = f":warning: {BAD_BUTTON_NOTE}"
 FORM_ANSWER_WAIT_S = 2.0
 #: A person's Home tab is published again after their commands at most this often, seconds.
 HOME_REFRESH_S = 10.0
+#: The most forms (view ids) whose submission is remembered as running or accepted.
+SUBMISSIONS_KEPT = 10_000
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -102,6 +107,7 @@ def register_listeners(
     Returns the publisher of Home tabs."""
     form_set = forms if forms is not None else default_forms()
     homes = HomeTabs(rt, app.client)
+    submissions = FormSubmissions()
 
     @app.command(SLASH_COMMAND)
     def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
@@ -112,12 +118,12 @@ def register_listeners(
         )
         text = str(command.get("text") or "")
         callback_id = form_set.form_for_command(text)
-        if callback_id:
-            # The form opens on the executor: the listener returns at once (Bolt answers
-            # Slack when it returns), and a form that cannot open runs the command as typed.
-            trigger = str(command.get("trigger_id") or "")
-            opening = FormOpening(app.client, form_set, callback_id, trigger)
-            try:
+        try:
+            if callback_id:
+                # The form opens on the executor: the listener returns at once (Bolt answers
+                # Slack when it returns), and a form that cannot open runs the command as typed.
+                trigger = str(command.get("trigger_id") or "")
+                opening = FormOpening(app.client, form_set, callback_id, trigger)
                 submit_command(
                     rt,
                     caller,
@@ -130,14 +136,8 @@ def register_listeners(
                     respond,
                     opening,
                 )
-            except Busy as exc:
-                with speaking(language_for(rt, caller.user_id)):
-                    ack(text=busy_text(exc), response_type="ephemeral")
-                return
-            ack()
-            return
-        try:
-            submit_command(rt, caller, _run_command, rt, registry, homes, caller, text, respond)
+            else:
+                submit_command(rt, caller, _run_command, rt, registry, homes, caller, text, respond)
         except Busy as exc:
             with speaking(language_for(rt, caller.user_id)):
                 ack(text=busy_text(exc), response_type="ephemeral")
@@ -177,7 +177,9 @@ def register_listeners(
 
         @app.view(callback_pattern(form_set.callback_ids))
         def on_submission(ack: Ack, body: dict[str, Any], view: dict[str, Any]) -> None:
-            submit_form(ack, rt, form_set, homes, caller_of_action(body), view)
+            submit_form(
+                ack, rt, form_set, homes, caller_of_action(body), view, submissions=submissions
+            )
 
     @app.event("app_home_opened")
     def on_home_opened(event: dict[str, Any]) -> None:
@@ -197,7 +199,9 @@ class HomeTabs:
     executor: at once when one opens it, and after each of their commands and clicks at most
     once every ``every_s`` seconds (a change within that time is published when it ends).
     Only the Home of someone who opened it since the bot started is published again; a Slack
-    or store failure is logged, never raised."""
+    or store failure is logged, never raised. One publication of a person's Home is under way
+    at a time: one asked for meanwhile is built and sent once after it ends, so a slow
+    views.publish holds no more threads and an older view never lands after a newer one."""
 
     def __init__(self, rt: Runtime, client: WebClient, *, every_s: float | None = None) -> None:
         self.rt = rt
@@ -207,6 +211,8 @@ class HomeTabs:
         self._seen: set[str] = set()
         self._last: dict[str, float] = {}
         self._pending: dict[str, threading.Timer] = {}
+        self._publishing: set[str] = set()
+        self._again: set[str] = set()
 
     def opened(self, user_id: str) -> None:
         """``user_id`` opened their Home: publish it (on the executor)."""
@@ -216,7 +222,8 @@ class HomeTabs:
 
     def changed(self, user_id: str) -> None:
         """A command or click of ``user_id`` completed: publish their Home now, or when the
-        interval since the last one ends (nothing when they never opened it)."""
+        interval since the last one ends (nothing when they never opened it), on the executor
+        apart from the command (a slow views.publish holds none of their commands' places)."""
         with self._lock:
             if user_id not in self._seen or user_id in self._pending:
                 return
@@ -227,10 +234,25 @@ class HomeTabs:
                 self._pending[user_id] = timer
                 timer.start()
                 return
-        self.publish(user_id)
+        self._submit(user_id)
 
     def publish(self, user_id: str) -> bool:
-        """Build and publish the Home of ``user_id`` now; False (logged) when that failed."""
+        """Build and publish the Home of ``user_id`` now (or, while one of theirs is under way,
+        once more after it: True); False (logged) when that failed."""
+        with self._lock:
+            if user_id in self._publishing:
+                self._again.add(user_id)
+                return True
+            self._publishing.add(user_id)
+        while True:
+            published = self._publish_once(user_id)
+            with self._lock:
+                if user_id not in self._again:
+                    self._publishing.discard(user_id)
+                    return published
+                self._again.discard(user_id)
+
+    def _publish_once(self, user_id: str) -> bool:
         with self._lock:
             self._last[user_id] = time.monotonic()
         try:
@@ -297,11 +319,24 @@ def open_form(
 
 
 def submit_form(
-    ack: Ack, rt: Runtime, forms: Forms, homes: HomeTabs, caller: Caller, view: dict[str, Any]
+    ack: Ack,
+    rt: Runtime,
+    forms: Forms,
+    homes: HomeTabs,
+    caller: Caller,
+    view: dict[str, Any],
+    *,
+    submissions: FormSubmissions,
 ) -> None:
     """Hand a form's submission to the executor and wait up to :data:`FORM_ANSWER_WAIT_S`
     for it: mistakes go back onto the form's fields; otherwise the form closes and the answer
-    comes as a direct message."""
+    comes as a direct message. A form whose submission is running or was accepted is closed
+    without running again (Slack sends it again when it missed the first answer)."""
+    view_id = str(view.get("id") or "")
+    if not submissions.claim(view_id):
+        log.info("form %s of %s was sent again; not run twice", view_id, caller.user_id)
+        ack()
+        return
     callback_id = str(view.get("callback_id", ""))
     values = (view.get("state") or {}).get("values") or {}
     handover = _Handover()
@@ -310,14 +345,46 @@ def submit_form(
             rt, caller, _run_form, rt, forms, homes, caller, callback_id, values, handover
         )
     except Busy as exc:
+        submissions.release(view_id)
         with speaking(language_for(rt, caller.user_id)):
             ack(response_action="errors", errors={first_input(view): busy_text(exc)})
         return
     errors = handover.wait(FORM_ANSWER_WAIT_S)
     if errors:
+        submissions.release(view_id)  # the form stays open to be put right and sent again
         ack(response_action="errors", errors=errors)
     else:
         ack()
+
+
+class FormSubmissions:
+    """The forms (by view id) whose submission is running or was accepted, so that one sent
+    twice (Slack repeats a submission whose answer it missed, and the person may press the
+    button again) runs once. In this process only; the oldest of :data:`SUBMISSIONS_KEPT`
+    are forgotten first."""
+
+    def __init__(self, *, kept: int = SUBMISSIONS_KEPT) -> None:
+        self._kept = kept
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def claim(self, view_id: str) -> bool:
+        """True when the submission of ``view_id`` may run (a form without an id always may);
+        False while one of it runs or after one was accepted."""
+        if not view_id:
+            return True
+        with self._lock:
+            if view_id in self._ids:
+                return False
+            self._ids[view_id] = None
+            while len(self._ids) > self._kept:
+                self._ids.popitem(last=False)
+        return True
+
+    def release(self, view_id: str) -> None:
+        """The submission of ``view_id`` was not accepted: it may be sent again."""
+        with self._lock:
+            self._ids.pop(view_id, None)
 
 
 class _Handover:

@@ -31,7 +31,7 @@ from bot.errors import ConfigError, Conflict, GpubotError, ProviderError, UsageE
 from bot.fleet import keys
 from bot.i18n import t
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import advice, registration
+from bot.services import price_tables, registration
 from bot.services.access import Caller
 from bot.services.lookup import echo
 from bot.values import format_duration, parse_price, parse_when
@@ -124,7 +124,7 @@ def form_view(rt: Runtime, caller: Caller, callback_id: str) -> dict[str, Any]:
         return blocks.register_form(gpus, KNOWN_PROVIDERS, default_release_in=default)
     if callback_id == RENT_FORM:
         providers = _rental_providers(rt)
-        return blocks.rent_form(_offers(providers), providers)
+        return blocks.rent_form(_offers(providers, rt.settings.currency), providers)
     raise ValueError(f"no form {callback_id!r}")
 
 
@@ -165,9 +165,12 @@ def _rental_providers(rt: Runtime) -> list[str]:
     return names or [name for name in KNOWN_PROVIDERS if name != "manual"]
 
 
-def _offers(providers: Sequence[str]) -> list[Offer]:
-    """The price table's types of ``providers``, by provider, cheapest first."""
-    table = advice.load_price_table()
+def _offers(providers: Sequence[str], currency: str) -> list[Offer]:
+    """The types of ``providers`` in the price table of ``currency`` (the configured one:
+    bot.services.price_tables), by provider, cheapest first; none without such a table."""
+    table = price_tables.table_for(currency)
+    if table is None:
+        return []
     rank = {name: index for index, name in enumerate(providers)}
     rows = sorted(
         (row for row in table.hourly if row.platform in rank),

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from bot.blocks import home as blocks
 from bot.blocks import instances as instance_blocks
 from bot.commands.registry import ActionSpec, Registry, Reply, button_number
+from bot.errors import Conflict
+from bot.i18n import t
 from bot.services import lifecycle, lookup
 from bot.services.access import Caller
 
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 
 def _extend_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     inst = lookup.instance_by_id(rt, button_number(value))
+    if inst.state == "released":  # a Home shown before: its name may be another's by now
+        raise Conflict(t("{name} is already released.", name=inst.name))
     view = lifecycle.extend(rt, caller, inst.name, blocks.HOME_EXTEND_BY)
     text, body = instance_blocks.extended(view, now=rt.now(), timezone=rt.settings.timezone)
     return Reply(text=text, blocks=body)

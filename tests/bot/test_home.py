@@ -18,6 +18,7 @@ from slack_sdk.models.views import View
 from bot import listeners
 from bot.blocks.home import HOME_EXTEND, HOME_REGISTER
 from bot.blocks.home import home_view as render_home
+from bot.executor import BotExecutor
 from bot.i18n import speaking
 from bot.listeners import HomeTabs
 from bot.local_slack import (
@@ -256,6 +257,29 @@ def test_extend_on_the_home_moves_the_deadline_an_hour(bot: SlackBot) -> None:
         assert inst.deadline_at == deadline + timedelta(hours=1)
 
 
+def test_extend_on_an_old_home_does_not_reach_a_new_instance_of_that_name(
+    bot: SlackBot,
+) -> None:
+    """The button carries the id of the instance shown: once that one is released, a new
+    instance given its name is not extended by it."""
+    deadline = bot.rt.now() + timedelta(hours=2)
+    old = add_instance(bot.rt.db, name="box", owner_id="U0ALICE", deadline_at=deadline)
+    view = _home(bot)
+    with bot.rt.db.session() as session:
+        inst = session.get(Instance, old)
+        assert inst is not None
+        inst.state = "released"
+        session.add(inst)
+    new = add_instance(bot.rt.db, name="box", owner_id="U0ALICE", deadline_at=deadline)
+    assert _click_home(bot, view, HOME_EXTEND, str(old)) == 200
+    (text,) = _dms(bot, 1)
+    assert "box is already released." in text
+    with bot.rt.db.session() as session:
+        inst = session.get(Instance, new)
+        assert inst is not None
+        assert inst.deadline_at == deadline
+
+
 def test_the_home_offers_no_extend_past_an_admins_cap(bot: SlackBot) -> None:
     deadline = bot.rt.now() + timedelta(hours=2)
     capped = add_instance(
@@ -334,3 +358,81 @@ def test_the_home_is_published_at_most_once_per_interval(
     finally:
         homes.close()
         rt.executor.shutdown(wait=True)
+
+
+class _SlowClient:
+    """views.publish that holds its answer until told to go on, counting the calls under way
+    and keeping the views it was given (call number ``held``, from 0, waits at
+    ``entered``/``go``)."""
+
+    def __init__(self, *, held: int = 0) -> None:
+        self.held = held
+        self.views: list[dict[str, Any]] = []
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.under_way = 0
+        self.most_under_way = 0
+        self._lock = threading.Lock()
+
+    def views_publish(self, *, user_id: str, view: dict[str, Any]) -> None:
+        with self._lock:
+            self.under_way += 1
+            self.most_under_way = max(self.most_under_way, self.under_way)
+            held = len(self.views) == self.held
+            self.views.append(view)
+        try:
+            if held:
+                self.entered.set()
+                assert self.go.wait(10)
+        finally:
+            with self._lock:
+                self.under_way -= 1
+
+
+def test_a_home_asked_for_while_one_is_under_way_is_sent_once_after_it(
+    sqlite_db: Database,
+) -> None:
+    rt = make_runtime(sqlite_db, Clock())
+    client = _SlowClient()
+    homes = HomeTabs(rt, client)  # type: ignore[arg-type]
+    first = threading.Thread(target=homes.publish, args=("UALICE",))
+    try:
+        first.start()
+        assert client.entered.wait(5)  # Slack is slow to answer the first
+        add_instance(sqlite_db, name="fresh", owner_id="UALICE")
+        assert homes.publish("UALICE") is True  # later, not beside it
+        assert homes.publish("UALICE") is True
+        assert len(client.views) == 1
+        client.go.set()
+        first.join(5)
+        assert not first.is_alive()
+        assert client.most_under_way == 1
+        assert len(client.views) == 2  # the two asked for meanwhile: sent once
+        assert "fresh" not in json.dumps(client.views[0])
+        assert "fresh" in json.dumps(client.views[1])  # built after the change, sent last
+        assert homes.publish("UALICE") is True  # nothing under way: sent at once
+        assert len(client.views) == 3
+    finally:
+        client.go.set()
+        first.join(5)
+        homes.close()
+        rt.executor.shutdown(wait=True)
+
+
+def test_a_slow_home_holds_none_of_its_persons_command_places(sqlite_db: Database) -> None:
+    rt = make_runtime(sqlite_db, Clock())
+    rt.executor.shutdown(wait=True)
+    executor = BotExecutor(4, per_user=1)
+    rt.executor = executor
+    client = _SlowClient(held=1)  # the Home after the command answers late
+    homes = HomeTabs(rt, client, every_s=0.0)  # type: ignore[arg-type]
+    try:
+        homes.opened("UALICE")
+        assert executor.wait_idle(5)
+        executor.submit_command("UALICE", homes.changed, "UALICE")  # a command ends
+        assert client.entered.wait(5)  # its Home is on the way, slowly
+        assert executor.submit_command("UALICE", lambda: "next").result(5) == "next"
+    finally:
+        client.go.set()
+        homes.close()
+        executor.shutdown(wait=True)

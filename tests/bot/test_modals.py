@@ -183,6 +183,7 @@ class _StandIn:
         self.delay_s = 0.0
         self.languages: list[str] = []
         self.crash = False
+        self.runs = 0
 
     def forms(self) -> Forms:
         return Forms(
@@ -216,6 +217,7 @@ class _StandIn:
         callback_id: str,
         values: Mapping[str, Mapping[str, Any]],
     ) -> FormOutcome:
+        self.runs += 1
         threading.Event().wait(self.delay_s)
         if self.crash:
             raise RuntimeError("the form fell over")
@@ -277,3 +279,22 @@ def test_a_form_that_crashes_answers_with_an_error_id(bot: SlackBot, stand_in: _
     (text,) = _dm_texts(bot, 1)
     assert "Something went wrong (error id " in text
     assert "fell over" not in text
+
+
+def test_a_form_sent_twice_runs_once(
+    bot: SlackBot, stand_in: _StandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slack sends a submission again when it missed the answer (and the person may press the
+    button again): while the first runs, and after it was accepted, the form closes unrun."""
+    monkeypatch.setattr(listeners, "FORM_ANSWER_WAIT_S", 0.1)
+    stand_in.delay_s = 1.0
+    assert bot.command("thing") == 200
+    view = _opened(bot)
+    assert _submit(bot, view, {"what": "tea"}) == (200, {})  # too slow: closed, still running
+    assert _submit(bot, view, {"what": "tea"}) == (200, {})
+    _idle(bot)
+    assert _submit(bot, view, {"what": "tea"}) == (200, {})  # accepted before
+    _idle(bot)
+    assert stand_in.runs == 1
+    assert _dm_texts(bot, 1) == ["Made tea for U0ALICE"]
+    assert len(bot.slack.calls_to("chat.postMessage")) == 1

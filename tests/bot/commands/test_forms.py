@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -382,3 +383,27 @@ def test_the_rent_form_in_chinese(rent_rt: Runtime) -> None:
     assert_chinese(*texts)
     assert all(re.search("[\u4e00-\u9fff]", text) for text in texts), texts
     assert "RTX 4090" in texts[1]
+
+
+class ChinesePlatform(NoNetwork):
+    """A launching platform priced in yuan, which the form must not call either."""
+
+    name = "compshare"
+
+
+@pytest.mark.parametrize(("currency", "listed"), [("CNY", True), ("EUR", False)])
+def test_the_rent_form_lists_the_types_of_the_configured_currencys_table(
+    sqlite_db: Database, currency: str, listed: bool
+) -> None:
+    """Prices are quoted from the table of the bot's currency (as `/gpu fit` quotes them):
+    yuan for a yuan-priced platform; no list, only the typed type, where there is no table."""
+    runtime = make_runtime(
+        sqlite_db, Clock(), providers=[ChinesePlatform(), NoNetwork()], currency=currency
+    )
+    view = forms.form_view(runtime, OWNER, RENT_FORM)
+    View(**view).validate_json()
+    text = json.dumps(view, ensure_ascii=False)
+    assert ("compshare:" in text) is listed
+    assert "runpod:" not in text  # its prices are in dollars
+    if listed:
+        assert "¥" in text or "CNY" in text
