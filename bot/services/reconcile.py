@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
@@ -466,17 +467,21 @@ def _learn_storage(
 ) -> None:
     """A stopped registration without a storage price takes the platform's, where the platform
     says the disk and its price in the registration's currency, from ``now`` (so what it costs
-    stopped is known). A price someone gave is left as it is."""
+    stopped is known). A price someone gave is left as it is, one given meanwhile too (the
+    stop is recorded all the same)."""
     if inst.storage_micros_per_gb_month > 0 or seen is None:
         return
     if seen.disk_gb is None or seen.storage_micros_per_gb_month is None:
         return
     if seen.currency != inst.currency:
         return
-    registration.change_storage(
-        session, inst, seen.disk_gb, seen.storage_micros_per_gb_month, now, rt.settings.tz()
-    )
-    session.flush()
+    try:
+        with session.begin_nested():
+            registration.change_storage(
+                session, inst, seen.disk_gb, seen.storage_micros_per_gb_month, now, rt.settings.tz()
+            )
+    except (Conflict, sa_exc.IntegrityError):
+        log.info("reconcile: %s's storage was set meanwhile; left as it is", inst.name)
     session.refresh(inst)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
@@ -590,9 +591,8 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
         )
     before = registration_record(inst)
     changes = {key: value for key, value in reg.fields.items() if key != "ssh_ready_at"}
-    if billing.rules_for(inst) != billing.rules_for(_preview(inst, changes)):
-        ledger.close_charges(session, inst, reg.now, rt.settings.tz())
-        changes.update(billing.carry(inst, reg.now))
+    if _rules_change(inst, changes):
+        changes.update(_close_rules(session, inst, reg.now, rt.settings.tz()))
     for key, value in changes.items():
         setattr(inst, key, value)
     inst.name = reg.name
@@ -666,16 +666,22 @@ def set_storage(
             else storage_micros_per_gb_month
         )
         before = registration_record(inst)
-        change_storage(session, inst, disk, price, now, rt.settings.tz())
-        audit.record(
-            session,
-            caller.user_id,
-            "storage",
-            inst.id,
-            at=now,
-            before=before,
-            after=registration_record(inst),
-        )
+        try:
+            with session.begin_nested():
+                changed = change_storage(session, inst, disk, price, now, rt.settings.tz())
+        except sa_exc.IntegrityError as exc:
+            # Another process wrote the charges up to now first (a change of its own).
+            raise _storage_clash(inst.name) from exc
+        if changed:
+            audit.record(
+                session,
+                caller.user_id,
+                "storage",
+                inst.id,
+                at=now,
+                before=before,
+                after=registration_record(inst),
+            )
         session.flush()
         return InstanceSettings(
             instance=instance_view(inst),
@@ -696,19 +702,52 @@ def change_storage(
     """Set the instance's disk (GB) and storage price (micros per GB-month) from ``now``: its
     charges are written up to ``now`` and what its disk cost so far is carried, so the new
     price bills only from ``now``. False (nothing changed) when the price and size are the ones
-    it has."""
+    it has. The row is written only if its storage price, carried storage and state are still
+    the ones read (else another process changed them meanwhile: raises Conflict, and the caller
+    rolls back the charges written); a clash over the charges raises IntegrityError likewise."""
     changes: dict[str, object] = {
         "disk_gb": disk_gb,
         "storage_micros_per_gb_month": storage_micros_per_gb_month,
     }
-    if billing.rules_for(inst) == billing.rules_for(_preview(inst, changes)):
+    if not _rules_change(inst, changes):
         return False
-    ledger.close_charges(session, inst, now, tz)
-    changes.update(billing.carry(inst, now))
-    for key, value in changes.items():
-        setattr(inst, key, value)
-    session.add(inst)
+    assert inst.id is not None
+    unchanged = (
+        col(Instance.id) == inst.id,
+        col(Instance.storage_micros_per_gb_month) == inst.storage_micros_per_gb_month,
+        col(Instance.storage_carried_s) == inst.storage_carried_s,
+        col(Instance.state) == inst.state,  # not stopped, started or released meanwhile
+    )
+    changes.update(_close_rules(session, inst, now, tz))
+    written = session.exec(
+        update(Instance)
+        .where(*unchanged)
+        .values(**changes)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if written != 1:
+        raise _storage_clash(inst.name)
+    session.refresh(inst)
     return True
+
+
+def _rules_change(inst: Instance, changes: dict[str, object]) -> bool:
+    """Whether ``changes`` to the instance's fields change its billing rules."""
+    return billing.rules_for(inst) != billing.rules_for(_preview(inst, changes))
+
+
+def _close_rules(session: Session, inst: Instance, now: datetime, tz: ZoneInfo) -> dict[str, int]:
+    """Before the instance's billing rules change at ``now``: write its charges up to ``now``
+    (under the rules in force) and return the carried fields to store with the new rules
+    (bot.billing.carry). Raises IntegrityError when another process wrote a bucket first."""
+    ledger.close_charges(session, inst, now, tz)
+    return billing.carry(inst, now)
+
+
+def _storage_clash(name: str) -> Conflict:
+    return Conflict(
+        t("{name} changed while its storage was being set.", name=name), hint=t("Try again.")
+    )
 
 
 def _preview(inst: Instance, changes: dict[str, object]) -> billing.BilledInstance:
