@@ -18,7 +18,7 @@ from babel import Locale
 from babel.numbers import format_currency, get_currency_precision, get_currency_symbol
 
 from bot.errors import UsageError
-from bot.i18n import LOCALES, N_, active_language, t
+from bot.i18n import LOCALES, N_, Language, active_language, t
 
 MICROS = 1_000_000
 
@@ -282,18 +282,22 @@ def format_money(micros: int, currency: str = "USD", *, digits: int | None = Non
     value = Decimal(micros) / MICROS
     if digits is None:
         digits = 4 if 0 < abs(value) < _SMALL else get_currency_precision(code)
-    number = "#,##0" + ("." + "0" * digits if digits else "")
     language = active_language()
     locale = LOCALES[language]
-    symbol = get_currency_symbol(code, locale)
-    by_symbol = symbol != code and (language != "en" or code in _ENGLISH_SYMBOLS)
-    pattern = _symbol_pattern(locale, number) if by_symbol else f"{number} ¤¤"
+    pattern = _money_pattern(code, language, digits)
     return format_currency(value, code, format=pattern, locale=locale, currency_digits=False)
 
 
 @cache
-def _symbol_pattern(locale: str, number: str) -> str:
-    """The locale's currency pattern (``¤#,##0.00``) with ``number`` for its digits."""
+def _money_pattern(code: str, language: Language, digits: int) -> str:
+    """How ``language`` writes ``code`` with ``digits`` decimals: the locale's currency
+    pattern (``¤#,##0.00``) where it shows the currency's symbol, else the number and the code
+    (``#,##0.00 ¤¤``). Read from Babel once per currency, language and digits."""
+    number = "#,##0" + ("." + "0" * digits if digits else "")
+    locale = LOCALES[language]
+    symbol = get_currency_symbol(code, locale)
+    if symbol == code or (language == "en" and code not in _ENGLISH_SYMBOLS):
+        return f"{number} ¤¤"
     standard = Locale.parse(locale).currency_formats["standard"].pattern
     return standard.replace("#,##0.00", number) if "#,##0.00" in standard else "¤" + number
 

@@ -1018,10 +1018,21 @@ def note_words(note: str | None) -> str | None:
     return note
 
 
+#: The longest text :func:`agent_words` reads, in characters (what the agent says is at most a
+#: sentence of about 250, an NVML error and a hint of about 350; a text of 1,000 that repeats
+#: the patterns' words takes about 60 ms to match, and the time grows as its fourth power).
+AGENT_WORDS_MAX = 1000
+
+
 def agent_words(text: str) -> str:
     """What the agent (or the shared ``--gpus`` parser) said, as a sentence, in the active
     language: a refusal of ``--gpus``, or why the GPUs cannot be read (with the agent's hint
-    for its NVML error); any other text as it is."""
+    for its NVML error); any other text as it is, and text longer than
+    :data:`AGENT_WORDS_MAX` characters too (the patterns' lazy groups backtrack
+    polynomially on long text that repeats their words: a long ``--gpus`` value would hold
+    the worker for minutes)."""
+    if len(text) > AGENT_WORDS_MAX:
+        return text
     for template in _AGENT_SAYS:
         found = _template_pattern(template, shortest=True).fullmatch(text)
         if found is None:

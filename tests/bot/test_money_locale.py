@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from bot import values
 from bot.i18n import set_default_language, speaking
 from bot.values import format_money
 
@@ -66,3 +67,25 @@ def test_outside_a_block_the_workspace_language_writes_it() -> None:
     finally:
         set_default_language("en")
     assert format_money(12_500_000, "CNY") == "12.50 CNY"
+
+
+def test_the_locale_is_read_once_per_currency_language_and_decimals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Money is written in every line of a message and of the Home tab: the currency's symbol
+    and the locale's pattern are looked up in Babel once, not for each amount."""
+    calls: list[str] = []
+    real = values.get_currency_symbol
+
+    def counted(code: str, locale: str) -> str:
+        calls.append(code)
+        return real(code, locale)
+
+    monkeypatch.setattr(values, "get_currency_symbol", counted)
+    values._money_pattern.cache_clear()
+    shown = [format_money(n * UNIT, "EUR") for n in range(1, 50)]
+    with speaking("zh"):
+        shown_zh = [format_money(n * UNIT, "EUR") for n in range(1, 50)]
+    assert shown[1] == "€2.00"
+    assert shown_zh[1] == "€2.00"
+    assert calls == ["EUR", "EUR"]  # once in English, once in Chinese

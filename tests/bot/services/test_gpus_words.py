@@ -102,3 +102,21 @@ def test_the_bot_knows_the_agents_nvml_hints_word_for_word() -> None:
     assert nvml_words.HINTS == HINTS
     assert nvml_words.RESET_HINT == _RESET_HINT
     assert set(nvml_words.HINTS) == set(NVML_ERROR_CODES)
+
+
+def test_a_long_text_that_repeats_the_agents_words_is_left_as_it_is_unmatched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Text past AGENT_WORDS_MAX is never matched against the patterns (their lazy groups
+    backtrack as the fourth power of a text that repeats their words: 3,000 characters took
+    seconds), and comes back as it is."""
+    from bot.services import jobs
+
+    text = "box has 2 GPUs (0, 1); --gpus " * 100
+    assert len(text) > jobs.AGENT_WORDS_MAX
+
+    def no_matching(*_: object, **__: object) -> None:
+        raise AssertionError("a long text was matched")
+
+    monkeypatch.setattr(jobs, "_template_pattern", no_matching)
+    assert jobs.agent_words(text) == text
