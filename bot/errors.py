@@ -196,9 +196,39 @@ class ProviderRateLimited(ProviderError):
 
 
 class ProviderNotFound(ProviderError):
-    """The platform does not know the instance (404): for a release, already gone."""
+    """The platform itself says it does not know the instance: its own not-found document for
+    that instance (each provider recognises its own), never a bare 404. For a release, gone."""
 
     retryable = False
+
+
+class ProviderUnknownOutcome(ProviderError):
+    """Something other than the platform's own answer came back: a 404 that is not the
+    platform's not-found document (a proxy's catch-all HTML page, a retired API version, a moved
+    host), a redirect, a body that is not JSON or a content type that is not. The request may or
+    may not have happened: nothing may be concluded from it (never "already gone").
+
+    ``status`` is the HTTP status and ``answer`` a short, credential-masked excerpt of what came
+    back, for the escalation that names it."""
+
+    retryable = True
+    default_hint = N_(
+        "The platform's API did not answer as itself (check its status page and the bot's "
+        "API URL setting); the bot keeps checking and changes nothing until it does."
+    )
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        answer: str = "",
+        retryable: bool | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable, hint=hint)
+        self.status = status
+        self.answer = answer
 
 
 # --- Store ----------------------------------------------------------------------------------

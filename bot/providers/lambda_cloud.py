@@ -58,7 +58,14 @@ class LambdaProvider:
     @classmethod
     def from_settings(cls, settings: Settings) -> LambdaProvider:
         """Built from GPUBOT_LAMBDA_API_URL and GPUBOT_LAMBDA_API_KEY."""
-        return cls(JsonApi.bearer("lambda", settings.lambda_api_url, settings.lambda_api_key))
+        return cls(
+            JsonApi.bearer(
+                "lambda",
+                settings.lambda_api_url,
+                settings.lambda_api_key,
+                not_found=is_not_found_document,
+            )
+        )
 
     def list_instances(self) -> list[ProviderInstance]:
         """Every instance the account holds."""
@@ -163,6 +170,17 @@ class LambdaProvider:
             if isinstance(cents, int | float)
             else None,
         )
+
+
+#: Lambda's error code for an object it does not know (its API reference's error documents).
+NOT_FOUND_CODE = "global/object-does-not-exist"
+
+
+def is_not_found_document(document: Any) -> bool:
+    """True for Lambda's own not-found document, ``{"error": {"code":
+    "global/object-does-not-exist", ...}}``; any other 404 proves nothing."""
+    error = document.get("error") if isinstance(document, dict) else None
+    return isinstance(error, dict) and error.get("code") == NOT_FOUND_CODE
 
 
 def _data(answer: Any, kind: type) -> Any:
