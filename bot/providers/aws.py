@@ -226,12 +226,31 @@ class AwsProvider:
                 {"ResourceType": "instance", "Tags": [{"Key": "Name", "Value": request.name}]}
             ]
         if request.disk_gb:
-            args["BlockDeviceMappings"] = [
-                {"DeviceName": "/dev/sda1", "Ebs": {"VolumeSize": int(request.disk_gb)}}
-            ]
+            args["BlockDeviceMappings"] = [self._root_volume(request.image, request.disk_gb)]
         with _translated("run_instances"):
             answer = self.client.run_instances(**args)
         return [_instance(dict(item)) for item in answer.get("Instances", [])]
+
+    def _root_volume(self, image: str, disk_gb: int) -> dict[str, Any]:
+        """The mapping that sizes the AMI's own root device (its ``RootDeviceName``:
+        ``/dev/xvda`` on Amazon Linux, ``/dev/sda1`` on Ubuntu) to ``disk_gb`` GiB, deleted with
+        the instance. A mapping under another device name would add a second, empty volume
+        that outlives the instance and bills (EC2 User Guide, "Block device mappings" and
+        "Preserve data when an instance is terminated": ``DeleteOnTermination`` defaults to
+        false for volumes that are not the AMI's root)."""
+        with _translated("describe_images"):
+            images = self.client.describe_images(ImageIds=[image]).get("Images", [])
+        root = str(images[0].get("RootDeviceName") or "") if images else ""
+        if not root:
+            raise ProviderError(
+                t("aws: the AMI {image} names no root device to size", image=image),
+                retryable=False,
+                hint=t("Launch from an EBS-backed AMI, or leave out --disk."),
+            )
+        return {
+            "DeviceName": root,
+            "Ebs": {"VolumeSize": int(disk_gb), "DeleteOnTermination": True},
+        }
 
 
 class _translated:

@@ -101,6 +101,15 @@ class RegisterRequest:
     python_path: str | None = None
     key_name: str | None = None
     agent_home: str | None = None
+    #: For an instance the bot rented: when the platform started billing it (naive UTC: its
+    #: creation or running time), so a new registration is metered from then, not from the
+    #: moment SSH answered. Ignored unless within ``BILLED_FROM_MAX_AGE`` before now.
+    billed_from: datetime | None = None
+
+
+#: How long before its registration a rented instance may have started billing (a launch that
+#: took longer than this to answer SSH was given back, so an older time is not this launch's).
+BILLED_FROM_MAX_AGE = timedelta(hours=6)
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class _Registration:
     fields: dict[str, object]
     deadline_at: datetime | None
     now: datetime
+    billed_from: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,11 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
     fields = _instance_fields(req, target, status, version, now)
     stored = _store_registration(
-        rt, caller, _Registration(name, identity, holder, fields, deadline_at, now)
+        rt,
+        caller,
+        _Registration(
+            name, identity, holder, fields, deadline_at, now, _billed_from(req.billed_from, now)
+        ),
     )
     if holder is not None and holder.name != name:
         rt.fleet.forget(holder.name)
@@ -562,7 +576,7 @@ def _new_registration(
         channel_id=caller.channel_id,
         state="active",
         currency=rt.settings.currency,
-        created_at=reg.now,
+        created_at=reg.billed_from or reg.now,
         deadline_at=reg.deadline_at,
         **reg.fields,  # type: ignore[arg-type]
     )
@@ -572,6 +586,14 @@ def _new_registration(
         session, caller.user_id, "register", inst.id, at=reg.now, after=registration_record(inst)
     )
     return inst
+
+
+def _billed_from(given: datetime | None, now: datetime) -> datetime | None:
+    """The platform's billing start when it is plausible (not after now, not older than
+    ``BILLED_FROM_MAX_AGE``), else None (metered from now)."""
+    if given is None or given > now or now - given > BILLED_FROM_MAX_AGE:
+        return None
+    return given
 
 
 def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registration) -> Instance:

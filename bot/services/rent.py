@@ -431,6 +431,9 @@ def _adopt(
     waiting: Waiting,
 ) -> RegisterResult:
     ready = wait_running(plan.provider, launched.provider_id, waiting)
+    # Platforms bill from launch (AWS from running, RunPod from creation, Vast's disk from
+    # creation): metered from the platform's own time, else from when it was seen running.
+    billed_from = ready.launched_at or launched.launched_at or rt.now()
     assert ready.host is not None
     wait_ssh(ready.host, ready.ssh_port, waiting)
     req = plan.request
@@ -468,6 +471,7 @@ def _adopt(
             python_path=req.python_path,
             key_name=req.key_name,
             agent_home=req.agent_home,
+            billed_from=billed_from,
         ),
     )
 

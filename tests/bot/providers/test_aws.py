@@ -166,3 +166,34 @@ def test_refused_credentials_are_not_an_unknown_type(ec2_error_server, status, c
     assert code in caught.value.message
     assert "not an EC2 instance type" not in caught.value.message
     assert hint in caught.value.hint
+
+
+def _ami_rooted_at(endpoint: str, device: str) -> str:
+    """An AMI of moto's catalogue whose root device is ``device`` (Ubuntu and Windows images
+    at /dev/sda1, Amazon Linux ones at /dev/xvda)."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=endpoint)
+    images = ec2.describe_images(Owners=["amazon", "898082745236", "137112412989"])["Images"]
+    return next(i["ImageId"] for i in images if i.get("RootDeviceName") == device)
+
+
+@pytest.mark.parametrize("device", ["/dev/sda1", "/dev/xvda"])
+def test_disk_sizes_the_amis_own_root_device_and_leaves_nothing_after_terminate(
+    aws, aws_endpoint, device
+):
+    image = _ami_rooted_at(aws_endpoint, device)
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
+    before = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
+    (launched,) = aws.launch(LaunchRequest("g5.xlarge", image=image, disk_gb=500))
+    described = ec2.describe_instances(InstanceIds=[launched.provider_id])
+    instance = described["Reservations"][0]["Instances"][0]
+    mappings = instance["BlockDeviceMappings"]
+    assert [m["DeviceName"] for m in mappings] == [device]
+    assert mappings[0]["Ebs"]["DeleteOnTermination"] is True
+    (volume,) = ec2.describe_volumes(VolumeIds=[mappings[0]["Ebs"]["VolumeId"]])["Volumes"]
+    assert volume["Size"] == 500
+
+    outcome = aws.release(launched.provider_id, "terminate")
+
+    assert outcome.mode == "terminate"
+    after = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
+    assert after == before, "a volume outlived its instance"
