@@ -5,6 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# Test workers (pytest-xdist): one per core by default; PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= auto
 
 .PHONY: run test lint agent bench clean
 
@@ -12,7 +14,7 @@ run: $(STAMP) agent
 	@$(BIN)/gpubot
 
 test: $(STAMP) $(VENV)/.torch agent
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
