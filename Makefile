@@ -39,6 +39,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/python -m pip install --quiet --upgrade pip >&2
 	@$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]' >&2
+	@# Vast.ai's official SDK, for the stand-in's contract tests: it pins its own dependencies
+	@# hard, so it comes without them (requests and python-dateutil are in the dev extra).
+	@$(BIN)/python -m pip install --quiet --no-deps 'vastai==1.9.1' >&2
 	@touch $@
 
 # The CPU build of PyTorch serves the CUDA-check tests (a CPU-only build must fail them).

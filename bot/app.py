@@ -189,8 +189,8 @@ def build_app(
     the forms and the Home tab. ``client`` defaults to a WebClient at
     ``settings.slack_api_url``; ``runtime`` to :func:`build_runtime` with a notifier on that
     client; ``replay_guard`` (which answers a signed request sent again without running it) to
-    a new :class:`~bot.replay.ReplayGuard`; ``forms`` to bot.commands.forms. Raises
-    ConfigError when SLACK_BOT_TOKEN is missing."""
+    a new :class:`~bot.replay.ReplayGuard` on the runtime's store; ``forms`` to
+    bot.commands.forms. Raises ConfigError when SLACK_BOT_TOKEN is missing."""
     if not settings.slack_bot_token:
         raise ConfigError(
             "SLACK_BOT_TOKEN is not set.",
@@ -214,6 +214,7 @@ def build_app(
         logger=logging.getLogger("bot.bolt"),
     )
     # After Bolt's own middleware: only requests whose signature checked out are remembered.
-    app.use(replay_guard if replay_guard is not None else ReplayGuard())
+    # The store decides, so that processes sharing it apply a signed request once.
+    app.use(replay_guard if replay_guard is not None else ReplayGuard(db=rt.db))
     register_listeners(app, rt, timed_registry(with_home_buttons(commands)), forms=forms)
     return app

@@ -89,9 +89,11 @@ PROVIDER_BILLING: dict[str, ProviderBilling] = {
         "hour",
         0,
         "created",
-        "Compshare (UCloud), unverified (read 2026-12-03): its API documents ChargeType Dynamic "
-        "as paid by the hour and PostPayPowerOffBillingResource (disks billed while powered "
-        "off); no billing page with the increment or a minimum was found. Prices in CNY.",
+        "Compshare (UCloud), unverified: the official SDK's (ucloud-sdk-python3, ucompshare) "
+        "ChargeType docstrings: Dynamic 按小时预付费, Postpay 按小时后付费 (支持关机不收费, some "
+        "zones only); PostPayPowerOffBillingResource lists the disks billed while powered off. "
+        "A 2026 price guide says per second; no Compshare page states the increment, so "
+        "GPUBOT_COMPSHARE_BILLING (second|hour, default hour) decides. Prices in CNY.",
     ),
     "manual": ProviderBilling("second", 0, "created", "as typed at registration"),
 }

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -26,6 +27,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot.app import build_app, build_health, build_ops, build_runtime, make_client, start_clock
 from bot.errors import ConfigError, GpubotError
+from bot.executor import BotExecutor
 from bot.health import Health
 from bot.http_server import (
     DRAIN_TIMEOUT_S,
@@ -37,6 +39,7 @@ from bot.http_server import (
 )
 from bot.logging_setup import LEVELS, configure_logging
 from bot.runtime import Runtime
+from bot.scheduler import SchedulerHandle
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
@@ -173,15 +176,25 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     health = build_health(rt)
     server = SlackHttpServer(
         app,
-        ops=build_ops(rt, health),
         host=args.host,
         port=args.port,
         threads=args.threads,
         request_timeout_s=args.request_timeout,
         drain_timeout_s=args.drain_timeout,
     )
+    # Probes and scrapes on a listener and threads of their own, never on the Slack port.
+    try:
+        ops = _ops_server(settings, build_ops(rt, health))
+    except ConfigError:
+        server.shutdown()  # never served: closes its socket at once
+        raise
     log.info("serving Slack requests at %s", server.url)
-    return _run_until_signal(rt, start=server.serve_forever, stop=server.shutdown, health=health)
+    try:
+        return _run_until_signal(
+            rt, start=server.serve_forever, stop=server.shutdown, health=health
+        )
+    finally:
+        ops.shutdown()
 
 
 def _socket(settings: Settings, args: argparse.Namespace) -> int:
@@ -226,7 +239,7 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _ops_server(settings: Settings, ops: OpsEndpoints) -> SlackHttpServer:
-    """Socket Mode's /metrics, /healthz and /readyz on GPUBOT_METRICS_HOST:PORT, serving in the
+    """/metrics, /healthz and /readyz on GPUBOT_METRICS_HOST:PORT (both modes), serving in the
     background. Raises ConfigError when that address cannot be bound."""
     try:
         server = ops_server(ops, host=settings.metrics_host, port=settings.metrics_port)
@@ -265,19 +278,34 @@ def _configure_logging(
     configure_logging(level, file=file, json_format=settings.log_format == "json")
 
 
+#: From SIGTERM to exit, seconds: under TimeoutStopSec=30 (deploy/systemd/gpubot-http.service),
+#: with room for the interpreter to go.
+STOP_BUDGET_S = 22.0
+#: Of that budget, kept for abandoning what still runs (closing SSH connections, the store).
+ABANDON_S = 3.0
+
+
 def _run_until_signal(
     rt: Runtime,
     *,
     start: Callable[[], None],
     stop: Callable[[], None],
     health: Health | None = None,
+    budget_s: float = STOP_BUDGET_S,
+    exit_now: Callable[[int], None] = os._exit,
 ) -> int:
     """Start the clock (reporting its ticks to ``health``), run ``start`` until SIGTERM/SIGINT
-    calls ``stop``, then clean up."""
+    calls ``stop``, then clean up within ``budget_s`` seconds of the signal: no new work is
+    taken, what runs may finish until the budget's last ``ABANDON_S`` seconds, then SSH
+    connections are closed (hung channels abandoned). If work still runs after that, the process
+    ends through ``exit_now`` rather than wait on it; what it abandoned (a release claim, a job
+    poll) is picked up by the next start once its claim lapses."""
+    signalled: list[float] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %s: stopping", signum)
-        threading.Thread(target=stop, name="gpubot-stop").start()
+        signalled.append(time.monotonic())
+        threading.Thread(target=stop, name="gpubot-stop", daemon=True).start()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     clock = start_clock(rt, health=health)
@@ -286,14 +314,39 @@ def _run_until_signal(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if clock is not None:
-            clock.shutdown()
-        rt.executor.shutdown(wait=True)
-        if rt.platform_work is not None:
-            rt.platform_work.shutdown(wait=True)
-        rt.fleet.close()
-        rt.db.dispose()
+        deadline = (signalled[0] if signalled else time.monotonic()) + budget_s
+        if not _wind_down(rt, clock, deadline):
+            log.warning("stopping: work still running abandoned; the next start takes it up")
+            logging.shutdown()
+            exit_now(0)
     return 0
+
+
+def _wind_down(rt: Runtime, clock: SchedulerHandle | None, deadline: float) -> bool:
+    """Stop taking work, let what runs finish until ``ABANDON_S`` before ``deadline``
+    (time.monotonic), then close SSH connections and the store. False when work was still
+    running at the deadline."""
+    if clock is not None:
+        clock.shutdown(wait=False)
+    rt.executor.shutdown(wait=False)
+    if rt.platform_work is not None:
+        rt.platform_work.shutdown(wait=False)
+    drain_until = deadline - ABANDON_S
+    idle = _executor_idle(rt, max(0.0, drain_until - time.monotonic()))
+    if rt.platform_work is not None:
+        idle = rt.platform_work.wait_idle(max(0.0, drain_until - time.monotonic())) and idle
+    rt.fleet.close()  # abandons channels still hung on an instance
+    if not idle:
+        idle = _executor_idle(rt, max(0.0, min(1.0, deadline - time.monotonic())))
+    rt.db.dispose()
+    return idle
+
+
+def _executor_idle(rt: Runtime, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for the bot's pool to be idle (True for a pool that
+    cannot say)."""
+    executor = rt.executor
+    return executor.wait_idle(timeout_s) if isinstance(executor, BotExecutor) else True
 
 
 def _check_bot_token(settings: Settings) -> None:

@@ -1,20 +1,30 @@
 """HTTP mode: Slack's signed requests served to the Bolt app by waitress, a WSGI server.
 
-``POST /slack/events`` goes through Bolt's WSGI adapter to ``app.dispatch`` (which checks the
-signature and the timestamp, and through bot.replay answers a signature it already accepted
-without running anything). :class:`OpsEndpoints` answers probes and Prometheus: ``GET /healthz``
-(liveness: ``ok``), ``GET /readyz`` (readiness, bot.health: 200 or 503 with one line per check)
-and ``GET /metrics`` (bot.metrics). In Socket Mode the same endpoints are served alone, on a
-port of their own (:func:`ops_server`). A form body that merely contains the word "payload",
-which Bolt alone reads as an empty request, keeps its fields.
+The Slack port answers ``POST /slack/events`` alone. Its signature (``v0=`` HMAC-SHA256 of
+``v0:{timestamp}:{body}``) and timestamp (at most 30 s ahead, 5 minutes behind) are checked
+before anything parses the body: a request that fails is answered 401 with one log line, a
+signed body Bolt cannot read 400 (https://api.slack.com/authentication/verifying-requests-from-slack).
+It then goes to ``app.dispatch`` (which checks the signature again and, through bot.replay,
+answers a signature already applied without running anything).
+
+:class:`OpsEndpoints` answers probes and Prometheus: ``GET /healthz`` (liveness: ``ok``),
+``GET /readyz`` (readiness, bot.health: 200 or 503 with one line per check) and ``GET /metrics``
+(bot.metrics), on a listener of their own (:func:`ops_server`, loopback by default) with its own
+threads, in HTTP mode as in Socket Mode: neither a scrape nor a flood on one port reaches the
+other. A form body that merely contains the word "payload", which Bolt alone reads as an empty
+request, keeps its fields.
 
 Limits, so that no client can hold the bot:
 
-- a fixed pool of worker threads runs the app, and at most ``connection_limit`` connections are
-  open at once (more wait in the kernel's accept queue);
-- a request must arrive whole, headers and body, within ``request_timeout_s`` of its connection
-  being ready for it (accepted, or the previous answer sent), however slowly its bytes trickle
-  in; past that the connection is closed, as is a keep-alive connection left idle that long;
+- a fixed pool of worker threads runs the app; new connections are always accepted: when
+  ``connection_limit`` connections are open, or ``peer_limit`` from one address, the one that
+  has waited longest for its client (idle keep-alive, or a request still arriving) is closed
+  first to make room, so idle or slow connections cannot hold the port shut (connections whose
+  request is being answered are never closed for room);
+- a request must arrive whole, headers and body, within ``request_timeout_s`` (a few seconds)
+  of its connection being ready for it (accepted, or the previous answer sent), however slowly
+  its bytes trickle in; past that the connection is closed, as is a keep-alive connection left
+  idle that long;
 - a body over ``max_body_bytes`` is answered 413 from its ``Content-Length`` alone, and
   headers over :data:`MAX_HEADER_BYTES` with 431;
 - :meth:`SlackHttpServer.shutdown` stops accepting, closes idle connections, lets requests in
@@ -27,10 +37,13 @@ paths, never bodies.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 from wsgiref.types import StartResponse, WSGIEnvironment
@@ -44,6 +57,8 @@ from waitress.adjustments import Adjustments
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
+
+from bot.replay import FUTURE_SKEW_S
 
 if TYPE_CHECKING:
     from bot.health import Health
@@ -59,19 +74,24 @@ FORM_TYPE = "application/x-www-form-urlencoded"
 MAX_BODY_BYTES = 1024 * 1024
 #: The largest request line plus headers accepted (bytes).
 MAX_HEADER_BYTES = 32 * 1024
-#: Seconds a request may take to arrive whole (headers and body).
-REQUEST_TIMEOUT_S = 30.0
+#: Seconds a request may take to arrive whole (headers and body); Slack sends a few kB at once.
+REQUEST_TIMEOUT_S = 5.0
 #: Seconds :meth:`SlackHttpServer.shutdown` lets requests in flight finish.
 DRAIN_TIMEOUT_S = 20.0
 #: Worker threads that run the app.
 THREADS = 8
-#: Connections open at once.
-CONNECTION_LIMIT = 100
+#: Connections open at once; past it the longest-waiting idle one is closed.
+CONNECTION_LIMIT = 1000
+#: Connections open at once from one client address; past it its longest-waiting idle one is
+#: closed.
+PEER_LIMIT = 64
+#: How old a request's timestamp may be (seconds), Slack's five minutes.
+PAST_SKEW_S = 5 * 60
 #: The longest message a Bolt log record keeps (characters).
 MAX_LOG_MESSAGE_CHARS = 1000
 #: Seconds the worker threads get to exit once the drain is over.
 _THREADS_EXIT_S = 1
-#: Worker threads, connections and request timeout of the Socket Mode's endpoints server.
+#: Worker threads, connections and request timeout of the ops endpoints' own listener.
 OPS_THREADS = 2
 OPS_CONNECTION_LIMIT = 16
 OPS_REQUEST_TIMEOUT_S = 10.0
@@ -128,11 +148,12 @@ class OpsEndpoints:
 
 
 class SlackHttpServer:
-    """Serves ``app`` and the ``ops`` endpoints on ``host:port`` (port 0 picks a free one; a
-    name binds its first address); with ``app`` None, the endpoints alone. Without ``ops``,
-    ``/healthz`` alone answers ``ok``. The socket is bound and listening once constructed.
-    Raises OSError when the address cannot be bound, ValueError when a limit is not
-    positive."""
+    """Serves ``app`` at ``/slack/events`` on ``host:port`` (port 0 picks a free one; a name
+    binds its first address), and nothing else; with ``app`` None, the ``ops`` endpoints
+    instead (without ``ops``, ``/healthz`` alone answers ``ok``). The socket is bound and
+    listening once constructed. Raises OSError when the address cannot be bound, ValueError
+    when a limit is not positive or both ``app`` and ``ops`` are given (the ops endpoints have
+    their own listener: :func:`ops_server`)."""
 
     def __init__(
         self,
@@ -143,12 +164,17 @@ class SlackHttpServer:
         port: int = 3000,
         threads: int = THREADS,
         connection_limit: int = CONNECTION_LIMIT,
+        peer_limit: int = PEER_LIMIT,
         max_body_bytes: int = MAX_BODY_BYTES,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
     ) -> None:
-        if min(threads, connection_limit, max_body_bytes) < 1:
-            raise ValueError("threads, connection_limit and max_body_bytes must be at least 1")
+        if min(threads, connection_limit, peer_limit, max_body_bytes) < 1:
+            raise ValueError(
+                "threads, connection_limit, peer_limit and max_body_bytes must be at least 1"
+            )
+        if app is not None and ops is not None:
+            raise ValueError("the Slack port serves /slack/events alone; use ops_server")
         if min(request_timeout_s, drain_timeout_s) <= 0:
             raise ValueError("request_timeout_s and drain_timeout_s must be positive")
         self.app = app
@@ -161,13 +187,15 @@ class SlackHttpServer:
         wsgi: Callable[[WSGIEnvironment, StartResponse], Iterable[bytes]] = self.ops
         if app is not None:
             keep_bodies_out_of_logs(app)
-            wsgi = _BoltWsgi(app, path=EVENTS_PATH, ops=self.ops)
+            wsgi = _BoltWsgi(app, path=EVENTS_PATH)
         adj = Adjustments(
             host=host,
             port=port,
             threads=threads,
-            # waitress counts its listening socket and its wake-up pipe as connections.
-            connection_limit=connection_limit + 2,
+            # waitress counts its listening socket and its wake-up pipe as connections; room
+            # is made below the limit before each accept, so waitress's own stop (which leaves
+            # new connections in the accept queue) is reached only when all are busy.
+            connection_limit=connection_limit + 3,
             # waitress refuses a body of this size or more.
             max_request_body_size=max_body_bytes + 1,
             max_request_header_size=MAX_HEADER_BYTES,
@@ -182,6 +210,7 @@ class SlackHttpServer:
             dispatcher=self._dispatcher,
             adj=adj,  # binds the first address of adj.listen
         )
+        self._server.room = _Room(total=connection_limit, per_peer=peer_limit)
         host_bound, port_bound = self._server.getsockname()
         self._host, self._port = str(host_bound), int(port_bound)
         self._lock = threading.Lock()
@@ -344,9 +373,58 @@ class _Channel(HTTPChannel):
         return super().readable()
 
 
+@dataclass(frozen=True)
+class _Room:
+    """Bounds on open connections: in all, and from one client address."""
+
+    total: int
+    per_peer: int
+
+
 class _Server(TcpWSGIServer):
     channel_class = _Channel
     draining = False
+    room = _Room(total=CONNECTION_LIMIT, per_peer=PEER_LIMIT)
+
+    def readable(self) -> bool:
+        # Before waitress decides whether to accept, close the longest-waiting idle
+        # connections so that one more fits: a new connection is always accepted.
+        if self.accepting and not self.draining and len(self._map) > self.room.total:  # type: ignore[attr-defined]
+            self._make_room(self._idle(), len(self._open()) - self.room.total + 1)
+        return bool(super().readable())
+
+    def handle_accept(self) -> None:
+        super().handle_accept()
+        by_peer: dict[str, list[_Channel]] = {}
+        for channel in self._open():
+            by_peer.setdefault(_peer(channel), []).append(channel)
+        for peer, channels in by_peer.items():
+            if len(channels) > self.room.per_peer:
+                idle = [c for c in self._idle() if _peer(c) == peer]
+                self._make_room(idle, len(channels) - self.room.per_peer)
+
+    def _open(self) -> list[_Channel]:
+        channels: dict[int, Any] = self._map  # type: ignore[attr-defined]
+        return [d for d in list(channels.values()) if isinstance(d, _Channel)]
+
+    def _idle(self) -> list[_Channel]:
+        """Connections waiting for their client, longest-waiting first."""
+        idle = [
+            c
+            for c in self._open()
+            if c.waiting_since is not None
+            and not (c.requests or c.total_outbufs_len or c.will_close or c.close_when_flushed)
+        ]
+        return sorted(idle, key=lambda c: c.waiting_since or 0.0)
+
+    def _make_room(self, idle: list[_Channel], count: int) -> None:
+        if count <= 0:
+            return
+        closing = idle[:count]
+        for channel in closing:
+            channel.handle_close()
+        if closing:
+            log.info("closed %d idle or slow connection(s) to make room for new ones", len(closing))
 
     def add_task(self, task: Any) -> None:
         # waitress hands over the connection whose request has just arrived whole.
@@ -356,8 +434,8 @@ class _Server(TcpWSGIServer):
 
 
 def ops_server(ops: OpsEndpoints, *, host: str, port: int) -> SlackHttpServer:
-    """A server of the ``ops`` endpoints alone (Socket Mode's), with few threads and
-    connections. Raises OSError when the address cannot be bound."""
+    """A server of the ``ops`` endpoints alone, with its own few threads and connections
+    (both modes). Raises OSError when the address cannot be bound."""
     return SlackHttpServer(
         None,
         ops=ops,
@@ -371,28 +449,65 @@ def ops_server(ops: OpsEndpoints, *, host: str, port: int) -> SlackHttpServer:
 
 
 class _BoltWsgi(SlackRequestHandler):
-    """Bolt's WSGI adapter with the ops endpoints; a body that is not UTF-8 is decoded with
-    replacement characters (its signature then fails: 401) rather than raising."""
+    """Bolt's WSGI adapter, verifying before parsing; a body that is not UTF-8 is decoded with
+    replacement characters (its signature then fails: 401) rather than raising. Any other path
+    is 404."""
 
-    def __init__(self, app: App, *, path: str, ops: OpsEndpoints) -> None:
+    def __init__(self, app: App, *, path: str, clock: Callable[[], float] = time.time) -> None:
         super().__init__(app, path=path)
-        self.ops = ops
-
-    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if self.ops.serves(environ):
-            return self.ops(environ, start_response)
-        return super().__call__(environ, start_response)
+        self.clock = clock
+        secret: str = getattr(app, "_signing_secret", "") or ""
+        self.secret = secret.encode()
+        # Bolt's own check runs too, afterwards; without a secret Bolt verifies nothing.
+        self.verify = bool(secret)
 
     def dispatch(self, request: WsgiHttpRequest) -> BoltResponse:
         length = int(request.environ.get("CONTENT_LENGTH") or 0)
         stream = request.environ.get("wsgi.input")
         raw = stream.read(length) if stream is not None and length > 0 else b""
         body = raw.decode("utf-8", errors="replace")
-        bolt_request = BoltRequest(
-            body=body, query=request.query_string, headers=request.get_headers()
-        )
-        _restore_form_fields(bolt_request)
+        headers = request.get_headers()
+        refusal = self._refusal(raw, headers)
+        if refusal is not None:
+            log.info("refused a request from %s: %s", _remote(request), refusal)
+            return BoltResponse(status=401, body="")
+        try:
+            bolt_request = self._parse(body, request.query_string, headers)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            # A signed body Bolt cannot read (bad JSON, a payload that is not an object).
+            log.info("refused a signed request whose body cannot be read: %s", type(exc).__name__)
+            return BoltResponse(status=400, body="")
         return self.app.dispatch(bolt_request)
+
+    def _refusal(self, raw: bytes, headers: dict[str, str | Sequence[str]]) -> str | None:
+        """Why a request is refused before anything reads its body, or None: Slack's
+        signature (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``) and its timestamp,
+        at most :data:`FUTURE_SKEW_S` ahead and :data:`PAST_SKEW_S` behind now. Source:
+        https://api.slack.com/authentication/verifying-requests-from-slack."""
+        if not self.verify:
+            return None
+        stamp = _first(headers, "x-slack-request-timestamp")
+        signature = _first(headers, "x-slack-signature")
+        if not stamp or not signature:
+            return "no signature or timestamp"
+        if not (stamp.isascii() and stamp.isdigit()):
+            return "a timestamp that is not a number"
+        stamp_s = int(stamp)
+        now_s = self.clock()
+        if stamp_s > now_s + FUTURE_SKEW_S:
+            return f"a timestamp {stamp_s - now_s:.0f} s in the future"
+        if stamp_s < now_s - PAST_SKEW_S:
+            return f"a timestamp {now_s - stamp_s:.0f} s old"
+        base = b"v0:" + stamp.encode() + b":" + raw  # the bytes Slack signed
+        expected = "v0=" + hmac.new(self.secret, base, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
+            return "a bad signature"
+        return None
+
+    def _parse(self, body: str, query: str, headers: dict[str, str | Sequence[str]]) -> BoltRequest:
+        bolt_request = BoltRequest(body=body, query=query, headers=headers)
+        _restore_form_fields(bolt_request)
+        return bolt_request
 
 
 def _restore_form_fields(request: BoltRequest) -> None:
@@ -405,6 +520,17 @@ def _restore_form_fields(request: BoltRequest) -> None:
     if form and "payload" not in form:
         request.body = form
         request.context = build_context(BoltContext({}), form)
+
+
+def _first(headers: dict[str, str | Sequence[str]], name: str) -> str | None:
+    values = headers.get(name)
+    if isinstance(values, str):
+        return values
+    return values[0] if values else None
+
+
+def _remote(request: WsgiHttpRequest) -> str:
+    return str(request.environ.get("REMOTE_ADDR") or "an unknown address")
 
 
 def _peer(channel: HTTPChannel) -> str:

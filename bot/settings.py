@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -44,7 +45,7 @@ class Settings:
     aws_region: str = "us-east-1"
     lambda_api_url: str = "https://cloud.lambda.ai/api/v1"
     lambda_api_key: str | None = None
-    runpod_api_url: str = "https://rest.runpod.io/v1"
+    runpod_api_url: str = "https://api.runpod.io/v2"
     runpod_api_key: str | None = None
     vast_api_url: str = "https://console.vast.ai"
     vast_api_key: str | None = None
@@ -53,6 +54,10 @@ class Settings:
     compshare_private_key: str | None = None
     compshare_region: str = "cn-wlcb"
     compshare_project_id: str | None = None
+    #: Compshare's billing increment, second or hour: no Compshare document states it (the
+    #: price guide in bot/data/prices_cny.json says per second, unverified); "hour", the
+    #: larger, is the unverified default so that costs are never under-stated.
+    compshare_billing: str = "hour"
     tick_interval_s: float = 30.0
     poll_interval_s: float = 60.0
     warning_offsets_s: tuple[int, ...] = (1800, 600)
@@ -69,9 +74,12 @@ class Settings:
     #: DEBUG, INFO, WARNING, ERROR or CRITICAL; ``text`` or ``json`` lines.
     log_level: str = "INFO"
     log_format: str = "text"
-    #: Where Socket Mode serves /metrics, /healthz and /readyz (port 0: any free port).
+    #: Where both modes serve /metrics, /healthz and /readyz (port 0: any free port).
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9464
+    #: Where instances may be registered from Slack: CIDRs, and ``public`` for every public
+    #: address (GPUBOT_INSTANCE_NETWORKS, comma-separated; default public addresses only).
+    instance_networks: tuple[str, ...] = ("public",)
 
     def __post_init__(self) -> None:
         """Check every numeric setting's range and the named choices; normalise the currency
@@ -80,9 +88,10 @@ class Settings:
         for spec in NUMBERS:
             object.__setattr__(self, spec.field, spec.check(getattr(self, spec.field)))
         _check_offsets(self.warning_offsets_s)
+        object.__setattr__(self, "instance_networks", _networks(self.instance_networks))
         for name, var, choices, hint in _CHOICES:
             raw = getattr(self, name)
-            value = str(raw).strip().upper() if name != "log_format" else str(raw).strip().lower()
+            value = str(raw).strip().upper() if name not in _LOWER else str(raw).strip().lower()
             if value not in choices:
                 raise ConfigError(f"{var}={raw!r} is not accepted.", hint=hint)
             object.__setattr__(self, name, value)
@@ -128,6 +137,7 @@ class Settings:
         _put(values, "compshare_private_key", env.get("GPUBOT_COMPSHARE_PRIVATE_KEY"))
         _put(values, "compshare_region", env.get("GPUBOT_COMPSHARE_REGION"))
         _put(values, "compshare_project_id", env.get("GPUBOT_COMPSHARE_PROJECT_ID"))
+        _put(values, "compshare_billing", env.get("GPUBOT_COMPSHARE_BILLING"))
         if env.get("GPUBOT_DATA_DIR"):
             values["data_dir"] = Path(env["GPUBOT_DATA_DIR"]).expanduser()
         if env.get("GPUBOT_SSH_KEY"):
@@ -148,6 +158,8 @@ class Settings:
         _put(values, "log_level", env.get("GPUBOT_LOG_LEVEL"))
         _put(values, "log_format", env.get("GPUBOT_LOG_FORMAT"))
         _put(values, "metrics_host", env.get("GPUBOT_METRICS_HOST"))
+        if env.get("GPUBOT_INSTANCE_NETWORKS"):
+            values["instance_networks"] = tuple(env["GPUBOT_INSTANCE_NETWORKS"].split(","))
         values.update(overrides)
         settings = cls(**values)
         settings.tz()  # fail early on an unknown zone
@@ -358,10 +370,17 @@ _ISO_4217_CODES = """
 #: Active ISO 4217 currency codes (funds, metals and test codes left out).
 ISO_4217 = frozenset(_ISO_4217_CODES.split())
 #: Settings that take one of a few names: field, variable, the names, and the hint.
+_LOWER = frozenset({"log_format", "compshare_billing"})
 _CHOICES: tuple[tuple[str, str, frozenset[str], str], ...] = (
     ("currency", "GPUBOT_CURRENCY", ISO_4217, "Use an ISO 4217 code such as USD, EUR, GBP or CNY."),
     ("log_level", "GPUBOT_LOG_LEVEL", frozenset(LEVELS), f"Use one of {', '.join(LEVELS)}."),
     ("log_format", "GPUBOT_LOG_FORMAT", frozenset(FORMATS), f"Use {' or '.join(FORMATS)}."),
+    (
+        "compshare_billing",
+        "GPUBOT_COMPSHARE_BILLING",
+        frozenset({"second", "hour"}),
+        "Use second or hour.",
+    ),
 )
 
 
@@ -376,6 +395,32 @@ def _check_offsets(offsets: tuple[int, ...]) -> None:
             f"warning_offsets_s={offsets!r} is not accepted.",
             hint=f"Give one or more whole numbers of seconds from {low} to {high}.",
         )
+
+
+def _networks(items: tuple[str, ...]) -> tuple[str, ...]:
+    """GPUBOT_INSTANCE_NETWORKS as CIDRs in their normal form (``public`` kept as a word).
+    Raises ConfigError naming the item that is neither."""
+    found: list[str] = []
+    for item in (part.strip() for part in items):
+        if not item:
+            continue
+        if item.lower() == "public":
+            found.append("public")
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError as exc:
+            raise ConfigError(
+                f"GPUBOT_INSTANCE_NETWORKS: {item!r} is not a network.",
+                hint="Give CIDRs such as 10.0.0.0/8 or fd00::/8, and public for public "
+                "addresses, separated by commas.",
+            ) from exc
+    if not found:
+        raise ConfigError(
+            "GPUBOT_INSTANCE_NETWORKS lists no network.",
+            hint="Give public, CIDRs such as 10.0.0.0/8, or both, separated by commas.",
+        )
+    return tuple(dict.fromkeys(found))
 
 
 def _figure(number: float) -> str:

@@ -1,8 +1,8 @@
 """The container's health check: exit 0 when gpubot is ready, 1 when it is not, 2 for a bad URL.
 
-``python healthcheck.py [URL]`` asks URL (default ``http://127.0.0.1:9464/readyz``, the Socket
-Mode endpoints; in HTTP mode give ``http://127.0.0.1:3000/readyz``) and prints what it
-answered: one line per readiness check. Standard library only.
+``python healthcheck.py [URL]`` asks URL (default ``http://127.0.0.1:9464/readyz``, the ops
+endpoints' own listener in both modes; the Slack port answers ``/slack/events`` alone) and
+prints what it answered: one line per readiness check. Standard library only.
 """
 
 from __future__ import annotations

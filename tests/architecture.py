@@ -51,7 +51,15 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "bot.metrics",
         "bot.timebox",
     ),
-    "values": ("bot.values", "bot.errors", "bot.settings", "bot.logging_setup", "bot.i18n", "bot"),
+    "values": (
+        "bot.values",
+        "bot.errors",
+        "bot.settings",
+        "bot.logging_setup",
+        "bot.i18n",
+        "bot.text",
+        "bot",
+    ),
     "agent": ("agents",),
 }
 ORDER = ("surface", "presentation", "services", "lower", "values")

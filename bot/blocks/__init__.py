@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bot.blocks import deadlines, instances, jobs, money
+from bot.blocks import bills, deadlines, instances, jobs, money, trust
 from bot.notify import FileAttachment, Message, Notice
 
 #: Every notice type and the function that renders it.
 RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
+    **bills.RENDERERS,
     **deadlines.RENDERERS,
     **instances.RENDERERS,
     **jobs.RENDERERS,
     **money.RENDERERS,
+    **trust.RENDERERS,
 }
 
 

@@ -45,6 +45,8 @@ from bot.services.job_views import (
 from bot.services.jobs import JobFinished, JobQueued
 from bot.values import format_duration, format_money
 
+#: Said instead of a job's command to whoever may not read it (bot.services.job_access).
+COMMAND_HIDDEN = N_("command not shown")
 #: The button that asks to release the instance (registered by the instance commands).
 RELEASE_ASK = "instance_release_ask"
 
@@ -168,9 +170,7 @@ def job_list(view: JobListView) -> Message:
     text = escape(
         t("{title}:", title=title)
         + "\n"
-        + "\n".join(
-            f"{job.ref} {state_word(job.state)} {command_line(job.command)}" for job in view.jobs
-        )
+        + "\n".join(f"{job.ref} {state_word(job.state)} {_shown_command(job)}" for job in view.jobs)
     )
     return fallback(text), fit(blocks, t("{n} more sections not shown."))
 
@@ -256,6 +256,8 @@ def _who_gpu_lines(gpu: WhoGpuView) -> list[str]:
         mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
         use = _process_use(proc.sm_util_pct, proc.cpu_pct, proc.elapsed_s)
         cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
+        if proc.command_hidden:
+            cmd = " · " + t(COMMAND_HIDDEN)
         lines.append(f"{indent}pid {proc.pid} · {who}{job}{mem}{use}{cmd}")
     for waiting in gpu.waiting:
         lines.append(indent + t("waiting: {job}", job=_reservation_text(waiting)))
@@ -364,6 +366,10 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
 # --- pieces -----------------------------------------------------------------------------------
 
 
+def _shown_command(job: JobView) -> str:
+    return t(COMMAND_HIDDEN) if job.command_hidden else command_line(job.command)
+
+
 def command_line(command: Sequence[str]) -> str:
     """argv as one line as it was typed: quotes only where a space or a character the shell
     treats specially needs them (the exact argv is what runs)."""
@@ -448,7 +454,7 @@ def _list_line(job: JobView, *, with_instance: bool) -> str:
             extra += f" · {format_money(job.cost_micros, job.currency)}"
     else:
         extra = f" · {escape(gpus_text(job))}"
-    cmd = code(clip(command_line(job.command), 120))
+    cmd = t(COMMAND_HIDDEN) if job.command_hidden else code(clip(command_line(job.command), 120))
     return f"{emoji} `{escape(job.ref)}`{where} {state_word(job.state)}{who}{extra} · {cmd}"
 
 

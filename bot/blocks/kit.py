@@ -9,12 +9,15 @@ The kit's own words (``Cancel``, time left, ``ago``) are in the active language 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot.i18n import t
+from bot.providers.http import mask_credentials
+from bot.text import is_hidden
 from bot.values import format_duration, format_when
 
 Block = dict[str, Any]
@@ -63,13 +66,23 @@ def clip(text: str, limit: int) -> str:
 
 
 def escape(text: str) -> str:
-    """Text made safe for mrkdwn: ``&``, ``<`` and ``>`` as Slack's entities."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Text from people, agents or platforms made safe for mrkdwn, in one place.
+
+    ``&``, ``<`` and ``>`` become Slack's entities, so no mention, ``<!channel>`` or link
+    survives (api.slack.com/reference/surfaces/formatting, "Escaping text"); pairs of ``*``,
+    ``_`` and ``~`` become look-alikes that mrkdwn does not read as bold, italics or
+    strikethrough (mrkdwn has no escape character; code spans are left, see
+    :func:`_unformat`); control and format characters other than newline and tab (bidi
+    overrides and isolates, zero-width spaces, line and paragraph separators) become U+FFFD,
+    so no text reads backwards; credentials in the text (``PublicKey=...``,
+    ``Authorization: Bearer ...``, tokens) are masked (bot.providers.http.mask_credentials)."""
+    return _unformat(_entities(mask_credentials(text)))
 
 
 def code(text: str) -> str:
-    """Inline code (backticks in the text become quotes so the span stays closed)."""
-    return "`" + escape(text).replace("`", "'") + "`"
+    """Inline code (backticks in the text become quotes so the span stays closed; mrkdwn reads
+    no formatting inside it)."""
+    return "`" + _visible(_entities(mask_credentials(text))).replace("`", "'") + "`"
 
 
 def mention(user_id: str) -> str:
@@ -383,3 +396,39 @@ def gib(n_bytes: int | None) -> str:
     if n_bytes is None:
         return "?"
     return f"{n_bytes / 1024**3:.0f}"
+
+
+#: mrkdwn's formatting marks and the look-alikes that show them without formatting.
+_UNFORMAT = str.maketrans({"*": "\u2217", "_": "\u02cd", "~": "\u223c", "`": "\u02cb"})
+#: Characters shown as U+FFFD (bot.text.hidden_characters), newline and tab kept.
+_KEPT_CONTROLS = frozenset("\n\t")
+#: A span mrkdwn formats: a mark at a word's edge, text that neither begins nor ends with a
+#: space, the same mark at a word's edge, on one line; or a code span.
+_FORMATTED = re.compile(r"(?<![^\W_])([*_~])(\S(?:[^\n]*?\S)?)\1(?![^\W_])|(`)([^`\n]+)`")
+
+
+def _entities(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _visible(text: str) -> str:
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        "\ufffd" if char not in _KEPT_CONTROLS and is_hidden(char) else char for char in text
+    )
+
+
+def _unformat(text: str) -> str:
+    """Each pair of marks mrkdwn would read as formatting (``*bold*``, ``_italics_``,
+    ``~strike~``) shown with look-alikes; lone marks, marks inside a word (``gpu_8x_a100``,
+    ``/dev/nvidia*``) and code spans (which show their text as typed: the services quote a
+    driver's words that way) stay as they are."""
+    return _FORMATTED.sub(_look_alike, _visible(text))
+
+
+def _look_alike(match: re.Match[str]) -> str:
+    if match.group(3):
+        return match.group(0)  # a code span shows its text as typed, formatting none of it
+    mark = match.group(1).translate(_UNFORMAT)
+    return mark + _FORMATTED.sub(_look_alike, match.group(2)) + mark

@@ -7,7 +7,19 @@ command.
 
 from __future__ import annotations
 
-from bot.commands import deadlines, help, home, instances, jobs, lang, money, policy, rent
+from bot.commands import (
+    bills,
+    deadlines,
+    help,
+    home,
+    instances,
+    jobs,
+    keys,
+    lang,
+    money,
+    policy,
+    rent,
+)
 from bot.commands.registry import Registry
 
 
@@ -20,7 +32,9 @@ def build_registry() -> Registry:
     policy.register(registry)
     jobs.register(registry)
     money.register(registry)
+    bills.register(registry)
     deadlines.register(registry)
+    keys.register(registry)
     lang.register(registry)
     home.register(registry)
     return registry

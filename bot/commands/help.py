@@ -44,6 +44,7 @@ HELP_ORDER = (
     "deny",
     "spend",
     "budget",
+    "bills",
     "fit",
     "estimate",
     "lang",

@@ -11,6 +11,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from bot import billing
+from bot import text as bot_text
 from bot.blocks import instances as blocks
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, button_number
 from bot.errors import UsageError
@@ -66,13 +67,14 @@ def _configure_register(parser: argparse.ArgumentParser) -> None:
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--release-in", type=parse_duration, metavar="3h")
     when.add_argument("--release-at", metavar="18:00")
-    parser.add_argument("--provider", default="manual", type=str.lower, choices=KNOWN_PROVIDERS)
+    # No default: a re-registration without --provider keeps the instance's platform and id.
+    parser.add_argument("--provider", type=str.lower, choices=KNOWN_PROVIDERS)
     parser.add_argument("--provider-id", metavar="ID")
     parser.add_argument("--billing", type=billing.parse_increment, metavar="second|minute|hour")
     parser.add_argument("--min-charge", type=parse_duration, metavar="1m")
     parser.add_argument("--disk", type=parse_size_gb, metavar="200")
     parser.add_argument("--storage", metavar="0.10/GB-month")
-    parser.add_argument("--project", metavar="P")
+    parser.add_argument("--project", type=bot_text.project, metavar="P")
     parser.add_argument("--python", metavar="PATH")
     parser.add_argument("--key", metavar="NAME")
 
@@ -127,7 +129,7 @@ def _configure_adopt(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=GPU_COUNT, metavar="N")
     parser.add_argument("--disk", type=parse_size_gb, metavar="200")
     parser.add_argument("--storage", metavar="0.10/GB-month")
-    parser.add_argument("--project", metavar="P")
+    parser.add_argument("--project", type=bot_text.project, metavar="P")
     parser.add_argument("--python", metavar="PATH")
 
 
@@ -297,9 +299,9 @@ REGISTER = CommandSpec(
 ADOPT = CommandSpec(
     name="adopt",
     summary=N_(
-        "Take over an instance of a platform account that nobody registered (the ops "
-        "channel is told of each): its address, GPUs and price come from the platform, and "
-        "its disk and storage price where the platform says them (Vast.ai); --disk and "
+        "Take over an instance of a platform account that nobody registered (admins only; "
+        "the ops channel is told of each): its address, GPUs and price come from the platform, "
+        "and its disk and storage price where the platform says them (Vast.ai); --disk and "
         "--storage say them where it does not"
     ),
     usage=ADOPT_USAGE,

@@ -89,7 +89,7 @@ def handle_run(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def handle_jobs(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     """The queue of one instance, or the fleet's recent jobs."""
-    text, body = blocks.job_list(service.list_jobs(rt, args.name))
+    text, body = blocks.job_list(service.list_jobs(rt, args.name, caller))
     return Reply(text=text, blocks=body)
 
 
@@ -107,7 +107,7 @@ def handle_cancel(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Repl
 
 def handle_who(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     """Who holds each GPU of the instance."""
-    text, body = blocks.who_message(service.who(rt, args.name))
+    text, body = blocks.who_message(service.who(rt, args.name, caller))
     return Reply(text=text, blocks=body)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from bot import text as bot_text
 from bot.blocks import deadlines as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_
@@ -40,7 +41,7 @@ def _configure_rent(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", metavar="REGION")
     parser.add_argument("--user", default="root", metavar="USER")
     parser.add_argument("--key", metavar="NAME")
-    parser.add_argument("--project", metavar="P")
+    parser.add_argument("--project", type=bot_text.project, metavar="P")
     parser.add_argument("--python", metavar="PATH")
     parser.add_argument("--disk", type=whole_number("--disk", 1, MAX_DISK_GB), metavar="GB")
 

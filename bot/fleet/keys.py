@@ -26,9 +26,11 @@ def check_key_name(name: str) -> str:
     return name
 
 
-def key_path(settings: Settings, name: str) -> Path:
+def key_path(settings: Settings, name: str, *, names_shown: bool = False) -> Path:
     """The private key called ``name`` in GPUBOT_SSH_KEY_DIR. Raises UsageError when there is
-    no key directory or no such key there (the message never says what exists elsewhere)."""
+    no key directory or no such key there; the message names the keys that exist only with
+    ``names_shown`` (for admins: bot.services.key_grants), and never says what exists
+    elsewhere."""
     check_key_name(name)
     directory = settings.ssh_key_dir
     if directory is None:
@@ -42,6 +44,8 @@ def key_path(settings: Settings, name: str) -> Path:
     base = directory.resolve()
     candidate = (base / name).resolve()
     if candidate.parent != base or not candidate.is_file():
+        if not names_shown:
+            raise no_such_key(name)
         names = key_names(settings)
         known = ", ".join(names[:_SHOWN]) if names else "none"
         raise UsageError(
@@ -49,6 +53,18 @@ def key_path(settings: Settings, name: str) -> Path:
             hint=t("Keys it has: {known}. Leave --key out to use the default key.", known=known),
         )
     return candidate
+
+
+def no_such_key(name: str) -> UsageError:
+    """What a member is told of a key that is not there or not granted to them (one answer
+    for both, naming no other key)."""
+    return UsageError(
+        t("You have no SSH key called {name!r}.", name=name),
+        hint=t(
+            "Leave --key out to use the default key, or ask an admin to grant you a key "
+            "(/gpu keys allow KEY @you)."
+        ),
+    )
 
 
 def stored_key_path(settings: Settings, name: str) -> Path:

@@ -7,12 +7,19 @@ too narrow credentials are ProviderAuthError saying which (:data:`NO_CREDENTIALS
 EC2 bills per second after a one-minute minimum per start, and EBS volumes keep billing while an
 instance is stopped. There is no price API here (the Pricing API is a separate service): prices
 are given at rent time or registration.
+
+What AWS billed each instance comes from Cost Explorer's ``GetCostAndUsageWithResources``
+(botocore's ``ce`` service model, ``ce/2017-10-25/service-2.json``; AWS Cost Explorer API
+Reference, "GetCostAndUsageWithResources"): resource-level cost for the last 14 days, only for an
+account that opted in to resource-level data in the Cost Explorer preferences. It bills EC2
+compute per instance id; EBS volumes are resources of their own, so the storage is not split.
 """
 
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, time, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 import boto3
@@ -30,10 +37,11 @@ from bot.errors import (
     ProviderNotFound,
     ProviderRateLimited,
 )
-from bot.i18n import t
+from bot.i18n import N_, t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
+    PlatformCharge,
     ProviderCapabilities,
     ProviderInstance,
     ReleaseOutcome,
@@ -69,7 +77,28 @@ _NOT_ALLOWED_HINT = (
     "permission named above (ec2:DescribeInstances, DescribeInstanceTypes, RunInstances, "
     "StopInstances, TerminateInstances)."
 )
-_THROTTLED = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
+_THROTTLED = (
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "LimitExceededException",
+)
+#: Cost Explorer keeps resource-level data this many days (AWS Cost Explorer API Reference,
+#: GetCostAndUsageWithResources: "only available for the last 14 days").
+RESOURCE_DATA_DAYS = 14
+#: Cost Explorer's one endpoint region, the service EC2 instances bill under, the cost figure
+#: read (the same as the invoice before credits), and the most pages read in one call.
+COST_EXPLORER_REGION = "us-east-1"
+EC2_COMPUTE_SERVICE = "Amazon Elastic Compute Cloud - Compute"
+COST_METRIC = "UnblendedCost"
+MAX_COST_PAGES = 50
+#: Cost Explorer answers when resource-level data is not there yet (retry later), and what it
+#: says when the account never opted in to resource-level data (no retry fixes that).
+_DATA_UNAVAILABLE = "DataUnavailableException"
+_NOT_OPTED_IN_HINT = N_(
+    "Turn on resource-level data (EC2 instances, daily granularity) in the AWS Billing and Cost "
+    "Management console: Cost Explorer preferences. AWS bills per instance only from then on."
+)
 
 
 class AwsProvider:
@@ -82,20 +111,30 @@ class AwsProvider:
         billing_increment="second",
         min_charge_s=60,
         can_launch=True,
+        publishes_bills=True,
     )
+    #: How far back the bills reach (Cost Explorer's resource-level data), in days.
+    bill_history_days = RESOURCE_DATA_DAYS
 
     def __init__(
-        self, *, region: str, endpoint_url: str | None = None, client: EC2Client | None = None
+        self,
+        *,
+        region: str,
+        endpoint_url: str | None = None,
+        client: EC2Client | None = None,
+        cost_explorer_url: str | None = None,
     ) -> None:
         self.region = region
         self.endpoint_url = endpoint_url
+        self.cost_explorer_url = cost_explorer_url or endpoint_url
         self._client = client
+        self._ce: Any = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AwsProvider:
-        """Built from GPUBOT_AWS_REGION and GPUBOT_AWS_ENDPOINT_URL; the client is made on first
-        use, so a bot without AWS credentials starts fine."""
+        """Built from GPUBOT_AWS_REGION and GPUBOT_AWS_ENDPOINT_URL (Cost Explorer too); the
+        clients are made on first use, so a bot without AWS credentials starts fine."""
         return cls(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
 
     @property
@@ -110,6 +149,55 @@ class AwsProvider:
                     config=Config(retries={"max_attempts": 2, "mode": "standard"}),
                 )
             return self._client
+
+    def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
+        """What AWS billed each EC2 instance per day between ``start`` and ``end`` (naive UTC),
+        from Cost Explorer ``GetCostAndUsageWithResources`` (DAILY, ``UnblendedCost``, filtered
+        to the service ``Amazon Elastic Compute Cloud - Compute``, grouped by ``RESOURCE_ID``,
+        paged by ``NextPageToken``; days from ``start``'s to the one ``end`` falls in, ``end``
+        excluded when it is midnight). Resource-level data covers the last
+        :data:`RESOURCE_DATA_DAYS` days, so ``start`` is moved up to that. Raises
+        ProviderError(retryable=False) when the account has not opted in to resource-level data,
+        ProviderError(retryable=True) for ``DataUnavailableException``, ProviderRateLimited when
+        throttled (``LimitExceededException``)."""
+        first = max(start, end - timedelta(days=RESOURCE_DATA_DAYS)).date()
+        last = end.date() if end.time() == time() else end.date() + timedelta(days=1)
+        if first >= last:
+            return []
+        request: dict[str, Any] = {
+            "TimePeriod": {"Start": first.isoformat(), "End": last.isoformat()},
+            "Granularity": "DAILY",
+            "Filter": {"Dimensions": {"Key": "SERVICE", "Values": [EC2_COMPUTE_SERVICE]}},
+            "Metrics": [COST_METRIC],
+            "GroupBy": [{"Type": "DIMENSION", "Key": "RESOURCE_ID"}],
+        }
+        found: list[PlatformCharge] = []
+        for _ in range(MAX_COST_PAGES):
+            with _translated("GetCostAndUsageWithResources"):
+                answer = self.cost_explorer.get_cost_and_usage_with_resources(**request)
+            for period in answer.get("ResultsByTime", []):
+                found.extend(_cost_rows(period))
+            token = answer.get("NextPageToken")
+            if not token:
+                return found
+            request["NextPageToken"] = token
+        raise ProviderError(
+            t("aws: Cost Explorer kept paging past {pages} pages", pages=MAX_COST_PAGES),
+            retryable=True,
+        )
+
+    @property
+    def cost_explorer(self) -> Any:
+        """The Cost Explorer client (made once). Cost Explorer has one endpoint, in us-east-1."""
+        with self._lock:
+            if self._ce is None:
+                self._ce = boto3.client(
+                    "ce",
+                    region_name=COST_EXPLORER_REGION,
+                    endpoint_url=self.cost_explorer_url,
+                    config=Config(retries={"max_attempts": 1, "mode": "standard"}),
+                )
+            return self._ce
 
     def list_instances(self) -> list[ProviderInstance]:
         """Every instance in the region (terminated ones while EC2 still lists them)."""
@@ -291,7 +379,64 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
         return ProviderAuthError(message, hint=_REFUSED_HINT)
     if code in _THROTTLED or status == 429:
         return ProviderRateLimited(message)
+    if code == _DATA_UNAVAILABLE:
+        return ProviderError(message, retryable=True)
+    if _not_opted_in(code, str(error.get("Message", ""))):
+        return ProviderError(
+            t("aws: this account has not opted in to resource-level cost data"),
+            retryable=False,
+            hint=t(_NOT_OPTED_IN_HINT),
+        )
     return ProviderError(message, retryable=status >= 500 or status == 0)
+
+
+def _not_opted_in(code: str, message: str) -> bool:
+    """Cost Explorer's refusal of resource-level data to an account without the opt-in: a
+    validation or access error that speaks of resource-level data."""
+    words = message.lower()
+    return code in ("ValidationException", "AccessDeniedException") and (
+        "resource" in words and ("opt" in words or "enable" in words)
+    )
+
+
+def _cost_rows(period: dict[str, Any]) -> list[PlatformCharge]:
+    """One ``ResultsByTime`` entry as a charge per EC2 instance (keys that are not ``i-`` ids,
+    such as ``NoResourceId``, are left out)."""
+    span = period.get("TimePeriod", {})
+    start = datetime.fromisoformat(str(span.get("Start")))
+    end = datetime.fromisoformat(str(span.get("End")))
+    rows: list[PlatformCharge] = []
+    for group in period.get("Groups", []):
+        keys = group.get("Keys") or [""]
+        resource = str(keys[0])
+        if not resource.startswith("i-"):
+            continue
+        metric = group.get("Metrics", {}).get(COST_METRIC, {})
+        micros = _micros(metric.get("Amount"))
+        rows.append(
+            PlatformCharge(
+                provider_id=resource,
+                start=start,
+                end=end,
+                compute_micros=micros,
+                storage_micros=None,
+                total_micros=micros,
+                currency=str(metric.get("Unit") or "USD"),
+            )
+        )
+    return rows
+
+
+def _micros(amount: object) -> int:
+    """A Cost Explorer amount (a decimal string) in micro-units, rounded half up."""
+    try:
+        value = Decimal(str(amount)) * 1_000_000
+    except InvalidOperation as exc:
+        raise ProviderError(
+            t("aws: Cost Explorer sent an amount that is not a number: {amount}", amount=amount),
+            retryable=False,
+        ) from exc
+    return int(value.quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
 def _instance(item: dict[str, Any]) -> ProviderInstance:

@@ -52,6 +52,13 @@ class ProviderCapabilities:
     can_list: bool = True
     api_release: bool = True
     reports_instance_price: bool = False
+    #: True where the platform bills the disk by the instance's state (RunPod: the container
+    #: disk only while running, the volume at another rate once stopped), so the disk and the
+    #: price it reports at each stop and start replace the instance's.
+    storage_follows_state: bool = False
+    #: True where the platform publishes what it billed per instance in a form the bot reads
+    #: (the provider is then also a :class:`BillSource`).
+    publishes_bills: bool = False
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,30 @@ class Provider(Protocol):
 
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
         """Rent instances; raises ProviderError(retryable=False) where ``can_launch`` is False."""
+        ...
+
+
+@dataclass(frozen=True)
+class PlatformCharge:
+    """What a platform billed one instance over [``start``, ``end``) (naive UTC), in micro-units
+    of ``currency``: compute and storage apart where the platform splits them
+    (``storage_micros`` None where it does not), and the total it billed."""
+
+    provider_id: str
+    start: datetime
+    end: datetime
+    compute_micros: int
+    storage_micros: int | None
+    total_micros: int
+    currency: str = "USD"
+
+
+class BillSource(Protocol):
+    """A platform that publishes per-instance bills (``capabilities.publishes_bills``)."""
+
+    def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
+        """What the platform billed each instance between ``start`` and ``end`` (naive UTC), as
+        the platform cuts it (hours or days). Raises ProviderError subclasses."""
         ...
 
 

@@ -1,10 +1,15 @@
 """优云智算 Compshare (UCloud), through its documented HTTP API: list, stop and terminate.
 
-Every call is a POST of JSON to ``settings.compshare_api_url`` (``https://api.compshare.cn``)
-carrying ``Action``, ``Region``, ``PublicKey`` and ``Signature``: the SHA1 hex digest of every
-parameter sorted by name, written ``NameValue`` one after another (booleans as true/false,
-whole floats without their decimals, lists as ``Name.0``, ``Name.1`` ...), followed by the
-private key (UCloud's signature document). Answers carry ``RetCode`` (0: success) and
+Every call is a form-encoded POST to ``settings.compshare_api_url`` (``https://api.compshare.cn``)
+as the official SDK sends it (``ucloud-sdk-python3``, ``ucloud/core/client/_client.py``
+``_build_http_request``) carrying ``Action``, ``PublicKey`` and ``Signature``: the SHA1 hex
+digest of every parameter sorted by name, written ``NameValue`` one after another (booleans as
+true/false, whole floats without their decimals, lists as ``Name.0``, ``Name.1`` ...), followed
+by the private key (UCloud's signature document; ``ucloud/core/auth/_cfg.py`` ``verify_ac``).
+``DescribeCompShareInstance`` is sent without ``Region`` ("获取用户所有地域下主机资源信息列表",
+the SDK's docstring; ``compshare-cli`` omits it too) and each instance's ``Region`` and ``Zone``
+(the region read from ``Zone`` less its ``-NN`` suffix when ``Region`` is absent) are sent with
+its Stop, Start and Terminate. Answers carry ``RetCode`` (0: success) and
 ``Message``; HTTP errors from the gateway become the usual provider errors (bot.providers.http).
 
 Actions: ``DescribeCompShareInstance`` (paged by ``Offset`` and ``Limit``, at most 100, and an
@@ -21,11 +26,20 @@ Resizing running; Stopping; Stopped; ``Install Fail`` crashed (the machine exist
 bill); an empty state (the platform timed out asking) counts as running.
 
 Prices are in CNY: ``InstancePrice`` is read as the hourly price of instances billed by the
-hour (``ChargeType`` Dynamic or Postpay) and left out for monthly and yearly ones. Billing
-while stopped: the documents list ``PostPayPowerOffBillingResource`` (disks billed while
-powered off), so storage keeps billing while an instance is stopped.
+hour (``ChargeType`` Dynamic "按小时预付费" or Postpay "按小时后付费(支持关机不收费)", the
+SDK's ``create_comp_share_instance`` docstring) and left out for Year, Month and Day ones.
+Billing while stopped: ``PostPayPowerOffBillingResource`` (a ``DiskPriceInfo`` list: the disks
+billed while powered off) is read for a stopped instance: its disks' size (``DiskSet`` ``Size``,
+GB) becomes ``disk_gb``; the documents give ``Price`` no unit, so no per-GB price is derived.
+The billing increment is ``settings.compshare_billing`` (``GPUBOT_COMPSHARE_BILLING``, second
+or hour, default hour: no document found states it; the price guide in
+``bot/data/prices_cny.json`` says per second; the SDK's ChargeType docstrings say Dynamic and
+Postpay are "按小时" and that Postpay "支持关机不收费" in some zones only).
 
-Why the HTTP API and not the official SDK (``ucloud-sdk-python3``): its typed
+Refusals no retry can fix (``FATAL_CODES``: arrears, missing real-name verification) are
+non-retryable ProviderErrors, so a release fails at once and is escalated.
+
+Why not the official SDK itself (``ucloud-sdk-python3``): its typed
 ``terminate_comp_share_instance`` drops ``ReleaseUDisk``, which the current documents list;
 its HTTP errors keep the status but not ``Retry-After``; it logs every answer at INFO level,
 instance passwords included, through a handler it adds at import; and it ships no type
@@ -40,11 +54,12 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
-from bot.i18n import t
+from bot.i18n import N_, t
 from bot.providers.base import (
     InstanceTypeInfo,
     LaunchRequest,
@@ -83,6 +98,15 @@ _TRY_AGAIN = frozenset({110, 130, 150})
 _AUTH = frozenset({170, 171, 172, 174, 294, 295, 299})
 #: Codes above this are the service's own; UCloud's SDK treats those as worth retrying.
 _MAX_COMMON_CODE = 2000
+#: Service codes no retry can fix, with the reason shown to the owner: Compshare's own answers
+#: for an account in arrears (226601) and one without real-name verification (226606), as
+#: compshare-cli and the platform report them. Keys, signatures and throttling are UCloud's
+#: common codes, handled apart (``_AUTH``, ``_RATE_LIMITED``).
+FATAL_CODES: dict[int, str] = {
+    226601: N_("the Compshare account is in arrears: top it up in the console"),
+    226606: N_("the Compshare account has no real-name verification: complete it in the console"),
+}
+_ZONE_SUFFIX = re.compile(r"-\d+$")
 _SSH_PORT = re.compile(r"(?:^|\s)-p\s*(\d{1,5})(?:\s|$)")
 
 
@@ -108,16 +132,26 @@ class CompshareApi:
     def __repr__(self) -> str:
         return f"CompshareApi(base_url={self.api.base_url!r}, region={self.region!r})"
 
-    def call(self, action: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Send one action. Raises ProviderAuthError (bad keys), ProviderRateLimited (RetCode
-        153), ProviderError (any other refusal; ``retryable`` as UCloud's SDK judges it)."""
-        body: dict[str, Any] = {"Action": action, "Region": self.region}
+    def call(
+        self,
+        action: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        region: str | None = None,
+    ) -> dict[str, Any]:
+        """Send one action, form-encoded (``Region`` only when given). Raises ProviderAuthError
+        (bad keys), ProviderRateLimited (RetCode 153), ProviderError (any other refusal;
+        ``retryable`` as UCloud's SDK judges it, except ``FATAL_CODES``)."""
+        body: dict[str, Any] = {"Action": action}
+        if region:
+            body["Region"] = region
         if self.project_id:
             body["ProjectId"] = self.project_id
         body.update(flatten(params or {}))
         body["PublicKey"] = self.public_key
-        body["Signature"] = signature(body, self._private_key)
-        answer = self.api.post("/", body)
+        form = {name: encode_value(value) for name, value in body.items()}
+        form["Signature"] = signature(form, self._private_key)
+        answer = self.api.request("POST", "/", form=form)
         if not isinstance(answer, dict):
             raise ProviderError(
                 t("compshare: {action} answered with something that is not JSON", action=action)
@@ -170,13 +204,16 @@ class CompshareProvider:
         reports_instance_price=True,
     )
 
-    def __init__(self, api: CompshareApi) -> None:
+    def __init__(self, api: CompshareApi, *, billing_increment: str = "hour") -> None:
         self.api = api
+        self.capabilities = replace(
+            CompshareProvider.capabilities, billing_increment=billing_increment
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompshareProvider:
-        """Built from GPUBOT_COMPSHARE_API_URL, _PUBLIC_KEY, _PRIVATE_KEY, _REGION and
-        _PROJECT_ID."""
+        """Built from GPUBOT_COMPSHARE_API_URL, _PUBLIC_KEY, _PRIVATE_KEY, _PROJECT_ID and
+        _BILLING (_REGION is only the fallback region of an instance whose zone says none)."""
         return cls(
             CompshareApi(
                 JsonApi("compshare", settings.compshare_api_url, headers={}),
@@ -184,11 +221,14 @@ class CompshareProvider:
                 private_key=settings.compshare_private_key or "",
                 region=settings.compshare_region,
                 project_id=settings.compshare_project_id,
-            )
+            ),
+            billing_increment=settings.compshare_billing,
         )
 
     def list_instances(self) -> list[ProviderInstance]:
-        """Every instance in the region, page by page (``Offset`` never past ``TotalCount``)."""
+        """Every instance in every region, page by page (``Limit`` 100, ``Offset`` never past
+        ``TotalCount``; the SDK's ``describe_comp_share_instance`` docstring), at most
+        ``MAX_PAGES`` pages."""
         found: list[ProviderInstance] = []
         offset = 0
         for _ in range(MAX_PAGES):
@@ -231,6 +271,10 @@ class CompshareProvider:
             after = self.get(provider_id)
         except ProviderNotFound:
             return ReleaseOutcome(provider_id, mode, confirmed=True, state="terminated")
+        except _Terminated as answered:
+            return ReleaseOutcome(
+                provider_id, mode, confirmed=True, state="terminated", detail=answered.detail
+            )
         if mode == "stop":
             done = after.state == "stopped"
             return ReleaseOutcome(provider_id, mode, confirmed=done, state=after.state)
@@ -254,7 +298,16 @@ class CompshareProvider:
         """Not offered: rent on Compshare, then adopt the instance."""
         raise no_launch(self.name)
 
+    def start(self, provider_id: str) -> str:
+        """Start a Stopped instance (``StartCompShareInstance``, the SDK's client); returns the
+        state seen afterwards."""
+        item = self._describe(provider_id)
+        self._act("StartCompShareInstance", item)
+        return self.get(provider_id).state
+
     def _describe(self, provider_id: str) -> dict[str, Any]:
+        """The instance as a successful Describe of its id lists it; ProviderNotFound only when
+        that answer (RetCode 0) lists a set without it."""
         answer = self.api.call("DescribeCompShareInstance", {"UHostIds": [provider_id], "Limit": 1})
         for item in _items(answer):
             if str(item.get("UHostId")) == provider_id:
@@ -268,13 +321,51 @@ class CompshareProvider:
         provider_id = str(item.get("UHostId"))
         body = {"UHostId": provider_id, "Zone": item.get("Zone"), **params}
         try:
-            self.api.call(action, body)
+            answer = self.api.call(action, body, region=self._region_of(item))
         except (ProviderAuthError, ProviderRateLimited, ProviderNotFound):
             raise
-        except ProviderError:
+        except ProviderError as exc:
+            if isinstance(exc, CompshareAccountError):
+                raise
             before = item.get("State")
             if _instance(self._describe(provider_id)).raw_state == str(before or ""):
                 raise
+            return
+        if action == "TerminateCompShareInstance":
+            raise _Terminated(f"InRecycle={answer.get('InRecycle')}")
+
+    def _region_of(self, item: dict[str, Any]) -> str:
+        """The instance's ``Region``, else its ``Zone`` less the ``-NN`` suffix, else the
+        configured region."""
+        return _region_of(item) or self.api.region
+
+
+class _Terminated(Exception):
+    """TerminateCompShareInstance answered RetCode 0: the platform's own confirmation."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class CompshareAccountError(ProviderError):
+    """A refusal in ``FATAL_CODES``: the account must be fixed in the console; never retried."""
+
+    retryable = False
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message, retryable=False)
+        self.code = code
+
+
+def _region_of(item: dict[str, Any]) -> str | None:
+    region = item.get("Region")
+    if isinstance(region, str) and region:
+        return region
+    zone = item.get("Zone")
+    if isinstance(zone, str) and _ZONE_SUFFIX.search(zone):
+        return _ZONE_SUFFIX.sub("", zone)
+    return None
 
 
 def _checked(action: str, answer: dict[str, Any]) -> dict[str, Any]:
@@ -291,6 +382,16 @@ def _checked(action: str, answer: dict[str, Any]) -> dict[str, Any]:
                 "Check GPUBOT_COMPSHARE_PUBLIC_KEY and "
                 "GPUBOT_COMPSHARE_PRIVATE_KEY (the API key pair from the "
                 "Compshare console) and the API's IP allow-list."
+            ),
+        )
+    if number in FATAL_CODES:
+        raise CompshareAccountError(
+            number,
+            t(
+                "compshare: {action} refused (RetCode {code}): {reason}. Retrying will not help.",
+                action=action,
+                code=number,
+                reason=t(FATAL_CODES[number]),
             ),
         )
     if number in _RATE_LIMITED:
@@ -331,6 +432,7 @@ def _instance(item: dict[str, Any]) -> ProviderInstance:
         price_micros_per_hour=_hourly_price(item),
         currency=CURRENCY,
         launched_at=_epoch(item.get("CreateTime")),
+        disk_gb=_powered_off_disk_gb(item) if raw_state == "Stopped" else None,
         tags=tuple(
             (key.lower(), str(item[key]))
             for key in ("Name", "Tag", "Remark")
@@ -362,6 +464,21 @@ def _hourly_price(item: dict[str, Any]) -> int | None:
     if not isinstance(price, int | float) or not math.isfinite(price) or price < 0:
         return None
     return round(float(price) * MICROS)
+
+
+def _powered_off_disk_gb(item: dict[str, Any]) -> float | None:
+    """GB of disk still billed while stopped: the ``DiskSet`` sizes (GB) when the answer lists
+    ``PostPayPowerOffBillingResource`` (the SDK's ``CompShareInstanceSet`` model)."""
+    if not item.get("PostPayPowerOffBillingResource"):
+        return None
+    sizes: list[int] = [
+        d["Size"]
+        for d in item.get("DiskSet") or []
+        if isinstance(d, dict)
+        and isinstance(d.get("Size"), int)
+        and not isinstance(d.get("Size"), bool)
+    ]
+    return float(sum(sizes)) if sizes else None
 
 
 def _epoch(value: Any) -> datetime | None:

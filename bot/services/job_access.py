@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
@@ -10,7 +12,7 @@ from bot.i18n import t
 from bot.runtime import Runtime
 from bot.services import access, audit
 from bot.services.access import Caller
-from bot.services.job_views import AccessChange
+from bot.services.job_views import AccessChange, JobListView, JobView, WhoProcess, WhoView
 from bot.services.lookup import ensure_person, get_live_instance
 from bot.services.people import resolve_person
 from bot.store.models import Instance, InstanceAccess
@@ -85,6 +87,64 @@ def allowed_people(session: Session, instance_id: int) -> tuple[str, ...]:
         .order_by(col(InstanceAccess.granted_at), col(InstanceAccess.id))
     ).all()
     return tuple(rows)
+
+
+def readable_jobs(rt: Runtime, caller: Caller, listing: JobListView) -> JobListView:
+    """``listing`` as ``caller`` may read it: the command of a job is shown only to the person
+    who asked for it, the instance's owner, the people allowed on the instance and admins;
+    others see that the job runs, whose it is and its state. Raises StoreError."""
+    readers = _readers(rt, caller, {job.instance_id for job in listing.jobs})
+    return replace(listing, jobs=tuple(_job_as_read(job, caller, readers) for job in listing.jobs))
+
+
+def readable_who(rt: Runtime, caller: Caller, view: WhoView) -> WhoView:
+    """``/gpu who`` as ``caller`` may read it: the command line of a GPU process is shown to
+    the same people as a job's (the process's own Slack user counts as its requester)."""
+    with rt.db.session() as session:
+        inst = session.exec(
+            select(Instance).where(
+                Instance.name == view.instance_name, Instance.state != "released"
+            )
+        ).first()
+        sees_all = inst is not None and _may_read(rt, session, caller, inst)
+    if sees_all:
+        return view
+    gpus = tuple(
+        replace(gpu, processes=tuple(_process_as_read(p, caller) for p in gpu.processes))
+        for gpu in view.gpus
+    )
+    return replace(view, gpus=gpus)
+
+
+def _readers(rt: Runtime, caller: Caller, instance_ids: set[int]) -> set[int]:
+    """The instances among ``instance_ids`` whose every job's command ``caller`` may read."""
+    if access.is_admin(rt, caller):
+        return set(instance_ids)
+    with rt.db.session() as session:
+        return {
+            inst_id
+            for inst_id in instance_ids
+            if (inst := session.get(Instance, inst_id)) is not None
+            and _may_read(rt, session, caller, inst)
+        }
+
+
+def _may_read(rt: Runtime, session: Session, caller: Caller, inst: Instance) -> bool:
+    if access.is_admin(rt, caller) or access.is_owner(caller, inst):
+        return True
+    return caller.user_id in allowed_people(session, _id(inst))
+
+
+def _job_as_read(job: JobView, caller: Caller, readers: set[int]) -> JobView:
+    if job.instance_id in readers or job.requested_by == caller.user_id:
+        return job
+    return replace(job, command=(), command_hidden=True, summary=None)
+
+
+def _process_as_read(process: WhoProcess, caller: Caller) -> WhoProcess:
+    if process.slack_user == caller.user_id or process.command is None:
+        return process
+    return replace(process, command=None, command_hidden=True)
 
 
 def _change(

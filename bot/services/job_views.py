@@ -49,6 +49,9 @@ class JobView:
     #: Why the job has no GPU though none was refused it (the default on a machine without
     #: a usable GPU); None otherwise.
     gpus_note: str | None = None
+    #: The command is not shown to this reader (``command`` is then empty): only the job's
+    #: requester, the instance's owner, the people allowed on it and admins see it.
+    command_hidden: bool = False
 
     @property
     def ref(self) -> str:
@@ -111,6 +114,8 @@ class WhoProcess:
     sm_util_pct: int | None = None
     cpu_pct: float | None = None
     elapsed_s: float | None = None
+    #: The command is not shown to this reader (``command`` is then None).
+    command_hidden: bool = False
 
 
 @dataclass(frozen=True)

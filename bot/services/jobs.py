@@ -68,7 +68,7 @@ from bot.i18n import N_, Language, nt, speaking, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, audit, nvml_words, outbox, prompts
+from bot.services import access, audit, job_access, nvml_words, outbox, prompts
 from bot.services.access import Caller
 from bot.services.job_views import (
     FINAL_STATES,
@@ -299,11 +299,19 @@ def submit(
     return SubmitResult(job=view, posted=ref is not None)
 
 
-def list_jobs(rt: Runtime, instance_name: str | None = None) -> JobListView:
+def list_jobs(
+    rt: Runtime, instance_name: str | None = None, caller: Caller | None = None
+) -> JobListView:
     """The jobs of one instance as its agent lists them, or the fleet's recent and unfinished
     jobs; either way the bot's rows of unfinished jobs are brought up to date from their
     agents first, so both lists agree. Where an agent cannot be reached its jobs are shown as
-    the bot last saw them and ``problem`` says so."""
+    the bot last saw them and ``problem`` says so. With ``caller``, the commands that caller
+    may not read are left out (bot.services.job_access.readable_jobs)."""
+    listing = _list_jobs(rt, instance_name)
+    return listing if caller is None else job_access.readable_jobs(rt, caller, listing)
+
+
+def _list_jobs(rt: Runtime, instance_name: str | None) -> JobListView:
     now = rt.now()
     if instance_name is None:
         return _fleet_jobs(rt, now)
@@ -448,12 +456,18 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
         return job_view(job, inst, record)
 
 
-def who(rt: Runtime, name: str) -> WhoView:
+def who(rt: Runtime, name: str, caller: Caller | None = None) -> WhoView:
     """Every GPU of the instance and its processes, shown as Slack users where the process
     belongs to a job the bot ran, with the agent's reservations: the job each GPU is assigned
     to (also while it starts) and the queued jobs waiting; and the memory in use that no
     visible process holds (another container's), so such a GPU is never called free. Raises
-    NotFound, FleetError (the agent's own words when it answered with an error)."""
+    NotFound, FleetError (the agent's own words when it answered with an error). With
+    ``caller``, the command lines that caller may not read are left out."""
+    view = _who(rt, name)
+    return view if caller is None else job_access.readable_who(rt, caller, view)
+
+
+def _who(rt: Runtime, name: str) -> WhoView:
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         target = target_for(rt, inst)

@@ -23,7 +23,16 @@ the same transaction (so a notice goes out once, whatever crashes).
   names the platform and its id), with what it costs per hour, how long it has run and the
   names or tags that say whose it may be, unless it is younger than ``MIN_AGE_S`` or a rental
   `/gpu rent` still looks after (bot.services.rent.recent_launches). ``/gpu adopt`` takes one
-  over (:func:`adopt`), as does ``/gpu register --provider-id``.
+  over (:func:`adopt`): an admin's act (the console's too), told to the ops channel with who,
+  what and the platform's name and tags for it (:class:`Adopted`); ``/gpu register
+  --provider-id`` does too where the platform puts that id at the address registered
+  (bot.services.instance_trust.prove_platform).
+- A platform whose list **cannot be had** (an outage, a catch-all 404 or an HTML page:
+  ProviderUnknownOutcome) is said once to the ops channel with what it answered
+  (:class:`PlatformUnlisted`, outbox key ``list_failed:PROVIDER:N``), and once when it lists
+  again (:class:`PlatformListedAgain`, ``list_ok:PROVIDER:N``): the N-th outage of that
+  platform, so one outage is never said twice, whatever runs or processes see it. A rate limit
+  (429) is the platform answering, not an outage.
 
 Instances with a release under way are left to the release engine. The accounts looked at are
 the registry's (``ProviderRegistry.accounts``): AWS, present without any setting, only once an
@@ -46,19 +55,23 @@ from bot import billing
 from bot.errors import (
     Conflict,
     GpubotError,
+    NotAuthorized,
     NotFound,
     ProviderError,
     ProviderNotFound,
+    ProviderRateLimited,
+    ProviderUnknownOutcome,
     UsageError,
 )
 from bot.i18n import Language, speaking, t
 from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
 from bot.runtime import Runtime
-from bot.services import audit, outbox, prompts, registration, releases, rent
+from bot.services import access, audit, outbox, prompts, registration, releases, rent
 from bot.services.access import Caller
+from bot.services.instance_trust import Adopted, PlatformListedAgain, PlatformUnlisted
 from bot.services.views import InstanceBrief, RegisterResult, UnregisteredView
-from bot.store.models import Instance, Release
+from bot.store.models import Instance, OutboxMessage, Release
 
 if TYPE_CHECKING:
     from bot.fleet.fleet import Fleet
@@ -108,6 +121,9 @@ class Registered:
     port: int = 22
     last_poll_ok: bool | None = None
     owner_id: str | None = None
+    #: The disk (GB) and its price (micro-units per GB-month) the registration bills now.
+    disk_gb: float | None = None
+    storage_micros_per_gb_month: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,13 +151,19 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
             listed = provider.list_instances()
         except GpubotError as exc:
             log.warning("reconcile with %s skipped: %s", provider.name, exc)
+            if not isinstance(exc, ProviderRateLimited):
+                report_unlisted(rt, provider.name, exc, now)
             continue
-        for change in _changes(provider, registered.get(provider.name, ()), listed):
+        report_listed(rt, provider.name, now)
+        members = registered.get(provider.name, ())
+        for change in _changes(provider, members, listed):
             owner = change.member.owner_id
             with speaking(prompts.recipient_language(rt, owner, languages)):
                 recorded = _record(rt, change, now)
             if recorded:
                 changed.append(change.member.instance_id)
+        if provider.capabilities.storage_follows_state:
+            _follow_storage(rt, members, listed, now)
         if launches is None:
             launches = rent.recent_launches(rt, now)
         report_unregistered(rt, provider.name, listed, now, launches=launches)
@@ -200,6 +222,87 @@ def report_unregistered(
     return reported
 
 
+def report_unlisted(rt: Runtime, provider: str, exc: GpubotError, now: datetime) -> bool:
+    """Tell the ops channel that ``provider`` cannot be listed, unless this outage was told
+    already. Returns True when queued now."""
+    recipient = outbox.ops_recipient(rt)
+    if recipient is None:
+        return False
+    answer = exc.message
+    if isinstance(exc, ProviderUnknownOutcome) and exc.answer and exc.answer not in answer:
+        answer = f"{answer} ({exc.answer})"
+    with rt.db.session() as session, speaking(None):
+        last = _last_outage(session, provider)
+        if last is not None and outbox.find(session, _listed_key(provider, last)) is None:
+            return False  # told already, not over yet
+        number = (last or 0) + 1
+        notice = PlatformUnlisted(provider, answer[:500], now, rt.settings.timezone)
+        text, body = rt.message(notice)
+        outbox.enqueue(
+            session,
+            key=_unlisted_key(provider, number),
+            kind="notice",
+            recipient=recipient,
+            text=text,
+            blocks=body,
+            now=now,
+        )
+        audit.record(
+            session,
+            "gpubot",
+            "platform_unlisted",
+            None,
+            at=now,
+            provider=provider,
+            answer=answer[:500],
+        )
+    return True
+
+
+def report_listed(rt: Runtime, provider: str, now: datetime) -> bool:
+    """Tell the ops channel that ``provider`` lists again when an outage was told and its end
+    was not. Returns True when queued now."""
+    recipient = outbox.ops_recipient(rt)
+    if recipient is None:
+        return False
+    with rt.db.session() as session, speaking(None):
+        last = _last_outage(session, provider)
+        if last is None or outbox.find(session, _listed_key(provider, last)) is not None:
+            return False
+        told = outbox.find(session, _unlisted_key(provider, last))
+        since = told.created_at if told is not None else now
+        notice = PlatformListedAgain(provider, since, now, rt.settings.timezone)
+        text, body = rt.message(notice)
+        outbox.enqueue(
+            session,
+            key=_listed_key(provider, last),
+            kind="notice",
+            recipient=recipient,
+            text=text,
+            blocks=body,
+            now=now,
+        )
+    return True
+
+
+def _unlisted_key(provider: str, number: int) -> str:
+    return f"list_failed:{provider}:{number}"
+
+
+def _listed_key(provider: str, number: int) -> str:
+    return f"list_ok:{provider}:{number}"
+
+
+def _last_outage(session: Session, provider: str) -> int | None:
+    """The number of ``provider``'s last outage told to the ops channel, or None."""
+    prefix = _unlisted_key(provider, 0)[:-1]
+    keys = session.exec(
+        select(OutboxMessage.key).where(col(OutboxMessage.key).startswith(prefix, autoescape=True))
+    ).all()
+    numbers = [int(key[len(prefix) :]) for key in keys if key[len(prefix) :].isdigit()]
+    return max(numbers) if numbers else None
+
+
 # --- adopting --------------------------------------------------------------------------------
 
 
@@ -233,9 +336,21 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
     """Register an instance of a platform account from what the platform says about it (its
     address, GPUs and price), then exactly as `/gpu register` does.
 
-    Raises UsageError (a platform without an API, or no price the bot can use), NotFound (the
-    platform does not know it), Conflict (it does not run now, or someone holds it), and what
-    :func:`bot.services.registration.register` raises."""
+    Only an admin may adopt (and the console): a member is refused with NotAuthorized that says
+    to ask an admin. The ops channel is told who adopted what (:class:`Adopted`).
+
+    Raises NotAuthorized, UsageError (a platform without an API, or no price the bot can use),
+    NotFound (the platform does not know it), Conflict (it does not run now, or a registration
+    holds it), and what :func:`bot.services.registration.register` raises."""
+    if not (rt.console or access.is_admin(rt, caller)):
+        raise NotAuthorized(
+            t("Only an admin can adopt an instance of the team's platform accounts."),
+            hint=t(
+                "Ask an admin in the ops channel to adopt {provider} {id} for you.",
+                provider=req.provider,
+                id=req.provider_id[:100],
+            ),
+        )
     provider = rt.providers.get(req.provider)
     if not provider.capabilities.can_list:
         raise UsageError(
@@ -243,6 +358,7 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
             hint=t("Register it with /gpu register NAME USER@HOST --gpu MODEL --price 2.10/h."),
         )
     seen = _look_up(provider, req.provider_id)
+    _refuse_held(rt, provider.name, seen.provider_id)
     if seen.state != "running" or not seen.host:
         raise Conflict(
             t(
@@ -272,17 +388,66 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
         storage_micros_per_gb_month=storage,
     )
     result = registration.register(rt, caller, request)
+    now = rt.now()
+    recipient = outbox.ops_recipient(rt)
     with rt.db.session() as session:
         audit.record(
             session,
-            at=rt.now(),
+            at=now,
             actor=caller.user_id,
             action="adopted",
             instance_id=result.instance.id,
             provider=provider.name,
             id=seen.provider_id,
+            platform_name=seen.name,
+            tags=[list(tag) for tag in seen.tags],
         )
+        if recipient is not None:
+            with speaking(None):
+                notice = Adopted(
+                    caller.user_id,
+                    result.instance.name,
+                    provider.name,
+                    seen.provider_id,
+                    seen.name,
+                    seen.tags,
+                )
+                text, body = rt.message(notice)
+            outbox.enqueue(
+                session,
+                key=f"adopted:{result.instance.id}"[:160],
+                kind="notice",
+                recipient=recipient,
+                text=text,
+                blocks=body,
+                now=now,
+                instance_id=result.instance.id,
+            )
     return result
+
+
+def _refuse_held(rt: Runtime, provider: str, provider_id: str) -> None:
+    """Raise Conflict when a live registration holds ``provider``'s ``provider_id``: adopting
+    takes over only what nobody registered."""
+    with rt.db.session() as session:
+        holder = session.exec(
+            select(Instance).where(
+                Instance.provider == provider,
+                Instance.provider_instance_id == provider_id,
+                Instance.state != "released",
+            )
+        ).first()
+    if holder is not None:
+        raise Conflict(
+            t(
+                "{provider} instance {id} is registered already, as {name} (<@{owner}>).",
+                provider=provider,
+                id=provider_id[:100],
+                name=holder.name,
+                owner=holder.owner_id,
+            ),
+            hint=t("Its owner or an admin can change it with /gpu register."),
+        )
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -314,6 +479,8 @@ def _registrations(
                 row.port,
                 row.last_poll_ok,
                 row.owner_id,
+                row.disk_gb,
+                row.storage_micros_per_gb_month,
             )
             by_provider.setdefault(row.provider, []).append(member)
     return by_provider, in_use
@@ -404,7 +571,7 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
         session.refresh(inst)
-        if change == STOPPED:
+        if change in (STOPPED, STARTED):
             _learn_storage(rt, session, inst, found.seen, now)
         if change != MOVED:
             audit.record(
@@ -468,8 +635,12 @@ def _learn_storage(
     """A stopped registration without a storage price takes the platform's, where the platform
     says the disk and its price in the registration's currency, from ``now`` (so what it costs
     stopped is known). A price someone gave is left as it is, one given meanwhile too (the
-    stop is recorded all the same)."""
-    if inst.storage_micros_per_gb_month > 0 or seen is None:
+    stop is recorded all the same) — except on a platform whose disk bills by the instance's
+    state (``storage_follows_state``: RunPod), whose disk and price at each stop and start are
+    what it bills from then on."""
+    if seen is None:
+        return
+    if inst.storage_micros_per_gb_month > 0 and not follows_state(rt, inst.provider):
         return
     if seen.disk_gb is None or seen.storage_micros_per_gb_month is None:
         return
@@ -483,6 +654,38 @@ def _learn_storage(
     except (Conflict, sa_exc.IntegrityError):
         log.info("reconcile: %s's storage was set meanwhile; left as it is", inst.name)
     session.refresh(inst)
+
+
+def _follow_storage(
+    rt: Runtime, members: Iterable[Registered], listed: list[ProviderInstance], now: datetime
+) -> None:
+    """On a platform whose disk bills by the instance's state, each registration whose disk or
+    disk price is not what the platform reports now (a stop or start the bot made itself, a
+    volume resized) takes the platform's from ``now``: the rest of a stretch is at most one
+    reconcile late."""
+    by_id = {i.provider_id: i for i in listed}
+    for member in members:
+        seen = by_id.get(member.provider_id)
+        if seen is None or seen.disk_gb is None or seen.storage_micros_per_gb_month is None:
+            continue
+        if (member.disk_gb, member.storage_micros_per_gb_month) == (
+            seen.disk_gb,
+            seen.storage_micros_per_gb_month,
+        ):
+            continue
+        with rt.db.session() as session:
+            inst = session.get(Instance, member.instance_id)
+            if inst is None or inst.state not in WATCHED_STATES:
+                continue
+            _learn_storage(rt, session, inst, seen, now)
+
+
+def follows_state(rt: Runtime, provider_name: str) -> bool:
+    """Whether the platform bills the disk by the instance's state (its capabilities say)."""
+    try:
+        return rt.providers.get(provider_name).capabilities.storage_follows_state
+    except GpubotError:
+        return False
 
 
 def _restart(

@@ -8,6 +8,13 @@ Delivered GPUs that differ from the rented ones are said in the reply and told o
 channel (:class:`GpuMismatch`, in the workspace's language); status and list show them for as
 long as they differ. A new registration, and a re-registration that moves the deadline later,
 pass the budget check of ``extend`` (bot.services.budgets.check_budget).
+
+What a registration claims is checked (bot.services.instance_trust): the host is resolved once
+and the address that answered is what is dialled and stored; from Slack it must lie in
+GPUBOT_INSTANCE_NETWORKS, a member's failed dials read the same and are limited; a provider id
+must be the platform's record of the machine at that address and SSH port (``Provider.get``,
+outside any transaction). A re-registration keeps the platform and its id unless both are given
+again; changing them is an admin's act, audited as ``provider_changed``.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import re
 import secrets
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -28,14 +36,15 @@ from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
 from bot import billing
-from bot.errors import Conflict, FleetError, NotFound, ProviderError, ProviderNotFound, UsageError
+from bot import text as bot_text
+from bot.errors import Conflict, FleetError, NotAuthorized, UsageError
 from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
 from bot.i18n import N_, speaking, t
 from bot.notify import Notice
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import access, audit, budgets, ledger, prompts
+from bot.services import access, audit, budgets, instance_trust, key_grants, ledger, prompts
 from bot.services.access import Caller
 from bot.services.fleet_views import health_view
 from bot.services.lifecycle import check_cap
@@ -91,7 +100,9 @@ class RegisterRequest:
     price_micros_per_hour: int = 0
     release_in: timedelta | None = None
     release_at: datetime | None = None
-    provider: str = "manual"
+    #: The platform and its id of the instance; None: ``manual`` for a new registration, and
+    #: for a re-registration the ones it has (a change needs both, and an admin).
+    provider: str | None = None
     provider_id: str | None = None
     billing: str | None = None
     min_charge_s: int | None = None
@@ -124,6 +135,8 @@ class _Registration:
     deadline_at: datetime | None
     now: datetime
     billed_from: datetime | None = None
+    #: The platform and id it had before, when this re-registration changes them (an admin's).
+    provider_before: tuple[str, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,15 +167,76 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
     address = parse_address(req.address)
     access.refuse_local(rt, name, address.host)
     _validate(rt, req)
-    key_path = keys.key_path(rt.settings, req.key_name) if req.key_name else None
+    key_path = key_grants.usable_key(rt, caller, req.key_name) if req.key_name else None
+    attempt = _Attempt.take(rt, caller)
+    try:
+        result = _register(rt, caller, req, name, address, key_path, attempt)
+    except BaseException:
+        attempt.failed()
+        raise
+    attempt.succeeded()
+    return result
+
+
+@dataclass
+class _Attempt:
+    """One registration attempt from Slack, counted by the limiter from its start; it stays
+    counted only when it failed to resolve or dial, or its address was refused (``probe``):
+    what a scan of the bot's network runs into. None of it in the console."""
+
+    rt: Runtime
+    caller: Caller
+    at: datetime | None
+    probe: bool = False
+
+    @classmethod
+    def take(cls, rt: Runtime, caller: Caller) -> _Attempt:
+        if rt.console:
+            return cls(rt, caller, None)
+        at = rt.now()
+        instance_trust.limiter(rt).take(caller.user_id, at)
+        return cls(rt, caller, at)
+
+    def failed(self) -> None:
+        if not self.probe:
+            self.succeeded()
+
+    def succeeded(self) -> None:
+        if self.at is not None:
+            instance_trust.limiter(self.rt).refund(self.caller.user_id, self.at)
+
+
+def _register(
+    rt: Runtime,
+    caller: Caller,
+    req: RegisterRequest,
+    name: str,
+    address: Address,
+    key_path: Path | None,
+    attempt: _Attempt,
+) -> RegisterResult:
     now = rt.now()
     # Before the machine is asked anything: refuse a machine that is someone else's.
-    _refuse_others_machine(rt, caller, name, _identity(address, req, None))
-    _check_provider_id(rt, req)
-    host_key = _scan(rt, caller, name, address)
-    # Then by everything that identifies it, its host key too (another address may reach it).
-    identity = _identity(address, req, host_key.fingerprint if host_key else None)
-    holder = _holder(rt, caller, name, identity)
+    _refuse_others_machine(
+        rt, caller, name, _identity(address, req.provider or "manual", req.provider_id, None)
+    )
+    resolved = _resolve(rt, caller, req, address, attempt)
+    attempt.probe = True
+    host_key, address = _scan(rt, caller, req, name, address, resolved)
+    attempt.probe = False
+    holder, platform = _holder_and_platform(rt, caller, req, name, address, host_key)
+    provider_name, provider_id = platform
+    seen = None
+    if provider_id and resolved is not None:
+        provider = rt.providers.get(provider_name)
+        dialled = instance_trust.Resolved(address.host, (address.host,))
+        seen = instance_trust.prove_platform(provider, provider_id, dialled, address.port)
+        instance_trust.check_platform_host_key(
+            provider, seen, host_key.fingerprint if host_key else None
+        )
+    identity = _identity(
+        address, provider_name, provider_id, host_key.fingerprint if host_key else None
+    )
     deadline_at = _deadline(rt, req, now, holder)
     if holder is None:
         budgets.check_budget(rt, caller, caller.user_id, req.project)
@@ -186,16 +260,30 @@ def register(rt: Runtime, caller: Caller, req: RegisterRequest) -> RegisterResul
         report = agent.health(
             python=req.python_path, expect_gpu=req.gpu_model, expect_count=req.gpu_count
         )
-    except FleetError:
+    except FleetError as exc:
         rt.fleet.forget(name)
-        raise
+        attempt.probe = True
+        raise instance_trust.dial_failure(rt, caller, req.address, exc) from exc
     mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
     fields = _instance_fields(req, target, status, version, now)
+    fields.update(provider=provider_name, provider_instance_id=provider_id)
+    changed = holder is not None and (holder.provider, holder.provider_instance_id) != platform
     stored = _store_registration(
         rt,
         caller,
         _Registration(
-            name, identity, holder, fields, deadline_at, now, _billed_from(req.billed_from, now)
+            name,
+            identity,
+            holder,
+            fields,
+            deadline_at,
+            now,
+            _billed_from(req.billed_from, now),
+            provider_before=(
+                (holder.provider, holder.provider_instance_id)
+                if holder is not None and changed
+                else None
+            ),
         ),
     )
     if holder is not None and holder.name != name:
@@ -258,11 +346,7 @@ def ensure_local_instance(rt: Runtime, owner_id: str) -> InstanceView:
 
 def validate_name(text: str) -> str:
     """An instance name as typed. Raises UsageError when it does not fit the pattern."""
-    if not NAME_RE.fullmatch(text):
-        raise UsageError(
-            t("{name!r} is not a valid instance name.", name=echo(text)), hint=t(NAME_HINT)
-        )
-    return text
+    return bot_text.instance_name(text)
 
 
 def parse_address(text: str) -> Address:
@@ -311,6 +395,7 @@ _RECORDED = (
     "python_path",
     "agent_home",
     "agent_version",
+    "provider",
     "provider_instance_id",
     "gpu_model",
     "delivered_gpu_name",
@@ -347,12 +432,12 @@ def _validate(rt: Runtime, req: RegisterRequest) -> None:
         )
     if req.price_micros_per_hour < 0 or req.storage_micros_per_gb_month < 0:
         raise UsageError(t("Prices cannot be negative."), hint=t("Like --price 2.10/h."))
-    if req.provider not in KNOWN_PROVIDERS:
+    if req.provider is not None and req.provider not in KNOWN_PROVIDERS:
         raise UsageError(
             t("{provider!r} is not a provider.", provider=echo(req.provider)),
             hint=t("Use one of: {choices}.", choices=", ".join(KNOWN_PROVIDERS)),
         )
-    if req.provider != "manual" and not req.provider_id:
+    if req.provider is not None and req.provider != "manual" and not req.provider_id:
         raise UsageError(
             t(
                 "--provider {provider} needs --provider-id, the platform's id of the instance.",
@@ -374,7 +459,7 @@ def _validate(rt: Runtime, req: RegisterRequest) -> None:
         )
     if req.key_name is not None:
         keys.check_key_name(req.key_name)
-    rt.providers.get(req.provider)  # ConfigError when it needs configuring
+    rt.providers.get(req.provider or "manual")  # ConfigError when it needs configuring
 
 
 def _deadline(
@@ -402,16 +487,80 @@ def _deadline_given(req: RegisterRequest) -> bool:
 
 
 def _identity(
-    address: Address, req: RegisterRequest, fingerprint: str | None
+    address: Address, provider: str, provider_id: str | None, fingerprint: str | None
 ) -> access.MachineIdentity:
     return access.MachineIdentity(
         host=address.host,
         port=address.port,
         user=address.user,
         host_key_fingerprint=fingerprint,
-        provider=req.provider,
-        provider_id=req.provider_id,
+        provider=provider,
+        provider_id=provider_id,
     )
+
+
+def _resolve(
+    rt: Runtime, caller: Caller, req: RegisterRequest, address: Address, attempt: _Attempt
+) -> instance_trust.Resolved | None:
+    """The host resolved once (None for ``local``); from Slack, checked against
+    GPUBOT_INSTANCE_NETWORKS before anything is dialled. A name that does not resolve is a
+    dial failure (one message for members)."""
+    if address.host == LOCAL_HOST:
+        return None
+    attempt.probe = True
+    try:
+        resolved = instance_trust.resolve(address.host, address.port)
+    except FleetError as exc:
+        raise instance_trust.dial_failure(rt, caller, req.address, exc) from exc
+    attempt.probe = False  # an address refused was not dialled: it does not count
+    if not rt.console:
+        instance_trust.check_addresses(rt.settings.instance_networks, resolved)
+    return resolved
+
+
+def _holder_and_platform(
+    rt: Runtime,
+    caller: Caller,
+    req: RegisterRequest,
+    name: str,
+    address: Address,
+    host_key: HostKey | None,
+) -> tuple[Instance | None, tuple[str, str | None]]:
+    """The registration this one changes (see :func:`_holder`) and the platform and id to
+    store: the request's for a new one; for a re-registration the holder's unless both are
+    given again, and then only an admin (or the console) may change them."""
+    fingerprint = host_key.fingerprint if host_key else None
+    given = _identity(address, req.provider or "manual", req.provider_id, fingerprint)
+    holder = _holder(rt, caller, name, given)
+    if holder is None:
+        return None, (req.provider or "manual", req.provider_id)
+    kept = (holder.provider, holder.provider_instance_id)
+    if req.provider_id is None or (
+        req.provider_id == holder.provider_instance_id and req.provider in (None, holder.provider)
+    ):
+        return holder, kept
+    if req.provider is None:
+        raise UsageError(
+            t(
+                "{name} is registered on {provider}; --provider-id needs --provider to change it.",
+                name=holder.name,
+                provider=holder.provider,
+            ),
+            hint=t("Leave both out to keep them."),
+        )
+    wanted = (req.provider, req.provider_id)
+    if wanted != kept and not (rt.console or access.is_admin(rt, caller)):
+        raise NotAuthorized(
+            t(
+                "Only an admin can change the platform or the platform's id of {name} "
+                "({provider} {id}).",
+                name=holder.name,
+                provider=holder.provider,
+                id=echo(holder.provider_instance_id or "-"),
+            ),
+            hint=t("Register it again without --provider and --provider-id to keep them."),
+        )
+    return holder, wanted
 
 
 def _refuse_others_machine(
@@ -423,19 +572,33 @@ def _refuse_others_machine(
         access.holder_for_registration(rt, caller, access.machine_holders(session, identity), name)
 
 
-def _scan(rt: Runtime, caller: Caller, name: str, address: Address) -> HostKey | None:
-    """The host key the machine presents (None for ``local``). When it cannot be reached and
-    the name is someone else's, the answer is that the name is taken (refused either way)."""
-    if address.host == LOCAL_HOST:
-        return None
-    try:
-        return rt.fleet.scan_host_key(address.host, address.port)
-    except FleetError as exc:
-        with rt.db.session() as session:
-            by_name = live_by_name(session, name)
-        if by_name is None or access.is_owner(caller, by_name) or access.is_admin(rt, caller):
-            raise
-        raise _name_taken(name, by_name) from exc
+def _scan(
+    rt: Runtime,
+    caller: Caller,
+    req: RegisterRequest,
+    name: str,
+    address: Address,
+    resolved: instance_trust.Resolved | None,
+) -> tuple[HostKey | None, Address]:
+    """The host key the machine presents (None for ``local``) and the address that presented
+    it: each resolved address in turn, the first that answers (what is stored and dialled
+    from then on). When none answers and the name is someone else's, the answer is that the
+    name is taken (refused either way); else one message for members (the reason for
+    admins)."""
+    if resolved is None:
+        return None, address
+    failure: FleetError | None = None
+    for host in resolved.addresses:
+        try:
+            return rt.fleet.scan_host_key(host, address.port), replace(address, host=host)
+        except FleetError as exc:
+            failure = exc
+    assert failure is not None
+    with rt.db.session() as session:
+        by_name = live_by_name(session, name)
+    if by_name is None or access.is_owner(caller, by_name) or access.is_admin(rt, caller):
+        raise instance_trust.dial_failure(rt, caller, req.address, failure) from failure
+    raise _name_taken(name, by_name) from failure
 
 
 def _name_taken(name: str, by_name: Instance) -> Conflict:
@@ -485,27 +648,6 @@ def _check_later_deadline(
     budgets.check_budget(rt, caller, holder.owner_id, project)
 
 
-def _check_provider_id(rt: Runtime, req: RegisterRequest) -> None:
-    if not req.provider_id:
-        return
-    provider = rt.providers.get(req.provider)
-    if not provider.capabilities.can_list:
-        return
-    try:
-        provider.get(req.provider_id)
-    except ProviderNotFound as exc:
-        raise NotFound(
-            t(
-                "{provider} does not know an instance {id!r}.",
-                provider=req.provider,
-                id=echo(req.provider_id),
-            ),
-            hint=t("Copy the id from the platform's console."),
-        ) from exc
-    except ProviderError:
-        raise
-
-
 def _instance_fields(
     req: RegisterRequest, target: Target, status: StatusSnapshot, version: str, now: datetime
 ) -> dict[str, object]:
@@ -528,8 +670,6 @@ def _instance_fields(
         "delivered_gpu_name": ", ".join(names)[:128] or None,
         "delivered_gpu_count": len(status.gpus),
         "price_micros": req.price_micros_per_hour,
-        "provider": req.provider,
-        "provider_instance_id": req.provider_id,
         "storage_micros_per_gb_month": req.storage_micros_per_gb_month,
         "disk_gb": req.disk_gb,
         "project": req.project,
@@ -632,6 +772,16 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
         assert prompt.id is not None
         prompts.resolve(
             session, prompt.id, resolution="re_registered", by=caller.user_id, now=reg.now
+        )
+    if reg.provider_before is not None:
+        audit.record(
+            session,
+            caller.user_id,
+            "provider_changed",
+            inst.id,
+            at=reg.now,
+            before={"provider": reg.provider_before[0], "id": reg.provider_before[1]},
+            after={"provider": inst.provider, "id": inst.provider_instance_id},
         )
     action = "re_register" if reg.holder.name == reg.name else "rename"
     audit.record(

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
@@ -46,6 +49,7 @@ from bot.errors import (
     NotFound,
     ProviderNotFound,
     ProviderRateLimited,
+    ProviderUnknownOutcome,
     UsageError,
 )
 from bot.i18n import Language, t
@@ -67,8 +71,11 @@ OPEN_STATES = ("pending", "in_progress", "escalated", "awaiting_owner")
 RELEASING_STATES = ("releasing", "awaiting_confirmation", "released")
 #: The state of an instance stopped on its platform: compute off, its disk kept (and billed).
 STOPPED = "stopped"
-#: How long a claim on a Release holds before another process may take it over.
-CLAIM_LEASE_S = 300
+#: How long a claim on a Release holds before another process may take it over, unless its
+#: holder renews it: a holder that died (``kill -9``) loses it within this time.
+CLAIM_LEASE_S = 45
+#: How often (real seconds) a holder renews its claim while it works on the release.
+CLAIM_HEARTBEAT_S = 15.0
 #: When the platform accepted a release but has not finished it: look again after this.
 CONFIRM_RECHECK_S = 30
 BACKOFF_BASE_S = 60
@@ -294,10 +301,11 @@ def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None
     now = now or rt.now()
     claim = _claim(rt, release_id, now)
     if claim is not None:
-        if claim.manual:
-            _process_manual(rt, claim, now)
-        else:
-            _process_api(rt, claim)
+        with _heartbeat(rt, claim):
+            if claim.manual:
+                _process_manual(rt, claim, now)
+            else:
+                _process_api(rt, claim)
         _deliver_for_release(rt, claim.release_id)
     return load_release(rt, release_id)
 
@@ -514,11 +522,15 @@ def open_release(session: Session, instance_id: int) -> Release | None:
     ).first()
 
 
-def mark_instance_released(session: Session, instance_id: int, *, now: datetime, mode: str) -> bool:
+def mark_instance_released(
+    session: Session, instance_id: int, *, now: datetime, mode: str, at: datetime | None = None
+) -> bool:
     """Stop the meter: the instance is released (terminate: compute and disk), or only stopped
-    (stop: see :func:`mark_instance_stopped`).
+    (stop: see :func:`mark_instance_stopped`). ``at`` is when the platform says it ended, where
+    known (the meter stops there, never later than ``now``, never before the instance began).
 
     Returns False when it was already marked released (or, for a stop, stopped)."""
+    now = _stop_time(session, instance_id, now=now, at=at)
     if mode == "stop":
         return mark_instance_stopped(session, instance_id, now=now)
     values: dict[str, object] = {
@@ -539,6 +551,17 @@ def mark_instance_released(session: Session, instance_id: int, *, now: datetime,
     if inst is not None:
         session.refresh(inst)
     return bool(result.rowcount == 1)
+
+
+def _stop_time(
+    session: Session, instance_id: int, *, now: datetime, at: datetime | None
+) -> datetime:
+    """``at`` bounded to [the instance's creation, ``now``]; ``now`` where ``at`` is unknown."""
+    if at is None or at >= now:
+        return now
+    inst = session.get(Instance, instance_id)
+    created = inst.created_at if inst is not None else None
+    return max(at, created) if created is not None else at
 
 
 def mark_instance_stopped(session: Session, instance_id: int, *, now: datetime) -> bool:
@@ -579,10 +602,21 @@ def escalation_channel(rt: Runtime, inst: Instance) -> str | None:
 # --- claiming and recording -------------------------------------------------------------------
 
 
+class _Lease:
+    """Until when a claim holds (``until``, naive UTC), moved on by its heartbeat. ``lock`` is
+    held while the lease is renewed and while the holder records its result, so the row's
+    ``next_attempt_at`` and ``until`` never disagree when the holder checks that it still holds."""
+
+    def __init__(self, until: datetime) -> None:
+        self.until = until
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+
 @dataclass(frozen=True)
 class _Claim:
     release_id: int
-    lease_until: datetime
+    lease: _Lease
     instance_id: int
     provider: str
     provider_instance_id: str | None
@@ -620,7 +654,7 @@ def _claim(rt: Runtime, release_id: int, now: datetime) -> _Claim | None:
         manual = _is_manual(rt, inst)
         return _Claim(
             release_id=release_id,
-            lease_until=lease_until,
+            lease=_Lease(lease_until),
             instance_id=inst.id or 0,
             provider=inst.provider,
             provider_instance_id=inst.provider_instance_id,
@@ -674,13 +708,60 @@ def _still_ours(claim: _Claim) -> tuple[object, ...]:
     return (
         col(Release.id) == claim.release_id,
         col(Release.state) == "in_progress",
-        col(Release.next_attempt_at) == claim.lease_until,
+        col(Release.next_attempt_at) == claim.lease.until,
     )
+
+
+@contextmanager
+def _heartbeat(rt: Runtime, claim: _Claim) -> Iterator[None]:
+    """Renew the claim every ``CLAIM_HEARTBEAT_S`` (real seconds) while the body runs, so a
+    slow platform call keeps it and a dead holder loses it within ``CLAIM_LEASE_S``."""
+    beat = threading.Thread(
+        target=_renew_until_done,
+        args=(rt, claim),
+        name=f"release-{claim.release_id}-lease",
+        daemon=True,
+    )
+    beat.start()
+    try:
+        yield
+    finally:
+        claim.lease.done.set()
+        beat.join(timeout=CLAIM_HEARTBEAT_S)
+
+
+def _renew_until_done(rt: Runtime, claim: _Claim) -> None:
+    while not claim.lease.done.wait(CLAIM_HEARTBEAT_S):
+        if not _renew(rt, claim):
+            return
+
+
+def _renew(rt: Runtime, claim: _Claim) -> bool:
+    """Move the claim's lease to ``CLAIM_LEASE_S`` from now; False when it is no longer held
+    (taken over, or the holder finished)."""
+    with claim.lease.lock:
+        if claim.lease.done.is_set():
+            return False
+        until = max(claim.lease.until, rt.now() + timedelta(seconds=CLAIM_LEASE_S))
+        try:
+            with rt.db.session() as session:
+                won = session.exec(
+                    update(Release)
+                    .where(*_still_ours(claim))  # type: ignore[arg-type]
+                    .values(next_attempt_at=until)
+                ).rowcount
+        except GpubotError as exc:  # the store hiccupped: try again at the next beat
+            log.warning("release %s: renewing its claim failed: %s", claim.release_id, exc)
+            return True
+        if won != 1:
+            return False
+        claim.lease.until = until
+        return True
 
 
 def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> None:
     now = rt.now()
-    with rt.db.session() as session:
+    with claim.lease.lock, rt.db.session() as session:
         won = session.exec(
             update(Release)
             .where(*_still_ours(claim))  # type: ignore[arg-type]
@@ -720,7 +801,7 @@ def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> 
 
 def _record_pending(rt: Runtime, claim: _Claim) -> None:
     now = rt.now()
-    with rt.db.session() as session:
+    with claim.lease.lock, rt.db.session() as session:
         session.exec(
             update(Release)
             .where(*_still_ours(claim))  # type: ignore[arg-type]
@@ -747,7 +828,7 @@ def _record_failure(
         "state": "escalated" if (escalate or claim.escalated) else "pending",
         "attempts": attempts,
         "next_attempt_at": now + timedelta(seconds=delay),
-        "last_error": error.user_text()[:2000],
+        "last_error": failure_text(error)[:2000],
     }
     if escalate:
         values["escalated_at"] = now
@@ -758,13 +839,23 @@ def _record_failure(
         error,
         extra=log_ids(release_id=claim.release_id, instance_id=claim.instance_id),
     )
-    with rt.db.session() as session:
+    with claim.lease.lock, rt.db.session() as session:
         won = session.exec(
             update(Release).where(*_still_ours(claim)).values(**values)  # type: ignore[arg-type]
         ).rowcount
         if won != 1 or not escalate:
             return
         _add_escalations(rt, session, claim.instance_id, claim.release_id, now)
+
+
+def failure_text(error: GpubotError) -> str:
+    """What a failed attempt records for the escalation: the error and its hint, and for an
+    unknown outcome what the platform (or whatever stood in its place) answered, its status and a
+    credential-masked excerpt (escaped where it is shown)."""
+    text = error.user_text()
+    if isinstance(error, ProviderUnknownOutcome) and error.answer:
+        text = "\n".join((text, t("The platform answered: {answer}", answer=error.answer)))
+    return text
 
 
 def _add_escalations(
@@ -805,7 +896,7 @@ def _add_escalations(
 
 
 def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
-    with rt.db.session() as session:
+    with claim.lease.lock, rt.db.session() as session:
         inst = session.get(Instance, claim.instance_id)
         assert inst is not None
         asked = prompts.find_prompt(

@@ -466,7 +466,8 @@ def _adopt(
             provider_id=launched.provider_id,
             billing=caps.billing_increment,
             min_charge_s=caps.min_charge_s,
-            disk_gb=float(req.disk_gb) if req.disk_gb else None,
+            disk_gb=float(req.disk_gb) if req.disk_gb else ready.disk_gb,
+            storage_micros_per_gb_month=_platform_storage(rt, ready),
             project=req.project,
             python_path=req.python_path,
             key_name=req.key_name,
@@ -474,6 +475,14 @@ def _adopt(
             billed_from=billed_from,
         ),
     )
+
+
+def _platform_storage(rt: Runtime, seen: ProviderInstance) -> int:
+    """The disk price the platform reports for the instance (micro-units per GB-month), where it
+    reports one in the team's currency; else 0 (unknown until given)."""
+    if seen.storage_micros_per_gb_month is None or seen.currency != rt.settings.currency:
+        return 0
+    return seen.storage_micros_per_gb_month
 
 
 def _launch(

@@ -37,6 +37,7 @@ from bot.i18n import t
 from bot.services import costs, ledger
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, Person, SpendDay, SpendMonth
+from bot.text import csv_cell
 from bot.values import MICROS
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
@@ -310,7 +311,8 @@ def group_key(item: InstanceSpend, by: str) -> str:
 def spend_csv(report: SpendReport) -> bytes:
     """One row per instance with amounts in currency units (6 decimals, exact); the owner by
     Slack ID and by display name. UTF-8 with a byte order mark, so that Excel (Chinese
-    Windows included) reads it as UTF-8."""
+    Windows included) reads it as UTF-8. Text cells that a spreadsheet would read as a formula
+    start with ``'`` (bot.text.csv_cell); the amounts are written as they are."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
@@ -336,12 +338,12 @@ def spend_csv(report: SpendReport) -> bytes:
         writer.writerow(
             [
                 report.month,
-                item.name,
-                item.owner_id,
-                report.names.get(item.owner_id, ""),
-                item.project or "",
-                item.provider,
-                item.gpu_model or "",
+                csv_cell(item.name),
+                csv_cell(item.owner_id),
+                csv_cell(report.names.get(item.owner_id, "")),
+                csv_cell(item.project or ""),
+                csv_cell(item.provider),
+                csv_cell(item.gpu_model or ""),
                 item.gpu_count,
                 f"{Decimal(item.compute_s) / 3600:.2f}",
                 _units(item.compute_micros),

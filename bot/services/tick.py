@@ -46,6 +46,7 @@ from sqlmodel import col, select
 
 from bot.runtime import Runtime
 from bot.services import (
+    bills,
     budgets,
     deadlines,
     digest,
@@ -76,6 +77,7 @@ TICK_STEPS: list[tuple[str, Step]] = [
     ("ledger", ledger.ledger_tick),
     ("budgets", budgets.budget_tick),
     ("digest", digest.digest_tick),
+    ("bills", bills.bills_tick),
 ]
 
 #: How often the providers' lists are compared with the store.

@@ -186,6 +186,18 @@ class InstanceAccess(SQLModel, table=True):
     granted_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
+class KeyGrant(SQLModel, table=True):
+    """A person an admin allowed to use the SSH key ``key_name`` of GPUBOT_SSH_KEY_DIR."""
+
+    __table_args__ = (UniqueConstraint("key_name", "person_id"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    key_name: str = Field(max_length=100, index=True)
+    person_id: str = Field(foreign_key="person.slack_id", max_length=64, index=True)
+    granted_by: str = Field(max_length=64)
+    granted_at: NaiveDatetime = Field(default_factory=utcnow)
+
+
 class Prompt(SQLModel, table=True):
     """Something the bot asked or told a person: a deadline warning, an idle prompt, a confirmation.
 
@@ -466,6 +478,16 @@ class StepClaim(SQLModel, table=True):
     claimed_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
+class SeenSignature(SQLModel, table=True):
+    """A Slack request signature already applied (bot.replay), kept until ``expires_at``
+    (naive UTC): the process whose insert wins runs the request; the signature is the key."""
+
+    __tablename__ = "seen_signature"
+
+    signature: str = Field(primary_key=True, max_length=128)
+    expires_at: NaiveDatetime = Field(index=True)
+
+
 class AuditLog(SQLModel, table=True):
     """Who changed what, when."""
 
@@ -475,3 +497,36 @@ class AuditLog(SQLModel, table=True):
     action: str = Field(max_length=64)
     instance_id: int | None = Field(default=None, foreign_key="instance.id", index=True)
     details_json: str = Field(default="{}", sa_column=Column(Text))
+
+
+class PlatformBill(SQLModel, table=True):
+    """What a platform billed one of its instances over [``start_at``, ``end_at``) as its own
+    bill says (bot.services.bills): compute and storage apart where it splits them
+    (``storage_micros`` None where not), the total, in micro-units of ``currency``;
+    ``fetched_at`` is when it was read. One row per (provider, instance, start)."""
+
+    __table_args__ = (Index("ix_platformbill_provider_start", "provider", "start_at"),)
+
+    provider: str = Field(max_length=32, primary_key=True)
+    provider_instance_id: str = Field(max_length=200, primary_key=True)
+    start_at: NaiveDatetime = Field(primary_key=True)
+    end_at: NaiveDatetime
+    compute_micros: int = Field(default=0, sa_type=BigInteger)
+    storage_micros: int | None = Field(default=None, sa_type=BigInteger)
+    total_micros: int = Field(default=0, sa_type=BigInteger)
+    currency: str = Field(default="USD", max_length=8)
+    fetched_at: NaiveDatetime
+
+
+class BillFetch(SQLModel, table=True):
+    """Reading one platform's bills: ``due_at`` is when it may be read next (claimed by moving
+    it on), ``fetched_at`` when it was last read whole, covering [``covered_from``,
+    ``covered_to``), and ``error`` why the last try failed (None when it did not)."""
+
+    provider: str = Field(max_length=32, primary_key=True)
+    due_at: NaiveDatetime
+    tried_at: NaiveDatetime | None = None
+    fetched_at: NaiveDatetime | None = None
+    covered_from: NaiveDatetime | None = None
+    covered_to: NaiveDatetime | None = None
+    error: str | None = Field(default=None, sa_column=Column(Text))

@@ -153,13 +153,15 @@ def test_http_mode_serves_signed_requests_and_stops_on_sigterm(
         "SLACK_BOT_TOKEN": BOT_TOKEN,
         "SLACK_SIGNING_SECRET": SIGNING_SECRET,
         "GPUBOT_SLACK_API_URL": local_slack.api_url,
+        "GPUBOT_METRICS_PORT": "0",
     }
     with gpubot(tmp_path, "serve", "--http", "--port", "0", env=env) as proc:
+        ops = proc.wait_for_line(r"serving metrics and health at (http://127\.0\.0\.1:\d+)")[1]
         url = proc.wait_for_line(
             r"serving Slack requests at (http://127\.0\.0\.1:\d+/slack/events)"
         )[1]
-        health = url.replace("/slack/events", "/healthz")
-        with urllib.request.urlopen(health, timeout=10) as response:
+        # Probes answer on their own listener, not on the Slack port.
+        with urllib.request.urlopen(f"{ops}/healthz", timeout=10) as response:
             assert response.read() == b"ok"
         body = slash_command_body(
             text="help",

@@ -22,7 +22,7 @@ from bot import cli
 from bot.app import build_app, build_health, build_ops, build_runtime, start_clock
 from bot.errors import ConfigError, StoreError
 from bot.health import LATE_TICKS, Health
-from bot.http_server import OpsEndpoints, SlackHttpServer
+from bot.http_server import OpsEndpoints, SlackHttpServer, ops_server
 from bot.local_slack import LocalSlack
 from bot.settings import Settings
 from bot.store.db import Database
@@ -225,12 +225,12 @@ def test_http_mode_serves_readiness_and_metrics_beside_slack(
     )
     rt = build_runtime(settings, db=sqlite_db)
     health = build_health(rt)
-    server = SlackHttpServer(
-        build_app(settings, runtime=rt), ops=build_ops(rt, health), port=0
-    ).start()
+    server = SlackHttpServer(build_app(settings, runtime=rt), port=0).start()
+    ops = ops_server(build_ops(rt, health), host="127.0.0.1", port=0).start()
     clock = start_clock(rt, health=health)
     try:
-        base = server.base_url
+        assert _get(f"{server.base_url}/readyz")[0] == 404  # not on the Slack port
+        base = ops.base_url
         ready = _wait_status(f"{base}/readyz", 200)
         assert "slack" not in ready  # HTTP mode has no connection to keep
         deadline = time.monotonic() + 30
@@ -248,6 +248,7 @@ def test_http_mode_serves_readiness_and_metrics_beside_slack(
         assert "FAIL clock: the last tick ended" in late
     finally:
         clock.shutdown()
+        ops.shutdown()
         server.shutdown()
         rt.executor.shutdown(wait=True)
         if rt.platform_work is not None:

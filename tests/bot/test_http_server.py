@@ -25,6 +25,7 @@ from slack_sdk import WebClient
 from bot.cli import cli_parser
 from bot.health import Health
 from bot.http_server import EVENTS_PATH, MAX_BODY_BYTES, OpsEndpoints, SlackHttpServer, ops_server
+from bot.http_server import FORM_TYPE as FORM
 from bot.local_slack import LocalSlack, signed_headers, slash_command_body
 from tests.bot.test_cli import gpubot
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET, SlackBot
@@ -71,8 +72,9 @@ def slow_app(local_slack: LocalSlack) -> SlowApp:
 
 
 @contextmanager
-def serving(app: App, **limits: Any) -> Iterator[SlackHttpServer]:
-    """``app`` served on a free loopback port with ``limits``; shut down after."""
+def serving(app: App | None, **limits: Any) -> Iterator[SlackHttpServer]:
+    """``app`` (None: the ops endpoints, ``/healthz`` alone) served on a free loopback port
+    with ``limits``; shut down after."""
     server = SlackHttpServer(app, port=0, **limits).start()
     try:
         yield server
@@ -163,8 +165,9 @@ def test_a_signed_slash_command_is_served_and_a_bad_signature_refused(
     assert "/gpu status" in slack_bot.reply_text()
     assert slack_bot.command("help", secret="wrong-secret") == 401
     base = slack_bot.server.url.removesuffix(EVENTS_PATH)
-    with urllib.request.urlopen(base + "/healthz?probe=1", timeout=10) as response:
-        assert response.read() == b"ok"
+    # The Slack port answers Slack's path alone; probes have their own listener.
+    for path in ("/healthz?probe=1", "/readyz", "/metrics"):
+        assert _fetch(base + path)[0] == 404
     assert len(slack_bot.slack.responses) == 1
 
 
@@ -188,7 +191,7 @@ def test_a_body_that_is_not_utf8_is_refused_as_unsigned(slack_bot: SlackBot) -> 
 
 
 def test_a_trickling_client_is_cut_off_at_the_whole_request_deadline(slow_app: SlowApp) -> None:
-    with serving(slow_app.app, request_timeout_s=1.0) as server, connect(server) as sock:
+    with serving(None, request_timeout_s=1.0) as server, connect(server) as sock:
         elapsed = trickle_until_closed(sock, every_s=0.3, limit_s=8.0)
         assert 0.9 <= elapsed < 4.0
         # The server goes on serving others.
@@ -206,7 +209,7 @@ def test_a_silent_connection_is_closed_at_the_deadline(slow_app: SlowApp) -> Non
 def test_keep_alive_requests_each_get_the_whole_deadline(slow_app: SlowApp) -> None:
     """The clock starts again once an answer is sent: a connection that spent most of the
     deadline on its first request may still send a second one."""
-    with serving(slow_app.app, request_timeout_s=2.0) as server, connect(server) as sock:
+    with serving(None, request_timeout_s=2.0) as server, connect(server) as sock:
         for _ in range(2):
             time.sleep(1.2)
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -237,22 +240,33 @@ def test_more_connections_than_workers_do_not_make_more_threads(
     assert threading.active_count() <= before
 
 
-def test_connections_past_the_limit_wait_in_the_accept_queue(slow_app: SlowApp) -> None:
-    with serving(slow_app.app, connection_limit=3, request_timeout_s=10.0) as server:
+def test_past_the_limit_the_longest_idle_connection_is_closed_for_a_new_one(
+    slow_app: SlowApp,
+) -> None:
+    with serving(None, connection_limit=3, request_timeout_s=10.0) as server:
         health = server.url.replace(EVENTS_PATH, "/healthz")
-        idle = [connect(server) for _ in range(2)]
+        idle = [connect(server) for _ in range(3)]
+        time.sleep(0.2)  # accepted, in this order
         with urllib.request.urlopen(health, timeout=5) as response:
             assert response.read() == b"ok"
-        idle.append(connect(server))
-        # Answered, so accepted; kept open (keep-alive) and idle.
-        idle[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert read_response(idle[-1]) == ("HTTP/1.1 200 OK", b"ok")
-        with pytest.raises((TimeoutError, urllib.error.URLError)):
-            urllib.request.urlopen(health, timeout=0.5)
+        assert closed_by_server(idle[0], 2.0), "the longest-idle connection stays open"
+        assert not closed_by_server(idle[2], 0.2)
         for sock in idle:
             sock.close()
-        with urllib.request.urlopen(health, timeout=5) as response:
-            assert response.read() == b"ok"
+
+
+def test_past_the_peer_limit_that_address_loses_its_longest_idle_connection(
+    slow_app: SlowApp,
+) -> None:
+    with serving(None, peer_limit=2, request_timeout_s=10.0) as server:
+        idle = [connect(server) for _ in range(2)]
+        time.sleep(0.2)
+        late = connect(server)
+        assert closed_by_server(idle[0], 2.0)
+        late.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(late) == ("HTTP/1.1 200 OK", b"ok")
+        for sock in [*idle, late]:
+            sock.close()
 
 
 def test_a_body_over_the_cap_is_refused_413_from_its_length(slack_bot: SlackBot) -> None:
@@ -276,9 +290,68 @@ def test_an_unsigned_body_of_a_mebibyte_is_refused_without_logging_it(
     }
     status, _ = slack_bot.send("a" * MAX_BODY_BYTES, headers)
     assert status == 401
-    assert "Invalid request signature detected" in caplog.text
+    assert "a bad signature" in caplog.text
     assert "aaaaaaaaaa" not in caplog.text
     assert len(caplog.text) < 4000
+
+
+MALFORMED = "payload=%7Bnot-json"
+
+
+def only_http_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """Records of the server and the app (waitress's queue-depth notes are not about us)."""
+    return [r for r in caplog.records if r.name.startswith(("bot.", "slack_bolt"))]
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({"x-slack-signature": "v0=" + "0" * 64}, "a bad signature"),
+        ({}, "no signature or timestamp"),
+        ({"x-slack-signature": "v0=" + "0" * 64, "x-slack-request-timestamp": "soon"}, "number"),
+    ],
+)
+def test_a_malformed_body_badly_signed_is_refused_401_in_one_line(
+    slack_bot: SlackBot,
+    caplog: pytest.LogCaptureFixture,
+    headers: dict[str, str],
+    reason: str,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    sent = {"content-type": FORM, "x-slack-request-timestamp": str(int(time.time())), **headers}
+    if not headers:
+        sent.pop("x-slack-request-timestamp")
+    status, body = slack_bot.send(MALFORMED, sent)
+    records = only_http_records(caplog)
+    assert (status, body) == (401, b"")
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert reason in records[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)
+    assert "Traceback" not in caplog.text
+
+
+def test_a_malformed_body_well_signed_is_refused_400_without_a_traceback(
+    slack_bot: SlackBot, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    status, body = slack_bot.send(MALFORMED, signed_headers(MALFORMED, SIGNING_SECRET))
+    assert (status, body) == (400, b"")
+    records = only_http_records(caplog)
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "cannot be read" in records[0].getMessage()
+    assert "Traceback" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("offset_s", "answered"), [(60, 401), (31, 401), (25, 200), (-290, 200), (-301, 401)]
+)
+def test_timestamps_ahead_past_30_s_or_behind_past_5_min_are_refused(
+    slack_bot: SlackBot, offset_s: int, answered: int
+) -> None:
+    assert slack_bot.command("help", timestamp=int(time.time()) + offset_s) == answered
+    if answered == 401:
+        assert slack_bot.slack.responses == []
 
 
 def test_bolt_records_lose_bodies_and_are_cut(slow_app: SlowApp) -> None:
@@ -325,7 +398,7 @@ def test_a_stop_lets_a_request_in_flight_finish(slow_app: SlowApp, local_slack: 
 
 
 def test_a_stop_closes_idle_connections_at_once(slow_app: SlowApp) -> None:
-    server = SlackHttpServer(slow_app.app, port=0, drain_timeout_s=5.0).start()
+    server = SlackHttpServer(None, port=0, drain_timeout_s=5.0).start()
     with connect(server) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert read_response(sock) == ("HTTP/1.1 200 OK", b"ok")
@@ -418,7 +491,9 @@ def _fetch(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
     return status, {name.lower(): value for name, value in headers.items()}, body
 
 
-def test_probes_and_metrics_beside_slacks_requests(slow_app: SlowApp, local_slack: LocalSlack):
+def test_probes_and_metrics_on_their_own_listener_beside_slacks_port(
+    slow_app: SlowApp, local_slack: LocalSlack
+) -> None:
     ready = [True]
     health = Health(
         tick_interval_s=30,
@@ -431,11 +506,14 @@ def test_probes_and_metrics_beside_slacks_requests(slow_app: SlowApp, local_slac
         scrapes.append(1)
         return b"gpubot_up 1\n", "text/plain; version=0.0.4; charset=utf-8"
 
-    server = SlackHttpServer(
-        slow_app.app, ops=OpsEndpoints(health=health, metrics=metrics), port=0
-    ).start()
+    server = SlackHttpServer(slow_app.app, port=0).start()
+    ops = ops_server(OpsEndpoints(health=health, metrics=metrics), host="127.0.0.1", port=0)
+    ops.start()
     try:
-        base = server.base_url
+        assert ops.port != server.port
+        for path in ("/healthz", "/readyz", "/metrics"):
+            assert _fetch(f"{server.base_url}{path}")[0] == 404  # not on the Slack port
+        base = ops.base_url
         assert _fetch(f"{base}/healthz")[::2] == (200, b"ok")
         status, headers, body = _fetch(f"{base}/readyz")
         assert status == 200
@@ -451,14 +529,15 @@ def test_probes_and_metrics_beside_slacks_requests(slow_app: SlowApp, local_slac
         status, headers, body = _fetch(f"{base}/metrics", method="HEAD")
         assert (status, body, headers["content-length"]) == (200, b"", "12")
         assert len(scrapes) == 2
-        # Slack's own path still reaches the app.
+        assert _fetch(f"{base}/slack/events", method="POST")[0] == 404
         assert post_slow(server, local_slack)[0] == 200
     finally:
+        ops.shutdown()
         server.shutdown()
 
 
-def test_without_health_or_metrics_only_liveness_answers(slow_app: SlowApp) -> None:
-    with serving(slow_app.app) as server:
+def test_without_health_or_metrics_only_liveness_answers() -> None:
+    with serving(None) as server:
         assert _fetch(f"{server.base_url}/healthz")[::2] == (200, b"ok")
         assert _fetch(f"{server.base_url}/readyz")[0] == 404
         assert _fetch(f"{server.base_url}/metrics")[0] == 404
@@ -474,3 +553,152 @@ def test_the_endpoints_server_alone_serves_nothing_of_slack() -> None:
         assert _fetch(f"{server.base_url}/metrics")[0] == 404
     finally:
         server.shutdown()
+
+
+# --- a flood of idle and slow connections -------------------------------------------------------
+
+
+class Flood:
+    """``idle`` connections that send nothing and ``slow`` ones that trickle a request's headers
+    a byte a second, from many loopback addresses (127.1.x.y, a handful each), kept open: a
+    background thread opens a new one for each the server closes."""
+
+    def __init__(self, port: int, *, idle: int, slow: int, per_address: int = 5) -> None:
+        self.port = port
+        self.per_address = per_address
+        self.reopened = 0
+        self._kinds = ["idle"] * idle + ["slow"] * slow
+        self._socks: list[socket.socket | None] = [None] * len(self._kinds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep_open, name="flood", daemon=True)
+
+    def __enter__(self) -> Flood:
+        for index in range(len(self._kinds)):
+            self._socks[index] = self._open(index)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for sock in self._socks:
+            if sock is not None:
+                sock.close()
+
+    def open_count(self) -> int:
+        return sum(1 for sock in self._socks if sock is not None)
+
+    def _open(self, index: int) -> socket.socket:
+        client = index // self.per_address
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((f"127.1.{client // 250}.{client % 250 + 1}", 0))
+        sock.settimeout(5)
+        sock.connect(("127.0.0.1", self.port))
+        sock.setblocking(False)
+        if self._kinds[index] == "slow":
+            sock.sendall(b"POST /slack/events HTTP/1.1\r\nHost: x\r\n")
+        return sock
+
+    def _keep_open(self) -> None:
+        last_trickle = time.monotonic()
+        while not self._stop.wait(0.1):
+            trickle = time.monotonic() - last_trickle >= 1.0
+            if trickle:
+                last_trickle = time.monotonic()
+            for index, sock in enumerate(self._socks):
+                if sock is None or not self._alive(sock, trickle and self._kinds[index] == "slow"):
+                    if sock is not None:
+                        sock.close()
+                    self._socks[index] = None
+                    try:
+                        self._socks[index] = self._open(index)
+                        self.reopened += 1
+                    except OSError:
+                        pass
+
+    @staticmethod
+    def _alive(sock: socket.socket, trickle: bool) -> bool:
+        try:
+            if sock.recv(1) == b"":
+                return False
+        except BlockingIOError:
+            pass
+        except OSError:
+            return False
+        if trickle:
+            try:
+                sock.send(b"X")
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+        return True
+
+
+def timed_commands(bot: SlackBot, count: int) -> list[tuple[int, float]]:
+    """``count`` signed `/gpu help` one after another: each status and its seconds."""
+    results = []
+    for _ in range(count):
+        start = time.monotonic()
+        status = bot.command("help")
+        results.append((status, time.monotonic() - start))
+    return results
+
+
+def test_signed_commands_are_answered_within_3_s_during_a_flood(slack_bot: SlackBot) -> None:
+    health = Health(tick_interval_s=30, database=lambda: None)
+    ops = ops_server(OpsEndpoints(health=health), host="127.0.0.1", port=0).start()
+    try:
+        with Flood(slack_bot.server.port, idle=500, slow=50) as flood:
+            assert flood.open_count() == 550
+            time.sleep(0.5)  # the server has accepted them all
+            results = timed_commands(slack_bot, 5)
+            start = time.monotonic()
+            ready = _fetch(f"{ops.base_url}/readyz")[0]
+            ready_s = time.monotonic() - start
+            held = flood.open_count()
+    finally:
+        ops.shutdown()
+    slowest = max(seconds for _, seconds in results)
+    figures = ", ".join(f"{seconds:.2f} s" for _, seconds in results)
+    assert [status for status, _ in results] == [200] * 5, results
+    assert slowest < 3.0, f"signed commands took {figures} with {held} connections held open"
+    assert ready == 200
+    assert ready_s < 3.0, f"/readyz on the ops listener took {ready_s:.2f} s during the flood"
+    print(f"signed commands during a flood of 550 connections: {figures}; /readyz {ready_s:.2f} s")
+
+
+def test_the_slack_port_takes_no_ops_endpoints(slow_app: SlowApp) -> None:
+    with pytest.raises(ValueError, match="ops_server"):
+        SlackHttpServer(slow_app.app, ops=OpsEndpoints(), port=0)
+
+
+def test_a_flood_from_one_address_past_the_limits_still_lets_slack_in(
+    slack_bot: SlackBot,
+) -> None:
+    # 600 connections from one address, past its peer limit, and a server whose total limit
+    # is below the flood: the oldest idle ones are closed and every new one accepted.
+    server = SlackHttpServer(slack_bot.app, port=0, connection_limit=200).start()
+    try:
+        with Flood(server.port, idle=550, slow=50, per_address=600) as flood:
+            time.sleep(0.5)
+            start = time.monotonic()
+            status, _ = post_signed_help(server, slack_bot)
+            seconds = time.monotonic() - start
+            reopened = flood.reopened
+    finally:
+        server.shutdown()
+    assert status == 200
+    assert seconds < 3.0, f"a signed command took {seconds:.2f} s ({reopened} reconnections)"
+
+
+def post_signed_help(server: SlackHttpServer, bot: SlackBot) -> tuple[int, bytes]:
+    body = bot.command_body("help")
+    request = urllib.request.Request(
+        server.url, data=body.encode(), headers=signed_headers(body, SIGNING_SECRET)
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status), response.read()
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read()

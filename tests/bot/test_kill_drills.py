@@ -21,6 +21,7 @@ from slack_sdk import WebClient
 from sqlmodel import select
 
 from bot.local_slack import LocalSlack
+from bot.providers.lambda_cloud import LambdaProvider
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
 from bot.services import outbox, prompts, releases
@@ -30,7 +31,7 @@ from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
 from bot.store.models import AuditLog, OutboxMessage, Prompt, Release
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
-from tests.fixtures.providers import RunpodStandIn
+from tests.fixtures.providers import LambdaStandIn, RunpodStandIn
 
 pytestmark = pytest.mark.integration
 
@@ -173,6 +174,55 @@ def test_killed_in_the_middle_of_a_release_the_next_process_finishes_it_once(
     assert len(confirmed) == 1
     notices = [c for c in slack.calls_to("chat.postMessage") if "is released" in str(c.args)]
     assert len(notices) == 1  # the owner hears it once
+
+
+def test_killed_while_releasing_the_survivor_takes_over_within_a_minute(
+    db: Database, slack: LocalSlack
+) -> None:
+    lam = LambdaStandIn()
+    lam.start()
+    try:
+        iid = add_instance(
+            db,
+            provider="lambda",
+            provider_instance_id=lam.add(),
+            last_polled_at=T0 + timedelta(days=1),
+        )
+        clock = Clock(T0)
+        url = lam.url + "/api/v1"
+        provider = LambdaProvider.from_settings(
+            Settings(lambda_api_url=url, lambda_api_key=lam.api_key)
+        )
+        second = _second_process(db, slack, clock, **{"lambda": provider})
+        opened = releases.request_release(second, iid, reason="user", requested_by="UOWNER")
+        lam.holds["POST"] = 20.0  # terminated, the answer held: the kill lands mid-release
+        first = _start_first(
+            db,
+            slack,
+            T0.isoformat(),
+            GPUBOT_LAMBDA_API_URL=url,
+            GPUBOT_LAMBDA_API_KEY=lam.api_key,
+        )
+        _kill_when(first, lambda: lam.calls_to("POST"))
+        lam.holds.clear()
+
+        clock.advance(seconds=30)  # the dead holder's claim still stands
+        tick(second, clock.now)
+        assert releases.load_release(second, opened.id or 0).state == "in_progress"
+        clock.advance(seconds=30)  # a minute after the kill: taken over and finished
+        tick(second, clock.now)
+    finally:
+        lam.close()
+    done = releases.load_release(second, opened.id or 0)
+    assert done.state == "confirmed"
+    assert done.confirmed_at is not None
+    assert done.confirmed_at <= T0 + timedelta(minutes=1)
+    assert get_instance(db, iid).state == "released"
+    with db.session() as session:
+        confirmed = session.exec(
+            select(AuditLog).where(AuditLog.action == "release_confirmed")
+        ).all()
+    assert len(confirmed) == 1
 
 
 def test_killed_in_the_middle_of_an_outbox_post_the_message_is_found_not_posted_again(

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from slack_bolt import BoltRequest
+from sqlalchemy import select
 
 from bot.app import BotExecutor
 from bot.commands.registry import CommandSpec, Registry, Reply
@@ -18,6 +19,7 @@ from bot.local_slack import signed_headers
 from bot.replay import MARGIN_S, SIGNATURE_WINDOW_S, ReplayGuard
 from bot.services.access import Caller
 from bot.store.db import Database
+from bot.store.models import SeenSignature
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, start_slack_bot
 
 pytestmark = pytest.mark.integration
@@ -209,3 +211,102 @@ def test_threads_racing_with_one_signature_let_one_through(clock: FakeClock) -> 
 def test_a_cap_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         ReplayGuard(max_entries=0)
+
+
+# --- the store decides: processes sharing one database ------------------------------------------
+
+
+@pytest.fixture
+def two_bots(db: Database, tmp_path: Path, counted: Counted) -> Iterator[tuple[SlackBot, SlackBot]]:
+    """Two apps on one database, each with its own engine and its own replay memory, as two
+    bot processes would have."""
+    other = Database(db.url.render_as_string(hide_password=False))
+    try:
+        with (
+            start_slack_bot(
+                db, tmp_path / "a", registry=counted.registry(), replay_guard=ReplayGuard(db=db)
+            ) as first,
+            start_slack_bot(
+                other,
+                tmp_path / "b",
+                registry=counted.registry(),
+                replay_guard=ReplayGuard(db=other),
+            ) as second,
+        ):
+            yield first, second
+    finally:
+        other.dispose()
+
+
+def test_two_processes_on_one_store_apply_a_signed_request_once(
+    two_bots: tuple[SlackBot, SlackBot], counted: Counted
+) -> None:
+    first, second = two_bots
+    body = first.command_body("count extend")
+    headers = signed_headers(body, SIGNING_SECRET)
+    assert first.post(body, headers) == 200
+    assert second.post(body, headers) == 200
+    first.replies(1)
+    _settled(first)
+    _settled(second)
+    assert counted.runs == ["extend"]
+
+
+def test_copies_racing_into_two_processes_apply_once(
+    two_bots: tuple[SlackBot, SlackBot], counted: Counted
+) -> None:
+    first, second = two_bots
+    body = first.command_body("count race")
+    headers = signed_headers(body, SIGNING_SECRET)
+    targets = [first, second] * 8
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(lambda bot: bot.post(body, headers), targets))
+    assert statuses == [200] * 16
+    first.replies(1)
+    _settled(first)
+    _settled(second)
+    assert counted.runs == ["race"]
+
+
+def test_the_default_app_guards_on_its_store(db: Database, tmp_path: Path) -> None:
+    with start_slack_bot(db, tmp_path) as bot:
+        body = bot.command_body("help")
+        headers = signed_headers(body, SIGNING_SECRET)
+        assert bot.post(body, headers) == 200
+    with db.session() as session:
+        seen = session.execute(select(SeenSignature.signature)).scalars().all()  # type: ignore[call-overload]
+    assert seen == [headers["x-slack-signature"]]
+
+
+def test_expired_rows_are_pruned_in_bounded_batches(db: Database, clock: FakeClock) -> None:
+    guard = ReplayGuard(clock=clock, db=db, prune_batch=2, prune_every_s=10**9)
+    for index in range(5):
+        assert guard.first_time(f"v0=old{index}", str(int(clock.now)))
+    assert not guard.first_time("v0=old0", str(int(clock.now)))
+    clock.now += KEEP_S + 1
+    assert guard.first_time("v0=new", str(int(clock.now)))
+    assert guard.prune(db, clock.now) == 2
+    assert guard.prune(db, clock.now) == 2
+    assert guard.prune(db, clock.now) == 1
+    assert guard.prune(db, clock.now) == 0
+    with db.session() as session:
+        left = session.execute(select(SeenSignature.signature)).scalars().all()  # type: ignore[call-overload]
+    assert left == ["v0=new"]
+
+
+def test_a_second_guard_on_the_store_refuses_what_the_first_let_through(
+    db: Database, clock: FakeClock
+) -> None:
+    one, two = ReplayGuard(clock=clock, db=db), ReplayGuard(clock=clock, db=db)
+    assert one.first_time("v0=abc", str(int(clock.now)))
+    assert not two.first_time("v0=abc", str(int(clock.now)))
+    assert not one.first_time("v0=abc", str(int(clock.now)))
+
+
+def test_a_timestamp_more_than_30_s_ahead_is_refused(bot: SlackBot, counted: Counted) -> None:
+    body = bot.command_body("count ahead")
+    headers = signed_headers(body, SIGNING_SECRET, timestamp=int(time.time()) + 60)
+    sent: dict[str, str | Sequence[str]] = {**headers}
+    request = BoltRequest(body=body, headers=sent)
+    assert bot.app.dispatch(request).status == 401
+    assert counted.runs == []

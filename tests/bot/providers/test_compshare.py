@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from bot.errors import ProviderAuthError, ProviderError, ProviderRateLimited
-from bot.providers.compshare import CompshareProvider, flatten, signature
+from bot.errors import (
+    ConfigError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderRateLimited,
+)
+from bot.providers.compshare import CompshareAccountError, CompshareProvider, flatten, signature
 from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
@@ -134,3 +140,100 @@ def test_refusals_by_retcode(provider, compshare_cloud: CompshareStandIn, code, 
         provider.list_instances()
     assert caught.value.retryable is retryable
     assert provider.list_instances() == []  # the next call goes through
+
+
+@pytest.mark.parametrize("code", [226601, 226606])
+def test_account_refusals_are_never_retried(provider, compshare_cloud: CompshareStandIn, code):
+    uid = compshare_cloud.add()
+    compshare_cloud.retcode_next(code, "账户异常", times=5)
+    with pytest.raises(CompshareAccountError, match=f"RetCode {code}") as caught:
+        provider.release(uid, "terminate")
+    assert caught.value.retryable is False
+    assert "Retrying will not help" in caught.value.user_text()
+    assert compshare_cloud.instances[uid]["State"] == "Running"
+
+
+def test_an_account_refusal_reads_in_chinese():
+    from bot.i18n import language_of, speaking
+
+    with speaking(language_of("zh")):
+        error = _refusal(226606)
+    assert "实名认证" in error.user_text()
+    assert "RetCode 226606" in error.user_text()
+
+
+def _refusal(code: int) -> ProviderError:
+    from bot.providers.compshare import _checked
+
+    try:
+        _checked("DescribeCompShareInstance", {"RetCode": code, "Message": "no"})
+    except ProviderError as exc:
+        return exc
+    raise AssertionError("not refused")
+
+
+@pytest.mark.integration
+def test_through_the_release_service_arrears_escalate_at_once(db, provider, compshare_cloud):
+    from bot.services import releases
+    from tests.bot.services.support import Clock, add_instance, make_runtime
+
+    rt = make_runtime(db, Clock(), providers=[provider])
+    uid = compshare_cloud.add()
+    iid = add_instance(rt.db, provider="compshare", provider_instance_id=uid)
+    rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    compshare_cloud.retcode_next(226601, "欠费", times=10)
+    after = releases.process_release(rt, rel.id)
+    assert (after.state, after.attempts) == ("escalated", 1)
+    assert "226601" in (after.last_error or "")
+    assert len(rt.notifier.containing("failed 1 times")) == 2  # the owner and the ops channel
+    assert uid in compshare_cloud.instances
+
+
+def test_every_region_is_listed_and_acted_on_in_its_own(provider, compshare_cloud):
+    here = compshare_cloud.add()
+    there = compshare_cloud.add(region="cn-sh2", zone="cn-sh2-02", lists_region=False)
+    assert {i.provider_id for i in provider.list_instances()} == {here, there}
+    describes = [b for _, _, b in compshare_cloud.calls_to("POST")]
+    assert all("Region" not in b for b in describes)
+    provider.release(there, "stop")
+    assert compshare_cloud.instances[there]["State"] == "Stopped"
+    assert compshare_cloud.instances[here]["State"] == "Running"
+
+
+def test_a_stopped_instance_reports_the_disk_still_billed(provider, compshare_cloud):
+    uid = compshare_cloud.add(state="Stopped")
+    assert provider.get(uid).disk_gb == 100.0
+    assert provider.get(compshare_cloud.add()).disk_gb is None
+
+
+def test_terminate_is_confirmed_by_its_own_answer_even_into_the_recycle_bin(
+    provider, compshare_cloud
+):
+    compshare_cloud.in_recycle = True
+    uid = compshare_cloud.add(state="Stopped")
+    outcome = provider.release(uid, "terminate")
+    assert (outcome.confirmed, outcome.state, outcome.detail) == (
+        True,
+        "terminated",
+        "InRecycle=Yes",
+    )
+
+
+def test_a_catch_all_404_is_an_unknown_outcome(provider, compshare_cloud):
+    uid = compshare_cloud.add()
+    compshare_cloud.catch_all(404)
+    with pytest.raises(ProviderError) as caught:
+        provider.release(uid, "terminate")
+    assert not isinstance(caught.value, ProviderNotFound)
+    assert uid in compshare_cloud.instances
+
+
+def test_the_billing_increment_is_a_setting():
+    assert Settings().compshare_billing == "hour"  # the unverified, never-lower default
+    assert Settings(compshare_billing="SECOND").compshare_billing == "second"
+    by_second = ProviderRegistry.from_settings(
+        Settings(compshare_public_key="k", compshare_private_key="p", compshare_billing="second")
+    ).get("compshare")
+    assert by_second.capabilities.billing_increment == "second"
+    with pytest.raises(ConfigError):
+        Settings(compshare_billing="minute")

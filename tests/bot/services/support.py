@@ -31,9 +31,11 @@ from bot.runtime import Runtime
 from bot.services.registration import RegisterRequest
 from bot.settings import Settings
 from bot.store.db import Database
-from bot.store.models import Instance, Person
+from bot.store.models import Instance, KeyGrant, Person
 
 T0 = datetime(2026, 12, 2, 12, 0, 0)
+#: GPUBOT_INSTANCE_NETWORKS for tests whose machines listen on loopback.
+LOOPBACK_NETWORKS = ("public", "127.0.0.0/8", "::1/128")
 
 
 class Clock:
@@ -203,7 +205,13 @@ def make_runtime(
     """A runtime over ``db`` with the manual provider plus ``providers``; ``console`` makes it
     the local console's, the only one that reaches the instance ``local``."""
     registry = ProviderRegistry([ManualProvider(), *providers])
-    base: dict[str, Any] = {"admins": frozenset({"UADMIN"}), "channel": "COPS"}
+    # The test machines (sshd, the platform stand-ins) listen on loopback: listed, as
+    # GPUBOT_INSTANCE_NETWORKS=public,127.0.0.0/8,::1/128 would.
+    base: dict[str, Any] = {
+        "admins": frozenset({"UADMIN"}),
+        "channel": "COPS",
+        "instance_networks": LOOPBACK_NETWORKS,
+    }
     base.update(settings)
     return Runtime(
         settings=Settings(**base),
@@ -283,3 +291,14 @@ class NoFleet:
 
     def forget(self, name: str) -> None:
         return None
+
+
+def grant_key(db: Database, key_name: str, *people: str) -> None:
+    """Let ``people`` (Slack IDs) register with the key ``key_name``, as `/gpu keys allow`
+    by an admin would (bot.services.key_grants)."""
+    with db.session() as session:
+        for person_id in people:
+            if session.get(Person, person_id) is None:
+                session.add(Person(slack_id=person_id))
+                session.flush()
+            session.add(KeyGrant(key_name=key_name, person_id=person_id, granted_by="UADMIN"))

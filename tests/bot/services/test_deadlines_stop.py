@@ -28,8 +28,10 @@ REGISTRY = build_registry()
 OWNER = Caller(user_id="UOWNER", channel_id="CTEAM")
 D = T0 + timedelta(hours=2)
 AFTER = timedelta(hours=24)
-#: 730 GB at $0.10 per GB-month: $0.10 an hour.
+#: 730 GB at $0.10 per GB-month: $0.10 an hour. On RunPod a 365 GB container disk and a 365 GB
+#: volume running; stopped, the volume alone at $0.20 per GB-month: $0.10 an hour too.
 DISK = {"disk_gb": 730.0, "storage_micros_per_gb_month": 100_000}
+POD_DISK = {"disk_gb": 365, "volume_gb": 365}
 
 
 @pytest.fixture
@@ -56,7 +58,7 @@ def _ticks(rt: Runtime, clock: Clock, until, step_s: int = 300) -> None:
 
 
 def _pod_box(rt: Runtime, runpod_cloud: RunpodStandIn) -> tuple[int, str]:
-    pod = runpod_cloud.add()
+    pod = runpod_cloud.add(**POD_DISK)
     iid = add_instance(
         rt.db,
         provider="runpod",
@@ -76,7 +78,7 @@ def _stopped_at_the_deadline(rt, clock, runpod_cloud) -> tuple[int, str]:
     warned = rt.notifier.containing("will be stopped in")
     assert [w.text.split("*")[3] for w in warned] == ["30m", "10m"]
     assert "It is released (disk and all) at Thu 03 Dec 14:00 UTC" in warned[0].text
-    assert runpod_cloud.instances[pod]["desiredStatus"] == "EXITED"
+    assert runpod_cloud.instances[pod]["status"] == "EXITED"
     inst = get_instance(rt.db, iid)
     assert (inst.state, inst.released_at) == ("stopped", None)
     return iid, pod
@@ -116,7 +118,7 @@ def test_started_again_it_is_neither_stopped_again_nor_released(rt, clock, runpo
     assert rt.notifier.containing("was started again")
     clock.set(D + AFTER - timedelta(minutes=40))
     _ticks(rt, clock, D + AFTER + timedelta(hours=1))
-    assert runpod_cloud.instances[pod]["desiredStatus"] == "RUNNING"
+    assert runpod_cloud.instances[pod]["status"] == "RUNNING"
     assert get_instance(rt.db, iid).state == "active"
 
 

@@ -29,6 +29,7 @@ from tests.bot.services.support import (
     RecordingNotifier,
     add_instance,
     get_instance,
+    grant_key,
     make_runtime,
 )
 from tests.fixtures.providers import (
@@ -42,6 +43,7 @@ from tests.fixtures.sshd import SshServer
 pytestmark = pytest.mark.integration
 
 OWNER = Caller("UOWNER", channel_id="CTEAM")
+ADMIN = Caller("UADMIN", channel_id="CTEAM")
 #: 730 GB at $0.10 per GB-month: $0.10 an hour.
 DISK = {"disk_gb": 730.0, "storage_micros_per_gb_month": 100_000}
 
@@ -294,7 +296,9 @@ def test_a_platform_that_fails_is_skipped_until_the_next_run(db, vast_cloud: Vas
     assert reconcile.reconcile(rt, T0 + timedelta(hours=2)) == []
     vast_cloud.outage(None)
     reconcile.reconcile(rt, T0 + timedelta(hours=2, minutes=5))
-    assert len(_outbox(rt)) == 1
+    keys = sorted(m.key for m in _outbox(rt))
+    # The outage and its end are said once each; the instance nobody registered, once listed.
+    assert keys == ["list_failed:vast:1", "list_ok:vast:1", "unregistered:vast:1001"]
 
 
 def test_reported_then_adopted(local_rt: Runtime, sshd: SshServer, tmp_path: Path):
@@ -305,6 +309,7 @@ def test_reported_then_adopted(local_rt: Runtime, sshd: SshServer, tmp_path: Pat
         account = _rest("compshare", standin)
         rt.providers.add(account.provider)
         rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+        grant_key(rt.db, sshd.client_key_path.name, *("UADMIN", "UOWNER"))
         provider_id = standin.add()
         clock = rt.clock
         assert isinstance(clock, Clock)
@@ -369,6 +374,7 @@ def test_a_bot_counting_in_yuan_adopts_at_the_platform_s_price(
     Compshare's rules in the catalogue (started hours)."""
     rt = local_rt
     rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory, currency="CNY")
+    grant_key(rt.db, sshd.client_key_path.name, *("UADMIN", "UOWNER"))
     standin = CompshareStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
     standin.start()
     try:
@@ -403,6 +409,7 @@ def test_adopting_a_vast_instance_takes_its_disk_and_storage_price(
     registration bills the disk apart, at Vast's price, and compute without it."""
     rt = local_rt
     rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+    grant_key(rt.db, sshd.client_key_path.name, *("UADMIN", "UOWNER"))
     standin = VastStandIn(ssh_host=sshd.host, ssh_port=sshd.port)
     standin.start()
     try:
@@ -434,12 +441,12 @@ def test_adopting_with_a_storage_price_but_no_disk_is_refused(db, runpod_cloud: 
     rt = _runtime(db, provider)
     request = reconcile.AdoptRequest(
         provider="runpod",
-        provider_id=runpod_cloud.add(),
+        provider_id=runpod_cloud.add(disk_gb=0, volume_gb=None),  # no disk RunPod would bill
         name="rp1",
         storage_micros_per_gb_month=100_000,
     )
     with pytest.raises(UsageError, match="--storage needs --disk"):
-        reconcile.adopt(rt, OWNER, request)
+        reconcile.adopt(rt, ADMIN, request)
 
 
 def test_a_stop_seen_outside_prices_a_disk_nobody_priced(db, vast_cloud: VastStandIn):

@@ -30,6 +30,7 @@ from tests.bot.services.support import (
     RecordingNotifier,
     add_instance,
     get_instance,
+    grant_key,
     make_runtime,
 )
 from tests.fixtures.providers import LambdaStandIn, RunpodStandIn, free_port
@@ -96,9 +97,7 @@ def test_a_pod_started_again_at_a_new_address_is_reached_there(db, runpod_cloud:
     )
     runpod_cloud.stop_outside(pod)
     assert reconcile.reconcile(rt, clock.advance(minutes=5)) == [iid]
-    with runpod_cloud.lock:  # RunPod gives a pod started again a new IP and port
-        runpod_cloud.instances[pod]["publicIp"] = "1.2.3.4"
-        runpod_cloud.instances[pod]["portMappings"] = {"22": 22022}
+    runpod_cloud.move(pod, "1.2.3.4", 22022)  # RunPod gives a pod started again a new address
     runpod_cloud.start_outside(pod)
     started = clock.advance(minutes=5)
     assert reconcile.reconcile(rt, started) == [iid]
@@ -208,6 +207,7 @@ def test_the_pinned_host_key_holds_at_the_new_address(
         ).get("runpod")
         rt.providers.add(provider)
         rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory, poll_interval_s=60)
+        grant_key(rt.db, sshd.client_key_path.name, *("UOWNER",))
         pod = standin.add()
         result = reconcile.adopt(
             rt,

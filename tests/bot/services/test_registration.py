@@ -34,7 +34,14 @@ from bot.services import audit, fleet_views, lifecycle, lookup, polling, registr
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Prompt
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance, local_request, rows
+from tests.bot.services.support import (
+    Clock,
+    RecordingNotifier,
+    add_instance,
+    grant_key,
+    local_request,
+    rows,
+)
 from tests.chinese import assert_chinese
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.instances import A100_80
@@ -177,6 +184,7 @@ def test_a_registration_without_a_deadline_says_it_got_the_default(
     rt: Runtime, db: Database, clock: Clock, sshd: SshServer, tmp_path: Path
 ) -> None:
     rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory, default_release_in_s=3600)
+    grant_key(db, sshd.client_key_path.name, OWNER.user_id)
     request = local_request(
         name="box1",
         address=f"{sshd.user}@{sshd.host}:{sshd.port}",
@@ -333,6 +341,7 @@ def test_register_over_ssh_pins_the_host_key_and_re_registers_after_a_change(
 ) -> None:
     address = f"{sshd.user}@{sshd.host}:{sshd.port}"
     rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+    grant_key(rt.db, sshd.client_key_path.name, OWNER.user_id, OTHER.user_id)
     request = local_request(
         name="box1",
         address=address,
@@ -393,6 +402,7 @@ def test_a_second_instance_over_ssh_beside_local_and_its_failures_read_well(
     registration.ensure_local_instance(rt, OWNER.user_id)
     address = f"{sshd.user}@{sshd.host}:{sshd.port}"
     rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+    grant_key(rt.db, sshd.client_key_path.name, OWNER.user_id, OTHER.user_id)
     request = local_request(
         name="box2",
         address=address,
@@ -402,6 +412,7 @@ def test_a_second_instance_over_ssh_beside_local_and_its_failures_read_well(
     )
     # A key the instance does not trust: refused, said so with what to do, nothing stored.
     wrong = make_client_key(sshd.directory)
+    grant_key(rt.db, wrong.name, OWNER.user_id)
     with pytest.raises(AuthenticationFailed) as refused:
         registration.register(rt, OWNER, replace(request, key_name=wrong.name))
     text = error_reply(refused.value).text

@@ -27,7 +27,13 @@ from bot.runtime import Runtime
 from bot.services import budgets, rent, tick
 from bot.services.access import Caller
 from bot.store.models import AuditLog, Instance
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
+from tests.bot.services.support import (
+    Clock,
+    RecordingNotifier,
+    add_instance,
+    grant_key,
+    make_runtime,
+)
 from tests.fixtures.providers import RunpodStandIn
 from tests.fixtures.sshd import SshServer
 
@@ -80,6 +86,7 @@ def test_rent_on_runpod_waits_for_ssh_and_registers(rt, sshd: SshServer, tmp_pat
     try:
         _with_runpod(rt, standin)
         rt.settings = rt.settings.with_(ssh_key_dir=sshd.directory)
+        grant_key(rt.db, sshd.client_key_path.name, *("UADMIN", "UOWNER"))
         request = rent.RentRequest(
             provider="runpod",
             instance_type="NVIDIA GeForce RTX 4090",
@@ -101,12 +108,13 @@ def test_rent_on_runpod_waits_for_ssh_and_registers(rt, sshd: SshServer, tmp_pat
     assert inst.provider_instance_id in standin.instances
     assert inst.port == sshd.port
     assert inst.host_key_fingerprint == sshd.host_key.fingerprint
-    assert inst.price_micros == 690_000  # the pod's costPerHr
+    assert inst.price_micros == 690_000  # the pod's cost
     assert inst.billing_increment == "second"
     assert inst.deadline_at == cast(Clock, rt.clock).now + timedelta(hours=3)
-    assert [p["gpuTypeIds"] for _, path, p in standin.calls if path == "/pods" and p] == [
-        ["NVIDIA GeForce RTX 4090"]
+    assert [p["gpu"] for _, path, p in standin.calls if path == "/v2/pods" and p] == [
+        {"id": "NVIDIA GeForce RTX 4090", "count": 1}
     ]
+    assert standin.answer_problems() == []
 
 
 def test_an_instance_that_never_answers_ssh_is_given_back(rt, runpod_cloud: RunpodStandIn):

@@ -80,11 +80,11 @@ def test_stop_then_release_on_runpod(rt: Runtime, runpod_cloud: RunpodStandIn):
     assert "Stop *box*" in ask.text
     assert "keeps billing ($0.10/h)" in ask.text
     assert action_ids(ask) == ["instance_stop_confirm", "instance_release_cancel"]
-    assert runpod_cloud.instances[pod]["desiredStatus"] == "RUNNING"  # asking changed nothing
+    assert runpod_cloud.instances[pod]["status"] == "RUNNING"  # asking changed nothing
 
     done = click(rt, "instance_stop_confirm", str(iid))
     assert "*box* is stopped" in done.text
-    assert runpod_cloud.instances[pod]["desiredStatus"] == "EXITED"
+    assert runpod_cloud.instances[pod]["status"] == "EXITED"
     stopped_at = clock.now
     inst = get_instance(rt.db, iid)
     assert (inst.state, inst.stopped_at, inst.released_at) == ("stopped", stopped_at, None)

@@ -44,6 +44,7 @@ from tests.bot.services.support import (
     RecordingNotifier,
     ScriptedPlatform,
     add_instance,
+    grant_key,
     make_runtime,
 )
 from tests.fixtures.sshd import SshServer, start_sshd
@@ -79,6 +80,7 @@ def slack_rt(db: Database, fake_gpu_zipapp: Path, sshd: SshServer) -> Iterator[R
         ssh_command_timeout_s=30.0,
     )
     rt.fleet = Fleet(rt.settings, zipapp_path=fake_gpu_zipapp)
+    grant_key(db, sshd.client_key_path.name, ALICE.user_id, BOB.user_id)
     try:
         yield rt
     finally:
@@ -418,10 +420,13 @@ def test_keys_are_chosen_by_name_and_nothing_says_what_exists_elsewhere(
     messages = []
     for name in ("exists", "missing"):
         with pytest.raises(UsageError) as info:
-            key_path(rt.settings, name)
+            key_path(rt.settings, name, names_shown=True)
         messages.append(info.value.user_text().replace(name, "NAME"))
     assert messages[0] == messages[1]
-    assert "Keys it has: bot." in messages[0]
+    assert "Keys it has: bot." in messages[0]  # to an admin (bot.services.key_grants)
+    with pytest.raises(UsageError) as member:
+        key_path(rt.settings, "missing")
+    assert "bot" not in member.value.user_text().replace("/gpu keys", "")
     for bad in ("../exists", "/etc/passwd", "..", "a/b", "~root"):
         with pytest.raises(UsageError, match="is not a key name"):
             key_path(rt.settings, bad)

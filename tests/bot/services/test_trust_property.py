@@ -68,6 +68,8 @@ DEFAULT_RELEASE_IN = timedelta(hours=8)
 AGENT_VERSION = "0.1.0"
 #: The actor of the audit rows the bot writes for its own decisions.
 BOT = "gpubot"
+#: GPUBOT_INSTANCE_NETWORKS: the machines' private addresses are listed.
+NETWORKS = ("10.0.0.0/8",)
 
 
 # --- the machines -----------------------------------------------------------------------------
@@ -290,7 +292,9 @@ class TrustModel(RuleBasedStateMachine):
         super().__init__()
         self.db = _copy_database(template, workdir)
         self.clock = Clock()
-        self.rt = make_runtime(self.db, self.clock, fleet=StandInFleet())
+        self.rt = make_runtime(
+            self.db, self.clock, fleet=StandInFleet(), instance_networks=NETWORKS
+        )
         self.regs: dict[int, Reg] = {}
 
     def teardown(self) -> None:
@@ -367,11 +371,14 @@ class TrustModel(RuleBasedStateMachine):
             expect = Expect(Conflict, why=f"the name {name} is another machine's")
         elif holder is not None and holder.state != "active":
             expect = Expect(Conflict, why=f"{holder.name} is being released")
+        elif holder is not None and provider_id not in (None, holder.provider_id):
+            # An id given without --provider changes nothing: both, and an admin, change it.
+            expect = Expect(UsageError, why="--provider-id without --provider on a held machine")
         elif holder is not None:
             kept = holder
 
             def change_it(_after: Snapshot) -> None:
-                kept.name, kept.address, kept.provider_id = name, address, provider_id
+                kept.name, kept.address = name, address  # the platform id is kept
                 kept.price = price
                 if release_in is not None:
                     kept.deadline = now + release_in
@@ -791,7 +798,7 @@ def test_trust_model_holds_over_random_sequences(template: Path, tmp_path: Path)
 
 def test_two_people_registering_one_machine_at_once_store_one(db: Database) -> None:
     barrier = threading.Barrier(2, timeout=20)
-    rt = make_runtime(db, Clock(), fleet=StandInFleet(barrier))
+    rt = make_runtime(db, Clock(), fleet=StandInFleet(barrier), instance_networks=NETWORKS)
     attempts = {"U0ALICE": "alpha", "U0BOB": "beta"}
     outcomes: dict[str, object] = {}
 

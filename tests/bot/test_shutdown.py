@@ -1,0 +1,81 @@
+"""The stop on SIGTERM keeps to its budget: work that finishes in time is waited for; work hung
+past the budget (an SSH command on a silent instance) is abandoned and the process ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from bot import cli
+from bot.executor import BotExecutor
+from bot.store.db import Database
+from tests.bot.services.support import Clock, NoFleet, make_runtime
+
+
+class _Fleet(NoFleet):
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def _stop_on_sigterm(
+    db: Database, hold: threading.Event, *, finishes: bool
+) -> tuple[list[int], float, _Fleet]:
+    fleet = _Fleet()
+    rt = make_runtime(db, Clock(), fleet=fleet, poll_interval_s=10**7)
+    rt.executor = BotExecutor(max_workers=2)
+    started = threading.Event()
+
+    def work() -> None:
+        started.set()
+        hold.wait(0.3 if finishes else 30)  # a command that ends, or one hung on its channel
+
+    rt.executor.submit(work)
+    assert started.wait(5)
+    stopped = threading.Event()
+    exits: list[int] = []
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    began = time.monotonic()
+
+    def serve() -> None:
+        stopped.wait(10)
+
+    code = cli._run_until_signal(
+        rt,
+        start=serve,
+        stop=stopped.set,
+        budget_s=1.5,
+        exit_now=exits.append,
+    )
+    assert code == 0
+    return exits, time.monotonic() - began, fleet
+
+
+def test_a_hung_command_is_abandoned_within_the_budget(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "ABANDON_S", 0.5)
+    hold = threading.Event()
+    try:
+        exits, took_s, fleet = _stop_on_sigterm(db, hold, finishes=False)
+    finally:
+        hold.set()
+    assert exits == [0]  # ended without waiting on the hung work
+    assert took_s < 2.5
+    assert fleet.closed.is_set()  # its SSH connections closed: the channel abandoned
+
+
+def test_work_that_finishes_in_time_is_waited_for(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli, "ABANDON_S", 0.5)
+    exits, took_s, fleet = _stop_on_sigterm(db, threading.Event(), finishes=True)
+    assert exits == []  # a clean stop: nothing abandoned
+    assert took_s < 1.5
+    assert fleet.closed.is_set()
