@@ -62,6 +62,7 @@ def help_spec(registry: Registry) -> CommandSpec:
             text, blocks = render_command(spec)
         else:
             text, blocks = render_overview(_listed(registry))
+            blocks.extend(kit.context(line) for line in billing_notes(rt))
         return Reply(text=text, blocks=tuple(blocks))
 
     return CommandSpec(
@@ -72,6 +73,21 @@ def help_spec(registry: Registry) -> CommandSpec:
         configure=_configure,
         handler=handle,
     )
+
+
+def billing_notes(rt: Runtime) -> list[str]:
+    """What the overview says of billing rules that are settings rather than documented facts:
+    Compshare's increment (GPUBOT_COMPSHARE_BILLING), when Compshare is configured."""
+    if "compshare" not in rt.providers.names():
+        return []
+    unit = t("hour") if rt.settings.compshare_billing == "hour" else t("second")
+    return [
+        t(
+            "优云智算 Compshare is billed here by the {unit} (GPUBOT_COMPSHARE_BILLING): no "
+            "Compshare document states its increment, so this rule is unverified.",
+            unit=unit,
+        )
+    ]
 
 
 def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[Block]]:
