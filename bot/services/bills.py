@@ -697,16 +697,14 @@ def _flag(rt: Runtime, session: Session, name: str, now: datetime) -> int:
             if outbox.find(session, key) is not None:
                 continue
             with speaking(None):  # the ops channel's language
-                text, body = rt.message(BillMismatch(month=month, line=line))
-            outbox.enqueue(
-                session,
-                key=key,
-                kind="notice",
-                recipient=recipient,
-                text=text,
-                blocks=body,
-                now=now,
-            )
+                outbox.enqueue_notice(
+                    rt,
+                    session,
+                    BillMismatch(month=month, line=line),
+                    key=key,
+                    recipient=recipient,
+                    now=now,
+                )
             queued += 1
     return queued
 

@@ -146,6 +146,31 @@ def enqueue(
     return message.id
 
 
+def enqueue_notice(
+    rt: Runtime,
+    session: Session,
+    notice: Notice,
+    *,
+    key: str,
+    recipient: str,
+    now: datetime,
+    instance_id: int | None = None,
+) -> int:
+    """Render ``notice`` in the active language and queue it as :func:`enqueue` does (once per
+    ``key``); returns the row id."""
+    text, body = rt.message(notice)
+    return enqueue(
+        session,
+        key=key,
+        kind="notice",
+        recipient=recipient,
+        text=text,
+        blocks=body,
+        now=now,
+        instance_id=instance_id,
+    )
+
+
 def send(
     rt: Runtime,
     *,

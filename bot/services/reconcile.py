@@ -237,15 +237,8 @@ def report_unlisted(rt: Runtime, provider: str, exc: GpubotError, now: datetime)
             return False  # told already, not over yet
         number = (last or 0) + 1
         notice = PlatformUnlisted(provider, answer[:500], now, rt.settings.timezone)
-        text, body = rt.message(notice)
-        outbox.enqueue(
-            session,
-            key=_unlisted_key(provider, number),
-            kind="notice",
-            recipient=recipient,
-            text=text,
-            blocks=body,
-            now=now,
+        outbox.enqueue_notice(
+            rt, session, notice, key=_unlisted_key(provider, number), recipient=recipient, now=now
         )
         audit.record(
             session,
@@ -272,15 +265,8 @@ def report_listed(rt: Runtime, provider: str, now: datetime) -> bool:
         told = outbox.find(session, _unlisted_key(provider, last))
         since = told.created_at if told is not None else now
         notice = PlatformListedAgain(provider, since, now, rt.settings.timezone)
-        text, body = rt.message(notice)
-        outbox.enqueue(
-            session,
-            key=_listed_key(provider, last),
-            kind="notice",
-            recipient=recipient,
-            text=text,
-            blocks=body,
-            now=now,
+        outbox.enqueue_notice(
+            rt, session, notice, key=_listed_key(provider, last), recipient=recipient, now=now
         )
     return True
 
