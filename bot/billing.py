@@ -67,12 +67,15 @@ BILLING_FROM = ("created", "ssh_ready")
 
 @dataclass(frozen=True)
 class ProviderBilling:
-    """A platform's documented billing: increment, minimum per start, and when billing starts."""
+    """A platform's documented billing: increment, minimum per start, and when billing starts.
+    ``verified`` is False where no document of the platform states the rule and a setting
+    decides it (said wherever a cost is quoted)."""
 
     increment: str
     min_charge_s: int
     billing_from: str
     source: str
+    verified: bool = True
 
 
 #: Each platform's documented rules (see the module docstring); ``manual`` is as typed.
@@ -93,15 +96,12 @@ PROVIDER_BILLING: dict[str, ProviderBilling] = {
         "ChargeType docstrings: Dynamic 按小时预付费, Postpay 按小时后付费 (支持关机不收费, some "
         "zones only); PostPayPowerOffBillingResource lists the disks billed while powered off. "
         "A 2026 price guide says per second; no Compshare page states the increment, so "
-        "GPUBOT_COMPSHARE_BILLING (second|hour, default hour) decides. Prices in CNY.",
+        "GPUBOT_COMPSHARE_BILLING (second|hour, default hour) decides: a registration through "
+        "the provider stores the setting's increment. Prices in CNY.",
+        verified=False,
     ),
     "manual": ProviderBilling("second", 0, "created", "as typed at registration"),
 }
-
-# The Instance table's column defaults: a field still holding one counts as "not said".
-_UNSET_INCREMENT = "second"
-_UNSET_MIN_CHARGE_S = 0
-_UNSET_BILLING_FROM = "created"
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,9 @@ class BilledInstance(Protocol):
     provider: str
     price_micros: int
     price_per: str
-    billing_increment: str
-    min_charge_s: int
-    billing_from: str
+    billing_increment: str | None
+    min_charge_s: int | None
+    billing_from: str | None
     gpu_count: int | None
     delivered_gpu_count: int | None
     disk_gb: float | None
@@ -244,6 +244,14 @@ def provider_billing(provider: str) -> ProviderBilling:
     return PROVIDER_BILLING.get(provider, PROVIDER_BILLING["manual"])
 
 
+def unverified_increment(instance: BilledInstance) -> str | None:
+    """The increment the instance is billed by when no platform document states it (a setting
+    decides, e.g. GPUBOT_COMPSHARE_BILLING); None when the rule is documented or typed."""
+    if provider_billing(instance.provider).verified:
+        return None
+    return rules_for(instance).increment
+
+
 def billed_gpu_count(instance: BilledInstance) -> int:
     """The GPUs a per-GPU-hour price is paid for: the count registered, else the count the
     agent found, and at least one."""
@@ -265,18 +273,12 @@ def hourly_cost_micros(instance: BilledInstance) -> int:
 
 
 def rules_for(instance: BilledInstance) -> BillingRules:
-    """The instance's billing rules; fields left at their defaults take the provider's rules."""
+    """The instance's billing rules; a rule the registration did not give (None) is the
+    provider's."""
     platform = provider_billing(instance.provider)
-    increment = instance.billing_increment
-    min_charge_s = instance.min_charge_s
-    billing_from = instance.billing_from
-    if instance.provider != "manual":
-        if increment == _UNSET_INCREMENT:
-            increment = platform.increment
-        if min_charge_s == _UNSET_MIN_CHARGE_S:
-            min_charge_s = platform.min_charge_s
-        if billing_from == _UNSET_BILLING_FROM:
-            billing_from = platform.billing_from
+    increment = instance.billing_increment or platform.increment
+    min_charge_s = platform.min_charge_s if instance.min_charge_s is None else instance.min_charge_s
+    billing_from = instance.billing_from or platform.billing_from
     return BillingRules(
         price_micros_per_hour=instance.price_micros,
         price_per=instance.price_per,

@@ -39,7 +39,7 @@ from bot.blocks.kit import (
     time_left,
     when,
 )
-from bot.blocks.money import final_cost_sentence
+from bot.blocks.money import final_cost_sentence, unverified_rule
 from bot.i18n import N_, nt, placeholders, t
 from bot.notify import Notice
 from bot.services import access, nvml_words
@@ -309,7 +309,8 @@ def settings_text(settings: SettingsView, tz: ZoneInfo) -> str:
         if settings.release_when_done
         else t("• when its jobs are done: kept"),
         t("• lifetime cap: {cap}", cap=cap),
-        t("• billing: per {unit}, minimum charge {minimum}", unit=unit, minimum=minimum),
+        t("• billing: per {unit}, minimum charge {minimum}", unit=unit, minimum=minimum)
+        + unverified_rule(settings.unverified_increment),
         t("• disk: {disk}", disk=_disk(settings)),
     ]
     return "\n".join(lines)

@@ -506,10 +506,26 @@ def final_cost_sentence(cost: FinalCost | None, *, stopped: bool = False) -> str
     cost, and why; empty when it is not known."""
     if cost is None:
         return ""
-    cost_text = final_cost_text(cost)
+    cost_text = final_cost_text(cost) + unverified_rule(cost.unverified_increment)
     if stopped:
         return " " + t("Up to the stop it cost {cost}.", cost=cost_text)
     return " " + t("It cost {cost}.", cost=cost_text)
+
+
+def unverified_rule(increment: str | None) -> str:
+    """What a quoted cost adds when a setting, not a platform document, decides its billing
+    increment (Compshare's GPUBOT_COMPSHARE_BILLING): empty when the rule is documented."""
+    if increment is None:
+        return ""
+    unit = t(_INCREMENT_UNITS.get(increment, increment))
+    return " " + t(
+        "(billed by the {unit} as GPUBOT_COMPSHARE_BILLING says: no document of the platform "
+        "states its increment, so this is unverified)",
+        unit=unit,
+    )
+
+
+_INCREMENT_UNITS = {"second": N_("second"), "minute": N_("minute"), "hour": N_("hour")}
 
 
 def _span(seconds: int) -> str:

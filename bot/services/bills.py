@@ -290,9 +290,10 @@ class _Side:
     split: bool = True
     billed_s: int = 0
     hourly: int = 0
-    increment: str = "second"
-    min_charge_s: int = 0
-    billing_from: str = "created"
+    #: The registration's rules; None: not said, the platform's apply.
+    increment: str | None = None
+    min_charge_s: int | None = None
+    billing_from: str | None = None
     first_start: datetime | None = None
     created_at: datetime | None = None
     ssh_ready_at: datetime | None = None
@@ -339,12 +340,12 @@ def _compute_cause(provider: str, bot: _Side, platform: _Side, difference: int, 
         sign = -1 if seconds < 0 else 1
         return sign * -(-abs(seconds) * hourly // SECONDS_PER_HOUR)
 
-    increment = bot.increment
-    if increment == "second" and provider != "manual":
-        increment = provider_billing(provider).increment
+    platform_rules = provider_billing(provider)
+    increment = bot.increment or platform_rules.increment
+    min_charge_s = platform_rules.min_charge_s if bot.min_charge_s is None else bot.min_charge_s
     increment_s = INCREMENT_S.get(increment, 1)
     billed = bot.billed_s
-    minimums = sorted({*_MINIMUMS_S, bot.min_charge_s} - {0})
+    minimums = sorted({*_MINIMUMS_S, min_charge_s} - {0})
     if hourly > 0:
         if any(billed < m and near(difference, cost(m - billed)) for m in minimums):
             return MINIMUM
@@ -578,9 +579,9 @@ def _side(row: Any) -> _Side:
         split=row.split is None or int(row.split) > 0,
         billed_s=int(row.billed_s or 0),
         hourly=int(row.hourly or 0),
-        increment=row.increment or "second",
-        min_charge_s=int(row.min_charge_s or 0),
-        billing_from=row.billing_from or "created",
+        increment=row.increment,
+        min_charge_s=None if row.min_charge_s is None else int(row.min_charge_s),
+        billing_from=row.billing_from,
         first_start=row.first_start,
         created_at=row.created_at,
         ssh_ready_at=row.ssh_ready_at,

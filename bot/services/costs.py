@@ -53,7 +53,9 @@ class FinalCost:
     (compute and storage up to then), the session's length ``used_s`` and the seconds it is
     billed for ``billed_s`` (rounded up to the increment, at least the minimum charge), at
     ``hourly_micros`` an hour of the whole instance. ``carried`` when part of it was billed
-    under earlier rules (another price); ``started`` is False when billing never started."""
+    under earlier rules (another price); ``started`` is False when billing never started.
+    ``unverified_increment`` is the increment when a setting, not a platform document, decides
+    it (Compshare)."""
 
     total_micros: int
     compute_micros: int
@@ -64,6 +66,7 @@ class FinalCost:
     currency: str
     carried: bool = False
     started: bool = True
+    unverified_increment: str | None = None
 
 
 def since_registered(instance: Instance, now: datetime) -> billing.CostBreakdown:
@@ -154,4 +157,5 @@ def final_cost(instance: Instance) -> FinalCost | None:
         currency=instance.currency,
         carried=not billing.at_one_price(instance),
         started=start is not None and used_s > 0,
+        unverified_increment=billing.unverified_increment(instance),
     )

@@ -221,6 +221,7 @@ def settings_view(inst: Instance) -> SettingsView:
         disk_gb=inst.disk_gb,
         storage_micros_per_gb_month=inst.storage_micros_per_gb_month,
         currency=inst.currency,
+        unverified_increment=billing.unverified_increment(inst),
     )
 
 

@@ -268,6 +268,9 @@ def _register(
     fields = _instance_fields(req, target, status, version, now)
     fields.update(provider=provider_name, provider_instance_id=provider_id)
     changed = holder is not None and (holder.provider, holder.provider_instance_id) != platform
+    if req.billing is None and provider_name != "manual" and (holder is None or changed):
+        # The provider's increment as configured (Compshare's is a setting, see bot.billing).
+        fields["billing_increment"] = rt.providers.get(provider_name).capabilities.billing_increment
     stored = _store_registration(
         rt,
         caller,

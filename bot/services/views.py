@@ -119,6 +119,8 @@ class SettingsView:
     disk_gb: float | None
     storage_micros_per_gb_month: int
     currency: str = "USD"
+    #: The increment when a setting decides it, not a platform document (Compshare).
+    unverified_increment: str | None = None
 
 
 @dataclass(frozen=True)

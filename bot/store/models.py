@@ -120,9 +120,10 @@ class Instance(SQLModel, table=True):
     # Billing rules (see bot.billing).
     price_micros: int = Field(default=0, sa_type=BigInteger)
     price_per: str = Field(default="instance_hour", max_length=16)  # or gpu_hour
-    billing_increment: str = Field(default="second", max_length=8)  # second, minute, hour
-    min_charge_s: int = 0
-    billing_from: str = Field(default="created", max_length=16)  # created, ssh_ready
+    # None: not said at registration, the platform's rule applies (bot.billing.PROVIDER_BILLING).
+    billing_increment: str | None = Field(default=None, max_length=8)  # second, minute, hour
+    min_charge_s: int | None = None
+    billing_from: str | None = Field(default=None, max_length=16)  # created, ssh_ready
     disk_gb: float | None = None
     storage_micros_per_gb_month: int = Field(default=0, sa_type=BigInteger)
     egress_micros_per_gb: int = Field(default=0, sa_type=BigInteger)

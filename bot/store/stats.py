@@ -16,6 +16,7 @@ from sqlalchemy import case, func, select, text
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col
 
+from bot.billing import PROVIDER_BILLING
 from bot.errors import StoreError
 from bot.metrics import RELEASE_STATES, StoreStats
 from bot.store.db import Database
@@ -130,11 +131,22 @@ def _spend_rate(session: Session) -> dict[str, int]:
             col(Instance.state) != "released",
             col(Instance.stopped_at).is_(None),
             col(Instance.released_at).is_(None),
-            (col(Instance.billing_from) != "ssh_ready") | col(Instance.ssh_ready_at).is_not(None),
+            _billing_started(),
         )
         .group_by(col(Instance.currency))
     ).all()
     return {str(currency): int(total or 0) for currency, total in rows}
+
+
+def _billing_started() -> Any:
+    """Billing has started: from creation, or from SSH-ready once it was; a rule the
+    registration did not give is the platform's (bot.billing.PROVIDER_BILLING)."""
+    from_ssh = [name for name, rule in PROVIDER_BILLING.items() if rule.billing_from == "ssh_ready"]
+    waits = func.coalesce(
+        col(Instance.billing_from),
+        case((col(Instance.provider).in_(from_ssh), "ssh_ready"), else_="created"),
+    )
+    return (waits != "ssh_ready") | col(Instance.ssh_ready_at).is_not(None)
 
 
 def _charges(session: Session, start: datetime, end: datetime) -> dict[str, int]:

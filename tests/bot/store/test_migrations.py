@@ -16,7 +16,7 @@ from bot.services import ledger
 from bot.store.db import MIGRATIONS_DIR, Database, alembic_config
 from bot.store.migrations import schema_diff
 from bot.store.migrations.autogen import next_revision_id
-from bot.store.models import Charge, LedgerState, UtilHour, UtilSample
+from bot.store.models import Charge, Instance, LedgerState, UtilHour, UtilSample
 from tests.bot.services.support import add_instance
 
 
@@ -136,3 +136,32 @@ def test_ledger_states_are_filled_in_from_the_charges_written_before(db: Databas
         5_000_000,
     )
     assert month == {iid: 5_000_000}
+
+
+def test_billing_rules_left_at_the_old_defaults_become_not_said(db: Database) -> None:
+    with db.engine.connect() as connection:  # back to when the defaults meant "not said"
+        command.downgrade(alembic_config(db, connection), "0012")
+        connection.commit()
+    said = {"billing_increment": "second", "min_charge_s": 0, "billing_from": "created"}
+    aws = add_instance(db, name="aws", provider="aws", provider_instance_id="i-1", **said)
+    manual = add_instance(db, name="manual", **said)
+    typed = add_instance(
+        db,
+        name="typed",
+        provider="compshare",
+        provider_instance_id="uhost-1",
+        billing_increment="hour",
+        min_charge_s=60,
+        billing_from="ssh_ready",
+    )
+    db.migrate()
+    with db.session() as session:
+        rows = {
+            inst.id: (inst.billing_increment, inst.min_charge_s, inst.billing_from)
+            for inst in session.exec(select(Instance)).all()
+        }
+    assert rows == {
+        aws: (None, None, None),  # the platform's rules, as before: 60 s minimum on AWS
+        manual: ("second", 0, "created"),  # manual bills exactly as typed
+        typed: ("hour", 60, "ssh_ready"),
+    }
