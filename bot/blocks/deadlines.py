@@ -544,6 +544,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
                     provider=inst.provider,
                 ),
                 _storage_note(inst),
+                _platform_release(notice),
             )
         )
     return _plain(
@@ -553,6 +554,17 @@ def released_outside(notice: ReleasedOutside) -> Message:
             name=inst.name,
             provider=inst.provider,
         )
+    )
+
+
+def _platform_release(notice: ReleasedOutside) -> str:
+    """When the platform itself releases the stopped instance (and its disk), where it says."""
+    if notice.platform_release_at is None:
+        return ""
+    return t(
+        "{provider} itself releases it, disk and data, at {at} unless it is started again.",
+        provider=notice.instance.provider,
+        at=when(notice.platform_release_at, ZoneInfo(notice.tz_name)),
     )
 
 

@@ -17,6 +17,7 @@ compute per instance id; EBS volumes are resources of their own, so the storage 
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import UTC, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
@@ -460,7 +461,27 @@ def _instance(item: dict[str, Any]) -> ProviderInstance:
         ssh_port=22,
         launched_at=launched if isinstance(launched, datetime) else None,
         tags=tags,
+        ended_at=_ended_at(item)
+        if raw in ("stopping", "stopped", "shutting-down", "terminated")
+        else None,
     )
+
+
+#: ``StateTransitionReason`` of an instance a user stopped or terminated, as EC2 writes it:
+#: "User initiated (2026-12-04 10:00:00 GMT)" (EC2 API reference, ``Instance``).
+_TRANSITION_AT = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) (?:GMT|UTC)\)")
+
+
+def _ended_at(item: dict[str, Any]) -> datetime | None:
+    """When EC2 says the instance was stopped or terminated (naive UTC), where it says."""
+    reason = item.get("StateTransitionReason")
+    match = _TRANSITION_AT.search(reason) if isinstance(reason, str) else None
+    if match is None:
+        return None
+    try:
+        return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return None
 
 
 def _type_info(item: dict[str, Any]) -> InstanceTypeInfo:

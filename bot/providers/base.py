@@ -90,6 +90,11 @@ class ProviderInstance:
     #: What that disk costs per GB-month of 730 hours in micro-units of ``currency``, where the
     #: platform says (the price it bills now: a stopped instance's where it is stopped).
     storage_micros_per_gb_month: int | None = None
+    #: When the platform says it last stopped or was terminated (naive UTC), where it says:
+    #: the meter of an instance stopped or terminated outside the bot stops there.
+    ended_at: datetime | None = None
+    #: When the platform itself will release a stopped instance (naive UTC), where it says.
+    platform_release_at: datetime | None = None
 
     @property
     def is_gone(self) -> bool:

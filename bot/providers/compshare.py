@@ -29,8 +29,12 @@ Prices are in CNY: ``InstancePrice`` is read as the hourly price of instances bi
 hour (``ChargeType`` Dynamic "按小时预付费" or Postpay "按小时后付费(支持关机不收费)", the
 SDK's ``create_comp_share_instance`` docstring) and left out for Year, Month and Day ones.
 Billing while stopped: ``PostPayPowerOffBillingResource`` (a ``DiskPriceInfo`` list: the disks
-billed while powered off) is read for a stopped instance: its disks' size (``DiskSet`` ``Size``,
-GB) becomes ``disk_gb``; the documents give ``Price`` no unit, so no per-GB price is derived.
+billed while powered off, each ``IsBoot``, ``ChargeType``, ``Price``) is read for a stopped
+instance. The billed disks' sizes (``DiskSet`` ``Size``, GB, matched by ``IsBoot``) become
+``disk_gb``, and their prices a price per GB-month: the SDK gives ``Price`` no unit, so it is
+read as ``InstancePrice`` is, CNY per hour for the hourly charge types (unverified; a 100 GB
+system disk at 0.05 comes to 0.365 CNY per GB-month). ``ReleaseTime`` ("释放时间, 关机时候返回")
+is when the platform releases a stopped instance itself.
 The billing increment is ``settings.compshare_billing`` (``GPUBOT_COMPSHARE_BILLING``, second
 or hour, default hour: no document found states it; the price guide in
 ``bot/data/prices_cny.json`` says per second; the SDK's ChargeType docstrings say Dynamic and
@@ -89,6 +93,8 @@ _STATES = {
 PAGE_LIMIT = 100
 #: The most pages read for one list (10 000 instances).
 MAX_PAGES = 100
+#: Hours in the storage month prices per GB-month are given for (bot.billing.STORAGE_MONTH_S).
+STORAGE_MONTH_H = 730
 #: Charge types whose ``InstancePrice`` is an hourly price.
 HOURLY_CHARGE_TYPES = frozenset({"Dynamic", "Postpay"})
 CURRENCY = "CNY"
@@ -432,7 +438,7 @@ def _instance(item: dict[str, Any]) -> ProviderInstance:
         price_micros_per_hour=_hourly_price(item),
         currency=CURRENCY,
         launched_at=_epoch(item.get("CreateTime")),
-        disk_gb=_powered_off_disk_gb(item) if raw_state == "Stopped" else None,
+        **(_powered_off_storage(item) if raw_state == "Stopped" else {}),
         tags=tuple(
             (key.lower(), str(item[key]))
             for key in ("Name", "Tag", "Remark")
@@ -466,19 +472,54 @@ def _hourly_price(item: dict[str, Any]) -> int | None:
     return round(float(price) * MICROS)
 
 
-def _powered_off_disk_gb(item: dict[str, Any]) -> float | None:
-    """GB of disk still billed while stopped: the ``DiskSet`` sizes (GB) when the answer lists
-    ``PostPayPowerOffBillingResource`` (the SDK's ``CompShareInstanceSet`` model)."""
-    if not item.get("PostPayPowerOffBillingResource"):
-        return None
-    sizes: list[int] = [
+def _powered_off_storage(item: dict[str, Any]) -> dict[str, Any]:
+    """What a stopped instance still bills, as ProviderInstance fields: ``disk_gb`` (the sizes
+    of the disks ``PostPayPowerOffBillingResource`` lists, matched to ``DiskSet`` by
+    ``IsBoot``), ``storage_micros_per_gb_month`` (their hourly ``Price`` sum over 730 hours,
+    per GB) and ``platform_release_at`` (``ReleaseTime``); empty when it lists none."""
+    billed = [d for d in item.get("PostPayPowerOffBillingResource") or [] if isinstance(d, dict)]
+    if not billed:
+        return {}
+    boot_kinds = {bool(d.get("IsBoot")) for d in billed}
+    sizes = [
         d["Size"]
         for d in item.get("DiskSet") or []
         if isinstance(d, dict)
+        and _is_boot(d.get("IsBoot")) in boot_kinds
         and isinstance(d.get("Size"), int)
         and not isinstance(d.get("Size"), bool)
+        and d["Size"] > 0
     ]
-    return float(sum(sizes)) if sizes else None
+    disk_gb = float(sum(sizes)) if sizes else None
+    fields: dict[str, Any] = {
+        "disk_gb": disk_gb,
+        "platform_release_at": _epoch(item.get("ReleaseTime")),
+    }
+    hourly = _disk_hourly_micros(billed, item.get("ChargeType"))
+    if disk_gb and hourly is not None:
+        fields["storage_micros_per_gb_month"] = round(hourly * STORAGE_MONTH_H / disk_gb)
+    return fields
+
+
+def _disk_hourly_micros(billed: list[dict[str, Any]], instance_charge: Any) -> int | None:
+    """The billed disks' prices together, in micro-CNY per hour: None when one is missing, not
+    a finite non-negative number, or of a charge type that is not hourly."""
+    total = 0
+    for disk in billed:
+        price = disk.get("Price")
+        if isinstance(price, bool) or not isinstance(price, int | float):
+            return None
+        if not math.isfinite(price) or price < 0:
+            return None
+        if (disk.get("ChargeType") or instance_charge) not in HOURLY_CHARGE_TYPES:
+            return None
+        total += round(float(price) * MICROS)
+    return total
+
+
+def _is_boot(value: Any) -> bool:
+    """``DiskSet``'s ``IsBoot``, a string ("True"/"False") in the SDK's model, as a bool."""
+    return value is True or (isinstance(value, str) and value.lower() == "true")
 
 
 def _epoch(value: Any) -> datetime | None:

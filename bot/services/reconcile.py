@@ -100,6 +100,10 @@ class ReleasedOutside(Notice):
     instance: InstanceBrief
     state: str
     address: str | None = None
+    #: When the platform itself releases the stopped instance (naive UTC), where it says, shown
+    #: in ``tz_name``.
+    platform_release_at: datetime | None = None
+    tz_name: str = "UTC"
 
 
 @dataclass(frozen=True)
@@ -552,7 +556,8 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
                 return False
             key = f"outside:{instance_id}:{change}:{now.isoformat()}"
         else:
-            release_id = _stop_or_release(session, inst, change, now)
+            ended = found.seen.ended_at if found.seen is not None else None
+            release_id = _stop_or_release(session, inst, change, now, ended)
             if release_id is None:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
@@ -572,7 +577,15 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
         shown = None
         if address is not None and change in (STARTED, MOVED):
             shown = _audit_move(session, inst, found.member, now)
-        notice = ReleasedOutside(releases.instance_view(inst), state=change, address=shown)
+        notice = ReleasedOutside(
+            releases.instance_view(inst),
+            state=change,
+            address=shown,
+            platform_release_at=found.seen.platform_release_at
+            if change == STOPPED and found.seen is not None
+            else None,
+            tz_name=rt.settings.timezone,
+        )
         text, body = rt.message(notice)
         outbox.enqueue(
             session,
@@ -589,16 +602,17 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
     return True
 
 
-def _stop_or_release(session: Session, inst: Instance, change: str, now: datetime) -> int | None:
-    """Stop or release the registration with a confirmed Release of reason ``reconcile``;
-    returns the Release's id, or None when the row had moved."""
+def _stop_or_release(
+    session: Session, inst: Instance, change: str, now: datetime, ended: datetime | None
+) -> int | None:
+    """Stop or release the registration with a confirmed Release of reason ``reconcile``, its
+    meter stopped when the platform says it ended (``ended``, naive UTC; ``now`` when it does
+    not say); returns the Release's id, or None when the row had moved."""
     assert inst.id is not None
-    if change == STOPPED:
-        if inst.state not in RUNNING_STATES:
-            return None
-        done = releases.mark_instance_stopped(session, inst.id, now=now)
-    else:
-        done = releases.mark_instance_released(session, inst.id, now=now, mode="terminate")
+    if change == STOPPED and inst.state not in RUNNING_STATES:
+        return None
+    mode = "stop" if change == STOPPED else "terminate"
+    done = releases.mark_instance_released(session, inst.id, now=now, mode=mode, at=ended)
     if not done:
         return None
     release = Release(

@@ -3,6 +3,8 @@ refusals by RetCode, and prices in CNY (against the stand-in written from its do
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 
 from bot.errors import (
@@ -200,10 +202,48 @@ def test_every_region_is_listed_and_acted_on_in_its_own(provider, compshare_clou
     assert compshare_cloud.instances[here]["State"] == "Running"
 
 
-def test_a_stopped_instance_reports_the_disk_still_billed(provider, compshare_cloud):
+def test_a_stopped_instance_reports_the_disk_still_billed_its_price_and_release_time(
+    provider, compshare_cloud
+):
     uid = compshare_cloud.add(state="Stopped")
-    assert provider.get(uid).disk_gb == 100.0
-    assert provider.get(compshare_cloud.add()).disk_gb is None
+    seen = provider.get(uid)
+    # Only the system disk is listed as billed powered off: 100 of the 300 GB.
+    assert seen.disk_gb == 100.0
+    # 0.05 CNY an hour for 100 GB: 0.05 * 730 / 100 = 0.365 CNY per GB-month.
+    assert seen.storage_micros_per_gb_month == 365_000
+    assert seen.currency == "CNY"
+    assert seen.platform_release_at == datetime(2026, 12, 9, 11, 0)
+    running = provider.get(compshare_cloud.add())
+    assert (running.disk_gb, running.storage_micros_per_gb_month) == (None, None)
+    assert running.platform_release_at is None
+
+
+def test_both_disks_billed_powered_off_are_summed(provider, compshare_cloud):
+    compshare_cloud.powered_off_billing = [
+        {"ChargeType": "Postpay", "IsBoot": True, "Price": 0.05},
+        {"ChargeType": "Postpay", "IsBoot": False, "Price": 0.1},
+    ]
+    seen = provider.get(compshare_cloud.add(state="Stopped"))
+    assert seen.disk_gb == 300.0
+    assert seen.storage_micros_per_gb_month == 365_000  # 0.15 * 730 / 300
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"ChargeType": "Postpay", "IsBoot": True, "Price": "0.05"},
+        {"ChargeType": "Postpay", "IsBoot": True},
+        {"ChargeType": "Month", "IsBoot": True, "Price": 36.5},
+        {"ChargeType": "Postpay", "IsBoot": True, "Price": -1},
+    ],
+)
+def test_a_disk_price_that_cannot_be_read_as_hourly_gives_no_storage_price(
+    provider, compshare_cloud, entry
+):
+    compshare_cloud.powered_off_billing = [entry]
+    seen = provider.get(compshare_cloud.add(state="Stopped"))
+    assert seen.disk_gb == 100.0
+    assert seen.storage_micros_per_gb_month is None
 
 
 def test_terminate_is_confirmed_by_its_own_answer_even_into_the_recycle_bin(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
@@ -490,3 +490,95 @@ def test_a_stop_seen_outside_keeps_a_storage_price_someone_gave(db, vast_cloud: 
     assert reconcile.reconcile(rt, clock.advance(minutes=20)) == [iid]
     inst = get_instance(rt.db, iid)
     assert (inst.disk_gb, inst.storage_micros_per_gb_month) == (730.0, 100_000)
+
+
+def test_the_meter_stops_when_ec2_says_it_stopped_and_terminated(db, aws_endpoint: str):
+    """EC2 writes when a user stopped or terminated an instance ("User initiated (... GMT)"):
+    reconcile, looking later, stops the meter there, not when it happened to look."""
+    ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    provider = AwsProvider.from_settings(Settings(aws_endpoint_url=aws_endpoint))
+    # moto stamps transitions with the real time: the bot's clock looks 40 minutes after it.
+    started = datetime.now(UTC).replace(tzinfo=None, microsecond=0)
+    rt = make_runtime(db, Clock(started + timedelta(minutes=40)), providers=[provider])
+    provider_id = ec2.run_instances(
+        ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1
+    )["Instances"][0]["InstanceId"]
+    seen = provider.get(provider_id)
+    iid = add_instance(
+        rt.db,
+        host=seen.host or "127.0.0.1",
+        provider="aws",
+        provider_instance_id=provider_id,
+        created_at=started - timedelta(hours=2),
+        price_micros=3_600_000,
+        **DISK,
+    )
+
+    ec2.stop_instances(InstanceIds=[provider_id])
+    stopped = provider.get(provider_id).ended_at
+    assert stopped is not None
+    assert started <= stopped <= started + timedelta(minutes=5)
+    assert reconcile.reconcile(rt, rt.clock()) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.stopped_at) == ("stopped", stopped)
+
+    ec2.terminate_instances(InstanceIds=[provider_id])
+    ended = provider.get(provider_id).ended_at
+    assert ended is not None
+    assert ended >= stopped
+    assert reconcile.reconcile(rt, rt.clock()) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.released_at, inst.storage_deleted_at) == ("released", ended, ended)
+    assert inst.stopped_at == stopped  # compute had stopped already
+
+
+def test_ec2_s_transition_reason_gives_a_time_only_when_it_carries_one():
+    from bot.providers.aws import _instance
+
+    def seen(reason: str) -> datetime | None:
+        item = {"InstanceId": "i-1", "State": {"Name": "stopped"}, "StateTransitionReason": reason}
+        return _instance(item).ended_at
+
+    assert seen("User initiated (2026-12-04 10:00:00 GMT)") == datetime(2026, 12, 4, 10, 0)
+    assert seen("Server.ScheduledStop: Stopped due to scheduled retirement") is None
+    assert seen("User initiated (2026-13-04 10:00:00 GMT)") is None
+
+
+def test_a_compshare_stop_seen_outside_takes_the_powered_off_disk_price_and_release_time(
+    db, compshare_cloud: CompshareStandIn
+):
+    """Stopped on Compshare: the registration (in yuan) takes the disk Compshare lists as
+    billed while powered off and its price, and the owner is told when Compshare itself
+    releases the machine."""
+    account = _rest("compshare", compshare_cloud)
+    rt = _runtime(db, account.provider, currency="CNY", timezone="Asia/Shanghai")
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    provider_id = account.create()
+    iid = add_instance(
+        rt.db,
+        provider="compshare",
+        provider_instance_id=provider_id,
+        created_at=T0 - timedelta(hours=2),
+        price_micros=3_960_000,
+        currency="CNY",
+    )
+    account.stop_outside(provider_id)
+    stopped_at = clock.advance(minutes=20)
+    assert reconcile.reconcile(rt, clock.now) == [iid]
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.disk_gb, inst.storage_micros_per_gb_month) == (
+        "stopped",
+        100.0,
+        365_000,
+    )
+    # 100 GB at 0.365 CNY per GB-month of 730 h: 0.05 CNY an hour, as Compshare lists it.
+    assert billing.storage_micros_per_hour(inst) == 50_000
+    later = billing.cost_breakdown(inst, stopped_at + timedelta(hours=10))
+    assert later.storage_micros == 500_000
+    [told] = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
+    assert "keeps billing (0.0500 CNY/h)" in told
+    # ReleaseTime 2026-12-09 11:00 UTC is 19:00 in Shanghai.
+    assert "compshare itself releases it, disk and data, at" in told
+    assert "at Wed 09 Dec 19:00 CST unless it is started again" in told
