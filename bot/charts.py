@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import date
 
 from babel.numbers import get_currency_precision
@@ -32,6 +33,8 @@ MAX_BARS = 15
 HEADROOM = 1.1
 _BAR = "#3b6ea8"
 _IDLE = "#d08c3a"
+_UNMEASURED = "#a6a6a6"
+_STORAGE = "#6a9f6a"
 #: Latin, Greek and Cyrillic; matplotlib ships it, so it is always there.
 LATIN_FAMILY = "DejaVu Sans"
 #: Families for what DejaVu Sans lacks, in order of preference: Debian's fonts-noto-cjk
@@ -77,37 +80,72 @@ def bar_chart(title: str, items: Sequence[tuple[str, int]], *, currency: str = "
     return _png(figure)
 
 
+#: One day of :func:`daily_chart`: (day, compute in use, idle, not measured, storage), micros.
+DayColumn = tuple[date, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One stacked series of :func:`daily_chart`: its legend label, colour and micros per day."""
+
+    label: str
+    color: str
+    micros: tuple[int, ...]
+
+
+def daily_series(days: Sequence[DayColumn]) -> list[Series]:
+    """The series :func:`daily_chart` stacks, bottom first: compute in use, idle and not
+    measured, always; storage when any day has some. Each adds up to its column of ``days``."""
+    series = [
+        Series(t("in use"), _BAR, tuple(day[1] for day in days)),
+        Series(t("idle"), _IDLE, tuple(day[2] for day in days)),
+        Series(t("not measured"), _UNMEASURED, tuple(day[3] for day in days)),
+    ]
+    storage = tuple(day[4] for day in days)
+    if any(storage):
+        series.append(Series(t("storage"), _STORAGE, storage))
+    return series
+
+
 def daily_chart(
     title: str,
-    days: Sequence[tuple[date, int, int]],
+    days: Sequence[DayColumn],
     *,
     currency: str = "USD",
 ) -> bytes:
-    """Spend per day as stacked columns: (day, active micros, idle micros). Returns PNG bytes."""
+    """Spend per day as stacked columns (:func:`daily_series`) from ``days``: (day, compute in
+    use, idle, not measured, storage) in micros. Returns PNG bytes."""
+    return _png(daily_figure(title, days, currency=currency))
+
+
+def daily_figure(title: str, days: Sequence[DayColumn], *, currency: str = "USD") -> Figure:
+    """The figure :func:`daily_chart` draws: one bar container per series, labelled."""
     family = font_families()
     figure = Figure(figsize=(WIDTH_IN, 3.6), dpi=DPI)
     axes = figure.add_subplot()
     positions = list(range(len(days)))
-    active = [micros / MICROS for _, micros, _ in days]
-    idle = [micros / MICROS for _, _, micros in days]
-    axes.bar(positions, active, color=_BAR, label=t("in use"))
-    axes.bar(positions, idle, bottom=active, color=_IDLE, label=t("idle"))
-    labels = [day.strftime("%d") for day, _, _ in days]
+    series = daily_series(days)
+    bottom = [0.0] * len(days)
+    for one in series:
+        values = [micros / MICROS for micros in one.micros]
+        axes.bar(positions, values, bottom=bottom, color=one.color, label=one.label)
+        bottom = [low + value for low, value in zip(bottom, values, strict=True)]
+    labels = [day[0].strftime("%d") for day in days]
     axes.set_xticks(positions, labels, fontsize=7, fontfamily=family)
     axes.yaxis.set_major_formatter(_money_axis(currency))
-    highest = max((a + i for a, i in zip(active, idle, strict=True)), default=0.0)
+    highest = max(bottom, default=0.0)
     axes.set_ylim(0, highest * HEADROOM if highest > 0 else 1.0)
     # Above the plot, right-aligned, so no column hides under it.
     axes.legend(
         loc="lower right",
         bbox_to_anchor=(1.0, 1.0),
-        ncols=2,
+        ncols=len(series),
         prop={"family": family, "size": 8},
         frameon=False,
         borderaxespad=0.2,
     )
     _finish(figure, axes, title, family)
-    return _png(figure)
+    return figure
 
 
 def font_families() -> list[str]:

@@ -185,15 +185,16 @@ def digest_message(data: DigestData) -> Message:
     total = format_money(report.total_micros, currency)
     change = _change(report.total_micros, data.previous_total_micros)
     text = t("{title}: {total} ({change})", title=title, total=total, change=change)
+    parts = [
+        t("compute {amount}", amount=format_money(report.compute_micros, currency)),
+        t("storage {amount}", amount=format_money(report.storage_micros, currency)),
+    ]
     blocks: list[Block] = [
         header(title),
         section(
-            t(
-                "*Total {total}* — {change} ({previous} in the month before)",
-                total=total,
-                change=change,
-                previous=format_money(data.previous_total_micros, currency),
-            )
+            _digest_total(report.total_micros, data.previous_total_micros, currency)
+            + "\n"
+            + " · ".join(parts)
             + "\n"
             + _idle_line(report)
         ),
@@ -565,22 +566,46 @@ def _totals_line(report: SpendReport) -> str:
     return text
 
 
+def _digest_total(total: int, previous: int, currency: str) -> str:
+    """The digest's total against the month before; a month before with nothing charged is
+    said so, not shown as an amount."""
+    shown = format_money(total, currency)
+    if previous == 0:
+        if total == 0:
+            return t(
+                "*Total {total}* — nothing was charged this month or the month before", total=shown
+            )
+        return t("*Total {total}* — nothing was charged the month before", total=shown)
+    return t(
+        "*Total {total}* — {change} ({previous} in the month before)",
+        total=shown,
+        change=_change(total, previous),
+        previous=format_money(previous, currency),
+    )
+
+
 def _idle_line(report: SpendReport) -> str:
+    """Compute split into in use, idle and not measured (GPU-samples no poll read: neither
+    idle nor use), the same figures as the chart's series and the CSV's columns."""
+    currency = report.currency
     if not report.compute_micros:
         return t("No compute was charged.")
     unmeasured = report.unmeasured_micros
     if unmeasured >= report.compute_micros:
-        return t("Idle cost unknown: no poll measured GPU use in these hours.")
+        return t(
+            "GPU use was not measured for any of the compute ({amount}): no poll read the "
+            "GPUs, so none of it counts as idle or in use.",
+            amount=format_money(unmeasured, currency),
+        )
     share = Decimal(report.idle_micros * 100) / Decimal(report.compute_micros)
-    line = t(
-        "Idle GPUs cost *{idle}* ({percent}% of compute).",
-        idle=format_money(report.idle_micros, report.currency),
+    return t(
+        "Compute in use *{in_use}* · idle *{idle}* ({percent}% of compute) · not measured "
+        "*{unmeasured}*.",
+        in_use=format_money(report.in_use_micros, currency),
+        idle=format_money(report.idle_micros, currency),
         percent=share.quantize(Decimal("1")),
+        unmeasured=format_money(unmeasured, currency),
     )
-    if unmeasured:
-        amount = format_money(unmeasured, report.currency)
-        line += " " + t("GPU use was not measured for {amount}.", amount=amount)
-    return line
 
 
 def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int) -> str:
@@ -595,10 +620,26 @@ def _group_lines(lines: Sequence[SpendLine], by: str, currency: str, limit: int)
 def _group_line(line: SpendLine, by: str, currency: str) -> str:
     label = _label(line.key, by)
     total = format_money(line.total_micros, currency)
-    if not line.idle_micros:
-        return t("• {label}: {total}", label=label, total=total)
     idle = format_money(line.idle_micros, currency)
-    return t("• {label}: {total} (idle {idle})", label=label, total=total, idle=idle)
+    unmeasured = format_money(line.unmeasured_micros, currency)
+    if line.idle_micros and line.unmeasured_micros:
+        return t(
+            "• {label}: {total} (idle {idle}, not measured {unmeasured})",
+            label=label,
+            total=total,
+            idle=idle,
+            unmeasured=unmeasured,
+        )
+    if line.idle_micros:
+        return t("• {label}: {total} (idle {idle})", label=label, total=total, idle=idle)
+    if line.unmeasured_micros:
+        return t(
+            "• {label}: {total} (not measured {unmeasured})",
+            label=label,
+            total=total,
+            unmeasured=unmeasured,
+        )
+    return t("• {label}: {total}", label=label, total=total)
 
 
 def _instance_lines(report: SpendReport) -> str:
@@ -611,13 +652,26 @@ def _instance_lines(report: SpendReport) -> str:
             "owner": mention(item.owner_id),
             "total": format_money(item.total_micros, currency),
         }
-        if item.idle_micros:
-            idle = format_money(item.idle_micros, currency)
-            lines.append(
-                t("• *{name}* ({gpu}, {owner}): {total}, idle {idle}", idle=idle, **values)
+        idle = format_money(item.idle_micros, currency)
+        unmeasured = format_money(item.unmeasured_micros, currency)
+        if item.idle_micros and item.unmeasured_micros:
+            line = t(
+                "• *{name}* ({gpu}, {owner}): {total}, idle {idle}, not measured {unmeasured}",
+                idle=idle,
+                unmeasured=unmeasured,
+                **values,
+            )
+        elif item.idle_micros:
+            line = t("• *{name}* ({gpu}, {owner}): {total}, idle {idle}", idle=idle, **values)
+        elif item.unmeasured_micros:
+            line = t(
+                "• *{name}* ({gpu}, {owner}): {total}, not measured {unmeasured}",
+                unmeasured=unmeasured,
+                **values,
             )
         else:
-            lines.append(t("• *{name}* ({gpu}, {owner}): {total}", **values))
+            line = t("• *{name}* ({gpu}, {owner}): {total}", **values)
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -724,11 +778,20 @@ def digest_chart_title(month: str) -> str:
     return t("GPU spend per day, {month}", month=month_name(month))
 
 
+def day_columns(report: SpendReport) -> list[charts.DayColumn]:
+    """The report's days as the chart draws them: (day, compute in use, idle, not measured,
+    storage) micros, each series adding up to the figure the text gives."""
+    return [
+        (day.day, day.in_use_micros, day.idle_micros, day.unmeasured_micros, day.other_micros)
+        for day in report.days
+    ]
+
+
 def _digest_files(notice: Digest) -> tuple[FileAttachment, ...]:
     """The month's spend per day as a PNG chart, shared in the digest's thread."""
     report = notice.data.report
     title = digest_chart_title(notice.data.month)
-    chart = charts.daily_chart(title, report.days, currency=report.currency)
+    chart = charts.daily_chart(title, day_columns(report), currency=report.currency)
     return (FileAttachment(f"gpu-spend-{notice.data.month}.png", chart, title=title),)
 
 

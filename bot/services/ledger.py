@@ -17,6 +17,11 @@ Runs are idempotent: a bucket starts where the last charge ended and ``(instance
 start_at)`` is unique, so running twice, from two processes at once, or after a crash never
 charges twice and never skips a bucket.
 
+Each compute charge carries its bucket's GPU-samples (idle, in use, not measured: see
+bot.services.samples) as they stood when it was written, and reports split its amount in
+proportion, in integer micro-units (:func:`split_compute`): idle and not measured rounded down,
+in use the rest, so the three add up to the charge exactly.
+
 The spend summary (SpendDay) holds a month's charges summed per instance and local day, for a
 zone and an idle threshold, once a report asked for the month or the tick reached its start
 (:func:`build_summary`, one INSERT ... SELECT over the month's charges, marked by a SpendMonth
@@ -312,17 +317,45 @@ def day_date(day: int) -> date:
     return _EPOCH + timedelta(days=day)
 
 
+def compute_weights(row: dict[str, Any], threshold_pct: float) -> tuple[int, int, int]:
+    """The shares (idle, in use, not measured) a compute charge row is split in: its bucket's
+    GPU-samples (bot.services.samples); for a charge written before they were counted, its
+    polls (the failed ones not measured, the rest idle when the highest reading is under
+    ``threshold_pct``, else in use); a bucket without a poll is wholly not measured."""
+    idle, busy, unmeasured = (
+        int(row.get(name) or 0)
+        for name in ("idle_gpu_samples", "busy_gpu_samples", "unmeasured_gpu_samples")
+    )
+    if idle + busy + unmeasured > 0:
+        return idle, busy, unmeasured
+    polls, bad, peak = int(row["polls"] or 0), int(row["bad_polls"] or 0), row["max_util_pct"]
+    if polls <= 0:
+        return 0, 0, 1
+    good = polls - bad
+    quiet = good if good > 0 and peak is not None and peak < threshold_pct else 0
+    return quiet, good - quiet, bad
+
+
+def split_compute(amount_micros: int, weights: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``amount_micros`` shared out as (idle, in use, not measured) in proportion to
+    ``weights``: idle and not measured rounded down to the micro-unit, in use the rest, so the
+    three add up to the amount exactly."""
+    idle_w, _, unmeasured_w = weights
+    whole = sum(weights)
+    idle = amount_micros * idle_w // whole
+    unmeasured = amount_micros * unmeasured_w // whole
+    return idle, amount_micros - idle - unmeasured, unmeasured
+
+
 def charge_sums(row: dict[str, Any], threshold_pct: float) -> tuple[int, ...]:
     """What one charge row (as :func:`_charge_row` writes it) adds to :data:`SUMMARY_SUMS`:
-    compute, other kinds' and idle micros, compute seconds, unmeasured micros. Idle: compute whose
-    bucket was polled, no poll bad, the highest reading under ``threshold_pct``; unmeasured:
-    compute without a poll."""
+    compute, other kinds' and idle micros, compute seconds, not measured micros (compute split
+    by :func:`split_compute` in :func:`compute_weights`; in use is the rest of compute)."""
     amount = int(row["amount_micros"])
     if row["kind"] != COMPUTE:
         return (0, amount, 0, 0, 0)
-    polls, bad, peak = row["polls"] or 0, row["bad_polls"] or 0, row["max_util_pct"]
-    idle = polls > 0 and bad == 0 and peak is not None and peak < threshold_pct
-    return (amount, 0, amount if idle else 0, int(row["billed_s"]), 0 if polls else amount)
+    idle, _, unmeasured = split_compute(amount, compute_weights(row, threshold_pct))
+    return (amount, 0, idle, int(row["billed_s"]), unmeasured)
 
 
 def summary_clause(month: str, tz: ZoneInfo, threshold_pct: float) -> Any:
@@ -587,22 +620,27 @@ def _lock_summaries(session: Session, *, exclusive: bool) -> None:
 
 
 def _charge_sums_sql(threshold_pct: float) -> list[Any]:
-    """:func:`charge_sums` as SQL over a charge row."""
+    """:func:`charge_sums` as SQL over a charge row, in integers (the same rounding)."""
     compute = col(Charge.kind) == COMPUTE
     amount = col(Charge.amount_micros)
+    idle_n = func.coalesce(col(Charge.idle_gpu_samples), 0)
+    busy_n = func.coalesce(col(Charge.busy_gpu_samples), 0)
+    unmeasured_n = func.coalesce(col(Charge.unmeasured_gpu_samples), 0)
+    counted = idle_n + busy_n + unmeasured_n > 0
     polls = func.coalesce(col(Charge.polls), 0)
-    idle = and_(
-        compute,
-        polls > 0,
-        func.coalesce(col(Charge.bad_polls), 0) == 0,
-        col(Charge.max_util_pct) < threshold_pct,
-    )
+    bad = func.coalesce(col(Charge.bad_polls), 0)
+    good = polls - bad
+    quiet = case((and_(good > 0, col(Charge.max_util_pct) < threshold_pct), good), else_=0)
+    one = literal(1, Integer)
+    idle_w = case((counted, idle_n), (polls > 0, quiet), else_=0)
+    unmeasured_w = case((counted, unmeasured_n), (polls > 0, bad), else_=one)
+    whole = case((counted, idle_n + busy_n + unmeasured_n), (polls > 0, polls), else_=one)
     return [
         case((compute, amount), else_=0),
         case((compute, 0), else_=amount),
-        case((idle, amount), else_=0),
+        case((compute, amount * idle_w // whole), else_=0),
         case((compute, col(Charge.billed_s)), else_=0),
-        case((and_(compute, polls == 0), amount), else_=0),
+        case((compute, amount * unmeasured_w // whole), else_=0),
     ]
 
 
@@ -669,6 +707,11 @@ def _charge_row(
         "polls": (bucket.polls if bucket else 0) if compute else None,
         "bad_polls": (bucket.bad_polls if bucket else 0) if compute else None,
         "max_util_pct": bucket.max_util_pct if compute and bucket else None,
+        "idle_gpu_samples": (bucket.idle_gpu_samples if bucket else 0) if compute else None,
+        "busy_gpu_samples": (bucket.busy_gpu_samples if bucket else 0) if compute else None,
+        "unmeasured_gpu_samples": (
+            (bucket.unmeasured_gpu_samples if bucket else 0) if compute else None
+        ),
     }
 
 

@@ -254,6 +254,7 @@ def _record(
         running_jobs=_active_jobs(session, instance_id),
         threshold_pct=rt.settings.idle_threshold_pct,
     )
+    gpus = samples.judge_gpus(answer, rt.settings.idle_threshold_pct)
     samples.record(
         session,
         UtilSample(
@@ -263,6 +264,9 @@ def _record(
             util_avg_pct=util,
             gpu_procs=procs,
             running_jobs=jobs,
+            gpus_idle=gpus.idle,
+            gpus_busy=gpus.busy,
+            gpus_unmeasured=gpus.unmeasured,
         ),
         rt.settings.tz(),
     )

@@ -1,10 +1,14 @@
 """`/gpu spend`: what a month cost, from the ledger's charges, grouped and with idle waste.
 
 A month is a calendar month in the configured time zone; it holds the charges that start in it
-(the ledger splits its buckets at month starts). A compute bucket is **idle** when the instance
-was polled during it and every poll succeeded with GPU utilisation under the idle threshold; a
-failed poll counts as active. A bucket without polls is neither: its compute is reported as
-**unmeasured**, so that a month nobody polled does not read as "idle cost $0".
+(the ledger splits its buckets at month starts). Each compute charge is split three ways by its
+bucket's GPU-samples, one GPU in one poll (bot.services.samples, bot.services.ledger): **idle**
+(under the idle threshold, no process on it), **in use**, and **not measured** (a failed poll,
+a GPU that read nothing, a bucket without a poll), which is neither idle nor use, so that a
+month nobody polled does not read as "idle cost $0" nor as use. The three add up to compute
+to the micro-unit. GPU-samples are judged when polled, under the threshold configured then
+(the one the idle prompts used); charges written before they were counted are judged by their
+polls under the report's threshold.
 
 The current month is **this month so far** (bot.services.costs): its charges, which reach the
 last full hour, plus what each instance owes beyond them now (``pending``: the open hour and the
@@ -60,7 +64,7 @@ class InstanceSpend:
     storage_micros: int
     idle_micros: int
     compute_s: int
-    #: Compute charged for hours without a single poll: whether the GPUs were idle is unknown.
+    #: Compute whose GPU-samples were not measured: neither idle nor in use.
     unmeasured_micros: int = 0
     #: Owed now beyond the charges written (the current month only): not yet charged.
     pending_micros: int = 0
@@ -69,6 +73,11 @@ class InstanceSpend:
     def total_micros(self) -> int:
         """Compute, storage and what is not yet charged: this month so far."""
         return self.compute_micros + self.storage_micros + self.pending_micros
+
+    @property
+    def in_use_micros(self) -> int:
+        """Compute whose GPUs were measured in use: neither idle nor not measured."""
+        return self.compute_micros - self.idle_micros - self.unmeasured_micros
 
     @property
     def gpu_label(self) -> str:
@@ -85,6 +94,24 @@ class SpendLine:
     total_micros: int
     idle_micros: int
     instances: int
+    unmeasured_micros: int = 0
+
+
+@dataclass(frozen=True)
+class DaySpend:
+    """One local day's charges in micros: compute in use, idle and not measured, and storage
+    (with any other kind); they add up to the day's charges."""
+
+    day: date
+    in_use_micros: int = 0
+    idle_micros: int = 0
+    unmeasured_micros: int = 0
+    other_micros: int = 0
+
+    @property
+    def total_micros(self) -> int:
+        """Everything charged on the day."""
+        return self.in_use_micros + self.idle_micros + self.unmeasured_micros + self.other_micros
 
 
 @dataclass(frozen=True)
@@ -101,7 +128,7 @@ class SpendReport:
     complete: bool
     instances: tuple[InstanceSpend, ...]
     groups: tuple[SpendLine, ...]
-    days: tuple[tuple[date, int, int], ...]
+    days: tuple[DaySpend, ...]
     now: datetime | None = None
     charged_until: datetime | None = None
     timezone: str = "UTC"
@@ -132,13 +159,18 @@ class SpendReport:
 
     @property
     def idle_micros(self) -> int:
-        """Compute charged for idle hours."""
+        """Compute of idle GPU-samples."""
         return sum(item.idle_micros for item in self.instances)
 
     @property
     def unmeasured_micros(self) -> int:
-        """Compute charged for hours no poll measured (neither idle nor known to be busy)."""
+        """Compute of GPU-samples not measured (neither idle nor in use)."""
         return sum(item.unmeasured_micros for item in self.instances)
+
+    @property
+    def in_use_micros(self) -> int:
+        """Compute of GPU-samples measured in use."""
+        return sum(item.in_use_micros for item in self.instances)
 
     def top(self, limit: int = 5) -> tuple[InstanceSpend, ...]:
         """The most expensive instances."""
@@ -284,13 +316,17 @@ def month_total_micros(
 
 def group_lines(instances: Iterable[InstanceSpend], by: str) -> tuple[SpendLine, ...]:
     """Totals per group, most expensive first."""
-    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for item in instances:
         entry = totals[group_key(item, by)]
         entry[0] += item.total_micros
         entry[1] += item.idle_micros
         entry[2] += 1
-    lines = [SpendLine(key, total, idle, count) for key, (total, idle, count) in totals.items()]
+        entry[3] += item.unmeasured_micros
+    lines = [
+        SpendLine(key, total, idle, count, unmeasured)
+        for key, (total, idle, count, unmeasured) in totals.items()
+    ]
     return tuple(sorted(lines, key=lambda line: (-line.total_micros, line.key)))
 
 
@@ -328,6 +364,7 @@ def spend_csv(report: SpendReport) -> bytes:
             "compute_hours",
             f"compute_{report.currency}",
             f"storage_{report.currency}",
+            f"in_use_{report.currency}",
             f"idle_{report.currency}",
             f"unmeasured_{report.currency}",
             f"not_yet_charged_{report.currency}",
@@ -348,6 +385,7 @@ def spend_csv(report: SpendReport) -> bytes:
                 f"{Decimal(item.compute_s) / 3600:.2f}",
                 _units(item.compute_micros),
                 _units(item.storage_micros),
+                _units(item.in_use_micros),
                 _units(item.idle_micros),
                 _units(item.unmeasured_micros),
                 _units(item.pending_micros),
@@ -360,11 +398,11 @@ def spend_csv(report: SpendReport) -> bytes:
 @dataclass(frozen=True)
 class _Summary:
     """What a report reads: per instance (compute, other, idle, compute seconds, unmeasured)
-    micros and seconds; per local day (days since 1970) active and idle micros; pending micros
-    per instance; the instances and their owners' names."""
+    micros and seconds; per local day (days since 1970) the same sums but seconds; pending
+    micros per instance; the instances and their owners' names."""
 
     sums: dict[int, tuple[int, ...]]
-    days: list[tuple[int, int, int]]
+    days: list[tuple[int, ...]]
     pending: dict[int, int]
     instances: dict[int | None, Instance]
     names: dict[str, str]
@@ -406,12 +444,13 @@ def _read(
         .group_by(col(SpendDay.instance_id))
     ).all()
     sums = {int(row[0]): tuple(int(value) for value in row[1:]) for row in per_instance}
-    idle = col(SpendDay.idle_micros)
     per_day = session.execute(
         sql_select(
             col(SpendDay.day),
-            total(col(SpendDay.compute_micros) + col(SpendDay.other_micros) - idle),
-            total(idle),
+            total(col(SpendDay.compute_micros)),
+            total(col(SpendDay.other_micros)),
+            total(col(SpendDay.idle_micros)),
+            total(col(SpendDay.unmeasured_micros)),
         )
         .where(rows)
         .group_by(col(SpendDay.day))
@@ -430,7 +469,7 @@ def _read(
     }
     return _Summary(
         sums=sums,
-        days=[(int(day), int(active), int(idle)) for day, active, idle in per_day],
+        days=[tuple(int(value) for value in row) for row in per_day],
         pending=pending,
         instances=instances,
         names=names,
@@ -470,20 +509,27 @@ def _per_instance(
 
 
 def _per_day(
-    days_found: list[tuple[int, int, int]], start: datetime, end: datetime, tz: ZoneInfo
-) -> tuple[tuple[date, int, int], ...]:
+    days_found: list[tuple[int, ...]], start: datetime, end: datetime, tz: ZoneInfo
+) -> tuple[DaySpend, ...]:
+    """Every local day of ``[start, end)`` from the summary's (day, compute, other, idle, not
+    measured) rows, days without charges at zero."""
     first = start.replace(tzinfo=UTC).astimezone(tz).date()
     last = end.replace(tzinfo=UTC).astimezone(tz).date()
     days: dict[date, list[int]] = {}
     day = first
     while day < last:
-        days[day] = [0, 0]
+        days[day] = [0, 0, 0, 0]
         day = date.fromordinal(day.toordinal() + 1)
-    for number, active, idle in days_found:
-        entry = days.setdefault(ledger.day_date(number), [0, 0])
-        entry[0] += active
+    for number, compute, other, idle, unmeasured in days_found:
+        entry = days.setdefault(ledger.day_date(number), [0, 0, 0, 0])
+        entry[0] += compute - idle - unmeasured
         entry[1] += idle
-    return tuple((day, active, idle) for day, (active, idle) in sorted(days.items()))
+        entry[2] += unmeasured
+        entry[3] += other
+    return tuple(
+        DaySpend(day, in_use, idle, unmeasured, other)
+        for day, (in_use, idle, unmeasured, other) in sorted(days.items())
+    )
 
 
 def _units(micros: int) -> str:

@@ -311,6 +311,11 @@ class Charge(SQLModel, table=True):
     polls: int | None = None
     bad_polls: int | None = None
     max_util_pct: float | None = None
+    #: GPU-samples of the bucket idle, in use and not measured (bot.services.samples); None on
+    #: charges written before they were counted (the bucket's polls then tell idle from busy).
+    idle_gpu_samples: int | None = None
+    busy_gpu_samples: int | None = None
+    unmeasured_gpu_samples: int | None = None
 
 
 class LedgerState(SQLModel, table=True):
@@ -331,7 +336,8 @@ class LedgerState(SQLModel, table=True):
 class SpendDay(SQLModel, table=True):
     """The charges of one instance that start on one local ``day`` (days since 1970-01-01 in
     ``zone``) of ``month`` (``YYYY-MM`` in ``zone``), summed as `/gpu spend` reads them, with
-    compute idle under ``threshold_pct``: what reports group instead of the charges.
+    compute split into idle, not measured and (the rest) in use, ``threshold_pct`` judging the
+    charges written before GPU-samples were counted: what reports group instead of the charges.
 
     Only whole months are kept, and only while a :class:`SpendMonth` row says so; the ledger
     adds to these rows in the transaction that writes the charges (bot.services.ledger)."""
@@ -361,7 +367,9 @@ class SpendMonth(SQLModel, table=True):
 
 class UtilSample(SQLModel, table=True):
     """One poll of an instance: mean GPU utilisation %; ``ok`` False when the poll failed
-    (a failed poll counts as active, never idle)."""
+    (the instance's idle clock then stops). Its GPUs as they were judged for money: how many
+    were idle, in use, or not measured (a failed poll: all of them; see bot.services.samples).
+    """
 
     __table_args__ = (Index("ix_utilsample_instance_at", "instance_id", "at"),)
 
@@ -372,21 +380,27 @@ class UtilSample(SQLModel, table=True):
     util_avg_pct: float | None = None
     gpu_procs: int = 0
     running_jobs: int = 0
+    gpus_idle: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    gpus_busy: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    gpus_unmeasured: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class UtilHour(SQLModel, table=True):
     """The polls of one instance in one ledger bucket (the charge that starts at
     ``bucket_start``: an hour, cut at billing start, month starts and the end), rolled up as they
     are recorded (bot.services.samples), so that reports join charges to one row each and never
-    read raw samples: how many polls, how many failed or read no utilisation, and the highest
-    utilisation % read. A bucket was idle under a threshold when it had polls, none bad, and its
-    highest reading is below the threshold."""
+    read raw samples: how many polls, how many failed or read no utilisation, the highest
+    utilisation % read, and the GPU-samples (one GPU in one poll) idle, in use and not measured,
+    by which the bucket's compute is split (bot.services.ledger)."""
 
     instance_id: int = Field(foreign_key="instance.id", primary_key=True)
     bucket_start: NaiveDatetime = Field(primary_key=True)
     polls: int = 0
     bad_polls: int = 0
     max_util_pct: float | None = None
+    idle_gpu_samples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    busy_gpu_samples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    unmeasured_gpu_samples: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Budget(SQLModel, table=True):

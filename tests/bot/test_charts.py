@@ -12,6 +12,8 @@ from datetime import date, timedelta
 import numpy as np
 import pytest
 from matplotlib import image
+from matplotlib.container import BarContainer
+from matplotlib.figure import Figure
 
 from bot import charts
 from bot.i18n import speaking
@@ -51,11 +53,55 @@ def test_more_than_fifteen_groups_end_in_others() -> None:
 
 def test_daily_chart_draws_a_month_and_an_empty_day() -> None:
     start = date(2026, 3, 1)
-    days = [(start + timedelta(days=i), (i % 7) * 10 * USD, i * USD) for i in range(31)]
+    days = [(start + timedelta(days=i), (i % 7) * 10 * USD, i * USD, USD, 0) for i in range(31)]
     png = charts.daily_chart("Per day", days)
     assert pixels(png).shape[1] == int(charts.WIDTH_IN * charts.DPI)
-    empty = charts.daily_chart("Per day", [(start, 0, 0)])
+    empty = charts.daily_chart("Per day", [(start, 0, 0, 0, 0)])
     assert empty.startswith(PNG_MAGIC)
+
+
+def drawn(figure: Figure) -> dict[str, float]:
+    """The height of each labelled bar series drawn in ``figure``, summed over its columns."""
+    (axes,) = figure.axes
+    return {
+        str(container.get_label()): sum(bar.get_height() for bar in container.patches)
+        for container in axes.containers
+        if isinstance(container, BarContainer)
+    }
+
+
+def colour_present(png: bytes, colour: str) -> bool:
+    wanted = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)]) / 255
+    return bool((np.abs(pixels(png)[:, :, :3] - wanted).max(axis=2) < 0.02).any())
+
+
+def test_daily_chart_stacks_in_use_idle_and_not_measured_apart() -> None:
+    start = date(2026, 3, 1)
+    # A month with nothing running but a host that did not answer: all of it not measured.
+    dark = [(start, 0, 0, 999_700_000, 0)]
+    series = charts.daily_series(dark)
+    assert [(one.label, one.micros) for one in series] == [
+        ("in use", (0,)),
+        ("idle", (0,)),
+        ("not measured", (999_700_000,)),
+    ]
+    assert drawn(charts.daily_figure("Per day", dark)) == {
+        "in use": 0.0,
+        "idle": 0.0,
+        "not measured": 999.7,
+    }
+    png = charts.daily_chart("Per day", dark)
+    assert colour_present(png, charts._UNMEASURED)
+    days = [(start + timedelta(days=i), 3 * USD, i * USD, 2 * USD, 10_000) for i in range(3)]
+    series = charts.daily_series(days)
+    assert [one.label for one in series] == ["in use", "idle", "not measured", "storage"]
+    assert [sum(one.micros) for one in series] == [9 * USD, 3 * USD, 6 * USD, 30_000]
+    assert drawn(charts.daily_figure("Per day", days)) == pytest.approx(
+        {"in use": 9.0, "idle": 3.0, "not measured": 6.0, "storage": 0.03}
+    )
+    png = charts.daily_chart("Per day", days)
+    for colour in (charts._BAR, charts._IDLE, charts._UNMEASURED, charts._STORAGE):
+        assert colour_present(png, colour), colour
 
 
 def test_money_axis_drops_zero_cents() -> None:
@@ -86,7 +132,7 @@ def missing_glyphs(draw: Callable[[], bytes]) -> list[str]:
 
 
 def draw_chinese() -> bytes:
-    days = [(date(2026, 3, 1), 3 * USD, USD)]
+    days = [(date(2026, 3, 1), 3 * USD, USD, USD, 0)]
     bars = charts.bar_chart(f"{CHINESE_PROJECT} 三月", [(CHINESE_PROJECT, 5 * USD)], currency="CNY")
     return charts.daily_chart(f"{CHINESE_PROJECT} 每日", days, currency="CNY") + bars
 
@@ -110,7 +156,7 @@ def test_a_latin_only_font_list_is_caught_missing_the_chinese(
 
 
 def draw_with_legend_and_others() -> bytes:
-    days = [(date(2026, 3, 1) + timedelta(days=i), 3 * USD, i * USD) for i in range(3)]
+    days = [(date(2026, 3, 1) + timedelta(days=i), 3 * USD, i * USD, USD, USD) for i in range(3)]
     many = [(f"user{i:02}", (30 - i) * USD) for i in range(20)]
     title = "2026年3月 每日 GPU 花费"
     return charts.daily_chart(title, days, currency="CNY") + charts.bar_chart(title, many)

@@ -16,7 +16,7 @@ from bot.services import advice
 from bot.services.budgets import BudgetAlert, BudgetStatus
 from bot.services.costs import FinalCost
 from bot.services.digest import Digest, DigestData, JobSpend, PlanSaving
-from bot.services.spend import InstanceSpend, SpendReport, group_lines
+from bot.services.spend import DaySpend, InstanceSpend, SpendReport, group_lines
 
 USD = 1_000_000
 
@@ -31,7 +31,7 @@ def validate(message: tuple[str, tuple[dict[str, Any], ...]]) -> str:
         assert model is not None, raw
         model.validate_json()
         assert model.to_dict() == raw
-    return text + json.dumps(blocks)
+    return text + json.dumps(blocks, ensure_ascii=False)
 
 
 def spend_item(index: int, **fields: Any) -> InstanceSpend:
@@ -63,7 +63,7 @@ def report(items: list[InstanceSpend], by: str = "user", complete: bool = True) 
         complete=complete,
         instances=ordered,
         groups=group_lines(ordered, by),
-        days=((date(2026, 3, 1), 0, 0),),
+        days=(DaySpend(date(2026, 3, 1)),),
     )
 
 
@@ -76,7 +76,7 @@ def test_spend_message_shows_totals_idle_and_top_instances() -> None:
     # The current month counts the open hour too (as budgets and status do), and says so.
     assert "GPU spend, March 2026 (this month so far)" in shown
     assert "*Total $3.25*" in shown
-    assert "Idle GPUs cost *$0.50* (17% of compute)" in shown
+    assert "Compute in use *$2.50* · idle *$0.50* (17% of compute) · not measured *$0.00*." in shown
     assert "*By project*" in shown
     assert "llm: $2.00" in shown
     assert "Charged up to the last full hour" in shown
@@ -85,13 +85,20 @@ def test_spend_message_shows_totals_idle_and_top_instances() -> None:
 
 def test_spend_message_says_what_no_poll_measured() -> None:
     partly = [spend_item(0, idle_micros=USD // 4, unmeasured_micros=USD // 2), spend_item(1)]
-    shown = validate(money.spend_message(report(partly)))
-    assert "Idle GPUs cost *$0.25*" in shown
-    assert "GPU use was not measured for $0.50." in shown
+    shown = validate(money.spend_message(report(partly, by="instance")))
+    # $3.00 of compute: $0.25 idle, $0.50 not measured, the rest in use.
+    assert "Compute in use *$2.25* · idle *$0.25* (8% of compute) · not measured *$0.50*." in shown
+    assert "box-0: $1.00 (idle $0.25, not measured $0.50)" in shown
+    assert "*box-0* (h100-sxm, <@U0000>): $1.00, idle $0.25, not measured $0.50" in shown
     never = [spend_item(0, unmeasured_micros=USD), spend_item(1, unmeasured_micros=2 * USD)]
-    shown = validate(money.spend_message(report(never)))
-    assert "Idle cost unknown: no poll measured GPU use in these hours." in shown
-    assert "Idle GPUs cost" not in shown
+    shown = validate(money.spend_message(report(never, by="instance")))
+    assert (
+        "GPU use was not measured for any of the compute ($3.00): no poll read the GPUs, so "
+        "none of it counts as idle or in use."
+    ) in shown
+    assert "box-1: $2.00 (not measured $2.00)" in shown
+    assert "*box-1* (h100-sxm, <@U0001>): $2.00, not measured $2.00" in shown
+    assert "in use *" not in shown
 
 
 def test_spend_message_with_hundreds_of_groups_stays_within_limits() -> None:
@@ -231,3 +238,21 @@ def test_spend_file_titles() -> None:
         "GPU spend by project, March 2026",
         "GPU spend per instance, March 2026",
     )
+
+
+def test_digest_says_once_that_the_month_before_had_nothing() -> None:
+    items = [spend_item(0, idle_micros=USD // 4, unmeasured_micros=USD // 2)]
+    data = DigestData("2026-03", report(items), previous_total_micros=0, savings=(), jobs=())
+    shown = validate(money.digest_message(data))
+    assert "*Total $1.00* — nothing was charged the month before" in shown
+    assert "in the month before" not in shown
+    assert "Compute in use *$0.25* · idle *$0.25* (25% of compute) · not measured *$0.50*." in shown
+    quiet = DigestData("2026-03", report([]), previous_total_micros=0, savings=(), jobs=())
+    shown = validate(money.digest_message(quiet))
+    assert "*Total $0.00* — nothing was charged this month or the month before" in shown
+    assert "in the month before" not in shown
+    before = DigestData(
+        "2026-03", report(items), previous_total_micros=2 * USD, savings=(), jobs=()
+    )
+    shown = validate(money.digest_message(before))
+    assert "*Total $1.00* — down 50% on the month before ($2.00 in the month before)" in shown

@@ -144,3 +144,34 @@ def test_samples_go_to_the_bucket_of_the_charge_they_fall_in(db: Database) -> No
         (datetime(2026, 3, 31, 18, 0), 1),
         (month_start, 1),
     ]
+
+
+def test_each_gpu_of_a_poll_is_judged_idle_in_use_or_not_measured() -> None:
+    from tests.agents.factories import make_gpu, make_nvml_error, make_process, make_status
+
+    status = make_status(
+        [
+            make_gpu(0, util_gpu_pct=4),
+            make_gpu(1, util_gpu_pct=5),
+            make_gpu(2, util_gpu_pct=0),
+            make_gpu(3, util_gpu_pct=None),
+        ],
+        processes=[make_process(gpu_index=2)],
+    )
+    assert samples.judge_gpus(status, 5.0) == samples.GpuStates(idle=1, busy=2, unmeasured=1)
+    assert samples.judge_gpus(status, 50.0) == samples.GpuStates(idle=2, busy=1, unmeasured=1)
+    broken = make_status(nvml_error=make_nvml_error())
+    assert samples.judge_gpus(broken, 5.0) == samples.GpuStates(idle=0, busy=0, unmeasured=0)
+
+
+def test_a_failed_poll_counts_every_gpu_of_the_instance_not_measured(db: Database) -> None:
+    iid = add_instance(db, created_at=HOUR - timedelta(days=1), gpu_count=8)
+    _record(
+        db, iid, HOUR + timedelta(minutes=1), ok=True, util_avg_pct=2.0, gpus_idle=7, gpus_busy=1
+    )
+    _record(db, iid, HOUR + timedelta(minutes=2), ok=False)
+    # A poll that read no GPU (NVML failed) stands for all of them too.
+    _record(db, iid, HOUR + timedelta(minutes=3), ok=True, util_avg_pct=None)
+    [hour] = _hours(db, iid)
+    assert (hour.idle_gpu_samples, hour.busy_gpu_samples, hour.unmeasured_gpu_samples) == (7, 1, 16)
+    assert (hour.polls, hour.bad_polls) == (3, 2)

@@ -23,7 +23,8 @@ USD = 1_000_000
 def add_samples(
     db: Database, instance_id: int, start: datetime, hours: int, **fields: object
 ) -> None:
-    """A poll every 15 minutes for ``hours`` from ``start``."""
+    """A poll every 15 minutes for ``hours`` from ``start``, its GPUs judged as ``fields`` say
+    (``gpus_idle``, ``gpus_busy``, ``gpus_unmeasured``)."""
     with db.session() as session:
         for quarter in range(hours * 4):
             values: dict[str, object] = {"ok": True, "util_avg_pct": 50.0}
@@ -78,10 +79,10 @@ def fleet(db: Database) -> dict[str, int]:
     update_instance(db, ids["h100"], released_at=march + timedelta(hours=10), state="released")
     update_instance(db, ids["rtx"], stopped_at=march + timedelta(hours=5), release_mode="stop")
     update_instance(db, ids["old"], released_at=datetime(2026, 2, 1, 3), state="released")
-    add_samples(db, ids["h100"], march, 6, util_avg_pct=80.0)
-    add_samples(db, ids["h100"], march + timedelta(hours=6), 4, util_avg_pct=1.0)
-    # One failed poll in bob's first hour makes that hour active although util reads 0 elsewhere.
-    add_samples(db, ids["rtx"], march, 2, util_avg_pct=0.0)
+    add_samples(db, ids["h100"], march, 6, util_avg_pct=80.0, gpus_busy=2)
+    add_samples(db, ids["h100"], march + timedelta(hours=6), 4, util_avg_pct=1.0, gpus_idle=2)
+    # One failed poll among four idle ones in bob's first hour: a fifth of it is not measured.
+    add_samples(db, ids["rtx"], march, 2, util_avg_pct=0.0, gpus_idle=1)
     with db.session() as session:
         samples.record(
             session,
@@ -110,10 +111,11 @@ def test_totals_idle_and_groups(db: Database, fleet: dict[str, int]) -> None:
     # Bob's stopped 4090 keeps billing its disk until the end of March (from 08:00 on the 5th).
     storage_hours = (datetime(2026, 4, 1) - datetime(2026, 3, 5, 8)).total_seconds() / 3600
     assert result.storage_micros == round(storage_hours * 10_000)
-    # Four idle hours on the H100 box; bob's hour with a failed poll and his unpolled hours count
-    # as active, his second hour (all polls at 0%) is idle.
-    assert result.idle_micros == 4 * 8 * USD + 500_000
-    assert result.unmeasured_micros == 3 * 500_000  # bob's last three hours had no poll
+    # Four idle hours on the H100 box; bob's hour with a failed poll is 4/5 idle and 1/5 not
+    # measured, his second hour (all polls at 0%) idle, his last three (no poll) not measured.
+    assert result.idle_micros == 4 * 8 * USD + 400_000 + 500_000
+    assert result.unmeasured_micros == 100_000 + 3 * 500_000
+    assert result.in_use_micros == 6 * 8 * USD
     assert [line.key for line in result.groups] == ["UALICE", "UBOB"]
     assert result.groups[0].total_micros == 80 * USD
     assert result.top(1)[0].name == "h100"
@@ -147,12 +149,15 @@ def test_a_past_month_s_total_is_one_sum_equal_to_its_report(
         assert total == report(db, month).total_micros > 0
 
 
-def test_days_split_active_and_idle(db: Database, fleet: dict[str, int]) -> None:
+def test_days_split_in_use_idle_and_not_measured(db: Database, fleet: dict[str, int]) -> None:
     result = report(db)
     assert len(result.days) == 31
-    fifth = dict((day, (active, idle)) for day, active, idle in result.days)[date(2026, 3, 5)]
-    assert fifth[1] == 4 * 8 * USD + 500_000
-    assert sum(active + idle for _, active, idle in result.days) == result.total_micros
+    fifth = {day.day: day for day in result.days}[date(2026, 3, 5)]
+    assert fifth.idle_micros == 4 * 8 * USD + 900_000
+    assert fifth.unmeasured_micros == 1_600_000
+    assert fifth.in_use_micros == 6 * 8 * USD
+    assert sum(day.total_micros for day in result.days) == result.total_micros
+    assert sum(day.other_micros for day in result.days) == result.storage_micros
 
 
 def test_csv_has_one_row_per_instance(db: Database, fleet: dict[str, int]) -> None:
@@ -160,7 +165,9 @@ def test_csv_has_one_row_per_instance(db: Database, fleet: dict[str, int]) -> No
     assert [row["instance"] for row in rows] == ["h100", "rtx"]
     assert rows[0]["total_USD"] == "80.000000"
     assert rows[0]["idle_USD"] == "32.000000"
-    assert (rows[0]["unmeasured_USD"], rows[1]["unmeasured_USD"]) == ("0.000000", "1.500000")
+    assert rows[0]["in_use_USD"] == "48.000000"
+    assert (rows[1]["in_use_USD"], rows[1]["idle_USD"]) == ("0.000000", "0.900000")
+    assert (rows[0]["unmeasured_USD"], rows[1]["unmeasured_USD"]) == ("0.000000", "1.600000")
     assert rows[0]["compute_hours"] == "10.00"
     assert rows[1]["owner"] == "UBOB"
 
@@ -202,9 +209,9 @@ def test_days_are_local_days_across_a_dst_change(
         ):
             local = charge.start_at.replace(tzinfo=UTC).astimezone(tz).date()
             wanted[local] = wanted.get(local, 0) + charge.amount_micros
-    got = {day: active + idle for day, active, idle in result.days if active + idle}
+    got = {day.day: day.total_micros for day in result.days if day.total_micros}
     assert got == wanted
     pending = sum(item.pending_micros for item in result.instances)
     assert sum(got.values()) == result.total_micros - pending
-    assert result.days[0][0] == date(2026, 3, 1)
+    assert result.days[0].day == date(2026, 3, 1)
     assert len(result.days) == 31

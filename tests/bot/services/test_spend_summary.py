@@ -15,7 +15,7 @@ from sqlmodel import col, select
 
 from bot.services import ledger, samples, spend
 from bot.store.db import Database
-from bot.store.models import Charge, SpendDay, SpendMonth, UtilSample
+from bot.store.models import Charge, Instance, SpendDay, SpendMonth, UtilHour, UtilSample
 from tests.bot.services.support import Clock, make_runtime
 from tests.bot.services.test_ledger import add_instance, update_instance
 
@@ -27,17 +27,26 @@ MARCH = "2026-03"
 
 #: Per instance: compute, storage, idle, compute seconds, unmeasured.
 Sums = dict[int, tuple[int, int, int, int, int]]
-#: Per local day: active, idle.
-Days = dict[date, tuple[int, int]]
+#: Per local day: compute in use, idle, not measured, storage.
+Days = dict[date, tuple[int, int, int, int]]
+#: A poll of the 4-GPU box: its GPUs (idle, in use, not measured), or None for a failed poll.
+POLLS: tuple[tuple[int, int, int] | None, ...] = ((4, 0, 0), (0, 4, 0), (3, 1, 0), None, (1, 2, 1))
+#: Roll-ups from before GPU-samples were counted: the highest utilisation, or None (failed).
+LEGACY_UTILS = (1.0, 80.0, 30.0, None)
 
 
 def add_fleet(db: Database, tz: ZoneInfo) -> dict[str, int]:
-    """Around March 2026 in ``tz``: a GPU box running from before the month (hourly polls idle,
-    busy, half-busy or failed around the month's start and its DST change, none elsewhere), a
+    """Around March 2026 in ``tz``: a 4-GPU box running from before the month (hourly polls
+    judged idle, busy, mixed or failed around its DST change; roll-ups from before GPU-samples
+    were counted around the month's start, idle only under 50% or not; none elsewhere), a
     stopped box whose disk bills on, and a short rental released mid-hour."""
     ids = {
         "gpu": add_instance(
-            db, name="gpu", created_at=datetime(2026, 2, 26, 7, 30), price_micros=3_600_000
+            db,
+            name="gpu",
+            created_at=datetime(2026, 2, 26, 7, 30),
+            price_micros=3_600_000,
+            gpu_count=4,
         ),
         "disk": add_instance(
             db,
@@ -54,27 +63,60 @@ def add_fleet(db: Database, tz: ZoneInfo) -> dict[str, int]:
     }
     update_instance(db, ids["disk"], stopped_at=datetime(2026, 3, 12, 9), release_mode="stop")
     update_instance(db, ids["short"], released_at=datetime(2026, 3, 29, 3, 10, 7), state="released")
-    utils = (1.0, 80.0, 30.0, None)  # idle, busy, idle only under 50%, a failed poll
     windows = [
-        (ids["gpu"], datetime(2026, 2, 28, 6), 36),
         (ids["gpu"], datetime(2026, 3, 28, 12), 48),
         (ids["short"], datetime(2026, 3, 28, 23, 45), 3),
     ]
     with db.session() as session:
         for instance_id, start, hours in windows:
             for hour in range(hours):
-                util = utils[hour % len(utils)]
+                gpus = POLLS[hour % len(POLLS)]
+                idle, busy, unmeasured = gpus or (0, 0, 0)
                 samples.record(
                     session,
                     UtilSample(
                         instance_id=instance_id,
                         at=start + timedelta(hours=hour, minutes=20),
-                        ok=util is not None,
-                        util_avg_pct=util,
+                        ok=gpus is not None,
+                        util_avg_pct=None if gpus is None else 50.0,
+                        gpus_idle=idle,
+                        gpus_busy=busy,
+                        gpus_unmeasured=unmeasured,
                     ),
                     tz,
                 )
+        box = session.get(Instance, ids["gpu"])
+        assert box is not None
+        for hour in range(36):
+            util = LEGACY_UTILS[hour % len(LEGACY_UTILS)]
+            at = datetime(2026, 2, 28, 6) + timedelta(hours=hour, minutes=20)
+            session.add(
+                UtilHour(
+                    instance_id=ids["gpu"],
+                    bucket_start=ledger.bucket_start(box, at, tz),
+                    polls=1,
+                    bad_polls=1 if util is None else 0,
+                    max_util_pct=util,
+                )
+            )
     return ids
+
+
+def split(row: Charge, threshold: float) -> tuple[int, int, int]:
+    """A compute charge as (in use, idle, not measured): by its GPU-samples, else by its polls
+    under ``threshold`` (all not measured without a poll); idle and not measured rounded down."""
+    counts = (row.idle_gpu_samples or 0, row.busy_gpu_samples or 0, row.unmeasured_gpu_samples or 0)
+    polls, bad = row.polls or 0, row.bad_polls or 0
+    if sum(counts):
+        idle_n, unmeasured_n, whole = counts[0], counts[2], sum(counts)
+    elif polls:
+        quiet = row.max_util_pct is not None and row.max_util_pct < threshold
+        idle_n, unmeasured_n, whole = (polls - bad if quiet else 0), bad, polls
+    else:
+        idle_n, unmeasured_n, whole = 0, 1, 1
+    idle = row.amount_micros * idle_n // whole
+    unmeasured = row.amount_micros * unmeasured_n // whole
+    return row.amount_micros - idle - unmeasured, idle, unmeasured
 
 
 def from_charges(db: Database, month: str, tz: ZoneInfo, threshold: float) -> tuple[Sums, Days]:
@@ -88,24 +130,23 @@ def from_charges(db: Database, month: str, tz: ZoneInfo, threshold: float) -> tu
     days: dict[date, list[int]] = {}
     for row in rows:
         compute = row.kind == ledger.COMPUTE
-        polls = row.polls or 0
-        idle = (
-            compute
-            and polls > 0
-            and not row.bad_polls
-            and row.max_util_pct is not None
-            and row.max_util_pct < threshold
-        )
+        in_use, idle, unmeasured = split(row, threshold) if compute else (0, 0, 0)
+        assert in_use >= 0
+        assert in_use + idle + unmeasured == (row.amount_micros if compute else 0)
         entry = sums.setdefault(row.instance_id, [0, 0, 0, 0, 0])
         entry[0 if compute else 1] += row.amount_micros
-        entry[2] += row.amount_micros if idle else 0
+        entry[2] += idle
         entry[3] += row.billed_s if compute else 0
-        entry[4] += row.amount_micros if compute and polls == 0 else 0
-        day = days.setdefault(row.start_at.replace(tzinfo=UTC).astimezone(tz).date(), [0, 0])
-        day[1 if idle else 0] += row.amount_micros
+        entry[4] += unmeasured
+        local = row.start_at.replace(tzinfo=UTC).astimezone(tz).date()
+        day = days.setdefault(local, [0, 0, 0, 0])
+        day[0] += in_use
+        day[1] += idle
+        day[2] += unmeasured
+        day[3] += 0 if compute else row.amount_micros
     return (
         {key: (v[0], v[1], v[2], v[3], v[4]) for key, v in sums.items()},
-        {key: (v[0], v[1]) for key, v in days.items() if v != [0, 0]},
+        {key: (v[0], v[1], v[2], v[3]) for key, v in days.items() if any(v)},
     )
 
 
@@ -122,7 +163,11 @@ def of_report(report: spend.SpendReport) -> tuple[Sums, Days]:
         for item in report.instances
         if (item.compute_micros, item.storage_micros) != (0, 0)
     }
-    days = {day: (active, idle) for day, active, idle in report.days if (active, idle) != (0, 0)}
+    days = {
+        day.day: (day.in_use_micros, day.idle_micros, day.unmeasured_micros, day.other_micros)
+        for day in report.days
+        if day.total_micros
+    }
     return sums, days
 
 
@@ -163,7 +208,11 @@ def test_a_month_s_report_equals_its_charges(db: Database, tz: ZoneInfo) -> None
     assert result.storage_micros > 0
     assert min(days) == date(2026, 3, 1)
     assert max(days) == date(2026, 3, 31)
-    assert result.total_micros == sum(a + b for a, b in days.values())
+    assert result.total_micros == sum(sum(parts) for parts in days.values())
+    assert result.in_use_micros > 0
+    assert result.in_use_micros + result.idle_micros + result.unmeasured_micros == (
+        result.compute_micros
+    )
     # The digest's month-before total and a total without a threshold agree with the charges.
     now = datetime(2026, 5, 2)
     ledger.accrue(db, now, tz)
@@ -218,7 +267,10 @@ def test_another_threshold_is_summed_up_and_kept_too(
     low, high = report(db, now, BERLIN, 5.0), report(db, now, BERLIN, 50.0)
     assert of_report(low) == from_charges(db, MARCH, BERLIN, 5.0)
     assert of_report(high) == from_charges(db, MARCH, BERLIN, 50.0)
+    # Only roll-ups from before GPU-samples were counted are judged under the threshold: the
+    # GPU-samples were judged when polled.
     assert high.idle_micros > low.idle_micros > 0
+    assert high.unmeasured_micros == low.unmeasured_micros > 0
     request.getfixturevalue("no_builds")
     later = datetime(2026, 4, 1, 1)
     for threshold in (50.0, 5.0, 50.0):
