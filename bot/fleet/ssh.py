@@ -451,9 +451,10 @@ class SshTransport:
         """Read what is left once the exit status is in: sshd may send the status before the
         last of a stream it is still reading from the command, so read until its end of output
         (EOF), for at most ``EOF_GRACE_S`` (a command that left a child holding its output
-        open never sends EOF) and never past ``deadline``."""
+        open never sends EOF) and never past ``deadline``. A closed channel (the connection
+        closed under a hung command, as on shutdown) has nothing more to come: not waited on."""
         until = min(deadline, time.monotonic() + EOF_GRACE_S)
-        while not chan.eof_received:
+        while not chan.eof_received and not chan.closed:
             remaining = until - time.monotonic()
             if remaining <= 0:
                 break
