@@ -185,6 +185,7 @@ class BilledInstance(Protocol):
     compute_carried_micros: int
     storage_carried_s: int
     storage_carried_micros: int
+    storage_carried_excess: int
     compute_session_at: datetime | None
     compute_closed_s: int
     compute_closed_used_s: int
@@ -214,6 +215,7 @@ BILLED_FIELDS = (
     "compute_carried_micros",
     "storage_carried_s",
     "storage_carried_micros",
+    "storage_carried_excess",
     "compute_session_at",
     "compute_closed_s",
     "compute_closed_used_s",
@@ -327,11 +329,19 @@ def storage_cost(rules: BillingRules, start: datetime, end: datetime) -> int:
 
 def storage_cost_s(rules: BillingRules, seconds: int) -> int:
     """Micros for the disk kept ``seconds`` long (a month is 730 h)."""
+    return _ceil_div(_storage_exact(rules, seconds), STORAGE_EXACT_PER_MICRO)
+
+
+#: Storage is counted exactly in units of 1/STORAGE_EXACT_PER_MICRO micro (MB * micros per
+#: GB-month * seconds), and rounded up to a micro only once, over the whole disk's life.
+STORAGE_EXACT_PER_MICRO = MB_PER_GB * STORAGE_MONTH_S
+
+
+def _storage_exact(rules: BillingRules, seconds: int) -> int:
+    """What the disk costs for ``seconds`` in exact units (see STORAGE_EXACT_PER_MICRO)."""
     if seconds <= 0 or rules.disk_mb == 0:
         return 0
-    return _ceil_div(
-        rules.disk_mb * rules.storage_micros_per_gb_month * seconds, MB_PER_GB * STORAGE_MONTH_S
-    )
+    return rules.disk_mb * rules.storage_micros_per_gb_month * seconds
 
 
 def compute_totals(instance: BilledInstance, seconds: int, *, final: bool) -> tuple[int, int]:
@@ -379,10 +389,16 @@ def at_one_price(instance: BilledInstance) -> bool:
 
 
 def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
-    """(seconds, micros) the disk owes after ``seconds`` of storage, carried part included."""
+    """(seconds, micros) the disk owes after ``seconds`` of storage, carried part included:
+    the stretches at earlier sizes and prices and the current one summed exactly, rounded up
+    to a micro once (so a disk that changed price owes what its platform's per-second rates
+    make of the whole, not a micro more per stretch)."""
     rules = rules_for(instance)
     carried_s = min(instance.storage_carried_s, max(0, seconds))
-    return seconds, instance.storage_carried_micros + storage_cost_s(rules, seconds - carried_s)
+    rest = _storage_exact(rules, seconds - carried_s) - instance.storage_carried_excess
+    return seconds, instance.storage_carried_micros + max(
+        0, _ceil_div(rest, STORAGE_EXACT_PER_MICRO)
+    )
 
 
 def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
@@ -401,7 +417,17 @@ def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
             values.update(compute_carried_s=seconds, compute_carried_micros=micros)
     storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
     _, storage_micros = storage_totals(instance, storage_s)
-    values.update(storage_carried_s=storage_s, storage_carried_micros=storage_micros)
+    carried_s = min(instance.storage_carried_s, storage_s)
+    exact = (
+        instance.storage_carried_micros * STORAGE_EXACT_PER_MICRO
+        - instance.storage_carried_excess
+        + _storage_exact(rules_for(instance), storage_s - carried_s)
+    )
+    values.update(
+        storage_carried_s=storage_s,
+        storage_carried_micros=storage_micros,
+        storage_carried_excess=storage_micros * STORAGE_EXACT_PER_MICRO - exact,
+    )
     return values
 
 

@@ -136,6 +136,11 @@ class Instance(SQLModel, table=True):
     storage_carried_micros: int = Field(
         default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
     )
+    # How much of storage_carried_micros is rounding up, in 1/(1000 * 730 * 3600) micro
+    # (bot.billing.STORAGE_EXACT_PER_MICRO): storage is rounded once, not per stretch.
+    storage_carried_excess: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": "0"}
+    )
     # The billing session that began at the last restart after a stop, and the billed and used
     # seconds of the sessions before it (bot.billing.restart).
     compute_session_at: NaiveDatetime | None = None

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta
+from fractions import Fraction
 from typing import cast
 
 import pytest
+from sqlalchemy import func
+from sqlmodel import select
 
 from bot import billing
 from bot.errors import ProviderError, ProviderRateLimited, ProviderUnknownOutcome
@@ -17,8 +20,9 @@ from bot.providers.base import LaunchRequest
 from bot.providers.registry import ProviderRegistry
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
-from bot.services import reconcile
+from bot.services import ledger, reconcile
 from bot.settings import Settings
+from bot.store.models import Charge
 from tests.bot.services.support import T0, Clock, add_instance, get_instance
 from tests.fixtures.platforms.runpod import schema_errors
 from tests.fixtures.providers import RunpodStandIn
@@ -182,13 +186,21 @@ def test_a_pod_that_ran_then_stood_stopped_costs_what_runpod_bills(
     theirs = runpod_cloud.bill(pod, T0, clock.now)
     assert ours.compute_micros == round(theirs["gpuAmount"] * 1_000_000)
     # By hand, RunPod's rates per second over a 730-hour month: 70 GB x $0.10 x 2 h running
-    # (19,178.08 micro-dollars), then 20 GB x $0.20 x 48 h stopped (263,013.70); gpubot rounds
-    # each stretch it bills up to the micro-unit (never under the platform), so the two agree
-    # to within one micro-unit per stretch and gpubot's is the rounded-up sum.
-    running = 70 * 100_000 * 2 * 3600 / (730 * 3600)
-    stopped = 20 * 200_000 * 48 * 3600 / (730 * 3600)
-    assert ours.storage_micros == math.ceil(running) + math.ceil(stopped) == 282_193
-    assert abs(ours.storage_micros - round(theirs["diskAmount"] * 1_000_000)) <= 2
+    # (19,178.08 micro-dollars), then 20 GB x $0.20 x 48 h stopped (263,013.70): 282,191.78.
+    # gpubot sums the stretches exactly and rounds up to a micro-unit once.
+    running = Fraction(70 * 100_000 * 2 * 3600, 730 * 3600)
+    stopped = Fraction(20 * 200_000 * 48 * 3600, 730 * 3600)
+    assert ours.storage_micros == math.ceil(running + stopped) == 282_192
+    assert ours.storage_micros == round(theirs["diskAmount"] * 1_000_000)
+    # The ledger's hourly storage charges add up to the same figure.
+    ledger.accrue(rt.db, clock.now, rt.settings.tz())
+    with rt.db.session() as session:
+        charged = session.exec(
+            select(func.sum(Charge.amount_micros)).where(
+                Charge.instance_id == iid, Charge.kind == "storage"
+            )
+        ).one()
+    assert charged == 282_192
 
 
 def _both_advance(clock: Clock, standin: RunpodStandIn, *, hours: int) -> datetime:

@@ -139,9 +139,6 @@ def test_ledger_states_are_filled_in_from_the_charges_written_before(db: Databas
 
 
 def test_billing_rules_left_at_the_old_defaults_become_not_said(db: Database) -> None:
-    with db.engine.connect() as connection:  # back to when the defaults meant "not said"
-        command.downgrade(alembic_config(db, connection), "0012")
-        connection.commit()
     said = {"billing_increment": "second", "min_charge_s": 0, "billing_from": "created"}
     aws = add_instance(db, name="aws", provider="aws", provider_instance_id="i-1", **said)
     manual = add_instance(db, name="manual", **said)
@@ -154,6 +151,9 @@ def test_billing_rules_left_at_the_old_defaults_become_not_said(db: Database) ->
         min_charge_s=60,
         billing_from="ssh_ready",
     )
+    with db.engine.connect() as connection:  # back to when the defaults meant "not said"
+        command.downgrade(alembic_config(db, connection), "0012")
+        connection.commit()
     db.migrate()
     with db.session() as session:
         rows = {
