@@ -180,6 +180,12 @@ class Fleet:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (the bot is shutting down): what failed since, failed
+        because the bot hung up, not because the machine did."""
+        return self._closed
+
     def close(self) -> None:
         """Close every connection and stop the fan-out threads."""
         with self._lock:

@@ -92,6 +92,11 @@ def _poll_batch(
 ) -> list[PollResult]:
     targets = [target for _, target, _ in claimed]
     answers = rt.fleet.fan_out(targets, lambda agent: agent.status())
+    if rt.fleet.closed:
+        # Shutting down: a poll the bot hung up on says nothing of the machine (not a failed
+        # poll, no idle clock reset); the next start polls it again.
+        answers = {name: a for name, a in answers.items() if not isinstance(a, FleetError)}
+        claimed = [c for c in claimed if c[1].name in answers]
     results: list[PollResult] = []
     with rt.db.session() as session:
         # One query loads the batch; each record below finds its row in the session.

@@ -233,6 +233,12 @@ def _good_polls(db: Database, instance_id: int) -> int:
     return len(rows)
 
 
+def _samples(db: Database, instance_id: int) -> int:
+    with db.session() as session:
+        rows = session.exec(select(UtilSample).where(UtilSample.instance_id == instance_id)).all()
+    return len(rows)
+
+
 def _jobs(db: Database) -> list[Job]:
     with db.session() as session:
         return list(session.exec(select(Job)).all())
@@ -311,6 +317,9 @@ def test_sigterm_mid_poll_exits_at_once_and_the_next_start_polls_again(
     assert inst.state == "active"
     assert inst.last_polled_at is not None  # the first process had claimed this poll
     assert _good_polls(db, iid) == 0
+    # A poll the bot hung up on at shutdown is no failed poll: nothing recorded of the machine.
+    assert inst.last_poll_ok is None
+    assert _samples(db, iid) == 0
 
     agent.hang(None)
     second = Bot(env)
