@@ -712,6 +712,8 @@ def test_the_fleet_list_labels_jobs_of_an_instance_it_could_not_ask(world: World
     world.wait_agent(job.agent_job_id, ("running",))
 
     class Down:
+        closed = False
+
         def fan_out(self, targets: Any, call: Any, **_: Any) -> dict[str, Any]:
             return {t.name: Unreachable(f"{t.name}: no route to host") for t in targets}
 

@@ -23,6 +23,8 @@ FLEET = 100
 class CountingFleet:
     """Stands in for the fleet: records each fan-out's targets; no agent answers."""
 
+    closed = False  # the bot is not shutting down
+
     def __init__(self) -> None:
         self.fan_outs: list[list[str]] = []
 

@@ -45,6 +45,8 @@ class RecordingFleet:
     """Stands in for the fleet: records where each poll went and which connections were
     dropped; every agent answers ``answer`` (a failed poll by default)."""
 
+    closed = False  # the bot is not shutting down
+
     def __init__(self) -> None:
         self.dialed: list[tuple[str, str, int]] = []
         self.forgotten: list[str] = []

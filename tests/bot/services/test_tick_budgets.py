@@ -108,6 +108,8 @@ class SlowFleet:
     """Stands in for the fleet: every fan-out takes ``fan_out_s`` controlled seconds and no
     agent answers (a failed poll); records the names of each fan-out's targets."""
 
+    closed = False  # the bot is not shutting down
+
     def __init__(self, stopwatch: Stopwatch, fan_out_s: float) -> None:
         self.stopwatch = stopwatch
         self.fan_out_s = fan_out_s
