@@ -7,6 +7,7 @@ bill age with :func:`bot.blocks.kit.ago`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from bot.blocks.kit import (
@@ -38,6 +39,7 @@ from bot.services.bills import (
     BillsReport,
     PlatformBills,
 )
+from bot.services.digest import BillsDigest, PlatformBillTotals
 from bot.values import format_money
 
 #: Blocks kept for the platforms' lines, so the message stays within Slack's 50.
@@ -191,6 +193,118 @@ def _figures(line: BillLine) -> dict[str, str]:
     if line.difference_micros > 0:
         difference = "+" + difference
     return {"bot": bot, "platform": platform, "difference": difference}
+
+
+def digest_section(section_data: BillsDigest) -> str:
+    """The monthly digest's section against the platforms' bills, compact: per platform the
+    totals of `/gpu bills MONTH` (gpubot, the platform, the difference) with the bill's age,
+    how many instances are flagged and the largest with its likely cause; the platforms that
+    publish no per-instance bill in one line."""
+    lines = [
+        t(
+            "*Against the platforms' bills* ({month}, UTC; `/gpu bills {key}` lists each instance)",
+            month=month_name(section_data.month),
+            key=section_data.month,
+        )
+    ]
+    for totals in section_data.platforms:
+        lines.extend(_digest_platform(totals, section_data))
+    names = section_data.unreadable
+    if names:
+        lines.append(
+            nt(
+                "{names} publishes no per-instance bill gpubot can read.",
+                "{names} publish no per-instance bill gpubot can read.",
+                len(names),
+                names=escape(", ".join(names)),
+            )
+        )
+    return clip("\n".join(lines), SECTION_TEXT_MAX)
+
+
+def _digest_platform(totals: PlatformBillTotals, section_data: BillsDigest) -> list[str]:
+    name = f"*{escape(totals.provider)}*"
+    if totals.fetched_at is None:
+        if totals.error:
+            return [
+                t(
+                    "• {provider}: not read yet; the last try failed: {error}",
+                    provider=name,
+                    error=escape(clip(totals.error, 300)),
+                )
+            ]
+        return [t("• {provider}: not read yet", provider=name)]
+
+    def money(micros: int) -> str:
+        return format_money(micros, totals.currency)
+
+    difference = money(totals.difference_micros)
+    if totals.difference_micros > 0:
+        difference = "+" + difference
+    read = t("bills fetched {age}", age=ago(totals.fetched_at, section_data.now))
+    covered = _covered(totals, section_data.month)
+    if covered:
+        read = t("{read}, covering {days}", read=read, days=covered)
+    if totals.error:
+        read = t(
+            "{read}; the last read failed: {error}",
+            read=read,
+            error=escape(clip(totals.error, 300)),
+        )
+    first = t(
+        "• {provider}: gpubot {bot}, platform {platform}, difference {difference} ({read})",
+        provider=name,
+        bot=money(totals.bot_micros),
+        platform=money(totals.platform_micros),
+        difference=difference,
+        read=read,
+    )
+    largest = totals.largest
+    if largest is None:
+        second = nt(
+            "no difference past one cent or 1 % over {n} instance",
+            "no difference past one cent or 1 % over {n} instances",
+            totals.instances,
+            n=totals.instances,
+        )
+        return [first, "    " + second]
+    largest_difference = money(largest.difference_micros)
+    if largest.difference_micros > 0:
+        largest_difference = "+" + largest_difference
+    second = nt(
+        ":warning: {flagged} of {n} instance flagged; the largest: {instance} {difference}, "
+        "likely {cause}",
+        ":warning: {flagged} of {n} instances flagged; the largest: {instance} {difference}, "
+        "likely {cause}",
+        totals.instances,
+        flagged=totals.flagged,
+        n=totals.instances,
+        instance=_instance(largest),
+        difference=largest_difference,
+        cause=t(CAUSE_WORDS.get(largest.cause or UNEXPLAINED, CAUSE_WORDS[UNEXPLAINED])),
+    )
+    return [first, "    " + second]
+
+
+def _covered(totals: PlatformBillTotals, month: str) -> str | None:
+    """The days of ``month`` the bill covers (``2026-11-17 to 2026-11-30``) when not all of
+    them; None when it covers the whole month or says nothing of its days."""
+    start, end = totals.covered_from, totals.covered_to
+    if start is None or end is None:
+        return None
+    year, number = (int(part) for part in month.split("-"))
+    month_start = datetime(year, number, 1)
+    month_end = datetime(year + number // 12, number % 12 + 1, 1)
+    first, last = max(start, month_start), min(end, month_end)
+    if first <= month_start and last >= month_end:
+        return None
+    if last <= first:
+        return t("none of its days")
+    return t(
+        "{first} to {last}",
+        first=first.date().isoformat(),
+        last=(last - timedelta(days=1)).date().isoformat(),
+    )
 
 
 #: The notices this module renders (joined in bot.blocks.RENDERERS).

@@ -178,7 +178,8 @@ def _clock(at: datetime, timezone: str) -> str:
 
 def digest_message(data: DigestData) -> Message:
     """The monthly digest: total against last month, by user, GPU and project, idle waste,
-    where a monthly plan would have been cheaper, and the most expensive jobs."""
+    where a monthly plan would have been cheaper, the most expensive jobs, and the month
+    against the platforms' bills (where a configured platform publishes them)."""
     report = data.report
     currency = report.currency
     title = t("GPU spend in {month}", month=month_name(data.month))
@@ -234,6 +235,11 @@ def digest_message(data: DigestData) -> Message:
             for job in data.jobs
         ]
         blocks.append(section(t("*Most expensive jobs*") + "\n" + "\n".join(job_lines)))
+    if data.bills is not None:
+        # Imported here: bot.blocks.bills imports this module (month_name).
+        from bot.blocks.bills import digest_section
+
+        blocks.append(section(digest_section(data.bills)))
     chart = t("The chart of spend per day is in the thread.")
     blocks.append(context(f"{chart} {t(EGRESS_NOTE)}"))
     return text, tuple(blocks)

@@ -28,6 +28,9 @@ only, in one query.
 
 Only what both sides cover is compared: the days the platform's bill covers whole (up to the
 start of the UTC day it was read on, from the start of its history: 14 days for AWS).
+
+The monthly digest shows the closed month's report in totals per platform
+(bot.services.digest.bills_digest): the same lines, from the store, with the bills' age.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from agents import specs
 from bot import billing
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import advice, ledger, outbox, spend
+from bot.services import advice, bills, ledger, outbox, spend
 from bot.store import models
 from bot.store.db import Database
 from bot.store.models import Instance, Job
@@ -69,14 +69,50 @@ class JobSpend:
 
 
 @dataclass(frozen=True)
+class PlatformBillTotals:
+    """One platform's month (UTC) against its own bill, in micro-units of ``currency``: the
+    totals of every line of `/gpu bills` for that month (gpubot's, the platform's, and the
+    platform's less gpubot's), how many instances either side billed, how many are flagged
+    and the flagged one with the largest difference; when the bill was read (None: never), the
+    days it covers (``covered_to`` excluded) and why the last read failed (None: it did not)."""
+
+    provider: str
+    currency: str
+    bot_micros: int
+    platform_micros: int
+    difference_micros: int
+    instances: int
+    flagged: int
+    largest: bills.BillLine | None
+    fetched_at: datetime | None
+    covered_from: datetime | None
+    covered_to: datetime | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class BillsDigest:
+    """The digest's section against the platforms' bills: ``/gpu bills MONTH`` in totals, at
+    ``now`` (naive UTC, for the bills' age); ``unreadable`` the platforms that publish no
+    per-instance bill the bot can read."""
+
+    month: str
+    now: datetime
+    platforms: tuple[PlatformBillTotals, ...]
+    unreadable: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class DigestData:
-    """Everything the digest message shows."""
+    """Everything the digest message shows; ``bills`` None when no configured platform
+    publishes a per-instance bill."""
 
     month: str
     report: spend.SpendReport
     previous_total_micros: int
     savings: tuple[PlanSaving, ...]
     jobs: tuple[JobSpend, ...]
+    bills: BillsDigest | None = None
 
 
 @dataclass(frozen=True)
@@ -153,9 +189,11 @@ def build_digest(
     idle_threshold_pct: float,
     currency: str,
     table: advice.PriceTable | None = None,
+    bills_section: BillsDigest | None = None,
 ) -> DigestData:
     """The digest of ``month``: spend by user (GPU and project via ``report.group``), the month
-    before, monthly-plan savings and the most expensive jobs."""
+    before, monthly-plan savings, the most expensive jobs and ``bills_section`` (see
+    :func:`bills_digest`)."""
     table = table or advice.load_price_table()
     report = spend.spend_report(
         db,
@@ -175,6 +213,44 @@ def build_digest(
         previous_total_micros=previous_total,
         savings=plan_savings(report, table),
         jobs=top_jobs(db, report.start_at, report.end_at),
+        bills=bills_section,
+    )
+
+
+def bills_digest(report: bills.BillsReport) -> BillsDigest | None:
+    """``report`` (`/gpu bills` for the digest's month, read from the store) in totals per
+    platform and currency: the same lines the command shows, added up. None when no configured
+    platform publishes a per-instance bill."""
+    if not report.platforms:
+        return None
+    totals: list[PlatformBillTotals] = []
+    for platform in report.platforms:
+        currencies = list(dict.fromkeys(line.currency for line in platform.lines)) or ["USD"]
+        for currency in currencies:
+            lines = [line for line in platform.lines if line.currency == currency]
+            flagged = [line for line in lines if line.flagged]
+            largest = max(flagged, key=lambda line: abs(line.difference_micros), default=None)
+            totals.append(
+                PlatformBillTotals(
+                    provider=platform.provider,
+                    currency=currency,
+                    bot_micros=sum(line.bot_total_micros or 0 for line in lines),
+                    platform_micros=sum(line.platform_total_micros or 0 for line in lines),
+                    difference_micros=sum(line.difference_micros for line in lines),
+                    instances=len(lines),
+                    flagged=len(flagged),
+                    largest=largest,
+                    fetched_at=platform.fetched_at,
+                    covered_from=platform.covered_from,
+                    covered_to=platform.covered_to,
+                    error=platform.error,
+                )
+            )
+    return BillsDigest(
+        month=report.month,
+        now=report.now,
+        platforms=tuple(totals),
+        unreadable=report.unreadable,
     )
 
 
@@ -275,6 +351,7 @@ def post_digest(rt: Runtime, month: str, channel: str, now: datetime) -> None:
         now=now,
         idle_threshold_pct=settings.idle_threshold_pct,
         currency=settings.currency,
+        bills_section=bills_digest(bills.bills_report(rt, month, now)),
     )
     notice = Digest(data)
     text, message_blocks = rt.message(notice)
