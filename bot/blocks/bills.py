@@ -19,10 +19,10 @@ from bot.blocks.kit import (
     escape,
     fallback,
     header,
+    month_name,
     pack,
     section,
 )
-from bot.blocks.money import month_name
 from bot.i18n import N_, nt, t
 from bot.notify import Block, Message, Notice
 from bot.services.bills import (

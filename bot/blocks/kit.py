@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.i18n import t
+from bot.i18n import N_, t
 from bot.providers.http import mask_credentials
 from bot.text import is_hidden
 from bot.values import format_duration, format_when
@@ -432,3 +432,26 @@ def _look_alike(match: re.Match[str]) -> str:
         return match.group(0)  # a code span shows its text as typed, formatting none of it
     mark = match.group(1).translate(_UNFORMAT)
     return mark + _FORMATTED.sub(_look_alike, match.group(2)) + mark
+
+
+#: Month names in full, January first (`month_name`).
+_MONTH_NAMES = (
+    N_("January"),
+    N_("February"),
+    N_("March"),
+    N_("April"),
+    N_("May"),
+    N_("June"),
+    N_("July"),
+    N_("August"),
+    N_("September"),
+    N_("October"),
+    N_("November"),
+    N_("December"),
+)
+
+
+def month_name(month: str) -> str:
+    """``2026-03`` as ``March 2026`` (``2026年3月`` in Chinese)."""
+    year, number = month.split("-")
+    return t("{month} {year}", month=t(_MONTH_NAMES[int(number) - 1]), year=year)

@@ -14,7 +14,18 @@ from unicodedata import east_asian_width
 from zoneinfo import ZoneInfo
 
 from bot import charts
-from bot.blocks.kit import SECTION_TEXT_MAX, clip, code, context, escape, header, mention, section
+from bot.blocks.bills import digest_section
+from bot.blocks.kit import (
+    SECTION_TEXT_MAX,
+    clip,
+    code,
+    context,
+    escape,
+    header,
+    mention,
+    month_name,
+    section,
+)
 from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
 from bot.services.advice import (
@@ -35,20 +46,6 @@ TOP_INSTANCES = 5
 TOP_FITS = 12
 #: The most characters of a job's command the digest shows.
 COMMAND_MAX = 80
-_MONTHS = (
-    N_("January"),
-    N_("February"),
-    N_("March"),
-    N_("April"),
-    N_("May"),
-    N_("June"),
-    N_("July"),
-    N_("August"),
-    N_("September"),
-    N_("October"),
-    N_("November"),
-    N_("December"),
-)
 
 #: The most GPUs one rented machine has (HGX/DGX boards); more means a multi-node job.
 GPUS_PER_MACHINE = 8
@@ -90,12 +87,6 @@ _MEMORY_PARTS = (
     N_("gradients"),
     N_("activations"),
 )
-
-
-def month_name(month: str) -> str:
-    """``2026-03`` as ``March 2026`` (``2026年3月`` in Chinese)."""
-    year, number = month.split("-")
-    return t("{month} {year}", month=t(_MONTHS[int(number) - 1]), year=year)
 
 
 def spend_file_titles(report: SpendReport) -> tuple[str, str]:
@@ -236,9 +227,6 @@ def digest_message(data: DigestData) -> Message:
         ]
         blocks.append(section(t("*Most expensive jobs*") + "\n" + "\n".join(job_lines)))
     if data.bills is not None:
-        # Imported here: bot.blocks.bills imports this module (month_name).
-        from bot.blocks.bills import digest_section
-
         blocks.append(section(digest_section(data.bills)))
     chart = t("The chart of spend per day is in the thread.")
     blocks.append(context(f"{chart} {t(EGRESS_NOTE)}"))

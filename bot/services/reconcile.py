@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import exc as sa_exc
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
@@ -67,7 +66,7 @@ from bot.i18n import Language, speaking, t
 from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
 from bot.runtime import Runtime
-from bot.services import access, audit, outbox, prompts, registration, releases, rent
+from bot.services import access, audit, outbox, prompts, registration, releases, rent, rule_changes
 from bot.services.access import Caller
 from bot.services.instance_trust import Adopted, PlatformListedAgain, PlatformUnlisted
 from bot.services.views import InstanceBrief, RegisterResult, UnregisteredView
@@ -563,7 +562,7 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
             key = f"outside:{instance_id}:{change}:{release_id}"
         session.refresh(inst)
         if change in (STOPPED, STARTED):
-            _learn_storage(rt, session, inst, found.seen, now)
+            rule_changes.take_platform_storage(rt, session, inst, found.seen, now)
         if change != MOVED:
             audit.record(
                 session,
@@ -629,33 +628,6 @@ def _stop_or_release(
     return release.id
 
 
-def _learn_storage(
-    rt: Runtime, session: Session, inst: Instance, seen: ProviderInstance | None, now: datetime
-) -> None:
-    """A stopped registration without a storage price takes the platform's, where the platform
-    says the disk and its price in the registration's currency, from ``now`` (so what it costs
-    stopped is known). A price someone gave is left as it is, one given meanwhile too (the
-    stop is recorded all the same) — except on a platform whose disk bills by the instance's
-    state (``storage_follows_state``: RunPod), whose disk and price at each stop and start are
-    what it bills from then on."""
-    if seen is None:
-        return
-    if inst.storage_micros_per_gb_month > 0 and not follows_state(rt, inst.provider):
-        return
-    if seen.disk_gb is None or seen.storage_micros_per_gb_month is None:
-        return
-    if seen.currency != inst.currency:
-        return
-    try:
-        with session.begin_nested():
-            registration.change_storage(
-                session, inst, seen.disk_gb, seen.storage_micros_per_gb_month, now, rt.settings.tz()
-            )
-    except (Conflict, sa_exc.IntegrityError):
-        log.info("reconcile: %s's storage was set meanwhile; left as it is", inst.name)
-    session.refresh(inst)
-
-
 def _follow_storage(
     rt: Runtime, members: Iterable[Registered], listed: list[ProviderInstance], now: datetime
 ) -> None:
@@ -677,15 +649,7 @@ def _follow_storage(
             inst = session.get(Instance, member.instance_id)
             if inst is None or inst.state not in WATCHED_STATES:
                 continue
-            _learn_storage(rt, session, inst, seen, now)
-
-
-def follows_state(rt: Runtime, provider_name: str) -> bool:
-    """Whether the platform bills the disk by the instance's state (its capabilities say)."""
-    try:
-        return rt.providers.get(provider_name).capabilities.storage_follows_state
-    except GpubotError:
-        return False
+            rule_changes.take_platform_storage(rt, session, inst, seen, now)
 
 
 def _restart(

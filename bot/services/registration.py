@@ -26,12 +26,8 @@ import secrets
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
-from zoneinfo import ZoneInfo
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot, dumps
@@ -44,7 +40,15 @@ from bot.i18n import N_, speaking, t
 from bot.notify import Notice
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import access, audit, budgets, instance_trust, key_grants, ledger, prompts
+from bot.services import (
+    access,
+    audit,
+    budgets,
+    instance_trust,
+    key_grants,
+    prompts,
+    rule_changes,
+)
 from bot.services.access import Caller
 from bot.services.fleet_views import health_view
 from bot.services.lifecycle import check_cap
@@ -756,8 +760,8 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
         )
     before = registration_record(inst)
     changes = {key: value for key, value in reg.fields.items() if key != "ssh_ready_at"}
-    if _rules_change(inst, changes):
-        changes.update(_close_rules(session, inst, reg.now, rt.settings.tz()))
+    if rule_changes.rules_change(inst, changes):
+        changes.update(rule_changes.close_rules(session, inst, reg.now, rt.settings.tz()))
     for key, value in changes.items():
         setattr(inst, key, value)
     inst.name = reg.name
@@ -843,10 +847,12 @@ def set_storage(
         before = registration_record(inst)
         try:
             with session.begin_nested():
-                changed = change_storage(session, inst, disk, price, now, rt.settings.tz())
+                changed = rule_changes.change_storage(
+                    session, inst, disk, price, now, rt.settings.tz()
+                )
         except sa_exc.IntegrityError as exc:
             # Another process wrote the charges up to now first (a change of its own).
-            raise _storage_clash(inst.name) from exc
+            raise rule_changes.storage_clash(inst.name) from exc
         if changed:
             audit.record(
                 session,
@@ -864,73 +870,6 @@ def set_storage(
             now=now,
             timezone=rt.settings.timezone,
         )
-
-
-def change_storage(
-    session: Session,
-    inst: Instance,
-    disk_gb: float,
-    storage_micros_per_gb_month: int,
-    now: datetime,
-    tz: ZoneInfo,
-) -> bool:
-    """Set the instance's disk (GB) and storage price (micros per GB-month) from ``now``: its
-    charges are written up to ``now`` and what its disk cost so far is carried, so the new
-    price bills only from ``now``. False (nothing changed) when the price and size are the ones
-    it has. The row is written only if its storage price, carried storage and state are still
-    the ones read (else another process changed them meanwhile: raises Conflict, and the caller
-    rolls back the charges written); a clash over the charges raises IntegrityError likewise."""
-    changes: dict[str, object] = {
-        "disk_gb": disk_gb,
-        "storage_micros_per_gb_month": storage_micros_per_gb_month,
-    }
-    if not _rules_change(inst, changes):
-        return False
-    assert inst.id is not None
-    unchanged = (
-        col(Instance.id) == inst.id,
-        col(Instance.storage_micros_per_gb_month) == inst.storage_micros_per_gb_month,
-        col(Instance.storage_carried_s) == inst.storage_carried_s,
-        col(Instance.state) == inst.state,  # not stopped, started or released meanwhile
-    )
-    changes.update(_close_rules(session, inst, now, tz))
-    written = session.exec(
-        update(Instance)
-        .where(*unchanged)
-        .values(**changes)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if written != 1:
-        raise _storage_clash(inst.name)
-    session.refresh(inst)
-    return True
-
-
-def _rules_change(inst: Instance, changes: dict[str, object]) -> bool:
-    """Whether ``changes`` to the instance's fields change its billing rules."""
-    return billing.rules_for(inst) != billing.rules_for(_preview(inst, changes))
-
-
-def _close_rules(session: Session, inst: Instance, now: datetime, tz: ZoneInfo) -> dict[str, int]:
-    """Before the instance's billing rules change at ``now``: write its charges up to ``now``
-    (under the rules in force) and return the carried fields to store with the new rules
-    (bot.billing.carry). Raises IntegrityError when another process wrote a bucket first."""
-    ledger.close_charges(session, inst, now, tz)
-    return billing.carry(inst, now)
-
-
-def _storage_clash(name: str) -> Conflict:
-    return Conflict(
-        t("{name} changed while its storage was being set.", name=name), hint=t("Try again.")
-    )
-
-
-def _preview(inst: Instance, changes: dict[str, object]) -> billing.BilledInstance:
-    """The instance's billing fields as they would be after ``changes``."""
-    values = {name: getattr(inst, name) for name in billing.BILLED_FIELDS}
-    values.update((k, v) for k, v in changes.items() if k in billing.BILLED_FIELDS)
-    preview: Any = SimpleNamespace(**values)
-    return preview  # type: ignore[no-any-return]
 
 
 def _clash(rt: Runtime, caller: Caller, reg: _Registration) -> Conflict:

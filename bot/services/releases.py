@@ -55,9 +55,9 @@ from bot.errors import (
 from bot.i18n import Language, t
 from bot.logging_setup import log_context, log_ids
 from bot.notify import Notice
-from bot.providers.base import RELEASE_MODES, check_mode
+from bot.providers.base import RELEASE_MODES, Provider, ProviderInstance, check_mode
 from bot.runtime import Runtime
-from bot.services import access, audit, costs, prompts
+from bot.services import access, audit, costs, prompts, rule_changes
 from bot.services.access import Caller
 from bot.services.costs import FinalCost
 from bot.services.views import InstanceBrief
@@ -685,7 +685,7 @@ def _process_api(rt: Runtime, claim: _Claim) -> None:
             _record_confirmed(rt, claim, mode="terminate", detail="gone on the platform")
             return
         if current.state == "terminated" or (claim.mode == "stop" and current.state == "stopped"):
-            _record_confirmed(rt, claim, mode=claim.mode, detail=current.raw_state)
+            _record_confirmed(rt, claim, mode=claim.mode, detail=current.raw_state, seen=current)
             return
         outcome = provider.release(claim.provider_instance_id, claim.mode)
     except ProviderNotFound:
@@ -699,9 +699,25 @@ def _process_api(rt: Runtime, claim: _Claim) -> None:
         return
     if outcome.confirmed:
         mode = "terminate" if outcome.already_gone else outcome.mode
-        _record_confirmed(rt, claim, mode=mode, detail=outcome.detail or outcome.state)
+        seen = _stopped_disk(provider, claim) if mode == "stop" else None
+        _record_confirmed(rt, claim, mode=mode, detail=outcome.detail or outcome.state, seen=seen)
         return
     _record_pending(rt, claim)
+
+
+def _stopped_disk(provider: Provider, claim: _Claim) -> ProviderInstance | None:
+    """The stopped instance as its platform reports it, where the platform bills the disk by
+    the instance's state (its stopped disk price applies from the stop); None otherwise or
+    when the look fails (reconcile takes the price up later)."""
+    if not provider.capabilities.storage_follows_state or claim.provider_instance_id is None:
+        return None
+    try:
+        return provider.get(claim.provider_instance_id)
+    except GpubotError as exc:
+        log.info(
+            "release %s: the stopped disk's price is left to reconcile: %s", claim.release_id, exc
+        )
+        return None
 
 
 def _still_ours(claim: _Claim) -> tuple[object, ...]:
@@ -759,7 +775,12 @@ def _renew(rt: Runtime, claim: _Claim) -> bool:
         return True
 
 
-def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> None:
+def _record_confirmed(
+    rt: Runtime, claim: _Claim, *, mode: str, detail: str, seen: ProviderInstance | None = None
+) -> None:
+    """The release is confirmed: the meter stops now, the prompts are resolved, the owner is
+    told. A stop whose instance the platform reported (``seen``) takes the platform's stopped
+    disk price from now, where the platform bills the disk by state."""
     now = rt.now()
     with claim.lease.lock, rt.db.session() as session:
         won = session.exec(
@@ -779,6 +800,9 @@ def _record_confirmed(rt: Runtime, claim: _Claim, *, mode: str, detail: str) -> 
         _resolve_release_prompts(session, claim.instance_id, by=None, now=now)
         inst = session.get(Instance, claim.instance_id)
         assert inst is not None
+        if mode == "stop" and seen is not None and seen.state == "stopped":
+            session.refresh(inst)
+            rule_changes.take_platform_storage(rt, session, inst, seen, now)
         prompts.ensure_prompt(
             session,
             instance_id=claim.instance_id,

@@ -20,7 +20,7 @@ from bot.providers.base import LaunchRequest
 from bot.providers.registry import ProviderRegistry
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
-from bot.services import ledger, reconcile
+from bot.services import ledger, reconcile, releases
 from bot.settings import Settings
 from bot.store.models import Charge
 from tests.bot.services.support import T0, Clock, add_instance, get_instance
@@ -158,23 +158,7 @@ def test_a_pod_that_ran_then_stood_stopped_costs_what_runpod_bills(
     disk is $0.10/GB-month for both while running and $0.20 for the volume alone once stopped,
     per second (RunPod's billing page); gpubot's figures equal the stand-in's bill."""
     rt = local_rt
-    clock = cast(Clock, rt.clock)
-    rt.providers.add(
-        ProviderRegistry.from_settings(
-            Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
-        ).get("runpod")
-    )
-    runpod_cloud.now = T0
-    pod = runpod_cloud.add(cost=0.69, disk_gb=50, volume_gb=20)
-    iid = add_instance(
-        rt.db,
-        provider="runpod",
-        provider_instance_id=pod,
-        price_micros=690_000,
-        created_at=T0,
-        disk_gb=70.0,
-        storage_micros_per_gb_month=100_000,
-    )
+    clock, pod, iid = _registered_pod(rt, runpod_cloud)
 
     _both_advance(clock, runpod_cloud, hours=2)
     runpod_cloud.stop_outside(pod)
@@ -201,6 +185,56 @@ def test_a_pod_that_ran_then_stood_stopped_costs_what_runpod_bills(
             )
         ).one()
     assert charged == 282_192
+
+
+def test_a_stop_the_bot_makes_prices_the_stopped_volume_from_the_stop(
+    local_rt: Runtime, runpod_cloud: RunpodStandIn
+):
+    """The same pod stopped by the bot's own release (`/gpu release --stop`), with no reconcile
+    in between: the volume's stopped rate applies from the stop, to the micro-unit."""
+    rt = local_rt
+    clock, pod, iid = _registered_pod(rt, runpod_cloud)
+    _both_advance(clock, runpod_cloud, hours=2)
+    release = releases.request_release(rt, iid, reason="user", requested_by="UOWNER", mode="stop")
+    assert release.id is not None
+    done = releases.process_release(rt, release.id)
+    if done.state != "confirmed":  # RunPod answers the stop before the pod is EXITED
+        done = releases.process_release(rt, release.id)
+    assert done.state == "confirmed"
+    inst = get_instance(rt.db, iid)
+    assert (inst.state, inst.disk_gb, inst.storage_micros_per_gb_month) == (
+        "stopped",
+        20.0,
+        200_000,
+    )
+    _both_advance(clock, runpod_cloud, hours=48)
+
+    inst = get_instance(rt.db, iid)
+    ours = billing.cost_breakdown(inst, clock.now)
+    theirs = runpod_cloud.bill(pod, T0, clock.now)
+    assert ours.storage_micros == round(theirs["diskAmount"] * 1_000_000) == 282_192
+
+
+def _registered_pod(rt: Runtime, runpod_cloud: RunpodStandIn) -> tuple[Clock, str, int]:
+    """A pod with a 50 GB container disk and a 20 GB volume, registered at $0.10/GB-month for
+    its 70 GB from T0 (RunPod's running rate): (the bot's clock, the pod, its registration)."""
+    rt.providers.add(
+        ProviderRegistry.from_settings(
+            Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+        ).get("runpod")
+    )
+    runpod_cloud.now = T0
+    pod = runpod_cloud.add(cost=0.69, disk_gb=50, volume_gb=20)
+    iid = add_instance(
+        rt.db,
+        provider="runpod",
+        provider_instance_id=pod,
+        price_micros=690_000,
+        created_at=T0,
+        disk_gb=70.0,
+        storage_micros_per_gb_month=100_000,
+    )
+    return cast(Clock, rt.clock), pod, iid
 
 
 def _both_advance(clock: Clock, standin: RunpodStandIn, *, hours: int) -> datetime:
