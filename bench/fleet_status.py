@@ -1,18 +1,22 @@
 """`/gpu status` over 20 instances: the bot's fleet overview against a loop of plain `ssh` calls.
 
-One real sshd on loopback serves 20 instances (distinct names, each with its own GPU_AGENT_HOME).
-Run as root, the instances log in as a dedicated account (default ``gpubench``, made when missing
-with a fresh home and ``/bin/sh``): an SSH command then pays what a fresh instance's login costs,
-not the start-up files of this machine's root shell. The 20 instances are registered in parallel
-through the real register path (scan, pin, agent upload once per agent home, status, quick
-health) into a SQLite store; the output says whether the instances' Python has torch (when it
-has not, the health check's torch probe ends at its ImportError). Then, in interleaved rounds of
-the same run:
+Each of the 20 instances is its own real sshd on loopback, with its own host key (a machine
+has one live registration, and the bot tells machines apart by host key), its own client key and
+its own GPU_AGENT_HOME. The client keys sit in one key directory (GPUBOT_SSH_KEY_DIR) under the
+instances' names; the bench's caller is an admin and registers each with ``--key NAME``. Run as
+root, the instances log in as a dedicated account (default ``gpubench``, made when missing with a
+fresh home and ``/bin/sh``): an SSH command then pays what a fresh instance's login costs, not the
+start-up files of this machine's root shell. The 20 instances are registered in parallel (as
+many at once as the registration attempt limiter lets one person have under way) through the
+real register path (scan, pin, agent upload once per agent home, status, quick health) into a
+SQLite store; the output says whether the instances' Python has torch (when it has not, the
+health check's torch probe ends at its ImportError). Instance-side CPU is summed over all 20
+servers' process trees. Then, in interleaved rounds of the same run:
 
   (a) bot.services.fleet_views.fleet_overview: what `/gpu status` runs (store read, concurrent
       status over pooled, kept-alive connections, results recorded);
   (b) a loop of OpenSSH client calls, one after another, each running the same agent command
-      with the pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`)
+      with its pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`)
       and OpenSSH's default algorithms, whose key exchange is most of (e)'s client CPU;
   (c) one instance's status through the same path (`/gpu status NAME`: instance_detail).
 
@@ -30,6 +34,7 @@ Run: python bench/fleet_status.py [--instances 20] [--rounds 3] [--user NAME] [-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import pwd
@@ -41,10 +46,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,7 +65,7 @@ from bot.fleet.base import Target  # noqa: E402
 from bot.fleet.fleet import Fleet  # noqa: E402
 from bot.notify import MessageRef  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import fleet_views, lookup, registration  # noqa: E402
+from bot.services import fleet_views, instance_trust, lookup, registration  # noqa: E402
 from bot.services.access import Caller  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.models import Instance  # noqa: E402
@@ -101,40 +108,86 @@ def main() -> int:
     login = args.user or getpass.getuser()
     python = args.python or _default_python(login)
 
-    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp:
+    names = [f"gpu-{i:02d}" for i in range(args.instances)]
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         zipapp = build(work / "gpu-agent.pyz")
-        server = start_sshd(work / "sshd", user=login)
+        servers = _start_servers(work, names, login, stack)
+        key_dir = _key_directory(work / "keys", names, servers)
         homes = _homes_base(work, login)
-        settings = Settings(data_dir=work / "data", channel="CBENCH")
+        if homes.parent != work:
+            stack.callback(shutil.rmtree, homes, ignore_errors=True)
+        settings = Settings(
+            data_dir=work / "data",
+            channel="CBENCH",
+            ssh_key_dir=key_dir,
+            admins=frozenset({OWNER.user_id}),  # an admin uses any key of the directory
+            instance_networks=("127.0.0.0/8",),  # the instances are loopback sshd's
+        )
         fleet = Fleet(settings, zipapp_path=zipapp)
+        stack.callback(fleet.close)  # before the servers stop (ExitStack runs it first)
         rt = build_runtime(settings, notifier=_QuietNotifier(), fleet=fleet)
-        try:
-            return _run(rt, server, work, homes, args.instances, args.rounds, python)
-        finally:
-            fleet.close()
-            server.stop()
-            if homes.parent != work:
-                shutil.rmtree(homes, ignore_errors=True)
+        return _run(rt, servers, work, homes, names, args.rounds, python)
+
+
+def _start_servers(
+    work: Path, names: list[str], login: str, stack: contextlib.ExitStack
+) -> dict[str, SshServer]:
+    """One sshd per instance (own host key, own client key), each stopped when ``stack`` closes,
+    also when a later one fails to start."""
+    servers: dict[str, SshServer] = {}
+
+    def start(name: str) -> SshServer:
+        return start_sshd(work / "sshd" / name, user=login)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(start, name) for name in names}
+        failure: BaseException | None = None
+        for name, future in futures.items():
+            try:
+                server = future.result()
+            except Exception as exc:  # the others still get stopped
+                failure = failure or exc
+                continue
+            servers[name] = server
+            stack.callback(server.stop)
+        if failure is not None:
+            raise failure
+    return servers
+
+
+def _key_directory(directory: Path, names: list[str], servers: dict[str, SshServer]) -> Path:
+    """The key directory the bot picks keys from: each instance's client key under its name."""
+    directory.mkdir(mode=0o700)
+    for name in names:
+        key = directory / name
+        shutil.copyfile(servers[name].client_key_path, key)
+        key.chmod(0o600)
+    return directory
 
 
 def _run(
     rt: Runtime,
-    server: SshServer,
+    servers: dict[str, SshServer],
     work: Path,
     homes: Path,
-    instances_n: int,
+    names: list[str],
     rounds: int,
     python: str,
 ) -> int:
-    names = [f"gpu-{i:02d}" for i in range(instances_n)]
+    instances_n = len(names)
     load_before = os.getloadavg()
-    setup_s = _register_all(rt, server, homes, names, python)
+    setup_s = _register_all(rt, servers, homes, names, python)
     targets = _stored_targets(rt, names)
     fleet = rt.fleet
     known_hosts = work / "known_hosts"
-    key = server.host_key
-    known_hosts.write_text(f"[{server.host}]:{server.port} {key.key_type} {key.key_b64}\n")
+    known_hosts.write_text(
+        "".join(
+            f"[{s.host}]:{s.port} {s.host_key.key_type} {s.host_key.key_b64}\n"
+            for s in servers.values()
+        )
+    )
+    first = servers[names[0]]
 
     def overview() -> None:
         rows = fleet_views.fleet_overview(rt).rows
@@ -152,7 +205,11 @@ def _run(
         for target in targets:
             loads(
                 StatusSnapshot,
-                _ssh(server, known_hosts, fleet.agent(target).argv(["status", "--json"])),
+                _ssh(
+                    servers[target.name],
+                    known_hosts,
+                    fleet.agent(target).argv(["status", "--json"]),
+                ),
             )
 
     def single() -> None:
@@ -164,7 +221,7 @@ def _run(
         fleet.transport(targets[0]).exec(["true"], timeout_s=60)
 
     def empty_fresh() -> None:
-        _ssh(server, known_hosts, ["true"])
+        _ssh(first, known_hosts, ["true"])
 
     overview()  # the bot's steady state: connections already pooled
     cases: dict[str, tuple[Callable[[], None], int]] = {
@@ -175,14 +232,14 @@ def _run(
         "empty_pooled": (empty_pooled, 3),
         "empty_fresh": (empty_fresh, 3),
     }
-    samples = _interleaved(cases, server, rounds)
-    agent_cpu_s, agent_wall_s = _agent_alone(fleet, targets[0], server.user)
+    samples = _interleaved(cases, list(servers.values()), rounds)
+    agent_cpu_s, agent_wall_s = _agent_alone(fleet, targets[0], first.user)
     _report(
         samples,
         instances_n=instances_n,
         setup_s=setup_s,
         load_before=load_before,
-        login=server.user,
+        login=first.user,
         python=python,
         agent_cpu_s=agent_cpu_s,
         agent_wall_s=agent_wall_s,
@@ -191,11 +248,13 @@ def _run(
 
 
 def _register_all(
-    rt: Runtime, server: SshServer, homes: Path, names: list[str], python: str
+    rt: Runtime, servers: dict[str, SshServer], homes: Path, names: list[str], python: str
 ) -> float:
-    """Register every instance at once (each uploads the agent into its own home); seconds."""
+    """Register every instance at once (each its own server, uploading the agent into its own
+    home, with its own key picked by name from the key directory); seconds."""
 
     def register(name: str) -> None:
+        server = servers[name]
         target = server.target(name, agent_home=homes / name, python_path=python)
         registration.register(
             rt,
@@ -205,15 +264,21 @@ def _register_all(
                 address=f"{server.user}@{server.host}:{server.port}",
                 price_micros_per_hour=2_100_000,
                 python_path=python,
-                key_path=str(server.client_key_path),
+                key_name=name,
                 agent_home=target.agent_home,
             ),
         )
 
     started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=min(len(names), 32)) as pool:
+    with ThreadPoolExecutor(max_workers=_register_workers(len(names))) as pool:
         list(pool.map(register, names))
     return time.perf_counter() - started
+
+
+def _register_workers(instances_n: int) -> int:
+    """Registrations in flight at once: the attempt limiter counts each from its start until it
+    succeeds, so one person has fewer than ``instance_trust.ATTEMPTS`` under way."""
+    return max(1, min(instances_n, instance_trust.ATTEMPTS - 1))
 
 
 def _stored_targets(rt: Runtime, names: list[str]) -> list[Target]:
@@ -225,7 +290,7 @@ def _stored_targets(rt: Runtime, names: list[str]) -> list[Target]:
 
 
 def _interleaved(
-    cases: dict[str, tuple[Callable[[], None], int]], server: SshServer, rounds: int
+    cases: dict[str, tuple[Callable[[], None], int]], servers: Sequence[SshServer], rounds: int
 ) -> dict[str, Sample]:
     """Each case ``repeat`` times per round, rounds interleaved so that drift in the machine's
     load hits every case alike."""
@@ -233,7 +298,7 @@ def _interleaved(
     for _ in range(rounds):
         for name, (fn, repeat) in cases.items():
             for _ in range(repeat):
-                seen[name].append(_measure(fn, server))
+                seen[name].append(_measure(fn, servers))
     return {
         name: Sample(
             wall_s=statistics.median(v[0] for v in values),
@@ -244,15 +309,44 @@ def _interleaved(
     }
 
 
-def _measure(fn: Callable[[], None], server: SshServer) -> tuple[float, float, float]:
-    """Wall, instance CPU and bot CPU seconds of one run (reading /proc stays outside)."""
-    inst0 = server.cpu_seconds()
+def _measure(fn: Callable[[], None], servers: Sequence[SshServer]) -> tuple[float, float, float]:
+    """Wall, instance CPU (summed over every server) and bot CPU seconds of one run (reading
+    /proc stays outside)."""
+    inst0 = _servers_cpu_s(servers)
     bot0 = _bot_cpu_s()
     started = time.perf_counter()
     fn()
     wall = time.perf_counter() - started
     bot = _bot_cpu_s() - bot0
-    return wall, server.cpu_seconds() - inst0, bot
+    return wall, _servers_cpu_s(servers) - inst0, bot
+
+
+def _servers_cpu_s(servers: Sequence[SshServer]) -> float:
+    """CPU seconds (user + system) used so far by every server and all it ran: each live
+    process of their trees, with the children each has already reaped (SshServer.cpu_seconds
+    for all of them, from one pass over /proc)."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(entry.name)
+        stats[pid] = fields
+        children.setdefault(int(fields[1]), []).append(pid)
+    ticks = 0
+    stack = [server.pid for server in servers]
+    while stack:
+        pid = stack.pop()
+        found = stats.get(pid)
+        if found is not None:
+            # After the command name: utime, stime, cutime, cstime are fields 14-17.
+            ticks += sum(int(v) for v in found[11:15])
+        stack.extend(children.get(pid, []))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _bot_cpu_s() -> float:
@@ -301,9 +395,12 @@ def _report(
     shell = pwd.getpwnam(login).pw_shell
     ms = 1000.0
 
-    print(f"setup: {instances_n} instances registered in parallel in {setup_s:.1f} s")
     print(
-        f"machine: {cores} CPUs shared by the bot, sshd and all {instances_n} instances; "
+        f"setup: {instances_n} instances registered in parallel "
+        f"({_register_workers(instances_n)} at a time) in {setup_s:.1f} s"
+    )
+    print(
+        f"machine: {cores} CPUs shared by the bot and all {instances_n} instances' sshd's; "
         f"load average before {_load(load_before)}, after {_load(os.getloadavg())}"
     )
     print(f"login: {login} (shell {shell}); instances' python: {python} ({_torch_note(python)})")
@@ -444,14 +541,34 @@ class _QuietNotifier:
     def __init__(self) -> None:
         self.posts: list[tuple[str, str]] = []
 
-    def post(self, channel, text, blocks=(), *, thread_ts=None) -> MessageRef:
+    def post(
+        self,
+        channel: str,
+        text: str,
+        blocks: Sequence[dict[str, Any]] = (),
+        *,
+        thread_ts: str | None = None,
+        key: str | None = None,
+    ) -> MessageRef:
         self.posts.append((channel, text))
         return MessageRef(channel=channel, ts=f"{len(self.posts)}.000000")
 
-    def update(self, ref, text, blocks=()) -> None:
+    def find(self, channel: str, key: str, *, since: datetime) -> MessageRef | None:
+        return None  # nothing is sent, so no post's answer is ever lost
+
+    def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
         self.posts.append((ref.channel, text))
 
-    def upload_file(self, channel, filename, content, *, title, comment="", thread_ts=None):
+    def upload_file(
+        self,
+        channel: str,
+        filename: str,
+        content: bytes,
+        *,
+        title: str,
+        comment: str = "",
+        thread_ts: str | None = None,
+    ) -> None:
         self.posts.append((channel, title))
 
 
