@@ -29,10 +29,12 @@ from bot.blocks.kit import (
 from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
 from bot.services.advice import (
+    GUIDE_GPUS,
     HOURS_IN_LONGEST_MONTH,
     EstimateReport,
     FitReport,
     GpuFit,
+    ModelShape,
     Option,
 )
 from bot.services.budgets import BudgetAlert, BudgetStatus
@@ -287,42 +289,92 @@ def budget_alert_message(status: BudgetStatus, threshold_pct: int, currency: str
 
 
 def fit_message(report: FitReport) -> Message:
-    """`/gpu fit`: the estimate by part and which GPUs hold it, each with its usable memory
-    against what it must hold, and prices where known."""
-    shape = report.model
-    name = (
-        shape.name
-        if shape.known
-        else t("{name} (shaped like {shape})", name=shape.name, shape=shape.shape_from)
+    """`/gpu fit`: the estimate by part (and by model, where several share the cards), with and
+    without the headroom, and which GPUs hold it, each with its usable memory against what it
+    must hold, whether comfortably or tightly, and prices where known. The cards the guides
+    name (:data:`GUIDE_GPUS`) are listed wherever they hold it."""
+    mode = t(_FIT_MODES.get(report.mode, report.mode))
+    names = [_model_name(report.model), *(_model_name(need.model) for need in report.each[1:])]
+    labels = [
+        t("{name} {bits}-bit", name=name, bits=one.bits)
+        for name, one in zip(names, report.each, strict=True)
+    ]
+    if report.models:
+        title = t("{models} together, {mode}", models=" + ".join(labels), mode=mode)
+    else:
+        title = t("{name} {mode}, {bits}-bit", name=names[0], mode=mode, bits=report.bits)
+    need, advised = _gb(report.memory.total_bytes), _gb(report.advised_bytes)
+    text = t(
+        "{title}: at least {need}, {advised} with {headroom}% headroom",
+        title=escape(title),
+        need=need,
+        advised=advised,
+        headroom=report.headroom_pct,
     )
-    title = t("{name} {mode}, {bits}-bit", name=name, mode=report.mode, bits=report.bits)
-    total = _gb(report.memory.total_bytes)
-    text = t("{title}: about {total} of GPU memory", title=escape(title), total=total)
-    parts = "\n".join(
+    rows = [
         f"{_pad(_part_label(label), 16)}{_gb(size):>12}"
         for label, size in report.memory.parts()
         if size
-    )
+    ]
+    if report.models:
+        width = max(_columns(label) for label in labels) + 2
+        each = [
+            f"{_pad(label, width)}{_gb(one.memory.total_bytes):>12}"
+            for label, one in zip(labels, report.each, strict=True)
+        ]
+        rows = [*each, "", *rows]
     blocks: list[Block] = [
         header(title),
         section(
             t(
-                "Needs about *{total}* for {seq} tokens x batch {batch}:",
-                total=total,
+                "Needs at least *{need}* for a context of {seq} tokens x batch {batch}; "
+                "*{advised}* with {headroom}% headroom (the usual advice is 20-50%):",
+                need=need,
                 seq=report.seq,
                 batch=report.batch,
+                advised=advised,
+                headroom=report.headroom_pct,
             )
-            + f"\n```{parts}```"
+            + "\n```"
+            + escape("\n".join(rows))
+            + "```"
         ),
     ]
     if report.fits:
-        lines = [_fit_line(fit, report.currency) for fit in report.fits[:TOP_FITS]]
-        heading = t("*Fits on* (each card's usable memory vs what it needs)")
-        blocks.append(section(heading + "\n" + "\n".join(lines)))
+        lines = [_fit_line(fit, report.currency, report.headroom_pct) for fit in _shown(report)]
+        chunk = t("*Fits on* (each card's usable memory vs what it needs)")
+        for line in lines:
+            if len(chunk) + 1 + len(line) > SECTION_TEXT_MAX:
+                blocks.append(section(chunk))
+                chunk = line
+            else:
+                chunk += "\n" + line
+        blocks.append(section(chunk))
     else:
         blocks.append(section(t("No GPU in the catalogue holds this, even 64 of them.")))
     blocks.append(context(t(FIT_NOTE)))
     return text, tuple(blocks)
+
+
+def _model_name(shape: ModelShape) -> str:
+    """A model as asked for, saying whose shape a bare size borrows and whether it is an
+    estimate from the nearest size listed."""
+    if shape.known:
+        return shape.name
+    if shape.estimated:
+        return t(
+            "{name} (estimated: shaped like {shape}, the nearest size listed)",
+            name=shape.name,
+            shape=shape.shape_from,
+        )
+    return t("{name} (shaped like {shape})", name=shape.name, shape=shape.shape_from)
+
+
+def _shown(report: FitReport) -> list[GpuFit]:
+    """The first :data:`TOP_FITS` fits, then the guides' cards that hold it as well."""
+    shown = list(report.fits[:TOP_FITS])
+    shown += [fit for fit in report.fits[TOP_FITS:] if fit.key in GUIDE_GPUS]
+    return shown
 
 
 def _part_label(label: str) -> str:
@@ -333,17 +385,34 @@ def _part_label(label: str) -> str:
 def _pad(text: str, width: int) -> str:
     """``text`` padded with spaces to ``width`` columns of a monospaced font, where a Chinese
     character takes two."""
-    columns = sum(2 if east_asian_width(char) in "WF" else 1 for char in text)
-    return text + " " * max(width - columns, 0)
+    return text + " " * max(width - _columns(text), 0)
 
+
+def _columns(text: str) -> int:
+    """The columns ``text`` takes in a monospaced font, a Chinese character two."""
+    return sum(2 if east_asian_width(char) in "WF" else 1 for char in text)
+
+
+#: `/gpu fit`'s modes (FitReport.mode), as the answer names them.
+_FIT_MODES = {
+    "inference": N_("inference"),
+    "lora": N_("lora"),
+    "qlora": N_("qlora"),
+    "full": N_("full"),
+}
 
 #: How `/gpu fit` counts, under every answer.
 FIT_NOTE = N_(
-    "Usable memory: the card's capacity (published in GB of 10^9 bytes: 16 GB is 14.9 GiB) "
-    "less 0.5 GiB for the CUDA context and 5% for fragmentation. Estimates: activation "
-    "checkpointing for training, a 16-bit KV cache; more GPUs split the model evenly. Prices: "
-    "the cheapest offer in the bot's price table, a list price on the date shown; an unverified "
-    "one was not checked against the platform's page and may be out of date."
+    "Needs: the weights at their precision; for inference the KV cache (2 x layers x KV width x "
+    "context x batch x 2 bytes); for training the activations (with activation checkpointing) "
+    "and, for LoRA, the adapters with their gradients and AdamW state, for a full fine-tune all "
+    "of that for every parameter (16 bytes each). Headroom: the margin the usual advice adds "
+    "for what an estimate leaves out; tight means the cards hold the estimate but not the "
+    "headroom. Usable memory: the card's capacity (published in GB of 10^9 bytes: 16 GB is "
+    "14.9 GiB) less 0.5 GiB for the CUDA context and 5% for fragmentation; more GPUs split the "
+    "model evenly. Prices: the cheapest offer in the bot's price table, a list price on the "
+    "date shown; an unverified one was not checked against the platform's page and may be out "
+    "of date."
 )
 
 #: What `/gpu estimate`'s prices and hours mean, under every answer.
@@ -705,7 +774,7 @@ def _subject(scope: str, subject: str) -> str:
     return t("project *{name}*", name=escape(subject))
 
 
-def _fit_line(fit: GpuFit, currency: str) -> str:
+def _fit_line(fit: GpuFit, currency: str, headroom_pct: int) -> str:
     count = f"{fit.count}x " if fit.count > 1 else ""
     sizes = {
         "capacity": f"{fit.mem_bytes // 10**9} GB",
@@ -726,6 +795,17 @@ def _fit_line(fit: GpuFit, currency: str) -> str:
             per_machine=GPUS_PER_MACHINE,
         )
     line = t("• {count}*{name}* ({detail})", count=count, name=fit.name, detail=detail)
+    if not fit.tight:
+        verdict = t("comfortable with {headroom}% headroom", headroom=headroom_pct)
+    elif fit.comfortable_count:
+        verdict = t(
+            "tight: {cards} with {headroom}% headroom",
+            cards=nt("one card", "{n} cards", fit.comfortable_count, n=fit.comfortable_count),
+            headroom=headroom_pct,
+        )
+    else:
+        verdict = t("tight: no room for {headroom}% headroom", headroom=headroom_pct)
+    line = t("{line} — {verdict}", line=line, verdict=verdict)
     if fit.price_micros_per_hour is None:
         return line
     price = format_money(fit.price_micros_per_hour, currency)

@@ -28,7 +28,10 @@ BUDGET_USAGE = (
     "/gpu budget list | /gpu budget set user @USER AMOUNT | /gpu budget set project P AMOUNT "
     "| /gpu budget rm user @USER | /gpu budget rm project P"
 )
-FIT_USAGE = "/gpu fit SIZE inference|lora|qlora|full [--seq N] [--batch N] [--bits 16|8|4]"
+FIT_USAGE = (
+    "/gpu fit SIZE[:BITS][+SIZE[:BITS]...] [inference|lora|qlora|full|推理|微调|全量] "
+    "[--context N] [--batch N] [--bits 16|8|4] [--headroom PCT]"
+)
 ESTIMATE_USAGE = N_(
     "/gpu estimate --gpu MODEL [--count N] --hours N [--price 2.10/h] [--monthly PRICE] "
     "[--buy PRICE] (--hours: each card's use a month; prices per card, times --count)"
@@ -161,10 +164,13 @@ def _budget(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 def _configure_fit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("size", metavar="SIZE")
-    parser.add_argument("mode", metavar="MODE", type=str.lower)
-    parser.add_argument("--seq", type=whole_number("--seq", 1), metavar="N")
+    parser.add_argument("mode", metavar="MODE", nargs="?")
+    parser.add_argument(
+        "--context", "--seq", dest="seq", type=whole_number("--context", 1), metavar="N"
+    )
     parser.add_argument("--batch", type=whole_number("--batch", 1), metavar="N")
     parser.add_argument("--bits", type=_bits, metavar="16|8|4")
+    parser.add_argument("--headroom", type=advice.parse_headroom, metavar="PCT")
 
 
 def _fit(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
@@ -176,6 +182,7 @@ def _fit(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
         seq=args.seq,
         batch=args.batch,
         bits=args.bits,
+        headroom_pct=args.headroom,
         table=table or price_tables.unpriced(currency),
     )
     text, body = blocks.fit_message(report)
@@ -278,9 +285,20 @@ BUDGET = CommandSpec(
 )
 FIT = CommandSpec(
     name="fit",
-    summary=N_("How much GPU memory a model needs, which GPUs hold it and what they cost"),
+    summary=N_(
+        "How much GPU memory a model needs, which GPUs hold it (comfortably or tightly) and "
+        "what they cost: weights by precision, the KV cache for --context and --batch, training "
+        "state, and --headroom (default 20%). Join models with + to ask whether they fit "
+        "together, each with its own precision after a colon"
+    ),
     usage=FIT_USAGE,
-    examples=("/gpu fit 7b lora", "/gpu fit llama-3.1-70b inference --seq 8192 --bits 4"),
+    examples=(
+        "/gpu fit 7b lora",
+        "/gpu fit 7b 推理 --bits 4",
+        "/gpu fit 70b inference --context 8192 --headroom 30",
+        "/gpu fit 7b:4bit+13b:4bit inference",
+        "/gpu fit llama-3.1-70b full",
+    ),
     configure=_configure_fit,
     handler=_fit,
 )

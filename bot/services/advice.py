@@ -1,22 +1,35 @@
 """Sizing and buying advice: `/gpu fit` and `/gpu estimate`. Pure functions over the GPU spec
 catalogue (agents.specs) and the price table (bot/data/prices.json).
 
-Memory model (bytes), after the sources in the module's constants:
+`/gpu fit` follows the arithmetic of the Chinese GPU-rental guides the product was written from
+(their 显存估算 sections), made explicit part by part (bytes):
 
-- weights: parameters x bytes per parameter (16-bit 2, 8-bit 1, 4-bit 0.5 plus quantisation
-  constants of 0.127 bits per parameter, QLoRA's double-quantised NF4);
-- KV cache (inference): 2 x layers x kv_heads x head_dim x seq x batch x 2 bytes (a 16-bit cache);
-- inference activations and buffers: 20% of the weights ("inference needs about 1.2 x the
-  weights");
-- full fine-tune with AdamW in mixed precision: 16 bytes per parameter (EleutherAI's
-  transformer math): 16-bit weights 2 + 16-bit gradients 2 + fp32 master weights, momentum and
-  variance 12;
-- LoRA: frozen 16-bit (or 8-bit) base plus adapters of 0.5% of the parameters (rank 16 on every
-  linear layer) at 16 bytes each (fp32 weights 4, gradients 4, AdamW 8); QLoRA: the same on a
-  4-bit base;
-- training activations with activation checkpointing (Korthikanti et al. 2022): each layer keeps
-  its 16-bit input, 2·s·b·h bytes, and one layer at a time is recomputed in full,
-  s·b·h·(34 + 5·a·s/h) bytes.
+- weights = parameters x bytes per parameter: 16-bit 2 ("a 7B model in FP16 needs about 14 GB
+  for its weights"), 8-bit 1, 4-bit 0.5 ("4-bit quantisation, about 0.5 byte a parameter: about
+  3.5 GB") plus the quantisation constants, 0.127 bits a parameter (QLoRA's double-quantised
+  NF4);
+- KV cache (inference only) = 2 (K and V) x layers x KV width x context x batch x 2 bytes (a
+  16-bit cache). The KV width is the hidden size where every attention head keeps its own K and
+  V (Llama-2-7B, Llama-2-13B); models with grouped-query attention keep fewer (hidden / heads x
+  KV heads: Llama-3, Llama-2-70B, Qwen2.5). The shapes by size are in :data:`SIZE_SHAPES`;
+- activations: for training only, with activation checkpointing (Korthikanti et al. 2022): each
+  layer keeps its 16-bit input, 2·s·b·h bytes, and one layer at a time is recomputed in full,
+  s·b·h·(34 + 5·a·s/h) bytes. Inference's own buffers are small and left to the headroom;
+- LoRA (the guides: back-propagation keeps the activations, and the optimizer state takes
+  more): the frozen base at its precision plus adapters of 0.5% of the parameters (rank 16 on
+  every linear layer) at 16 bytes each (fp32 weights 4, gradients 4, AdamW 8); QLoRA the same
+  on a 4-bit base;
+- full fine-tune with AdamW in mixed precision: 16 bytes a parameter (Rajbhandari et al. 2020,
+  ZeRO; EleutherAI's transformer math): 16-bit weights 2 + gradients 2 + fp32 master weights,
+  momentum and variance 12: eight times the 16-bit weights, past the guides' "3 to 4 times the
+  weights or more", and their "70B full fine-tune: at least 8 cards of 80 GB";
+- headroom: the guides add "20% to 50%" on top for what the estimate leaves out ("通常还要加 20%
+  到 50% 的余量"); :data:`DEFAULT_HEADROOM_PCT` is the low end, ``--headroom`` the user's choice.
+
+What the estimate needs decides how many GPUs hold it; the headroom decides whether that is
+comfortable or tight (the guides' 从容 and 吃紧: "8 GB for a quantised 7B is tight, 16 GB is
+comfortable"; "LoRA on a 7B or 13B model is a little tight on a 4090"). So 70B in 16 bits
+(140 GB of weights plus its KV cache) fits two 80 GB cards, tightly, as the guides put it.
 
 GPUs needed: model state and activations split evenly across GPUs (FSDP / tensor parallel), each
 GPU holding its share in its **usable** memory: the catalogue's capacity, published in decimal
@@ -25,6 +38,10 @@ gigabytes (10^9 bytes: a "16 GB" T4 is 14.9 GiB), less a reserve on every GPU of
 ``FRAGMENTATION_FRACTION`` (5% of the capacity: the caching allocator's fragmentation and
 workspaces). 5%, not more, keeps the published QLoRA result (a 65B model fine-tuned on one
 48 GB card) inside the model.
+
+Several models on one card (the guides' Ollama case: "a 4090 has 24 GB; a quantised 7B takes 6
+to 8 GB, and loading a 13B model as well easily passes 24 GB") are one question: their needs
+add up.
 """
 
 from __future__ import annotations
@@ -46,13 +63,41 @@ from bot.values import parse_money
 GIB = 1024**3
 GB = 1_000_000_000
 MODES = ("inference", "lora", "qlora", "full")
-DEFAULT_SEQ = 2048
+#: The words a mode is asked for with, English and Chinese (推理 inference, 微调 fine-tune: LoRA,
+#: 全量 a full fine-tune).
+MODE_WORDS = {
+    "inference": "inference",
+    "infer": "inference",
+    "serve": "inference",
+    "推理": "inference",
+    "部署": "inference",
+    "lora": "lora",
+    "微调": "lora",
+    "lora微调": "lora",
+    "qlora": "qlora",
+    "qlora微调": "qlora",
+    "full": "full",
+    "全量": "full",
+    "全量微调": "full",
+    "全参": "full",
+    "全参数微调": "full",
+}
+#: The context length, in tokens, when none is given: Ollama's default context window, and a
+#: common fine-tuning cut-off.
+DEFAULT_CONTEXT = 4096
+DEFAULT_SEQ = DEFAULT_CONTEXT
 DEFAULT_BATCH = 1
+#: The guides' advice: "通常还要加 20% 到 50% 的余量"; the low end unless told.
+DEFAULT_HEADROOM_PCT = 20
+MAX_HEADROOM_PCT = 200
+#: The most models one `/gpu fit` adds up.
+MAX_MODELS = 8
 #: Kept free on every GPU for the CUDA context (see the module docstring).
 CUDA_CONTEXT_BYTES = GIB // 2
 #: Kept free on every GPU for fragmentation and workspaces, as a share of its capacity.
 FRAGMENTATION_FRACTION = Decimal("0.05")
-INFERENCE_BUFFER_FRACTION = Decimal("0.2")
+#: The KV cache's bytes per value (a 16-bit cache).
+KV_BYTES = 2
 LORA_TRAINABLE_FRACTION = Decimal("0.005")
 LORA_BYTES_PER_TRAINABLE = 16
 FULL_BYTES_PER_PARAM = {"weights": 2, "gradients": 2, "optimizer": 12}
@@ -61,7 +106,62 @@ HOURS_PER_MONTH = 730
 #: The hours of a 31-day month: the most a card can be used in one.
 HOURS_IN_LONGEST_MONTH = 744
 MAX_GPUS_SHOWN = 64
+#: The cards the guides name (3090, 4090, 5090, A100, A800, H20): an answer names each that
+#: holds the model, however many cheaper ones there are.
+GUIDE_GPUS = (
+    "rtx-3090",
+    "rtx-4090",
+    "rtx-5090",
+    "a100-sxm4-80gb",
+    "a800-sxm4-80gb",
+    "h20",
+)
+#: A model size's shape: the model whose published config stands for it. Layers, hidden size and
+#: KV width (hidden / heads x KV heads), from each model's config.json on Hugging Face (as
+#: bot/data/prices.json names them; LLaMA-65B from Touvron et al. 2023, table 2):
+#:
+#: ====  ==============  ======  ======  ========
+#: size  model           layers  hidden  KV width
+#: ====  ==============  ======  ======  ========
+#: 0.5B  qwen2.5-0.5b        24     896       128
+#: 1B    llama-3.2-1b        16    2048       512
+#: 1.5B  qwen2.5-1.5b        28    1536       256
+#: 3B    llama-3.2-3b        28    3072      1024
+#: 7B    llama-2-7b          32    4096      4096
+#: 8B    llama-3.1-8b        32    4096      1024
+#: 9B    gemma-2-9b          42    3584      2048
+#: 13B   llama-2-13b         40    5120      5120
+#: 14B   qwen2.5-14b         48    5120      1024
+#: 27B   gemma-2-27b         46    4608      2048
+#: 32B   qwen2.5-32b         64    5120      1024
+#: 65B   llama-65b           80    8192      8192
+#: 70B   llama-3.1-70b       80    8192      1024
+#: 72B   qwen2.5-72b         80    8192      1024
+#: 405B  llama-3.1-405b     126   16384      1024
+#: ====  ==============  ======  ======  ========
+#:
+#: A size given this way keeps its round parameter count (7B is 7 x 10^9). Any other size is
+#: estimated from the listed size nearest to it, and the answer says so.
+SIZE_SHAPES = {
+    "0.5b": "qwen2.5-0.5b",
+    "1b": "llama-3.2-1b",
+    "1.5b": "qwen2.5-1.5b",
+    "3b": "llama-3.2-3b",
+    "7b": "llama-2-7b",
+    "8b": "llama-3.1-8b",
+    "9b": "gemma-2-9b",
+    "13b": "llama-2-13b",
+    "14b": "qwen2.5-14b",
+    "27b": "gemma-2-27b",
+    "32b": "qwen2.5-32b",
+    "65b": "llama-65b",
+    "70b": "llama-3.1-70b",
+    "72b": "qwen2.5-72b",
+    "405b": "llama-3.1-405b",
+}
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([bm])$")
+#: A precision after a model (``7b:4bit``, ``13b:q4_K_M``, ``70b:fp16``): its bits.
+_BITS = re.compile(r"^(?:fp|bf|int|q)?(16|8|4)(?:[-_]?bits?|_[a-z0-9_]+)?$")
 _NAME_SUFFIXES = ("-instruct", "-chat", "-hf", "-base", "-it")
 #: Where a price table row names no platform or offer (a card's list price).
 LIST_PRICE = N_("list price")
@@ -71,7 +171,8 @@ ONE_CARD = "one card"
 @dataclass(frozen=True)
 class ModelShape:
     """A transformer's size and shape. ``known`` is False for a bare size like ``7b``, whose
-    shape is borrowed from the known model closest in size (``shape_from``)."""
+    shape is borrowed from another model (``shape_from``): the one :data:`SIZE_SHAPES` lists
+    for that size, or, where ``estimated``, the listed size nearest to it."""
 
     name: str
     params: int
@@ -82,6 +183,13 @@ class ModelShape:
     head_dim: int
     known: bool = True
     shape_from: str | None = None
+    estimated: bool = False
+
+    @property
+    def kv_width(self) -> int:
+        """The K (or V) values a layer stores per token: the hidden size, or less under
+        grouped-query attention."""
+        return self.kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -115,6 +223,24 @@ class MemoryBreakdown:
             ("gradients", self.gradients_bytes),
             ("activations", self.activations_bytes),
         )
+
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
+        return MemoryBreakdown(
+            self.weights_bytes + other.weights_bytes,
+            self.kv_cache_bytes + other.kv_cache_bytes,
+            self.optimizer_bytes + other.optimizer_bytes,
+            self.gradients_bytes + other.gradients_bytes,
+            self.activations_bytes + other.activations_bytes,
+        )
+
+
+@dataclass(frozen=True)
+class ModelNeed:
+    """One model of a `/gpu fit` question: its shape, precision and memory (bytes)."""
+
+    model: ModelShape
+    bits: int
+    memory: MemoryBreakdown
 
 
 @dataclass(frozen=True)
@@ -189,7 +315,9 @@ class GpuFit:
     """How many GPUs of one model hold the estimate, and what that costs per hour where the
     price table knows (``price_micros_per_hour`` for ``count`` GPUs). ``mem_bytes`` is the
     catalogue capacity (decimal GB as bytes), ``usable_bytes`` what is left of it for the
-    model, ``per_gpu_bytes`` what each of the ``count`` GPUs needs."""
+    model, ``per_gpu_bytes`` what each of the ``count`` GPUs needs. ``comfortable_count`` GPUs
+    hold the estimate with the headroom as well; 0 where that is more than
+    :data:`MAX_GPUS_SHOWN`."""
 
     key: str
     name: str
@@ -199,11 +327,22 @@ class GpuFit:
     per_gpu_bytes: int
     price_micros_per_hour: int | None
     price_source: str | None
+    comfortable_count: int = 0
+
+    @property
+    def tight(self) -> bool:
+        """True when ``count`` GPUs hold the estimate but not the headroom (the guides'
+        吃紧)."""
+        return self.comfortable_count != self.count
 
 
 @dataclass(frozen=True)
 class FitReport:
-    """The answer to `/gpu fit`: the estimate and the GPUs that hold it, fewest GPUs first."""
+    """The answer to `/gpu fit`: the estimate and the GPUs that hold it, fewest GPUs first.
+
+    ``model`` and ``bits`` are the (first) model's; ``models`` lists every model where several
+    share the GPUs (empty for one), and ``memory`` is then their sum. ``headroom_pct`` is the
+    margin on top of ``memory`` for a comfortable fit."""
 
     model: ModelShape
     mode: str
@@ -215,6 +354,18 @@ class FitReport:
     too_big: tuple[str, ...]
     #: The ISO 4217 currency of the prices (the price table's).
     currency: str = "USD"
+    headroom_pct: int = DEFAULT_HEADROOM_PCT
+    models: tuple[ModelNeed, ...] = ()
+
+    @property
+    def advised_bytes(self) -> int:
+        """The estimate with the headroom: what a comfortable fit holds (bytes)."""
+        return with_headroom(self.memory.total_bytes, self.headroom_pct)
+
+    @property
+    def each(self) -> tuple[ModelNeed, ...]:
+        """Every model asked for, with its own need; the one model where there is one."""
+        return self.models or (ModelNeed(self.model, self.bits, self.memory),)
 
 
 @dataclass(frozen=True)
@@ -293,12 +444,14 @@ def load_price_table() -> PriceTable:
 
 
 def parse_size(text: str, table: PriceTable | None = None) -> ModelShape:
-    """``7b``, ``70B``, ``1.5b``, ``500m`` or a known model name as a ModelShape.
+    """``7b``, ``70B``, ``1.5b``, ``500m``, a known model name (``llama-3.1-8b``, Ollama's
+    ``qwen2.5:7b``) as a ModelShape. A size :data:`SIZE_SHAPES` lists takes that model's shape;
+    another is estimated from the nearest listed size.
 
     Raises UsageError naming the accepted forms and some known models.
     """
     table = table or load_price_table()
-    known = table.model(text)
+    known = table.model(text) or table.model(text.replace(":", "-"))
     if known is not None:
         return known
     match = _SIZE.match(text.strip().lower())
@@ -317,18 +470,78 @@ def parse_size(text: str, table: PriceTable | None = None) -> ModelShape:
         raise UsageError(
             t("{text!r} is out of range", text=text), hint=t("Give a size between 10m and 5000b.")
         )
-    closest = min(table.models, key=lambda shape: abs(math.log(shape.params / params)))
-    return ModelShape(
-        name=f"{match.group(1)}B" if match.group(2) == "b" else f"{match.group(1)}M",
-        params=params,
-        layers=closest.layers,
-        hidden=closest.hidden,
-        heads=closest.heads,
-        kv_heads=closest.kv_heads,
-        head_dim=closest.head_dim,
-        known=False,
-        shape_from=closest.name,
+    label = f"{_plain(number)}{match.group(2)}"
+    listed = table.model(SIZE_SHAPES.get(label, ""))
+    shape = listed or min(
+        (shape for size in SIZE_SHAPES.values() if (shape := table.model(size)) is not None),
+        key=lambda shape: abs(math.log(shape.params / params)),
     )
+    return ModelShape(
+        name=label.upper(),
+        params=params,
+        layers=shape.layers,
+        hidden=shape.hidden,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        known=False,
+        shape_from=shape.name,
+        estimated=listed is None,
+    )
+
+
+def parse_mode(text: str | None) -> str:
+    """A mode from how it is asked for: ``inference`` (推理), ``lora`` (微调, LoRA), ``qlora``,
+    ``full`` (全量, 全量微调); inference when None. Raises UsageError for anything else."""
+    if text is None:
+        return "inference"
+    mode = MODE_WORDS.get(text.strip().lower())
+    if mode is None:
+        raise UsageError(
+            t("{mode!r} is not a mode", mode=text),
+            hint=t("Use one of: {choices}.", choices=", ".join((*MODES, "推理", "微调", "全量"))),
+        )
+    return mode
+
+
+def parse_bits(text: str) -> int:
+    """A precision as bits: ``16``, ``fp16``, ``bf16``, ``8bit``, ``int8``, ``4bit``, ``4-bit``,
+    ``int4``, ``q4``, ``q4_K_M``. Raises UsageError otherwise."""
+    match = _BITS.match(text.strip().lower())
+    if match is None:
+        raise UsageError(
+            t("{text!r} is not a precision", text=text),
+            hint=t("Write 16bit, 8bit or 4bit (fp16, int8, q4 also do)."),
+        )
+    return int(match.group(1))
+
+
+def parse_models(
+    text: str, table: PriceTable | None = None
+) -> tuple[tuple[ModelShape, int | None], ...]:
+    """``7b``, ``7b:4bit``, ``7b:4bit+13b:4bit``: the models to hold together, each with its
+    precision where given (None: the mode's or ``--bits``). Raises UsageError for a bad model
+    or precision, or more than :data:`MAX_MODELS` models."""
+    table = table or load_price_table()
+    items = [item.strip() for item in text.split("+")]
+    if len(items) > MAX_MODELS:
+        raise UsageError(
+            t("{count} models is too many for one question", count=len(items)),
+            hint=t("Ask about at most {most} models at a time.", most=MAX_MODELS),
+        )
+    found: list[tuple[ModelShape, int | None]] = []
+    for item in items:
+        if not item:
+            raise UsageError(
+                t("{text!r} has an empty model", text=text),
+                hint=t("Join models with +, like 7b:4bit+13b:4bit."),
+            )
+        name, _, suffix = item.rpartition(":")
+        if name and _BITS.match(suffix.strip().lower()):
+            found.append((parse_size(name, table), parse_bits(suffix)))
+        else:
+            found.append((parse_size(item, table), None))
+    return tuple(found)
 
 
 def resolve_bits(mode: str, bits: int | None) -> int:
@@ -354,20 +567,23 @@ def resolve_bits(mode: str, bits: int | None) -> int:
                 hint=t("Drop --bits, or use qlora (4-bit) or lora (8-bit base)."),
             )
         return 16
-    if mode == "lora" and bits == 4:
-        return 4
     return bits or 16
+
+
+def kv_cache_bytes(shape: ModelShape, *, seq: int, batch: int) -> int:
+    """2 (K and V) x layers x KV width x ``seq`` tokens x ``batch`` x 2 bytes (a 16-bit cache)."""
+    return 2 * shape.layers * shape.kv_width * seq * batch * KV_BYTES
 
 
 def estimate_memory(
     shape: ModelShape, mode: str, *, seq: int, batch: int, bits: int
 ) -> MemoryBreakdown:
-    """Memory for ``mode`` at ``seq`` tokens x ``batch`` with ``bits``-bit weights (bytes)."""
+    """Memory for ``mode`` at ``seq`` tokens x ``batch`` with ``bits``-bit weights (bytes):
+    inference holds weights and the KV cache; training holds activations, LoRA adapters with
+    their gradients and optimizer state, a full fine-tune all of them for every parameter."""
     weights = _weight_bytes(shape.params, bits)
     if mode == "inference":
-        kv = 2 * shape.layers * shape.kv_heads * shape.head_dim * seq * batch * 2
-        buffers = int(weights * INFERENCE_BUFFER_FRACTION)
-        return MemoryBreakdown(weights, kv, 0, 0, buffers)
+        return MemoryBreakdown(weights, kv_cache_bytes(shape, seq=seq, batch=batch), 0, 0, 0)
     activations = _training_activations(shape, seq=seq, batch=batch)
     if mode == "full":
         return MemoryBreakdown(
@@ -387,6 +603,11 @@ def estimate_memory(
     )
 
 
+def with_headroom(size: int, headroom_pct: int) -> int:
+    """``size`` bytes plus ``headroom_pct`` percent of it (rounded up)."""
+    return -(-size * (100 + headroom_pct) // 100)
+
+
 def capacity_bytes(spec: specs.GpuSpec) -> int:
     """A catalogue GPU's memory in bytes: its published gigabytes are decimal (10^9 bytes)."""
     return spec.mem_gb * GB
@@ -399,32 +620,40 @@ def usable_bytes(capacity: int) -> int:
     return max(0, capacity - reserve)
 
 
-def gpus_needed(memory: MemoryBreakdown, usable: int) -> int:
-    """How many GPUs with ``usable`` bytes each hold the estimate split evenly; 0 for none."""
+def gpus_needed(memory: MemoryBreakdown | int, usable: int) -> int:
+    """How many GPUs with ``usable`` bytes each hold ``memory`` (a breakdown or bytes) split
+    evenly; 0 for none."""
+    total = memory if isinstance(memory, int) else memory.total_bytes
     if usable <= 0:
         return 0
-    return max(1, -(-memory.total_bytes // usable))
+    return max(1, -(-total // usable))
 
 
 def fit(
     size: str,
-    mode: str,
+    mode: str | None = None,
     *,
     seq: int | None = None,
     batch: int | None = None,
     bits: int | None = None,
+    headroom_pct: int | None = None,
     table: PriceTable | None = None,
     catalogue: tuple[specs.GpuSpec, ...] | None = None,
 ) -> FitReport:
-    """`/gpu fit`: the memory estimate and, per GPU model, how many hold it and their price.
+    """`/gpu fit`: the memory estimate and, per GPU model, how many hold it, whether with the
+    headroom (comfortable) or only without it (tight), and their price. ``size`` is one model
+    or several joined with ``+`` to be held together (:func:`parse_models`); ``bits`` applies
+    to those that give none; ``mode`` is one of :data:`MODE_WORDS` (inference when None);
+    ``seq`` the context in tokens (default :data:`DEFAULT_CONTEXT`); ``headroom_pct`` the
+    margin (default :data:`DEFAULT_HEADROOM_PCT`).
 
-    Raises UsageError for a bad size, mode, precision, sequence length or batch.
+    Raises UsageError for a bad size, mode, precision, context, batch or headroom.
     """
     table = table or load_price_table()
-    shape = parse_size(size, table)
-    bits = resolve_bits(mode.lower(), bits)
-    seq = DEFAULT_SEQ if seq is None else seq
+    mode = parse_mode(mode)
+    seq = DEFAULT_CONTEXT if seq is None else seq
     batch = DEFAULT_BATCH if batch is None else batch
+    headroom = DEFAULT_HEADROOM_PCT if headroom_pct is None else headroom_pct
     if not 1 <= seq <= 10_000_000:
         raise UsageError(
             t("{option} {value} is out of range", option="--seq", value=seq),
@@ -435,7 +664,26 @@ def fit(
             t("{option} {value} is out of range", option="--batch", value=batch),
             hint=t("Give a batch size like 1."),
         )
-    memory = estimate_memory(shape, mode.lower(), seq=seq, batch=batch, bits=bits)
+    if not 0 <= headroom <= MAX_HEADROOM_PCT:
+        raise UsageError(
+            t("{option} {value} is out of range", option="--headroom", value=headroom),
+            hint=t(
+                "Give a percentage from 0 to {most}; the usual advice is 20 to 50.",
+                most=MAX_HEADROOM_PCT,
+            ),
+        )
+    needs = tuple(
+        ModelNeed(
+            shape,
+            chosen := resolve_bits(mode, own if own is not None else bits),
+            estimate_memory(shape, mode, seq=seq, batch=batch, bits=chosen),
+        )
+        for shape, own in parse_models(size, table)
+    )
+    memory = needs[0].memory
+    for need in needs[1:]:
+        memory = memory + need.memory
+    advised = with_headroom(memory.total_bytes, headroom)
     fits: list[GpuFit] = []
     too_big: list[str] = []
     for spec in catalogue or specs.load_catalogue():
@@ -445,6 +693,7 @@ def fit(
         if count == 0 or count > MAX_GPUS_SHOWN:
             too_big.append(spec.key)
             continue
+        comfortable = gpus_needed(advised, usable)
         price = table.cheapest_hourly(spec.key)
         fits.append(
             GpuFit(
@@ -456,20 +705,38 @@ def fit(
                 per_gpu_bytes=-(-memory.total_bytes // count),
                 price_micros_per_hour=price.per_gpu_micros * count if price else None,
                 price_source=price.label if price else None,
+                comfortable_count=comfortable if comfortable <= MAX_GPUS_SHOWN else 0,
             )
         )
     fits.sort(key=lambda f: (f.count, _price_key(f.price_micros_per_hour), f.mem_bytes, f.key))
     return FitReport(
-        shape,
-        mode.lower(),
+        needs[0].model,
+        mode,
         seq,
         batch,
-        bits,
+        needs[0].bits,
         memory,
         tuple(fits),
         tuple(too_big),
         currency=table.currency,
+        headroom_pct=headroom,
+        models=needs if len(needs) > 1 else (),
     )
+
+
+def parse_headroom(text: str) -> int:
+    """``30``, ``30%`` as a whole percentage from 0 to :data:`MAX_HEADROOM_PCT`. Raises
+    UsageError otherwise."""
+    raw = text.strip().removesuffix("%").removesuffix("\uff05")
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_HEADROOM_PCT:
+        raise UsageError(
+            t("--headroom {value!r} is not a percentage", value=text[:20]),
+            hint=t(
+                "Give a percentage from 0 to {most}; the usual advice is 20 to 50.",
+                most=MAX_HEADROOM_PCT,
+            ),
+        )
+    return int(raw)
 
 
 def estimate(

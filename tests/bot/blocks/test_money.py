@@ -212,7 +212,7 @@ def test_month_names() -> None:
 def test_fit_lines_say_when_the_gpus_span_machines() -> None:
     shown = validate(money.fit_message(advice.fit("70b", "full")))
     # A card's capacity in decimal GB, and what of it is usable in GiB.
-    assert "(80 GB: 70.3 GiB usable each, needs 69.8 GiB each; 2 machines of up to 8)" in shown
+    assert "(80 GB: 70.3 GiB usable each, needs 70.3 GiB each; 2 machines of up to 8)" in shown
     assert "(141 GB: 124.3 GiB usable each, needs" in shown
 
 

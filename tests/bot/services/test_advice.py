@@ -56,13 +56,15 @@ def test_70b_full_fine_tune_needs_well_over_a_terabyte() -> None:
 
 
 def test_qlora_65b_fits_one_48_gb_gpu() -> None:
-    """Dettmers et al. 2023: QLoRA fine-tunes a 65B model on a single 48 GB GPU."""
-    report = advice.fit("llama-65b", "qlora")
+    """Dettmers et al. 2023: QLoRA fine-tunes a 65B model on a single 48 GB GPU (here at a
+    2048-token sequence; the default 4096 needs more activation memory)."""
+    report = advice.fit("llama-65b", "qlora", seq=2048)
     assert report.bits == 4
     assert report.memory.total_bytes < 48 * GIB
     assert by_key(report)["l40s"].count == 1
     # The same model in 16-bit LoRA does not.
-    assert by_key(advice.fit("llama-65b", "lora"))["l40s"].count >= 3
+    assert by_key(advice.fit("llama-65b", "lora", seq=2048))["l40s"].count >= 3
+    assert advice.fit("llama-65b", "qlora").memory.total_bytes > 48 * GB
 
 
 def test_fits_are_priced_from_the_table() -> None:
@@ -115,7 +117,9 @@ def test_bad_fit_input_is_refused(
     size: str, mode: str, kwargs: dict[str, int], message: str
 ) -> None:
     with pytest.raises(UsageError, match=message):
-        advice.fit(size, mode, **kwargs)
+        advice.fit(
+            size, mode, seq=kwargs.get("seq"), batch=kwargs.get("batch"), bits=kwargs.get("bits")
+        )
 
 
 def test_estimate_hourly_monthly_buy_with_break_even() -> None:
