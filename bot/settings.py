@@ -64,6 +64,9 @@ class Settings:
     idle_threshold_pct: float = 5.0
     idle_window_s: int = 1800
     default_release_in_s: int = 8 * 3600
+    #: How long a stopped instance's disk is kept before it is released (terminated), counted
+    #: from the stop; 0: kept until its owner releases it (reminded on a widening schedule).
+    stopped_keep_s: int = 0
     #: Raw utilisation samples (one row per poll) older than this many days are deleted.
     sample_retention_days: int = 35
     executor_workers: int = 32
@@ -337,6 +340,9 @@ NUMBERS = (
         30 * _DAY_S,
         "seconds",
         whole=True,
+    ),
+    NumberSetting(
+        "stopped_keep_s", "GPUBOT_STOPPED_KEEP_S", 0, 365 * _DAY_S, "seconds", whole=True
     ),
     NumberSetting("executor_workers", "GPUBOT_EXECUTOR_WORKERS", 1, 1024, "threads", whole=True),
     NumberSetting(

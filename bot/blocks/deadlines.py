@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.instances import RELEASE_DONE, STOP_DONE, unregistered_notice
+from bot.blocks.instances import RELEASE_DONE, STOP_DONE, stopped_buttons, unregistered_notice
 from bot.blocks.kit import (
     Block,
     Message,
@@ -49,6 +49,7 @@ from bot.services.deadlines import (
     NewJobs,
     PolicyView,
     ReleasedUnwarned,
+    StoppedReminder,
     Superseded,
 )
 from bot.services.reconcile import ReleasedOutside, UnregisteredFound
@@ -523,7 +524,16 @@ def released_outside(notice: ReleasedOutside) -> Message:
                 provider=inst.provider,
             )
         )
-    if notice.state == "started":
+    if notice.state == "started" and notice.by:
+        text = t(
+            ":arrow_forward: *{name}* was started again on {provider} by {user}; its meter runs "
+            "again ({cost}).",
+            name=inst.name,
+            provider=inst.provider,
+            user=mention(notice.by),
+            cost=per_hour(inst),
+        )
+    elif notice.state == "started":
         text = t(
             ":information_source: *{name}* was started again on {provider} outside the bot; its "
             "meter runs again ({cost}).",
@@ -531,8 +541,18 @@ def released_outside(notice: ReleasedOutside) -> Message:
             provider=inst.provider,
             cost=per_hour(inst),
         )
+    if notice.state == "started":
         if notice.address:
             text = _sentences(text, t("It came back at `{address}`.", address=notice.address))
+        if notice.deadline_at is not None:
+            text = _sentences(
+                text,
+                t(
+                    "Its new deadline is {at}; `/gpu extend {name}` moves it.",
+                    at=when(notice.deadline_at, ZoneInfo(notice.tz_name)),
+                    name=inst.name,
+                ),
+            )
         return _plain(text)
     if notice.state == "stopped":
         return _plain(
@@ -555,6 +575,40 @@ def released_outside(notice: ReleasedOutside) -> Message:
             provider=inst.provider,
         )
     )
+
+
+def stopped_reminder(notice: StoppedReminder) -> Message:
+    """To the owner of a stopped instance, on a widening schedule: what its disk bills, since
+    when, until when, and Start / Release."""
+    inst = notice.instance
+    tz = ZoneInfo(notice.tz_name)
+    since = format_duration(notice.now - notice.stopped_at)
+    if inst.storage_micros_per_hour > 0:
+        head = t(
+            ":zzz: *{name}* has been stopped for {since}; its disk bills "
+            "{rate}/h ({total} so far).",
+            name=escape(inst.name),
+            since=since,
+            rate=format_money(inst.storage_micros_per_hour, inst.currency),
+            total=format_money(notice.storage_micros, inst.currency),
+        )
+    else:
+        head = t(
+            ":zzz: *{name}* has been stopped for {since}; its disk may still bill on the "
+            "platform (no storage price recorded).",
+            name=escape(inst.name),
+            since=since,
+        )
+    if notice.release_at is not None:
+        until = t("It is released at {at}.", at=when(notice.release_at, tz))
+    else:
+        until = t("It is kept until someone releases it.")
+    lines = [_sentences(head, until)]
+    if notice.last:
+        lines.append(t("This is the last reminder."))
+    text = "\n".join(lines)
+    buttons = stopped_buttons(inst, notice.instance_id, can_start=notice.can_start)
+    return fallback(text), (section(text), buttons)
 
 
 def _platform_release(notice: ReleasedOutside) -> str:
@@ -1099,6 +1153,7 @@ def _rented(provider: str, provider_id: str, name: str | None) -> str:
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
 RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
     DeadlineWarning: deadline_warning,
+    StoppedReminder: stopped_reminder,
     IdlePrompt: idle_prompt,
     JobsDonePrompt: jobs_done_prompt,
     Decided: decided,

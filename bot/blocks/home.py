@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.instances import RELEASE_CONFIRM
+from bot.blocks.instances import RELEASE_CONFIRM, cost_rate, deadline_left, stopped_buttons
 from bot.blocks.kit import (
     Block,
     actions,
@@ -29,12 +29,11 @@ from bot.blocks.kit import (
     mention,
     pack,
     section,
-    time_left,
     when,
 )
 from bot.i18n import nt, t
 from bot.services.home import HomeInstance, HomeJob, HomeView
-from bot.services.views import STORAGE_HINT
+from bot.services.views import STORAGE_HINT, InstanceBrief
 from bot.values import format_duration, format_money
 
 #: Button action ids: Extend 1h on one of the person's instances (its handler is in
@@ -78,7 +77,7 @@ def _mine(view: HomeView) -> list[Block]:
     blocks: list[Block] = []
     for item in view.mine[:MINE_SHOWN]:
         blocks.append(section(_mine_text(item, view.now), block_id=f"home-inst-{item.id}"))
-        blocks.append(actions(_buttons(item, view), block_id=f"home-actions-{item.id}"))
+        blocks.append(_home_buttons(item, view))
     left = len(view.mine) - MINE_SHOWN
     if left > 0:
         blocks.append(
@@ -95,9 +94,37 @@ def _mine(view: HomeView) -> list[Block]:
 
 
 def _mine_text(item: HomeInstance, now: datetime) -> str:
-    facts = [_gpus(item), _util(item), time_left(item.deadline_at, now)]
+    facts = [_gpus(item), _util(item), _left(item, now), _rate(item)]
     cost = t("{cost} so far", cost=format_money(item.cost_micros, item.currency))
     return f"*{escape(item.name)}*  ·  " + "  ·  ".join([*facts, cost])
+
+
+def _rate(item: HomeInstance) -> str:
+    return cost_rate(
+        item.burn_micros_per_hour,
+        item.currency,
+        stopped=item.state == "stopped",
+        storage_unknown=item.storage_unknown,
+    )
+
+
+def _left(item: HomeInstance, now: datetime) -> str:
+    return deadline_left(item.deadline_at, now, stopped=item.state == "stopped")
+
+
+def _home_buttons(item: HomeInstance, view: HomeView) -> Block:
+    """A stopped instance offers Start (where the bot can) and Release; a running one Extend
+    1h (where the person may) and Release."""
+    if item.state == "stopped":
+        brief = InstanceBrief(
+            name=item.name,
+            owner_id=item.owner_id,
+            provider="",
+            price_micros_per_hour=item.price_micros_per_hour,
+            currency=item.currency,
+        )
+        return stopped_buttons(brief, item.id, can_start=item.can_start)
+    return actions(_buttons(item, view), block_id=f"home-actions-{item.id}")
 
 
 def _buttons(item: HomeInstance, view: HomeView) -> list[Block]:
@@ -236,16 +263,7 @@ def _fleet(view: HomeView) -> list[Block]:
 
 
 def _fleet_line(item: HomeInstance, now: datetime) -> str:
-    price = t("{price}/h", price=format_money(item.burn_micros_per_hour, item.currency))
-    if item.storage_unknown:
-        price = t("storage price unknown")
-    facts = [
-        mention(item.owner_id),
-        _gpus(item),
-        _util(item),
-        time_left(item.deadline_at, now),
-        price,
-    ]
+    facts = [mention(item.owner_id), _gpus(item), _util(item), _left(item, now), _rate(item)]
     return f"*{escape(item.name)}*  ·  " + "  ·  ".join(facts)
 
 
@@ -256,6 +274,12 @@ def _with_rest(blocks: Sequence[Block], left: int) -> list[Block]:
 
 
 def _gpus(item: HomeInstance) -> str:
+    """The GPUs delivered, as the agent found them, marked where they are not what was
+    rented; else what was rented."""
+    if item.delivered_gpu_name:
+        delivered = f"{item.delivered_gpu_count or 1}x {escape(item.delivered_gpu_name)}"
+        rented = f"{item.gpu_count or 1}x {escape(item.gpu_model or '?')}"
+        return t(":warning: {delivered} (rented {rented})", delivered=delivered, rented=rented)
     if not item.gpu_model:
         return t("GPUs not stated")
     return f"{item.gpu_count or 1}x {escape(item.gpu_model)}"

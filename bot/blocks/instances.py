@@ -46,12 +46,14 @@ from bot.services import access, nvml_words
 from bot.services.lookup import HostKeyAlert
 from bot.services.outbox import PostFailed
 from bot.services.registration import GpuMismatch
+from bot.services.starts import StartResult
 from bot.services.views import (
     STORAGE_HINT,
     CheckView,
     FleetOverview,
     GpuView,
     HealthView,
+    InstanceBrief,
     InstanceDetail,
     InstanceRow,
     InstanceSettings,
@@ -68,6 +70,8 @@ from bot.values import format_duration, format_money
 
 RELEASE_ASK = "instance_release_ask"
 RELEASE_CONFIRM = "instance_release_confirm"
+#: Start a stopped instance on its platform (value: the instance id).
+START_INSTANCE = "instance_start"
 STOP_CONFIRM = "instance_stop_confirm"
 RELEASE_CANCEL = "instance_release_cancel"
 RELEASE_DONE = "instance_release_done"
@@ -240,7 +244,9 @@ def instance_detail(detail: InstanceDetail) -> Message:
             for p in detail.processes
         ]
         blocks.extend(_listing(t("*Processes on the GPUs*"), lines, MORE_PROCESSES))
-    if inst.state == "active" or inst.is_stopped:
+    if inst.is_stopped:
+        blocks.append(stopped_buttons(inst, inst.id, can_start=detail.can_start))
+    elif inst.state == "active":
         blocks.append(
             actions(
                 [button(t("Release…"), RELEASE_ASK, str(inst.id), style="danger")],
@@ -252,7 +258,7 @@ def instance_detail(detail: InstanceDetail) -> Message:
         name=inst.name,
         state=_state(inst.state),
         live=escape(_plain_live(row)),
-        left=time_left(inst.deadline_at, detail.now),
+        left=deadline_left(inst.deadline_at, detail.now, stopped=inst.is_stopped),
     )
     return fallback(text), fit(blocks, _more_not_shown())
 
@@ -605,12 +611,12 @@ def _listed(items: Sequence[str]) -> str:
 def _row_text(row: InstanceRow, now: datetime) -> str:
     inst = row.instance
     first = f"*{inst.name}* · {mention(inst.owner_id)} · {_rented_text(inst, row)} · {_price(inst)}"
-    if inst.state != "active":
+    if inst.state not in ("active", "stopped"):
         first += f" · _{_state(inst.state)}_"
     second = f":zzz: {_stopped(inst, now)}" if inst.is_stopped else None
     lines = [first, second or _live_line(row, now)]
     spent = format_money(row.cost_micros, inst.currency)
-    left = t("no deadline while stopped") if inst.is_stopped else time_left(inst.deadline_at, now)
+    left = deadline_left(inst.deadline_at, now, stopped=inst.is_stopped)
     third = t(
         ":hourglass_flowing_sand: {left} · {spent} so far (since registered)",
         left=left,
@@ -800,9 +806,36 @@ def _rented(inst: InstanceView) -> str:
 
 
 def _price(inst: InstanceView) -> str:
-    if inst.price_micros_per_hour == 0:
+    return cost_rate(
+        inst.burn_micros_per_hour,
+        inst.currency,
+        stopped=inst.is_stopped,
+        storage_unknown=inst.storage_unknown,
+    )
+
+
+def cost_rate(rate_micros: int, currency: str, *, stopped: bool, storage_unknown: bool) -> str:
+    """What an instance costs per hour now, in the same words on every surface: its price, or
+    for a stopped one its disk's (``stopped: disk $0.10/h``)."""
+    if stopped:
+        if storage_unknown:
+            return t("stopped: disk price unknown")
+        return t("stopped: disk {price}/h", price=format_money(rate_micros, currency))
+    if rate_micros <= 0:
         return t("no price")
-    return f"{format_money(inst.price_micros_per_hour, inst.currency)}/h"
+    return f"{format_money(rate_micros, currency)}/h"
+
+
+def deadline_left(deadline_at: datetime | None, now: datetime, *, stopped: bool) -> str:
+    """What is left before the deadline, in the same words on every surface; for a stopped
+    instance, when its kept disk is released (it has no compute deadline)."""
+    if not stopped:
+        return time_left(deadline_at, now)
+    if deadline_at is None:
+        return t("kept until released")
+    if deadline_at > now:
+        return t("disk released in {duration}", duration=format_duration(deadline_at - now))
+    return t("disk release due")
 
 
 def _stopped(inst: InstanceView, now: datetime) -> str:
@@ -940,11 +973,10 @@ def _awaiting_owner_text(inst: InstanceView, *, stop: bool) -> str:
 
 
 def _deadline(inst: InstanceView, now: datetime, tz: ZoneInfo) -> str:
+    left = deadline_left(inst.deadline_at, now, stopped=inst.is_stopped)
     if inst.deadline_at is None:
-        return t("none")
-    return t(
-        "{time} ({left})", time=when(inst.deadline_at, tz), left=time_left(inst.deadline_at, now)
-    )
+        return left if inst.is_stopped else t("none")
+    return t("{time} ({left})", time=when(inst.deadline_at, tz), left=left)
 
 
 def _host_key(inst: InstanceView) -> str:
@@ -1010,3 +1042,62 @@ RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
     HostKeyAlert: _host_key_alert,
     PostFailed: post_failed,
 }
+
+
+def stopped_buttons(
+    inst: InstanceView | InstanceBrief, instance_id: int, *, can_start: bool
+) -> Block:
+    """What a stopped instance offers: Start (where the bot can start it on its platform) and
+    Release (terminate, disk and all), each asking first; never Extend (it has no compute
+    deadline)."""
+    name = escape(inst.name)
+    release = button(
+        t("Release"),
+        RELEASE_CONFIRM,
+        str(instance_id),
+        style="danger",
+        confirm=confirm_dialog(
+            t("Release {name}?", name=inst.name),
+            t("*{name}* is terminated on its platform, its disk and data with it.", name=name),
+            confirm=t("Yes, release it"),
+        ),
+    )
+    if not can_start:
+        return actions([release], block_id=f"stopped-{instance_id}")
+    start = button(
+        t("Start"),
+        START_INSTANCE,
+        str(instance_id),
+        style="primary",
+        confirm=confirm_dialog(
+            t("Start {name}?", name=inst.name),
+            t(
+                "*{name}* runs again on its platform: its compute bills again ({price}/h) and it "
+                "gets a new deadline.",
+                name=name,
+                price=format_money(inst.price_micros_per_hour, inst.currency),
+            ),
+            confirm=t("Yes, start it"),
+        ),
+    )
+    return actions([start, release], block_id=f"stopped-{instance_id}")
+
+
+def start_result(result: StartResult) -> Message:
+    """After the Start button: running again (its new deadline said), or still starting."""
+    inst = result.instance
+    if result.started:
+        text = t(
+            ":arrow_forward: *{name}* runs again; its meter runs from now ({price}/h).",
+            name=escape(inst.name),
+            price=format_money(inst.price_micros_per_hour, inst.currency),
+        )
+    else:
+        text = t(
+            ":hourglass_flowing_sand: {provider} is starting *{name}* ({state}); the bot records "
+            "the start, and its new deadline, once it runs.",
+            provider=escape(inst.provider),
+            name=escape(inst.name),
+            state=escape(result.platform_state),
+        )
+    return fallback(text), (section(text),)

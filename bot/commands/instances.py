@@ -17,7 +17,7 @@ from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, butt
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import fleet_views, lifecycle, lookup, reconcile, registration
+from bot.services import fleet_views, lifecycle, lookup, reconcile, registration, starts
 from bot.services.access import Caller
 from bot.services.lookup import echo
 from bot.values import (
@@ -241,6 +241,11 @@ def _stop_confirm_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     return Reply(text=text, blocks=body, replace_original=True)
 
 
+def _start_button(rt: Runtime, caller: Caller, value: str) -> Reply:
+    text, body = blocks.start_result(starts.start(rt, caller, button_number(value)))
+    return Reply(text=text, blocks=body)
+
+
 def _release_cancel_button(rt: Runtime, caller: Caller, value: str) -> Reply:
     text, body = blocks.release_cancelled(lookup.instance_by_id(rt, button_number(value)))
     return Reply(text=text, blocks=body, replace_original=True)
@@ -380,5 +385,6 @@ def register(registry: Registry) -> None:
         ActionSpec(blocks.RELEASE_DONE, _release_done_button),
         ActionSpec(blocks.STOP_CONFIRM, _stop_confirm_button),
         ActionSpec(blocks.STOP_DONE, _stop_done_button),
+        ActionSpec(blocks.START_INSTANCE, _start_button),
     ):
         registry.action(action)

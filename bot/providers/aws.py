@@ -108,6 +108,7 @@ class AwsProvider:
     name = "aws"
     capabilities = ProviderCapabilities(
         can_stop=True,
+        can_start=True,
         storage_bills_when_stopped=True,
         billing_increment="second",
         min_charge_s=60,
@@ -218,6 +219,13 @@ class AwsProvider:
             for item in reservation.get("Instances", []):
                 return _instance(dict(item))
         raise ProviderNotFound(t("aws: no instance {provider_id}", provider_id=provider_id))
+
+    def start(self, provider_id: str) -> ProviderInstance:
+        """Start a stopped instance (``StartInstances``); returns it as EC2 describes it then
+        (pending, usually, with a new public address once running)."""
+        with _translated("start_instances"):
+            self.client.start_instances(InstanceIds=[provider_id])
+        return self.get(provider_id)
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
         """Terminate, or stop (EBS storage keeps billing). Already terminated (or stopped, for

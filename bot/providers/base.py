@@ -56,6 +56,9 @@ class ProviderCapabilities:
     #: disk only while running, the volume at another rate once stopped), so the disk and the
     #: price it reports at each stop and start replace the instance's.
     storage_follows_state: bool = False
+    #: True where the bot can start a stopped instance again (the provider is then also a
+    #: :class:`Startable`).
+    can_start: bool = False
     #: True where the platform publishes what it billed per instance in a form the bot reads
     #: (the provider is then also a :class:`BillSource`).
     publishes_bills: bool = False
@@ -193,6 +196,16 @@ class PlatformCharge:
     storage_micros: int | None
     total_micros: int
     currency: str = "USD"
+
+
+class Startable(Protocol):
+    """A platform that starts a stopped instance again (``capabilities.can_start``)."""
+
+    def start(self, provider_id: str) -> ProviderInstance:
+        """Ask the platform to start the stopped instance; returns it as the platform reports
+        it afterwards (starting or running). Raises ProviderNotFound, ProviderError
+        subclasses (an unknown outcome where the platform's answer was not its own)."""
+        ...
 
 
 class BillSource(Protocol):

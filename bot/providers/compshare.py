@@ -208,6 +208,7 @@ class CompshareProvider:
         min_charge_s=0,
         can_launch=False,
         reports_instance_price=True,
+        can_start=True,
     )
 
     def __init__(self, api: CompshareApi, *, billing_increment: str = "hour") -> None:
@@ -304,12 +305,12 @@ class CompshareProvider:
         """Not offered: rent on Compshare, then adopt the instance."""
         raise no_launch(self.name)
 
-    def start(self, provider_id: str) -> str:
-        """Start a Stopped instance (``StartCompShareInstance``, the SDK's client); returns the
-        state seen afterwards."""
+    def start(self, provider_id: str) -> ProviderInstance:
+        """Start a Stopped instance (``StartCompShareInstance``, the SDK's client); returns it
+        as Describe lists it afterwards."""
         item = self._describe(provider_id)
         self._act("StartCompShareInstance", item)
-        return self.get(provider_id).state
+        return self.get(provider_id)
 
     def _describe(self, provider_id: str) -> dict[str, Any]:
         """The instance as a successful Describe of its id lists it; ProviderNotFound only when

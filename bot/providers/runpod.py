@@ -95,6 +95,7 @@ class RunpodProvider:
     name = "runpod"
     capabilities = ProviderCapabilities(
         can_stop=True,
+        can_start=True,
         storage_bills_when_stopped=True,
         billing_increment="second",
         min_charge_s=0,

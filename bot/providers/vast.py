@@ -108,6 +108,7 @@ class VastProvider:
     name = "vast"
     capabilities = ProviderCapabilities(
         can_stop=True,
+        can_start=True,
         storage_bills_when_stopped=True,
         billing_increment="second",
         min_charge_s=0,
@@ -175,6 +176,15 @@ class VastProvider:
             )
         done = after.is_gone or (mode == "stop" and after.state == "stopped")
         return ReleaseOutcome(provider_id, mode, confirmed=done, state=after.state)
+
+    def start(self, provider_id: str) -> ProviderInstance:
+        """Start a stopped instance (PUT state running, as the official client's
+        ``start_instance``); returns it as Vast shows it after the confirming pause."""
+        path = f"/api/v0/instances/{quote(provider_id, safe='')}/"
+        answer = self._call(lambda: self.api.put(path, {"state": "running"}))
+        _check_success(answer, f"start {provider_id}")
+        self.sleep(CONFIRM_PAUSE_S)
+        return self.get(provider_id)
 
     def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
         """What Vast charged each instance from ``start`` to ``end`` (naive UTC), its charge

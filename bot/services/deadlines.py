@@ -29,9 +29,10 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, or_, update
 from sqlmodel import Session, col, func, select
 
+from bot import billing
 from bot.errors import (
     Conflict,
     GpubotError,
@@ -45,7 +46,7 @@ from bot.runtime import Runtime
 from bot.services import access, audit, prompts, releases
 from bot.services import reconcile as platform_reconcile
 from bot.services.access import Caller
-from bot.services.lookup import get_live_instance
+from bot.services.lookup import can_start, get_live_instance
 from bot.services.releases import Decided
 from bot.services.views import InstanceBrief, InstanceView
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release, UtilSample
@@ -57,6 +58,7 @@ KIND_IDLE = "idle"
 KIND_JOBS_DONE = "jobs_done"
 KIND_OUTSIDE = "released_outside"
 KIND_UNWARNED = "release_unwarned"
+KIND_STOPPED = "stopped_reminder"
 
 #: After the queue of a release-when-done instance drains: release after this grace.
 JOBS_DONE_GRACE_S = 600
@@ -122,6 +124,25 @@ class JobsDonePrompt(Notice):
 
 
 @dataclass(frozen=True)
+class StoppedReminder(Notice):
+    """To the owner: the instance has stood stopped since ``stopped_at``, its disk billing
+    (``instance.storage_micros_per_hour``; ``storage_micros`` so far, in micro-units); it is
+    released at ``release_at`` (None: only when someone releases it). ``last`` when no
+    reminder follows; ``can_start`` when a button can start it on its platform. Its buttons
+    answer the instance (not the prompt). Times naive UTC, shown in ``tz_name``."""
+
+    instance: InstanceBrief
+    instance_id: int
+    stopped_at: datetime
+    storage_micros: int
+    release_at: datetime | None
+    now: datetime
+    tz_name: str
+    last: bool = False
+    can_start: bool = False
+
+
+@dataclass(frozen=True)
 class Superseded(Notice):
     """A warning whose deadline moved (to ``new_deadline_at``, None when there is none now):
     its buttons are gone. ``by`` is who last extended it (None: not known)."""
@@ -169,11 +190,9 @@ class Deadline:
 
 def effective_deadline(inst: Instance) -> Deadline | None:
     """The earlier of the deadline and the lifetime cap, or None when neither is set. A stopped
-    instance under policy ``stop`` is released ``max_grace_s`` after its deadline."""
+    instance's deadline is when its disk is released (releases.storage_deadline)."""
     cap = inst.lifetime_cap_at
     at = inst.deadline_at
-    if at is not None and inst.deadline_policy == STOP_POLICY and inst.state == releases.STOPPED:
-        at += timedelta(seconds=inst.max_grace_s)
     if cap is not None and (at is None or cap <= at):
         return Deadline(cap, True)
     if at is None:
@@ -420,6 +439,69 @@ def _request(
     return True
 
 
+# --- stopped instances -------------------------------------------------------------------------
+
+
+def check_stopped(rt: Runtime, now: datetime) -> list[int]:
+    """Remind the owners of stopped instances whose reminder is due that the disk still bills
+    (one Prompt per reminder of releases.STOPPED_REMINDERS_S, the latest due one only when the
+    bot was down through several; none after the last). Returns the instance ids reminded."""
+    reminded: list[int] = []
+    with rt.db.session() as session:
+        instances = session.exec(
+            select(Instance).where(
+                access.visible_clause(rt),
+                Instance.state == releases.STOPPED,
+                col(Instance.stopped_remind_at) <= now,
+            )
+        ).all()
+        for inst in instances:
+            assert inst.id is not None
+            stopped_at = inst.stopped_at or now
+            elapsed_s = (now - stopped_at).total_seconds()
+            due = [i for i, s in enumerate(releases.STOPPED_REMINDERS_S) if s <= elapsed_s]
+            later = [s for s in releases.STOPPED_REMINDERS_S if s > elapsed_s]
+            if due:
+                number = due[-1]
+                prompts.ensure_prompt(
+                    session,
+                    instance_id=inst.id,
+                    kind=KIND_STOPPED,
+                    key=f"{deadline_key(stopped_at)}:{number}",
+                    recipient=inst.owner_id,
+                    due_at=stopped_at + timedelta(seconds=releases.STOPPED_REMINDERS_S[number]),
+                )
+                reminded.append(inst.id)
+            inst.stopped_remind_at = stopped_at + timedelta(seconds=later[0]) if later else None
+            session.add(inst)
+    return reminded
+
+
+def _stopped_reminder(
+    rt: Runtime, prompt: Prompt, inst: Instance, view: InstanceBrief
+) -> StoppedReminder | None:
+    """What a stopped reminder says now; None once the instance runs again, is released or
+    was stopped another time."""
+    if inst.state != releases.STOPPED or inst.stopped_at is None or inst.id is None:
+        return None
+    stopped_key, _, number = prompt.key.rpartition(":")
+    if stopped_key != deadline_key(inst.stopped_at):
+        return None
+    now = rt.now()
+    deadline = effective_deadline(inst)
+    return StoppedReminder(
+        view,
+        instance_id=inst.id,
+        stopped_at=inst.stopped_at,
+        storage_micros=billing.cost_breakdown(inst, now).storage_micros,
+        release_at=deadline.at if deadline else None,
+        now=now,
+        tz_name=rt.settings.timezone,
+        last=number == str(len(releases.STOPPED_REMINDERS_S) - 1),
+        can_start=can_start(rt, inst),
+    )
+
+
 # --- idle ----------------------------------------------------------------------------------------
 
 
@@ -618,6 +700,8 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
         return platform_reconcile.ReleasedOutside(view, state=prompt.key)
     if prompt.kind == KIND_UNWARNED:
         return ReleasedUnwarned(view)
+    if prompt.kind == KIND_STOPPED:
+        return _stopped_reminder(rt, prompt, inst, view)
     if prompt.kind == KIND_WARNING and _warns_while_stopped(session, prompt, inst):
         return _warning(rt, session, prompt, inst, view)
     if inst.state != "active":
@@ -636,7 +720,15 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
 
 #: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).
 KINDS: dict[str, prompts.PromptRenderer] = {
-    kind: render for kind in (KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE, KIND_OUTSIDE, KIND_UNWARNED)
+    kind: render
+    for kind in (
+        KIND_WARNING,
+        KIND_IDLE,
+        KIND_JOBS_DONE,
+        KIND_OUTSIDE,
+        KIND_UNWARNED,
+        KIND_STOPPED,
+    )
 }
 
 
@@ -750,6 +842,8 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
     with rt.db.session() as session:
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="change the policy of")
+        if inst.state == releases.STOPPED:
+            return _keep_stopped(rt, session, caller, inst, change, now)
         if inst.state != "active":
             raise Conflict(
                 t("{name} is being released; its policy can no longer change.", name=inst.name)
@@ -778,6 +872,51 @@ def set_policy(rt: Runtime, caller: Caller, name: str, change: PolicyChange) -> 
         )
         session.flush()
         return policy_view(inst, rt.settings.timezone)
+
+
+def _keep_stopped(
+    rt: Runtime,
+    session: Session,
+    caller: Caller,
+    inst: Instance,
+    change: PolicyChange,
+    now: datetime,
+) -> PolicyView:
+    """A stopped instance has one rule: when its kept disk is released, ``--release-after``
+    counted from the stop (an admin's lifetime cap still applies). Raises UsageError for
+    anything else."""
+    if change.release_after_s is None or change != PolicyChange(
+        release_after_s=change.release_after_s
+    ):
+        raise UsageError(
+            t(
+                "{name} is stopped: only when its disk is released can change, with "
+                "--release-after (counted from the stop).",
+                name=inst.name,
+            ),
+            hint=t("Like `/gpu policy {name} --release-after 3d`.", name=inst.name),
+        )
+    before = _policy_of(inst)
+    stopped_at = inst.stopped_at or now
+    release_at = max(stopped_at + timedelta(seconds=change.release_after_s), now)
+    won = session.exec(
+        update(Instance)
+        .where(col(Instance.id) == inst.id, col(Instance.state) == releases.STOPPED)
+        .values(deadline_at=release_at)
+    ).rowcount
+    if won != 1:
+        raise Conflict(t("{name} changed meanwhile.", name=inst.name), hint=t("Try again."))
+    session.refresh(inst)
+    audit.record(
+        session,
+        at=now,
+        actor=caller.user_id,
+        action="policy",
+        instance_id=inst.id,
+        before=before,
+        after={**_policy_of(inst), "deadline_at": release_at.isoformat()},
+    )
+    return policy_view(inst, rt.settings.timezone)
 
 
 def _check_stop_policy(rt: Runtime, inst: Instance, change: PolicyChange) -> None:

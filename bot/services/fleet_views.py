@@ -34,6 +34,7 @@ from bot.services.access import Caller
 from bot.services.lookup import (
     POLLED_STATES,
     by_name_any,
+    can_start,
     compare_gpus,
     get_live_instance,
     gpu_views,
@@ -103,6 +104,7 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
         compute_cost_micros=cost.compute_micros,
         storage_cost_micros=cost.storage_micros,
         settings=settings_view(inst),
+        can_start=inst.state == "stopped" and can_start(rt, inst),
     )
 
 

@@ -17,6 +17,7 @@ from sqlmodel import select
 
 from bot.runtime import Runtime
 from bot.services import budgets, deadlines, fleet_views, ledger
+from bot.services.lookup import can_start
 from bot.services.views import InstanceRow
 from bot.store.models import Budget
 
@@ -46,6 +47,13 @@ class HomeInstance:
     can_extend: bool = True
     #: Stopped with no storage price recorded: what it costs per hour is not known.
     storage_unknown: bool = False
+    #: Stopped, and the bot can start it on its platform (a Start button).
+    can_start: bool = False
+    #: Its compute price per hour (what it costs once started again), micro-units.
+    price_micros_per_hour: int = 0
+    #: The GPUs the agent found, where they are not what was rented (name, count).
+    delivered_gpu_name: str | None = None
+    delivered_gpu_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,19 @@ def _instance(rt: Runtime, row: InstanceRow, user_id: str, now: datetime) -> Hom
         cost_micros=row.cost_micros,
         burn_micros_per_hour=inst.burn_micros_per_hour,
         currency=inst.currency,
-        can_extend=HOME_EXTEND_S in may_extend,
+        can_extend=HOME_EXTEND_S in may_extend and inst.state != "stopped",
         storage_unknown=inst.storage_unknown,
+        can_start=inst.state == "stopped" and can_start(rt, inst),
+        price_micros_per_hour=inst.price_micros_per_hour,
+        delivered_gpu_name=_delivered_name(row),
+        delivered_gpu_count=len(row.mismatch.delivered_names) if row.mismatch else None,
     )
+
+
+def _delivered_name(row: InstanceRow) -> str | None:
+    """The model the agent found, where the GPUs are not what was rented (several models
+    joined); None when they are."""
+    if row.mismatch is None:
+        return None
+    names = sorted(set(row.mismatch.delivered_names))
+    return ", ".join(names) if names else None

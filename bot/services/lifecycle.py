@@ -30,6 +30,25 @@ from bot.values import format_duration, format_when
 EARLIER_DEADLINE_HINT = N_("Choose an earlier deadline, or ask an admin to go past the limit.")
 
 
+def _require_deadline_if_stopped(inst: Instance) -> None:
+    """A stopped instance has no compute deadline to extend; one whose disk is kept with no
+    release time has nothing to extend at all. Raises UsageError then."""
+    if inst.state != releases.STOPPED or inst.deadline_at is not None:
+        return
+    raise UsageError(
+        t(
+            "{name} is stopped and has no deadline: its disk is kept (and billed) until it is "
+            "released.",
+            name=inst.name,
+        ),
+        hint=t(
+            "`/gpu release {name}` terminates it; `/gpu policy {name} --release-after 3d` sets "
+            "when; start it on its platform to use it again.",
+            name=inst.name,
+        ),
+    )
+
+
 def extend(
     rt: Runtime, caller: Caller, name: str, delta: timedelta, *, answering: int | None = None
 ) -> InstanceView:
@@ -57,6 +76,7 @@ def extend(
         inst = get_live_instance(rt, session, name)
         access.require_owner_or_admin(rt, caller, inst, action="extend")
         releases.require_extendable(rt, session, inst)
+        _require_deadline_if_stopped(inst)
         old = inst.deadline_at
         new = max(old or now, now) + delta
         cap = inst.lifetime_cap_at

@@ -359,3 +359,13 @@ def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
                 )
             )
     return problems
+
+
+def can_start(rt: Runtime, inst: Instance | InstanceView) -> bool:
+    """Whether the bot can start the stopped instance on its platform (a button can)."""
+    if not inst.provider_instance_id:
+        return False
+    try:
+        return rt.providers.get(inst.provider).capabilities.can_start
+    except GpubotError:
+        return False

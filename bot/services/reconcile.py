@@ -103,6 +103,10 @@ class ReleasedOutside(Notice):
     #: in ``tz_name``.
     platform_release_at: datetime | None = None
     tz_name: str = "UTC"
+    #: Who started it through the bot (a Slack user ID); None: it happened outside the bot.
+    by: str | None = None
+    #: The new compute deadline of an instance started again (naive UTC).
+    deadline_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ class Change:
     address: tuple[str, int] | None = None
     #: The instance as the platform listed it (its disk and storage price, where it says).
     seen: ProviderInstance | None = None
+    #: Who made the change through the bot (a Slack user ID); None: it happened outside.
+    by: str | None = None
 
 
 def reconcile(rt: Runtime, now: datetime) -> list[int]:
@@ -459,20 +465,43 @@ def _registrations(
         ).all()
         in_use = frozenset(session.exec(select(Instance.provider).distinct()).all())
     for row in rows:
-        if row.id is not None and row.provider_instance_id:
-            member = Registered(
-                row.id,
-                row.provider_instance_id,
-                row.state,
-                row.host,
-                row.port,
-                row.last_poll_ok,
-                row.owner_id,
-                row.disk_gb,
-                row.storage_micros_per_gb_month,
-            )
+        member = registered(row)
+        if member is not None:
             by_provider.setdefault(row.provider, []).append(member)
     return by_provider, in_use
+
+
+def registered(row: Instance) -> Registered | None:
+    """What reconcile compares of a registration; None without a provider id."""
+    if row.id is None or not row.provider_instance_id:
+        return None
+    return Registered(
+        row.id,
+        row.provider_instance_id,
+        row.state,
+        row.host,
+        row.port,
+        row.last_poll_ok,
+        row.owner_id,
+        row.disk_gb,
+        row.storage_micros_per_gb_month,
+    )
+
+
+def record_started(rt: Runtime, instance_id: int, seen: ProviderInstance, by: str) -> bool:
+    """A stopped registration that ``by`` (a Slack user) started from the bot runs on its
+    platform (``seen``): recorded as a start seen by reconcile is (meter, new deadline, the
+    platform's address and disk price), told to its owner as started by ``by``. False when
+    the platform does not show it running or the row moved meanwhile."""
+    if seen.state not in ("running",):
+        return False
+    with rt.db.session() as session:
+        inst = session.get(Instance, instance_id)
+        member = registered(inst) if inst is not None else None
+    if member is None:
+        return False
+    address = _new_address(member, seen, STARTED)
+    return _record(rt, Change(member, STARTED, address, seen, by=by), rt.now())
 
 
 def _held(session: Session, provider: str) -> set[str]:
@@ -550,13 +579,18 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
         if change == MOVED and address is None:
             return False
         if change in (STARTED, MOVED):
-            update_row = _restart if change == STARTED else _move
-            if not update_row(session, inst, found.member, address, now):
+            done = (
+                _restart(session, inst, found.member, address, now, started_deadline(rt, now))
+                if change == STARTED
+                else _move(session, inst, found.member, address, now)
+            )
+            if not done:
                 return False
             key = f"outside:{instance_id}:{change}:{now.isoformat()}"
         else:
             ended = found.seen.ended_at if found.seen is not None else None
-            release_id = _stop_or_release(session, inst, change, now, ended)
+            keep_s = rt.settings.stopped_keep_s
+            release_id = _stop_or_release(session, inst, change, now, ended, keep_s)
             if release_id is None:
                 return False
             key = f"outside:{instance_id}:{change}:{release_id}"
@@ -567,8 +601,10 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
             audit.record(
                 session,
                 at=now,
-                actor="gpubot",
-                action=f"{'released' if change == TERMINATED else change}_outside",
+                actor=found.by or "gpubot",
+                action=change
+                if found.by
+                else f"{'released' if change == TERMINATED else change}_outside",
                 instance_id=instance_id,
                 provider=inst.provider,
                 provider_state=change,
@@ -584,6 +620,8 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
             if change == STOPPED and found.seen is not None
             else None,
             tz_name=rt.settings.timezone,
+            by=found.by,
+            deadline_at=inst.deadline_at if change == STARTED else None,
         )
         text, body = rt.message(notice)
         outbox.enqueue(
@@ -602,7 +640,12 @@ def _record(rt: Runtime, found: Change, now: datetime) -> bool:
 
 
 def _stop_or_release(
-    session: Session, inst: Instance, change: str, now: datetime, ended: datetime | None
+    session: Session,
+    inst: Instance,
+    change: str,
+    now: datetime,
+    ended: datetime | None,
+    keep_s: int,
 ) -> int | None:
     """Stop or release the registration with a confirmed Release of reason ``reconcile``, its
     meter stopped when the platform says it ended (``ended``, naive UTC; ``now`` when it does
@@ -611,7 +654,9 @@ def _stop_or_release(
     if change == STOPPED and inst.state not in RUNNING_STATES:
         return None
     mode = "stop" if change == STOPPED else "terminate"
-    done = releases.mark_instance_released(session, inst.id, now=now, mode=mode, at=ended)
+    done = releases.mark_instance_released(
+        session, inst.id, now=now, mode=mode, at=ended, keep_s=keep_s
+    )
     if not done:
         return None
     release = Release(
@@ -652,17 +697,30 @@ def _follow_storage(
             rule_changes.take_platform_storage(rt, session, inst, seen, now)
 
 
+def started_deadline(rt: Runtime, now: datetime) -> datetime:
+    """The compute deadline of a stopped instance that runs again: the default deadline a new
+    registration gets (GPUBOT_DEFAULT_RELEASE_IN_S) from ``now``; its owner extends it."""
+    return now + timedelta(seconds=rt.settings.default_release_in_s)
+
+
 def _restart(
     session: Session,
     inst: Instance,
     seen: Registered,
     address: tuple[str, int] | None,
     now: datetime,
+    deadline_at: datetime,
 ) -> bool:
-    """A stopped registration runs again: active, its meter running from ``now``, at
-    ``address`` when it came back at another one."""
+    """A stopped registration runs again: active, its meter running from ``now``, with a new
+    compute deadline ``deadline_at``, at ``address`` when it came back at another one."""
     values = billing.restart(inst, now)
-    values.update(state="active", release_mode=None, idle_since=None)
+    values.update(
+        state="active",
+        release_mode=None,
+        idle_since=None,
+        deadline_at=deadline_at,
+        stopped_remind_at=None,
+    )
     values.update(_address_values(address, now))
     won = session.exec(
         update(Instance)

@@ -270,6 +270,11 @@ def _register(
         raise instance_trust.dial_failure(rt, caller, req.address, exc) from exc
     mismatch = compare_gpus(req.gpu_model, req.gpu_count, status)
     fields = _instance_fields(req, target, status, version, now)
+    if holder is not None and req.disk_gb is None:
+        # A re-registration that does not say the disk keeps it, and what it costs.
+        fields.pop("disk_gb")
+        if not req.storage_micros_per_gb_month:
+            fields.pop("storage_micros_per_gb_month")
     fields.update(provider=provider_name, provider_instance_id=provider_id)
     changed = holder is not None and (holder.provider, holder.provider_instance_id) != platform
     if req.billing is None and provider_name != "manual" and (holder is None or changed):

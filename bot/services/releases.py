@@ -82,6 +82,9 @@ BACKOFF_BASE_S = 60
 BACKOFF_MAX_S = 3600
 ESCALATE_AFTER_FAILURES = 3
 MANUAL_REMIND_S = 1800
+#: When the owner of a stopped instance is reminded that its disk still bills, counted from
+#: the stop: widening, and no more after the last (bot.services.deadlines.check_stopped).
+STOPPED_REMINDERS_S = (86_400, 3 * 86_400, 7 * 86_400, 14 * 86_400, 30 * 86_400)
 MANUAL_ESCALATE_AFTER_REMINDERS = 2
 
 # Prompt kinds this module sends.
@@ -401,7 +404,8 @@ def confirm_manual_release(
         session.refresh(release)
         if won != 1:
             return release
-        mark_instance_released(session, instance_id, now=now, mode=mode)
+        keep_s = rt.settings.stopped_keep_s
+        mark_instance_released(session, instance_id, now=now, mode=mode, keep_s=keep_s)
         to_update = _resolve_release_prompts(session, instance_id, by=caller.user_id, now=now)
         audit.record(
             session,
@@ -523,7 +527,13 @@ def open_release(session: Session, instance_id: int) -> Release | None:
 
 
 def mark_instance_released(
-    session: Session, instance_id: int, *, now: datetime, mode: str, at: datetime | None = None
+    session: Session,
+    instance_id: int,
+    *,
+    now: datetime,
+    mode: str,
+    at: datetime | None = None,
+    keep_s: int = 0,
 ) -> bool:
     """Stop the meter: the instance is released (terminate: compute and disk), or only stopped
     (stop: see :func:`mark_instance_stopped`). ``at`` is when the platform says it ended, where
@@ -532,7 +542,7 @@ def mark_instance_released(
     Returns False when it was already marked released (or, for a stop, stopped)."""
     now = _stop_time(session, instance_id, now=now, at=at)
     if mode == "stop":
-        return mark_instance_stopped(session, instance_id, now=now)
+        return mark_instance_stopped(session, instance_id, now=now, keep_s=keep_s)
     values: dict[str, object] = {
         "state": "released",
         "released_at": now,
@@ -564,9 +574,15 @@ def _stop_time(
     return max(at, created) if created is not None else at
 
 
-def mark_instance_stopped(session: Session, instance_id: int, *, now: datetime) -> bool:
+def mark_instance_stopped(
+    session: Session, instance_id: int, *, now: datetime, keep_s: int = 0
+) -> bool:
     """Stop the compute meter and keep the registration: the instance is ``stopped`` from
-    ``now``, its disk still billing. Returns False when it was already stopped or released."""
+    ``now``, its disk still billing. Its compute deadline goes: its deadline is now when the
+    stopped disk is released (:func:`storage_deadline`). Returns False when it was already
+    stopped or released."""
+    inst = session.get(Instance, instance_id)
+    release_at = storage_deadline(inst, now, keep_s) if inst is not None else None
     result = session.exec(
         update(Instance)
         .where(
@@ -574,12 +590,31 @@ def mark_instance_stopped(session: Session, instance_id: int, *, now: datetime) 
             col(Instance.released_at).is_(None),
             col(Instance.state) != STOPPED,
         )
-        .values(state=STOPPED, stopped_at=now, release_mode="stop")
+        .values(
+            state=STOPPED,
+            stopped_at=now,
+            release_mode="stop",
+            deadline_at=release_at,
+            stopped_remind_at=now + timedelta(seconds=STOPPED_REMINDERS_S[0]),
+        )
     )
     inst = session.get(Instance, instance_id)
     if inst is not None:
         session.refresh(inst)
     return bool(result.rowcount == 1)
+
+
+def storage_deadline(inst: Instance, stopped_at: datetime, keep_s: int) -> datetime | None:
+    """When a stopped instance's disk is released (terminated): ``--release-after`` past the
+    deadline it was stopped at (policy ``stop``), else ``keep_s`` after the stop (the admin's
+    GPUBOT_STOPPED_KEEP_S), else never by itself (None: its owner releases it, reminded on a
+    widening schedule). An admin's lifetime cap still applies (deadlines.effective_deadline)."""
+    deadline = inst.deadline_at
+    if inst.deadline_policy == "stop" and deadline is not None and deadline <= stopped_at:
+        return deadline + timedelta(seconds=inst.max_grace_s)
+    if keep_s > 0:
+        return stopped_at + timedelta(seconds=keep_s)
+    return None
 
 
 def instance_view(inst: Instance) -> InstanceBrief:
@@ -796,7 +831,8 @@ def _record_confirmed(
         ).rowcount
         if won != 1:
             return
-        mark_instance_released(session, claim.instance_id, now=now, mode=mode)
+        keep_s = rt.settings.stopped_keep_s
+        mark_instance_released(session, claim.instance_id, now=now, mode=mode, keep_s=keep_s)
         _resolve_release_prompts(session, claim.instance_id, by=None, now=now)
         inst = session.get(Instance, claim.instance_id)
         assert inst is not None
@@ -1100,12 +1136,11 @@ def _person(requested_by: str) -> str | None:
 
 
 def _stop_policy_release_at(inst: Instance, release: Release) -> datetime | None:
-    """When an instance stopped at its deadline under policy ``stop`` is released, or None."""
-    if release.mode != "stop" or release.reason != "deadline" or inst.deadline_at is None:
+    """When a stopped instance's kept disk is released (its deadline once stopped: see
+    :func:`storage_deadline`), or None when it is kept until someone releases it."""
+    if release.mode != "stop" or inst.deadline_at is None or inst.state != STOPPED:
         return None
-    if inst.deadline_policy != "stop" or inst.state != STOPPED:
-        return None
-    at = inst.deadline_at + timedelta(seconds=inst.max_grace_s)
+    at = inst.deadline_at
     cap = inst.lifetime_cap_at
     return at if cap is None else min(at, cap)
 

@@ -35,6 +35,7 @@ from sqlalchemy import func
 from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
+from agents import specs
 from bot import billing
 from bot.errors import StoreError, UsageError
 from bot.i18n import t
@@ -68,6 +69,8 @@ class InstanceSpend:
     unmeasured_micros: int = 0
     #: Owed now beyond the charges written (the current month only): not yet charged.
     pending_micros: int = 0
+    #: The GPU model the agent found, where it is not the one rented (None when they agree).
+    delivered_gpu_model: str | None = None
 
     @property
     def total_micros(self) -> int:
@@ -81,8 +84,11 @@ class InstanceSpend:
 
     @property
     def gpu_label(self) -> str:
-        """``2x h100-sxm`` style, or a marker when the model is unknown."""
+        """``2x h100-sxm`` style, the model delivered (the one rented beside it) where they
+        differ, or a marker when the model is unknown."""
         model = self.gpu_model or UNKNOWN_GPU
+        if self.delivered_gpu_model:
+            model = f"{self.delivered_gpu_model} (rented {model})"
         return f"{self.gpu_count}x {model}" if self.gpu_count > 1 else model
 
 
@@ -495,6 +501,7 @@ def _per_instance(
                 project=instance.project,
                 provider=instance.provider,
                 gpu_model=instance.gpu_model,
+                delivered_gpu_model=delivered_model(instance),
                 gpu_count=billing.billed_gpu_count(instance),
                 compute_micros=compute,
                 storage_micros=other,
@@ -534,3 +541,16 @@ def _per_day(
 
 def _units(micros: int) -> str:
     return f"{Decimal(micros) / MICROS:.6f}"
+
+
+def delivered_model(instance: Instance) -> str | None:
+    """The GPU model the agent found on the instance, where it is not the model rented (as
+    the GPU catalogue reads both names); None when they agree or either is unknown."""
+    rented, found = instance.gpu_model, instance.delivered_gpu_name
+    if not rented or not found:
+        return None
+    first = found.split(",")[0].strip()
+    rented_spec, found_spec = specs.lookup(rented), specs.lookup(first)
+    if rented_spec is None or found_spec is None or rented_spec.key == found_spec.key:
+        return None
+    return first

@@ -139,6 +139,7 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
     )
     for name, rule in rules:
         report.released_requested.extend(run(name, partial(rule, rt, now)) or ())
+    run("stopped", partial(deadlines.check_stopped, rt, now))
     # What people must hear goes out before the platforms are asked anything.
     report.prompts_closed = run("refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
     post = partial(prompts.deliver_pending, rt, now, prompt_kinds.KINDS)
@@ -228,6 +229,15 @@ def _deadlines_due(rt: Runtime) -> Any:
     )
 
 
+def _stopped_due(rt: Runtime) -> Any:
+    """A stopped instance whose owner is due a reminder."""
+    return _any(
+        select(Instance.id).where(
+            col(Instance.state) == releases.STOPPED, col(Instance.stopped_remind_at) <= _NOW
+        )
+    )
+
+
 def _idle_due(rt: Runtime) -> Any:
     return _any(
         select(Instance.id).where(
@@ -293,6 +303,7 @@ DUE_CHECKS: dict[str, DueCheck] = {
     "budgets": _budgets_due,
     "deadlines": _deadlines_due,
     "idle": _idle_due,
+    "stopped": _stopped_due,
     "jobs_done": _jobs_done_due,
     "refresh": _refresh_due,
     "prompts": _prompts_due,

@@ -234,6 +234,8 @@ class InstanceDetail:
     compute_cost_micros: int
     storage_cost_micros: int
     settings: SettingsView | None = None
+    #: A stopped instance the bot can start on its platform (a Start button).
+    can_start: bool = False
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ class Instance(SQLModel, table=True):
         Index("ix_instance_state_polled", "state", "last_polled_at"),
         Index("ix_instance_state_poll_due", "state", "poll_due_at"),
         Index("ix_instance_state_when_done", "state", "release_when_done"),
+        Index("ix_instance_state_stopped_remind", "state", "stopped_remind_at"),
         Index("ix_instance_ledger_due", "ledger_settled", "ledger_due_at"),
         Index("ix_instance_ledger_released", "ledger_settled", "released_at"),
     )
@@ -151,6 +152,9 @@ class Instance(SQLModel, table=True):
     created_at: NaiveDatetime = Field(default_factory=utcnow, index=True)
     ssh_ready_at: NaiveDatetime | None = None
     stopped_at: NaiveDatetime | None = None  # compute stopped, storage may still bill
+    # When the owner of a stopped instance is next reminded that its disk bills (None: no
+    # more reminders; bot.services.deadlines.STOPPED_REMINDERS_S).
+    stopped_remind_at: NaiveDatetime | None = None
     storage_deleted_at: NaiveDatetime | None = None
     released_at: NaiveDatetime | None = None
     release_mode: str | None = Field(default=None, max_length=16)  # terminate, stop

@@ -20,7 +20,7 @@ import pytest
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import deadlines, instances, jobs, money
 from bot.blocks.kit import FALLBACK_TEXT_MAX, escape, fallback
-from bot.services import advice, answers, reconcile, releases, rent
+from bot.services import advice, answers, reconcile, releases, rent, starts
 from bot.services import deadlines as deadline_rules
 from bot.services.budgets import BudgetStatus
 from bot.services.digest import DigestData, JobSpend, PlanSaving
@@ -203,6 +203,9 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         ReleaseView(_HOSTILE_INST, 1, "escalated", False, HOSTILE)
     ),
     "release_cancelled": lambda: instances.release_cancelled(_HOSTILE_INST),
+    "start_result": lambda: instances.start_result(
+        starts.StartResult(_HOSTILE_INST, started=False, platform_state=HOSTILE)
+    ),
     "instance_settings": lambda: instances.instance_settings(
         InstanceSettings(
             _HOSTILE_INST,
@@ -270,6 +273,25 @@ RENDERERS: dict[str, Callable[[], Message]] = {
     ),
     "released_outside": lambda: deadlines.released_outside(
         reconcile.ReleasedOutside(_LAMBDA, state="stopped")
+    ),
+    "stopped_reminder": lambda: deadlines.stopped_reminder(
+        deadline_rules.StoppedReminder(
+            InstanceBrief(
+                name=HOSTILE,
+                owner_id="UOWNER",
+                provider=HOSTILE,
+                price_micros_per_hour=2_100_000,
+                storage_micros_per_hour=100_000,
+            ),
+            instance_id=7,
+            stopped_at=NOW - timedelta(days=3),
+            storage_micros=7_200_000,
+            release_at=None,
+            now=NOW,
+            tz_name="UTC",
+            last=True,
+            can_start=True,
+        )
     ),
     "released_unwarned": lambda: deadlines.released_unwarned(
         deadline_rules.ReleasedUnwarned(_LAMBDA)

@@ -90,7 +90,8 @@ def test_stopped_at_the_deadline_warned_then_released_after(rt, clock, runpod_cl
     assert "Its disk keeps billing ($0.10/h)" in told.text
     assert "It is released at Thu 03 Dec 14:00 UTC unless someone starts it again" in told.text
     status = run(rt, "status")
-    assert "_stopped_" in str(status.blocks)
+    assert "stopped: disk $0.10/h" in str(status.blocks)
+    assert "disk released in 23h 55m" in str(status.blocks)
 
     clock.set(D + AFTER - timedelta(minutes=40))  # nothing happens in between
     _ticks(rt, clock, D + AFTER - timedelta(minutes=5))
@@ -111,24 +112,36 @@ def test_stopped_at_the_deadline_warned_then_released_after(rt, clock, runpod_cl
     ]
 
 
-def test_started_again_it_is_neither_stopped_again_nor_released(rt, clock, runpod_cloud):
+def test_started_again_it_gets_a_new_deadline_and_the_old_release_time_is_gone(
+    rt, clock, runpod_cloud
+):
     iid, pod = _stopped_at_the_deadline(rt, clock, runpod_cloud)
     runpod_cloud.start_outside(pod)
+    started = clock.now
     _ticks(rt, clock, D + timedelta(hours=1))
     assert rt.notifier.containing("was started again")
+    inst = get_instance(rt.db, iid)
+    new_deadline = inst.deadline_at
+    assert inst.state == "active"
+    assert new_deadline is not None
+    assert started <= new_deadline - timedelta(seconds=rt.settings.default_release_in_s)
+    # At its new deadline the policy stops it again, to be released a day after that: the
+    # old release time passes with its disk kept.
     clock.set(D + AFTER - timedelta(minutes=40))
     _ticks(rt, clock, D + AFTER + timedelta(hours=1))
-    assert runpod_cloud.instances[pod]["status"] == "RUNNING"
-    assert get_instance(rt.db, iid).state == "active"
+    assert pod in runpod_cloud.instances
+    inst = get_instance(rt.db, iid)
+    assert inst.state == "stopped"
+    assert inst.deadline_at == new_deadline + AFTER
 
 
-def test_extend_moves_the_stop_and_the_release(rt, clock, runpod_cloud):
+def test_extend_keeps_the_stopped_disk_longer(rt, clock, runpod_cloud):
+    """Stopped, its deadline is when its disk is released: extending moves that."""
     iid, pod = _stopped_at_the_deadline(rt, clock, runpod_cloud)
     run(rt, "extend box 2h")
     inst = get_instance(rt.db, iid)
-    assert (inst.state, inst.deadline_at) == ("stopped", clock.now + timedelta(hours=2))
-    release_at = inst.deadline_at + AFTER
-    _ticks(rt, clock, inst.deadline_at + timedelta(minutes=10))  # the new deadline: no stop again
+    release_at = D + AFTER + timedelta(hours=2)
+    assert (inst.state, inst.deadline_at) == ("stopped", release_at)
     clock.set(D + AFTER - timedelta(minutes=40))
     _ticks(rt, clock, D + AFTER + timedelta(minutes=30))
     assert pod in runpod_cloud.instances  # the old release time passed: kept
