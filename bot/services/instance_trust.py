@@ -54,6 +54,8 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 #: Registrations one person may have dial and fail within WINDOW_S seconds.
 ATTEMPTS = 8
+#: Registrations one person may have under way at once (each dials a machine).
+IN_FLIGHT = 8
 WINDOW_S = 600
 #: People the limiter remembers at most (the longest quiet are forgotten first).
 MAX_PEOPLE = 10_000
@@ -192,29 +194,41 @@ class Adopted(Notice):
 
 
 class AttemptLimiter:
-    """Failed registration attempts per person in a sliding window of the runtime's clock.
+    """Registration attempts per person: those that failed (could not resolve or dial, or an
+    address refused) in a sliding window of the runtime's clock, and those under way now.
 
-    :meth:`take` counts an attempt before it dials (raises when the person is at the limit);
-    :meth:`refund` forgets it once it ended in a registration. Thread-safe, bounded."""
+    :meth:`take` counts an attempt under way before it dials (raises when the person is at
+    either limit); :meth:`settle` ends it, remembered as a failure or forgotten. Thread-safe,
+    bounded."""
 
     def __init__(
-        self, *, limit: int = ATTEMPTS, window_s: int = WINDOW_S, max_people: int = MAX_PEOPLE
+        self,
+        *,
+        limit: int = ATTEMPTS,
+        window_s: int = WINDOW_S,
+        max_people: int = MAX_PEOPLE,
+        in_flight_limit: int = IN_FLIGHT,
     ) -> None:
         self.limit = limit
         self.window = timedelta(seconds=window_s)
         self.max_people = max_people
+        self.in_flight_limit = in_flight_limit
         self._lock = threading.Lock()
         self._by_person: OrderedDict[str, deque[datetime]] = OrderedDict()
+        self._in_flight: dict[str, int] = {}
 
     def take(self, person: str, now: datetime) -> None:
-        """Count an attempt by ``person`` at ``now``. Raises NotAuthorized at the limit."""
+        """Count an attempt by ``person`` under way from ``now``. Raises NotAuthorized when
+        too many of theirs failed lately, or too many are under way."""
         with self._lock:
-            attempts = self._by_person.pop(person, None) or deque()
-            while attempts and attempts[0] <= now - self.window:
-                attempts.popleft()
-            if len(attempts) >= self.limit:
-                self._by_person[person] = attempts
-                wait = attempts[0] + self.window - now
+            failures = self._by_person.pop(person, None) or deque()
+            while failures and failures[0] <= now - self.window:
+                failures.popleft()
+            self._by_person[person] = failures
+            while len(self._by_person) > self.max_people:
+                self._by_person.popitem(last=False)
+            if len(failures) >= self.limit:
+                wait = failures[0] + self.window - now
                 raise NotAuthorized(
                     t(
                         "Too many registrations that failed; try again in {minutes} min.",
@@ -222,17 +236,33 @@ class AttemptLimiter:
                     ),
                     hint=t("An admin can register it for you."),
                 )
-            attempts.append(now)
-            self._by_person[person] = attempts
-            while len(self._by_person) > self.max_people:
-                self._by_person.popitem(last=False)
+            under_way = self._in_flight.get(person, 0)
+            if under_way >= self.in_flight_limit:
+                raise NotAuthorized(
+                    t(
+                        "{n} of your registrations are still under way; try again when one "
+                        "has finished.",
+                        n=under_way,
+                    ),
+                    hint=t("Each one answers when it is done."),
+                )
+            self._in_flight[person] = under_way + 1
 
-    def refund(self, person: str, at: datetime) -> None:
-        """Forget the attempt ``person`` took at ``at`` (it ended in a registration)."""
+    def settle(self, person: str, at: datetime, *, failed: bool) -> None:
+        """End the attempt ``person`` took at ``at``: remembered in the window when it
+        ``failed`` (what a scan of the network runs into), else forgotten."""
         with self._lock:
-            attempts = self._by_person.get(person)
-            if attempts is not None and at in attempts:
-                attempts.remove(at)
+            left = self._in_flight.get(person, 0) - 1
+            if left > 0:
+                self._in_flight[person] = left
+            else:
+                self._in_flight.pop(person, None)
+            if failed:
+                failures = self._by_person.pop(person, None) or deque()
+                failures.append(at)
+                self._by_person[person] = failures
+                while len(self._by_person) > self.max_people:
+                    self._by_person.popitem(last=False)
 
 
 _LIMITERS: weakref.WeakKeyDictionary[object, AttemptLimiter] = weakref.WeakKeyDictionary()

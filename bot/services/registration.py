@@ -202,12 +202,13 @@ class _Attempt:
         return cls(rt, caller, at)
 
     def failed(self) -> None:
-        if not self.probe:
-            self.succeeded()
+        if self.at is not None:
+            limiter = instance_trust.limiter(self.rt)
+            limiter.settle(self.caller.user_id, self.at, failed=self.probe)
 
     def succeeded(self) -> None:
         if self.at is not None:
-            instance_trust.limiter(self.rt).refund(self.caller.user_id, self.at)
+            instance_trust.limiter(self.rt).settle(self.caller.user_id, self.at, failed=False)
 
 
 def _register(

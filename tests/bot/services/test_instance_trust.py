@@ -83,17 +83,29 @@ def test_the_setting_reads_cidrs_and_public_and_refuses_anything_else() -> None:
         Settings(instance_networks=(" ",))
 
 
-def test_the_limiter_counts_a_window_refunds_and_stays_bounded() -> None:
+def test_the_limiter_counts_failures_in_a_window_and_stays_bounded() -> None:
     limiter = AttemptLimiter(limit=2, window_s=600, max_people=3)
-    limiter.take("U1", T0)
-    limiter.take("U1", T0 + timedelta(minutes=1))
+    for minute in (0, 1):
+        limiter.take("U1", T0 + timedelta(minutes=minute))
+        limiter.settle("U1", T0 + timedelta(minutes=minute), failed=True)
     with pytest.raises(NotAuthorized, match="try again in 9 min"):
         limiter.take("U1", T0 + timedelta(minutes=1))
-    limiter.refund("U1", T0)  # that one ended in a registration
-    limiter.take("U1", T0 + timedelta(minutes=2))
-    with pytest.raises(NotAuthorized):
-        limiter.take("U1", T0 + timedelta(minutes=2))
-    limiter.take("U1", T0 + timedelta(minutes=11, seconds=1))  # the oldest left the window
+    limiter.take("U1", T0 + timedelta(minutes=10, seconds=1))  # the oldest left the window
+    limiter.settle("U1", T0 + timedelta(minutes=10, seconds=1), failed=False)  # registered
+    limiter.take("U1", T0 + timedelta(minutes=11, seconds=1))  # both failures left it
     for person in ("U2", "U3", "U4", "U5"):
         limiter.take(person, T0)
+        limiter.settle(person, T0, failed=True)
     assert len(limiter._by_person) == 3  # the longest quiet were forgotten
+
+
+def test_registrations_under_way_are_not_failures_but_are_bounded() -> None:
+    limiter = AttemptLimiter(limit=2, window_s=600, in_flight_limit=3)
+    for _ in range(3):  # three under way at once: none has failed
+        limiter.take("U1", T0)
+    with pytest.raises(NotAuthorized, match="3 of your registrations are still under way"):
+        limiter.take("U1", T0)
+    for _ in range(3):
+        limiter.settle("U1", T0, failed=False)
+    for _ in range(3):  # all three registered: a fourth and more go on
+        limiter.take("U1", T0 + timedelta(seconds=1))
