@@ -886,6 +886,7 @@ _EMOJI = {
     ":moneybag:": "\U0001f4b0",
     ":chart_with_upwards_trend:": "\U0001f4c8",
     ":zzz:": "\U0001f4a4",
+    ":arrow_forward:": "\u25b6",
     ":no_entry_sign:": "\U0001f6ab",
     ":runner:": "\U0001f3c3",
     ":grey_question:": "\u2754",
