@@ -1,14 +1,46 @@
 """The GPU queue: what a job's ``--gpus`` can get on this machine and which queued jobs start.
 
-Standard library only, Python 3.9. Everything but :func:`gpu_indices` (which asks NVML) is
-pure: the queue is in FIFO order and GPUs are NVML indices.
+Standard library only, Python 3.9. Everything but :func:`gpu_indices` and :class:`GpuWatch`
+(which ask NVML) is pure: the queue is in FIFO order and GPUs are NVML indices.
+
+Free means free: a job that asks for any N GPUs (and the default, one) gets only GPUs that no
+agent job holds and that nothing else uses either (:func:`gpu_in_use`): another tenant's
+process, one of this user's own started outside the agent, or memory held by processes NVML
+does not list here (another container's). GPUs named by index (and ``all``) are the
+requester's own choice: they wait for agent jobs only.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from agents.protocol import GpuRequest, JobError, JobRequestError, WhoJob
+
+#: More GPU memory in use than this, in bytes, by all processes together (visible here or
+#: not) or by any one of them, and a GPU is not free for a new job. An idle process's CUDA
+#: context takes about 300-500 MiB and drivers that count their own reservation as used show
+#: about as much on an idle GPU, so 1 GiB lets those pass while any real model, dataset or
+#: cache (which a new job would run out of memory beside) stops it.
+FREE_MEM_MAX_BYTES = 2**30
+#: A GPU busier than this, in % of the driver's last sample period with a kernel running, is
+#: not free for a new job (an idle GPU reads 0 %; a job sharing it would run slowly).
+FREE_UTIL_MAX_PCT = 10
+
+
+def gpu_in_use(
+    mem_used_bytes: Optional[int],
+    util_gpu_pct: Optional[int],
+    process_mem_bytes: Iterable[Optional[int]] = (),
+) -> bool:
+    """Whether something uses a GPU so that a new job should not get it: more than
+    FREE_MEM_MAX_BYTES of its memory in use (``mem_used_bytes``, every process's, visible or
+    not) or held by one process (``process_mem_bytes``), or more than FREE_UTIL_MAX_PCT busy.
+    A value NVML does not report (None) counts as no use."""
+    if mem_used_bytes is not None and mem_used_bytes > FREE_MEM_MAX_BYTES:
+        return True
+    if util_gpu_pct is not None and util_gpu_pct > FREE_UTIL_MAX_PCT:
+        return True
+    return any(m is not None and m > FREE_MEM_MAX_BYTES for m in process_mem_bytes)
 
 
 def resolve_request(request: GpuRequest, available: Sequence[int], why: str) -> GpuRequest:
@@ -54,15 +86,20 @@ def _gpus_of(have: Sequence[int]) -> str:
 
 
 def plan_starts(
-    queue: Sequence[Tuple[str, GpuRequest]], gpus: Sequence[int], busy: Iterable[int]
+    queue: Sequence[Tuple[str, GpuRequest]],
+    gpus: Sequence[int],
+    busy: Iterable[int],
+    in_use: Iterable[int] = (),
 ) -> Dict[str, Tuple[int, ...]]:
     """Which queued jobs may start now, and on which GPUs. Pure.
 
-    ``queue`` is in FIFO order, ``gpus`` every GPU index, ``busy`` those running jobs hold.
-    A later job never takes a GPU an earlier waiting job needs: an exact request that cannot
-    start reserves its GPUs; a request for any N that cannot start holds back every GPU job
-    behind it. Jobs without GPUs start at once.
+    ``queue`` is in FIFO order, ``gpus`` every GPU index, ``busy`` those running jobs hold,
+    ``in_use`` those something else uses (:func:`gpu_in_use`): a request for any N never gets
+    those; one naming GPUs by index does. A later job never takes a GPU an earlier waiting job
+    needs: an exact request that cannot start reserves its GPUs; a request for any N that
+    cannot start holds back every GPU job behind it. Jobs without GPUs start at once.
     """
+    used = set(in_use)
     taken: Set[int] = set(busy)
     reserved: Set[int] = set()
     hold_gpu_jobs = False
@@ -80,7 +117,7 @@ def plan_starts(
             else:
                 reserved.update(request.indices)
             continue
-        free = [g for g in sorted(gpus) if g not in taken and g not in reserved]
+        free = [g for g in sorted(gpus) if g not in taken and g not in reserved and g not in used]
         if len(free) < request.count:
             hold_gpu_jobs = True
             continue
@@ -88,6 +125,29 @@ def plan_starts(
         plan[job_id] = chosen
         taken.update(chosen)
     return plan
+
+
+def queue_of(active: Iterable[Mapping[str, Any]]) -> List[Tuple[str, GpuRequest]]:
+    """The queued jobs among unfinished jobs' metadata (in the order given) and their
+    requests, for :func:`plan_starts`."""
+    return [
+        (
+            str(m["id"]),
+            GpuRequest(
+                count=int(m.get("want_count") or 0),
+                indices=tuple(int(i) for i in m.get("want_indices") or ()),
+            ),
+        )
+        for m in active
+        if m.get("state") == "queued"
+    ]
+
+
+def busy_of(active: Iterable[Mapping[str, Any]]) -> List[int]:
+    """The GPUs running jobs hold, from unfinished jobs' metadata."""
+    return [
+        int(g) for m in active if m.get("state") == "running" for g in m.get("gpus_assigned") or ()
+    ]
 
 
 def reservations(
@@ -141,3 +201,41 @@ def gpu_indices() -> Tuple[List[int], str]:
     except nvml.NvmlUnavailable as exc:
         return [], exc.error.message
     return found, "" if found else "NVML lists no GPUs"
+
+
+class GpuWatch:
+    """NVML kept open while a job waits for GPUs: ``with GpuWatch() as watch`` then
+    :meth:`look` as often as the queue is looked at. Entering raises ``nvml.NvmlUnavailable``
+    when NVML cannot be used."""
+
+    def __init__(self) -> None:
+        self._sampler: Any = None
+        self._last: Tuple[List[int], Set[int]] = ([], set())
+
+    def __enter__(self) -> GpuWatch:
+        from agents import nvml
+
+        sampler = nvml.GpuSampler()
+        self._sampler = sampler.__enter__()
+        self._last = self.look()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._sampler is not None:
+            self._sampler.__exit__(None, None, None)
+            self._sampler = None
+
+    def look(self) -> Tuple[List[int], Set[int]]:
+        """(every GPU index, those in use by something, :func:`gpu_in_use`) now; the previous
+        answer when NVML fails this once."""
+        if self._sampler is None:
+            raise RuntimeError("GpuWatch.look() called outside `with GpuWatch()`")
+        try:
+            gpus = self._sampler.sample()
+        except Exception:  # noqa: BLE001 - one failed look keeps the last answer
+            return self._last
+        self._last = (
+            [g.index for g in gpus],
+            {g.index for g in gpus if gpu_in_use(g.mem_used_bytes, g.util_gpu_pct)},
+        )
+        return self._last

@@ -241,6 +241,11 @@ class JobRecord:
     updated_at: Optional[str] = None
     #: Why a job failed to start, was killed or was lost, in words; None when nothing to add.
     note: Optional[str] = None
+    #: When a job asking for any free GPUs could not start as it was queued: every GPU it
+    #: could not have, with what holds it (an agent job, processes, memory no visible process
+    #: accounts for, or load), as ``who`` shows it but without command lines; () otherwise,
+    #: once the job starts, and from agents before this field.
+    gpus_in_use: Tuple[WhoGpu, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -291,6 +296,11 @@ class WhoGpu:
     mem_total_bytes: Optional[int] = None
     held_by: Optional[WhoJob] = None
     waiting: Tuple[WhoJob, ...] = ()
+    #: Whether the agent gives this GPU to a new job that asks for any free GPU: no agent
+    #: job holds it, no more than ``agents.gpu_queue.FREE_MEM_MAX_BYTES`` of its memory is in
+    #: use (by any process, visible here or not) and it is at most
+    #: ``agents.gpu_queue.FREE_UTIL_MAX_PCT`` busy. None from agents before this field.
+    free_for_jobs: Optional[bool] = None
 
     @property
     def unseen_mem_bytes(self) -> Optional[int]:
@@ -307,9 +317,17 @@ class WhoGpu:
 
     @property
     def free(self) -> bool:
-        """No process on it, no agent job holding it, and no memory in use by processes that
-        are not visible here."""
+        """Whether a new job may have it: :attr:`free_for_jobs` where the agent said; from
+        older agents, no process on it, no agent job holding it, and no memory in use by
+        processes that are not visible here."""
+        if self.free_for_jobs is not None:
+            return self.free_for_jobs
         return not self.processes and self.held_by is None and self.unseen_mem_bytes is None
+
+    @property
+    def foreign_processes(self) -> Tuple[ProcessSnapshot, ...]:
+        """The processes on it that no agent job started."""
+        return tuple(p for p in self.processes if p.job_id is None)
 
 
 @dataclass(frozen=True)
@@ -342,7 +360,7 @@ _NESTING: Dict[type, Dict[str, Tuple[type, bool]]] = {
     },
     HealthReport: {"checks": (HealthCheck, True)},
     JobSummary: {"gpus": (JobGpuStat, True), "diagnoses": (Diagnosis, True)},
-    JobRecord: {"summary": (JobSummary, False)},
+    JobRecord: {"summary": (JobSummary, False), "gpus_in_use": (WhoGpu, True)},
     JobList: {"jobs": (JobRecord, True)},
     WhoGpu: {
         "processes": (ProcessSnapshot, True),

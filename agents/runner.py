@@ -11,6 +11,7 @@ durations in seconds.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from agents.gpu_queue import gpu_indices, reservations, resolve_request
+from agents.gpu_queue import (
+    busy_of,
+    gpu_in_use,
+    gpu_indices,
+    plan_starts,
+    queue_of,
+    reservations,
+    resolve_request,
+)
 from agents.jobstore import JobStore, iso_now, parse_iso, record_of, tail_lines
 from agents.protocol import (
     FINAL_JOB_STATES,
@@ -33,8 +42,11 @@ from agents.protocol import (
     JobRequestError,
     JobSummary,
     NvmlError,
+    StatusSnapshot,
     WhoGpu,
+    WhoJob,
     WhoReport,
+    dumps,
     to_dict,
 )
 from agents.sessions import (
@@ -93,14 +105,22 @@ def submit(
 
     ``available_gpus`` are the GPU indices (default: asked from NVML when GPUs are wanted).
     The record's ``gpus_requested`` is the request as ``--gpus`` writes it, the default
-    resolved (``any:1``, or ``none`` where no GPU can be used).
+    resolved (``any:1``, or ``none`` where no GPU can be used). A request for any N GPUs
+    that cannot start at once records what holds each GPU it cannot have (``gpus_in_use``).
     Raises JobRequestError for a bad request, JobError when it cannot be queued.
     """
     environ = os.environ if environ is None else environ
     cwd = _check_request(request, environ)
     gpus = request.gpus
+    snapshot: Optional[StatusSnapshot] = None
     if gpus.count != 0:
-        found, why = (list(available_gpus), "") if available_gpus is not None else gpu_indices()
+        if available_gpus is not None:
+            found, why = list(available_gpus), ""
+        elif gpus.count > 0 and not gpus.indices:
+            # Any N: one look at the GPUs and their processes also says who holds them.
+            snapshot, found, why = _look_at_gpus()
+        else:
+            found, why = gpu_indices()
         gpus = resolve_request(gpus, found, why)
     # The default is recorded as what it became: any:1, or none on a machine without GPUs.
     requested = gpus.text if request.gpus.auto else request.gpus.text
@@ -127,6 +147,8 @@ def submit(
     with store.locked():
         reap_lost(store)
         job_id = store.create(meta)
+        if snapshot is not None and gpus.count > 0:
+            meta["gpus_in_use"] = _blocking_gpus(store, snapshot, job_id)
         try:
             pid, start = _launch_supervisor(store, job_id)
         except OSError as exc:
@@ -218,6 +240,16 @@ def who(store: JobStore) -> WhoReport:
     with store.locked():
         reap_lost(store)
         active = store.active_metas()
+    gpus, waiting_any = who_gpus(store, snapshot, active)
+    return WhoReport(gpus=gpus, waiting_any=waiting_any)
+
+
+def who_gpus(
+    store: JobStore, snapshot: StatusSnapshot, active: Sequence[Mapping[str, Any]]
+) -> Tuple[Tuple[WhoGpu, ...], Tuple[WhoJob, ...]]:
+    """Every GPU of ``snapshot`` as ``who`` shows it, with the reservations of the unfinished
+    jobs ``active`` and whether a new job may have it (``free_for_jobs``); and the queued jobs
+    that asked for a count of GPUs. Reads ``/proc``, takes no lock."""
     owners = jobs_of_pids(store, [p.pid for p in snapshot.processes], active)
     held, waiting, waiting_any = reservations(active)
     gpus = []
@@ -227,6 +259,7 @@ def who(store: JobStore) -> WhoReport:
             for p in snapshot.processes
             if p.gpu_index == gpu.index
         )
+        used = gpu_in_use(gpu.mem_used_bytes, gpu.util_gpu_pct, [p.used_mem_bytes for p in procs])
         gpus.append(
             WhoGpu(
                 index=gpu.index,
@@ -237,9 +270,49 @@ def who(store: JobStore) -> WhoReport:
                 mem_total_bytes=gpu.mem_total_bytes,
                 held_by=held.get(gpu.index),
                 waiting=tuple(waiting.get(gpu.index, ())),
+                free_for_jobs=held.get(gpu.index) is None and not used,
             )
         )
-    return WhoReport(gpus=tuple(gpus), waiting_any=tuple(waiting_any))
+    return tuple(gpus), tuple(waiting_any)
+
+
+def _look_at_gpus() -> Tuple[Optional[StatusSnapshot], List[int], str]:
+    """One status snapshot (None when NVML failed), the GPU indices in it, and why there are
+    none when the list is empty."""
+    from agents import nvml
+
+    snapshot = nvml.collect_status()
+    found = [g.index for g in snapshot.gpus]
+    if found:
+        return snapshot, found, ""
+    why = snapshot.nvml_error.message if snapshot.nvml_error is not None else "NVML lists no GPUs"
+    return None, found, why
+
+
+def _blocking_gpus(store: JobStore, snapshot: StatusSnapshot, job_id: str) -> List[Dict[str, Any]]:
+    """When job ``job_id`` (just queued, for any N GPUs) cannot start now: every GPU it cannot
+    have, as ``who`` shows it without command lines or queued jobs; [] when it can start.
+    Call with the store locked."""
+    active = store.active_metas()
+    in_use = {
+        g.index
+        for g in snapshot.gpus
+        if gpu_in_use(
+            g.mem_used_bytes,
+            g.util_gpu_pct,
+            [p.used_mem_bytes for p in snapshot.processes if p.gpu_index == g.index],
+        )
+    }
+    inventory = [g.index for g in snapshot.gpus]
+    if job_id in plan_starts(queue_of(active), inventory, busy_of(active), in_use):
+        return []
+    gpus, _ = who_gpus(store, snapshot, active)
+    shown = [
+        replace(gpu, processes=tuple(replace(p, command=None) for p in gpu.processes), waiting=())
+        for gpu in gpus
+        if not gpu.free
+    ]
+    return [json.loads(dumps(gpu)) for gpu in shown]  # as JSON has it: lists, not tuples
 
 
 def nvml_failure(error: NvmlError) -> str:

@@ -14,12 +14,12 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from agents import diagnose
-from agents.gpu_queue import gpu_indices, plan_starts
+from agents.gpu_queue import GpuWatch, busy_of, plan_starts, queue_of
 from agents.jobstore import JobStore, iso_now, tail_lines
-from agents.protocol import FINAL_JOB_STATES, GpuRequest, JobNotFound, JobSummary, to_dict
+from agents.protocol import FINAL_JOB_STATES, JobNotFound, JobSummary, to_dict
 from agents.runner import (
     DEFAULT_GRACE_S,
     DEFAULT_QUEUE_POLL_S,
@@ -120,24 +120,47 @@ class Supervisor:
 
     def _wait_for_turn(self) -> Optional[Tuple[int, ...]]:
         """Wait (FIFO) until this job may start; returns its GPUs, or None when it must not
-        run (cancelled while queued, declared lost, or no GPU visible for a GPU job)."""
-        inventory: List[int] = []
-        if int(self._read().get("want_count", 0)):
-            inventory, why = gpu_indices()  # outside the lock: NVML can be slow
-            if not inventory:
-                self.fail(f"no GPU is visible to the job's supervisor ({why})")
-                return None
+        run (cancelled while queued, declared lost, or no GPU visible for a GPU job). A job
+        that asks for any N GPUs gets only GPUs nothing else uses (gpu_queue.gpu_in_use),
+        looked at again before every look at the queue."""
+        if not int(self._read().get("want_count", 0)):
+            return self._wait_with(None)
+        from agents import nvml
+
+        try:
+            watch = GpuWatch().__enter__()
+        except nvml.NvmlUnavailable as exc:
+            self.fail(f"no GPU is visible to the job's supervisor ({exc.error.message})")
+            return None
+        try:
+            return self._wait_with(watch)
+        finally:
+            watch.__exit__(None, None, None)
+
+    def _wait_with(self, watch: Optional[GpuWatch]) -> Optional[Tuple[int, ...]]:
         while True:
+            inventory: List[int] = []
+            in_use: Set[int] = set()
+            if watch is not None:
+                inventory, in_use = watch.look()  # outside the lock: NVML can be slow
+                if not inventory:
+                    self.fail("no GPU is visible to the job's supervisor (NVML lists none)")
+                    return None
             with self.store.locked():
                 meta = self.store.read(self.job_id)
                 if meta.get("supervisor_pid") != os.getpid() or meta.get("state") != "queued":
                     return None  # cancelled while queued, or declared lost
                 reap_lost(self.store)
                 active = self.store.active_metas()
-                plan = plan_starts(_queue(active), inventory, _busy(active))
+                plan = plan_starts(queue_of(active), inventory, busy_of(active), in_use)
                 if self.job_id in plan:
                     gpus = plan[self.job_id]
-                    meta.update(state="running", gpus_assigned=list(gpus), started_at=iso_now())
+                    meta.update(
+                        state="running",
+                        gpus_assigned=list(gpus),
+                        started_at=iso_now(),
+                        gpus_in_use=[],
+                    )
                     self.store.write(meta)
                     return gpus
             time.sleep(self.queue_poll_s)
@@ -330,26 +353,6 @@ class _Sampler:
                 )
             )
         return tuple(points)
-
-
-def _queue(active: Sequence[Dict[str, Any]]) -> List[Tuple[str, GpuRequest]]:
-    return [
-        (
-            m["id"],
-            GpuRequest(
-                count=int(m.get("want_count", 0)),
-                indices=tuple(int(i) for i in m.get("want_indices") or ()),
-            ),
-        )
-        for m in active
-        if m.get("state") == "queued"
-    ]
-
-
-def _busy(active: Sequence[Dict[str, Any]]) -> List[int]:
-    return [
-        int(g) for m in active if m.get("state") == "running" for g in m.get("gpus_assigned") or ()
-    ]
 
 
 def _exit_code(status: int) -> int:

@@ -77,6 +77,8 @@ _GIB = 1024**3
 UNSEEN_IN_USE = N_("in use (no process visible: another container?)")
 #: A job that asked for no GPU, or got none.
 NO_GPU = N_("no GPU (CPU only)")
+#: A process on a GPU that no job of the agent's started.
+NOT_OURS = N_("not a gpubot job")
 
 
 def queued_message(job: JobView) -> Message:
@@ -104,8 +106,47 @@ def queued_message(job: JobView) -> Message:
             ),
         ),
     ]
+    blocks.extend(section(chunk) for chunk in pack(in_use_lines(job), SECTION_TEXT_MAX))
     text = t("{title}: {command}", title=escape(title), command=escape(command_line(job.command)))
     return fallback(text), fit(blocks)
+
+
+def in_use_lines(job: JobView) -> list[str]:
+    """Why a job queued for any free GPUs waits: a heading, then one line per GPU it cannot
+    have saying who or what holds it; [] when nothing holds it back."""
+    if not job.gpus_in_use:
+        return []
+    head = ":hourglass_flowing_sand: " + t(
+        "*It waits for {gpus}.* These GPUs are in use:", gpus=escape(gpus_text(job))
+    )
+    return [head, *(holder_line(gpu) for gpu in job.gpus_in_use)]
+
+
+def holder_line(gpu: WhoGpuView) -> str:
+    """One GPU and what holds it: the agent's job and who ran it, each process by pid, user
+    and memory (marked when no job of the agent's started it), memory no visible process
+    holds, and its load."""
+    parts = []
+    if gpu.held_by is not None:
+        parts.append(_reservation_text(gpu.held_by))
+    for proc in gpu.processes:
+        who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or t("unknown"))
+        mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
+        mark = t("job {ref}", ref=code(proc.job_ref)) if proc.job_ref else t(NOT_OURS)
+        parts.append(f"pid {proc.pid} · {who}{mem} · {mark}")
+    if gpu.unseen_mem_bytes is not None:
+        size = _gib(gpu.unseen_mem_bytes)
+        parts.append(
+            t("{size} in use, no process visible (another container?)", size=size)
+            if not gpu.processes
+            else t(
+                "and {size} in use by processes not visible here (another container?)",
+                size=size,
+            )
+        )
+    if gpu.util_gpu_pct:
+        parts.append(t("{percent}% busy", percent=gpu.util_gpu_pct))
+    return f"*GPU {gpu.index}*: " + "; ".join(parts)
 
 
 def completion_reply(job: JobView) -> Message:
@@ -248,11 +289,16 @@ def _who_gpu_lines(gpu: WhoGpuView) -> list[str]:
                 size=_gib(gpu.unseen_mem_bytes),
             )
         )
+    if gpu.used_outside:
+        lines.append(
+            f"{indent}:warning: "
+            + t("in use outside gpubot: new jobs wait for it unless they name it in --gpus")
+        )
     if gpu.free:
         lines.append(indent + t("free"))
     for proc in gpu.processes:
         who = mention(proc.slack_user) if proc.slack_user else escape(proc.user or t("unknown"))
-        job = " · " + t("job {ref}", ref=code(proc.job_ref)) if proc.job_ref else ""
+        job = " · " + (t("job {ref}", ref=code(proc.job_ref)) if proc.job_ref else t(NOT_OURS))
         mem = f" · {_gib(proc.used_mem_bytes)}" if proc.used_mem_bytes is not None else ""
         use = _process_use(proc.sm_util_pct, proc.cpu_pct, proc.elapsed_s)
         cmd = f" · {code(clip(proc.command, 200))}" if proc.command else ""
@@ -267,10 +313,13 @@ def _who_gpu_lines(gpu: WhoGpuView) -> list[str]:
 def _gpu_state(gpu: WhoGpuView) -> str:
     """One GPU in a few words, for the fallback text."""
     if gpu.processes:
-        return t("{n} process(es)", n=len(gpu.processes))
+        state = t("{n} process(es)", n=len(gpu.processes))
+        return t("{state}, in use outside gpubot", state=state) if gpu.used_outside else state
     if gpu.held_by is not None:
         return t("held by job {ref}", ref=gpu.held_by.job_ref)
-    return t(UNSEEN_IN_USE) if gpu.unseen_mem_bytes is not None else t("free")
+    if gpu.unseen_mem_bytes is not None:
+        return t(UNSEEN_IN_USE)
+    return t("free") if gpu.free else t("busy outside gpubot")
 
 
 def _reservation_text(job: WhoReservation) -> str:
@@ -360,7 +409,10 @@ def submitted_reply(job: JobView, posted: bool) -> Message:
             gpus=gpus_text(job),
         )
     )
-    return text, (section(text),)
+    waiting = in_use_lines(job)
+    body: list[Block] = [section(text)]
+    body.extend(section(chunk) for chunk in pack(waiting, SECTION_TEXT_MAX))
+    return fallback("\n".join([text, *waiting])), fit(body)
 
 
 # --- pieces -----------------------------------------------------------------------------------

@@ -52,6 +52,9 @@ class JobView:
     #: The command is not shown to this reader (``command`` is then empty): only the job's
     #: requester, the instance's owner, the people allowed on it and admins see it.
     command_hidden: bool = False
+    #: When the job asked for any free GPUs and could not start as it was queued: every GPU
+    #: it could not have and what holds it (processes without their commands); () otherwise.
+    gpus_in_use: tuple[WhoGpuView, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -145,11 +148,27 @@ class WhoGpuView:
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     unseen_mem_bytes: int | None = None
+    #: Whether the agent gives it to a new job asking for any free GPU (nothing holds more
+    #: than a CUDA context's memory on it and it is nearly idle); None from older agents.
+    free_for_jobs: bool | None = None
 
     @property
     def free(self) -> bool:
-        """No process, no job holding it and no memory in use by processes not visible."""
+        """Whether a new job may have it: the agent's word where it gave one; else no
+        process, no job holding it and no memory in use by processes not visible."""
+        if self.free_for_jobs is not None:
+            return self.free_for_jobs
         return not self.processes and self.held_by is None and self.unseen_mem_bytes is None
+
+    @property
+    def used_outside(self) -> bool:
+        """Whether something other than the agent's jobs keeps it from being free: a process
+        no agent job started, or memory or load on it while no job of the agent's holds it
+        (on a GPU a job holds, memory no visible process holds is taken to be the job's own,
+        as inside a container whose processes NVML does not list)."""
+        if self.free:
+            return False
+        return any(p.job_ref is None for p in self.processes) or self.held_by is None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from agents.protocol import (
     JobRecord,
     JobRequestError,
     ProtocolError,
+    WhoGpu,
     WhoJob,
     dumps,
     gpus_phrase,
@@ -279,6 +280,7 @@ def submit(
         job = _job(session, job_id)
         _apply_record(job, record, inst)
         view = job_view(job, inst, record)
+    view = replace(view, gpus_in_use=_gpus_in_use(rt, inst, record))
     text, body = rt.message(JobQueued(view))
     channel = caller.channel_id or inst.channel_id or rt.settings.channel or caller.user_id
     ref = None
@@ -476,44 +478,64 @@ def _who(rt: Runtime, name: str) -> WhoView:
     except FleetError as exc:
         handle_fleet_error(rt, inst, exc)
         raise _agent_error(exc, inst) from exc
-    held = [g.held_by for g in report.gpus if g.held_by is not None]
-    queued = [j for g in report.gpus for j in g.waiting] + list(report.waiting_any)
-    job_ids = {p.job_id for g in report.gpus for p in g.processes if p.job_id}
-    job_ids |= {j.job_id for j in held + queued}
-    with rt.db.session() as session:
-        rows = {
-            row.agent_job_id: row
-            for row in session.exec(
-                select(Job).where(Job.instance_id == inst.id, col(Job.agent_job_id).in_(job_ids))
-            ).all()
-        }
+    views = _GpuViews(rt, inst, report.gpus, report.waiting_any)
+    return WhoView(
+        instance_name=inst.name,
+        gpus=tuple(views.gpu(g) for g in report.gpus),
+        waiting_any=tuple(views.reservation(j) for j in report.waiting_any),
+    )
 
-    def ref_of(agent_job_id: str) -> str:
-        row = rows.get(agent_job_id)
-        return str(row.id) if row is not None else f"{inst.name}:{agent_job_id}"
 
-    def reservation(job: WhoJob, starting: bool = False) -> WhoReservation:
-        row = rows.get(job.job_id)
+class _GpuViews:
+    """Turns the agent's GPUs (``who``, or a queued job's ``gpus_in_use``) into views whose
+    agent jobs are named as people name them (the bot's job number, else
+    ``INSTANCE:AGENT_ID``) with the Slack user who ran them; one query for all of them."""
+
+    def __init__(
+        self, rt: Runtime, inst: Instance, gpus: Sequence[WhoGpu], waiting_any: Sequence[WhoJob]
+    ) -> None:
+        held = [g.held_by for g in gpus if g.held_by is not None]
+        queued = [j for g in gpus for j in g.waiting] + list(waiting_any)
+        job_ids = {p.job_id for g in gpus for p in g.processes if p.job_id}
+        job_ids |= {j.job_id for j in held + queued}
+        self.inst = inst
+        self.rows: dict[str, Job] = {}
+        if job_ids:
+            with rt.db.session() as session:
+                self.rows = {
+                    row.agent_job_id: row
+                    for row in session.exec(
+                        select(Job).where(
+                            Job.instance_id == inst.id, col(Job.agent_job_id).in_(job_ids)
+                        )
+                    ).all()
+                }
+
+    def ref_of(self, agent_job_id: str) -> str:
+        row = self.rows.get(agent_job_id)
+        return str(row.id) if row is not None else f"{self.inst.name}:{agent_job_id}"
+
+    def reservation(self, job: WhoJob, starting: bool = False) -> WhoReservation:
+        row = self.rows.get(job.job_id)
         wanted = gpus_phrase(job.gpus_requested) if not job.gpus and job.gpus_requested else None
         return WhoReservation(
-            job_ref=ref_of(job.job_id),
+            job_ref=self.ref_of(job.job_id),
             slack_user=row.requested_by if row is not None else None,
             user=job.user,
             starting=starting,
             wanted=wanted,
         )
 
-    gpus = []
-    for gpu in report.gpus:
+    def gpu(self, gpu: WhoGpu) -> WhoGpuView:
         procs = []
         for proc in gpu.processes:
-            row = rows.get(proc.job_id or "")
+            row = self.rows.get(proc.job_id or "")
             procs.append(
                 WhoProcess(
                     pid=proc.pid,
                     user=proc.user,
                     slack_user=row.requested_by if row is not None else None,
-                    job_ref=ref_of(proc.job_id) if proc.job_id else None,
+                    job_ref=self.ref_of(proc.job_id) if proc.job_id else None,
                     command=proc.command,
                     used_mem_bytes=proc.used_mem_bytes,
                     sm_util_pct=proc.sm_util_pct,
@@ -523,23 +545,33 @@ def _who(rt: Runtime, name: str) -> WhoView:
             )
         holder = gpu.held_by
         started = holder is not None and any(p.job_id == holder.job_id for p in gpu.processes)
-        gpus.append(
-            WhoGpuView(
-                index=gpu.index,
-                name=gpu.name,
-                processes=tuple(procs),
-                util_gpu_pct=gpu.util_gpu_pct,
-                mem_used_bytes=gpu.mem_used_bytes,
-                mem_total_bytes=gpu.mem_total_bytes,
-                unseen_mem_bytes=gpu.unseen_mem_bytes,
-                held_by=None if holder is None else reservation(holder, starting=not started),
-                waiting=tuple(reservation(j) for j in gpu.waiting),
-            )
+        return WhoGpuView(
+            index=gpu.index,
+            name=gpu.name,
+            processes=tuple(procs),
+            util_gpu_pct=gpu.util_gpu_pct,
+            mem_used_bytes=gpu.mem_used_bytes,
+            mem_total_bytes=gpu.mem_total_bytes,
+            unseen_mem_bytes=gpu.unseen_mem_bytes,
+            held_by=None if holder is None else self.reservation(holder, starting=not started),
+            waiting=tuple(self.reservation(j) for j in gpu.waiting),
+            free_for_jobs=gpu.free_for_jobs,
         )
-    return WhoView(
-        instance_name=inst.name,
-        gpus=tuple(gpus),
-        waiting_any=tuple(reservation(j) for j in report.waiting_any),
+
+
+def _gpus_in_use(rt: Runtime, inst: Instance, record: JobRecord) -> tuple[WhoGpuView, ...]:
+    """What holds each GPU a job queued for any free GPUs could not have, as views (no
+    command lines: the job's message is read by the whole channel)."""
+    if not record.gpus_in_use:
+        return ()
+    views = _GpuViews(rt, inst, record.gpus_in_use, ())
+    return tuple(
+        replace(
+            view,
+            processes=tuple(replace(p, command=None) for p in view.processes),
+            waiting=(),
+        )
+        for view in (views.gpu(g) for g in record.gpus_in_use)
     )
 
 

@@ -73,3 +73,50 @@ def test_plan_jobs_without_gpus_always_start():
 
 def test_plan_exact_request_for_a_missing_gpu_never_starts():
     assert plan_starts(q(("a", "7"), ("b", "any:1")), [0, 1], []) == {"b": (0,)}
+
+
+GIB = 1024**3
+
+
+def test_a_gpu_is_in_use_by_memory_visible_or_not_by_one_process_or_by_load():
+    in_use = gpu_queue.gpu_in_use
+    # Idle, or what an idle CUDA context / the driver's reservation takes: free.
+    assert not in_use(0, 0)
+    assert not in_use(500 * 1024**2, 0, [400 * 1024**2])
+    assert not in_use(gpu_queue.FREE_MEM_MAX_BYTES, gpu_queue.FREE_UTIL_MAX_PCT)
+    assert not in_use(None, None, [None])  # nothing reported: nothing to go by
+    # 78 GiB held with no process visible (another container's), a 70 GiB process, a busy GPU.
+    assert in_use(78 * GIB, 0)
+    assert in_use(gpu_queue.FREE_MEM_MAX_BYTES + 1, 0)
+    assert in_use(None, 0, [70 * GIB])
+    assert in_use(100 * 1024**2, 97)
+    assert in_use(0, gpu_queue.FREE_UTIL_MAX_PCT + 1)
+
+
+def test_plan_any_n_and_the_default_skip_gpus_something_else_uses():
+    # GPU 0: another tenant's process; GPU 1: memory no visible process holds.
+    plan = plan_starts(q(("default", "auto"), ("two", "any:2")), [0, 1, 2, 3], [], [0, 1])
+    assert plan == {"default": (2,)}  # any:2 waits: only GPU 3 is really free after it
+    assert plan_starts(q(("two", "any:2")), [0, 1, 2, 3], [], [0, 1]) == {"two": (2, 3)}
+    # A waiting any:N holds back the GPU jobs behind it, as with the agent's own jobs.
+    assert plan_starts(q(("two", "any:2"), ("one", "any:1")), [0, 1, 2], [], [0, 1]) == {}
+
+
+def test_plan_gpus_named_by_index_are_the_requesters_choice():
+    plan = plan_starts(q(("named", "0"), ("all", "0,1")), [0, 1], [], [0, 1])
+    assert plan == {"named": (0,)}  # waits for the agent's job on GPU 0 only
+
+
+def test_queue_and_busy_from_job_metadata():
+    active = [
+        {"id": "r", "state": "running", "gpus_assigned": [1]},
+        {"id": "a", "state": "queued", "want_count": 2, "want_indices": []},
+        {"id": "n", "state": "queued", "want_count": 1, "want_indices": [3]},
+        {"id": "c", "state": "queued", "want_count": 0},
+    ]
+    assert gpu_queue.busy_of(active) == [1]
+    assert gpu_queue.queue_of(active) == [
+        ("a", GpuRequest(count=2)),
+        ("n", GpuRequest(1, (3,))),
+        ("c", GpuRequest()),
+    ]

@@ -482,10 +482,10 @@ def test_sampler_keeps_one_session_and_sees_changes(fake_nvml):
     fake_nvml.gpus(2, util_gpu=10)
     with nvml.GpuSampler() as sampler:
         first = sampler.sample()
-        fake_nvml.gpus(2, util_gpu=90)  # read at init: the open session keeps the old file
+        fake_nvml.gpus(2, util_gpu=90)  # the GPUs get busy while the session stays open
         second = sampler.sample()
     assert [s.util_gpu_pct for s in first] == [10, 10]
-    assert [s.util_gpu_pct for s in second] == [10, 10]
+    assert [s.util_gpu_pct for s in second] == [90, 90]
     calls = fake_nvml.calls()
     assert calls.count("nvmlInitWithFlags") == 1
     assert calls.count("nvmlDeviceGetName") == 2  # names looked up once per GPU

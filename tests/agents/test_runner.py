@@ -54,7 +54,7 @@ def agent(tmp_path: Path):
 
 @pytest.fixture
 def gpu_agent(tmp_path: Path, fake_nvml):
-    fake_nvml.gpus(4, util_gpu=10, memory_used=10 * 1024**3)
+    fake_nvml.gpus(4)  # idle: free for any job
     a = make_agent(tmp_path, fake_nvml.env)
     yield a
     a.cleanup()
@@ -370,13 +370,15 @@ def test_logs_tail_and_unknown_job(agent: Agent):
     assert "no job 'nope'" in missing.stderr
 
 
-def test_summary_reports_gpus_and_out_of_memory(gpu_agent: Agent):
+def test_summary_reports_gpus_and_out_of_memory(gpu_agent: Agent, fake_nvml):
     code = (
         "import time; t = time.time()\n"
         "while time.time() - t < 0.8: pass\n"
         "print('RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB'); raise SystemExit(1)"
     )
-    record = gpu_agent.submit(*python_job(code), options=["--gpus", "any:2"])
+    # GPUs named by index run even where something else uses them: the requester's choice.
+    fake_nvml.gpus(4, util_gpu=10, memory_used=10 * 1024**3)
+    record = gpu_agent.submit(*python_job(code), options=["--gpus", "0,1"])
     final = gpu_agent.wait(record.id)
     assert (final.state, final.exit_code) == ("failed", 1)
     summary = final.summary
@@ -593,3 +595,63 @@ def test_jobs_of_pids_finds_grandchildren_and_reads_nothing_it_need_not(
     assert owners == {job_pid: record.id, grandchild: record.id}
     assert agent.cli("cancel", record.id).returncode == 0
     assert runner.jobs_of_pids(agent.store, [job_pid, grandchild]) == {}
+
+
+def test_free_means_free_of_other_tenants_and_unseen_memory(
+    gpu_agent: Agent, fake_nvml, tmp_path: Path
+):
+    """GPU 0: another tenant's process with 70 GiB at 97 %; GPU 1: 78 GiB held by no visible
+    process. The default job goes to GPU 2; any:2 waits for two really free GPUs, its record
+    names what holds each GPU it cannot have, and it starts once GPUs 0 and 1 are free."""
+    tenant = subprocess.Popen(["sleep", "60"])
+    try:
+        fake_nvml.gpus(
+            4,
+            per_gpu={
+                0: {
+                    "util_gpu": 97,
+                    "memory_used": 70 * 1024**3,
+                    "processes": [{"pid": tenant.pid, "used_memory": 70 * 1024**3}],
+                },
+                1: {"memory_used": 78 * 1024**3},
+            },
+        )
+        gate = tmp_path / "gate"
+        spans_file = tmp_path / "spans"
+        default = gpu_agent.submit(*python_job(RECORD_SPAN, str(spans_file), str(gate)))
+        assert default.gpus_in_use == ()  # GPU 2 was free: nothing to explain
+        assert gpu_agent.running(default.id)["gpus_assigned"] == [2]
+
+        pair = gpu_agent.submit("true", options=["--gpus", "any:2"])
+        assert pair.state == "queued"
+        held = {g.index: g for g in pair.gpus_in_use}
+        assert sorted(held) == [0, 1, 2]
+        (foreign,) = held[0].processes
+        assert (foreign.pid, foreign.job_id, foreign.used_mem_bytes) == (
+            tenant.pid,
+            None,
+            70 * 1024**3,
+        )
+        assert foreign.user == gpu_agent.meta(default.id)["user"]
+        assert foreign.command is None  # who holds it, not what it runs
+        assert held[0].util_gpu_pct == 97
+        assert (held[1].processes, held[1].unseen_mem_bytes) == ((), 78 * 1024**3)
+        assert held[2].held_by is not None
+        assert held[2].held_by.job_id == default.id
+        assert not any(g.free for g in pair.gpus_in_use)
+        time.sleep(0.3)
+        assert gpu_agent.meta(pair.id)["state"] == "queued"
+
+        report = protocol.loads(WhoReport, gpu_agent.cli("who", "--json").stdout)
+        assert [g.free_for_jobs for g in report.gpus] == [False, False, False, True]
+        assert [p.pid for p in report.gpus[0].foreign_processes] == [tenant.pid]
+
+        fake_nvml.gpus(4)  # the tenant and the other container are gone
+        done = gpu_agent.wait(pair.id)  # while the default job still holds GPU 2
+        assert (done.state, done.gpus_assigned, done.gpus_in_use) == ("succeeded", (0, 1), ())
+        gate.touch()
+        assert gpu_agent.wait(default.id).state == "succeeded"
+        assert _spans(spans_file)[0][3] == (2,)
+    finally:
+        tenant.kill()
+        tenant.wait()

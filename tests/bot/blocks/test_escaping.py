@@ -31,6 +31,7 @@ from bot.services.job_views import (
     LogView,
     WhoGpuView,
     WhoProcess,
+    WhoReservation,
     WhoView,
 )
 from bot.services.outbox import PostFailed
@@ -151,9 +152,25 @@ _SPEND = report(
 _FIT = advice.fit("70b", "full")
 _ESTIMATE = advice.estimate("4090", hours=Decimal(5), hourly_micros=500_000)
 
+#: What holds the GPUs a queued job waits for, in hostile words (users, job references).
+_HOSTILE_HELD = (
+    WhoGpuView(
+        0,
+        HOSTILE,
+        (WhoProcess(11, HOSTILE, None, None, HOSTILE, 70 * 1024**3),),
+        util_gpu_pct=97,
+        held_by=WhoReservation(HOSTILE, None, HOSTILE),
+        unseen_mem_bytes=8 * 1024**3,
+        free_for_jobs=False,
+    ),
+    WhoGpuView(1, HOSTILE, (WhoProcess(12, None, None, HOSTILE, None, None),)),
+)
+
 RENDERERS: dict[str, Callable[[], Message]] = {
     # jobs
-    "queued_message": lambda: jobs.queued_message(hostile_job(state="queued")),
+    "queued_message": lambda: jobs.queued_message(
+        hostile_job(state="queued", gpus_in_use=_HOSTILE_HELD)
+    ),
     "completion_reply": lambda: jobs.completion_reply(hostile_job()),
     "job_list": lambda: jobs.job_list(JobListView(None, (hostile_job(),), problem=HOSTILE)),
     "log_message": lambda: jobs.log_message(LogView(hostile_job(), HOSTILE + "\n" * 3, 50)),
@@ -167,7 +184,9 @@ RENDERERS: dict[str, Callable[[], Message]] = {
     "access_message": lambda: jobs.access_message(
         AccessChange("box1", "UOWNER", "U0BOB", True, True, ("U0ALICE",))
     ),
-    "submitted_reply": lambda: jobs.submitted_reply(hostile_job(state="queued"), True),
+    "submitted_reply": lambda: jobs.submitted_reply(
+        hostile_job(state="queued", gpus_in_use=_HOSTILE_HELD), True
+    ),
     # instances
     "register_result": lambda: instances.register_result(_REGISTERED),
     "mismatch_notice": lambda: instances.mismatch_notice(_REGISTERED),

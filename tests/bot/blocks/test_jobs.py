@@ -486,3 +486,95 @@ def test_log_of_a_job_whose_state_could_not_be_asked_says_so() -> None:
     assert "Log of job 42 on box1 (running, as the bot last saw it)" in all_text((text, body))
     fresh = blocks.log_message(LogView(job(), "done\n", 50))
     assert "Log of job 42 on box1 (succeeded)" in all_text(fresh)
+
+
+#: What holds the GPUs of a 4-GPU instance: another tenant's process at 97 %, memory no
+#: visible process holds, and the agent's own job.
+HELD_GPUS = (
+    WhoGpuView(
+        0,
+        "NVIDIA A800-SXM4-80GB",
+        (WhoProcess(4242, "mallory", None, None, None, 70 * GIB),),
+        util_gpu_pct=97,
+        mem_used_bytes=70 * GIB,
+        free_for_jobs=False,
+    ),
+    WhoGpuView(
+        1,
+        "NVIDIA A800-SXM4-80GB",
+        (),
+        util_gpu_pct=0,
+        mem_used_bytes=78 * GIB,
+        unseen_mem_bytes=78 * GIB,
+        free_for_jobs=False,
+    ),
+    WhoGpuView(
+        2,
+        "NVIDIA A800-SXM4-80GB",
+        (),
+        held_by=WhoReservation("41", "U0BOB", "ubuntu", starting=True),
+        free_for_jobs=False,
+    ),
+)
+
+
+def test_a_job_waiting_for_free_gpus_says_who_or_what_holds_each() -> None:
+    waiting = job(state="queued", gpus_assigned=(), gpus_in_use=HELD_GPUS, summary=None)
+    expected = [
+        "*GPU 0*: pid 4242 · mallory · 70.0 GiB · not a gpubot job; 97% busy",
+        "*GPU 1*: 78.0 GiB in use, no process visible (another container?)",
+        "*GPU 2*: job `41` · <@U0BOB>",
+    ]
+    assert blocks.in_use_lines(waiting)[1:] == expected
+    for message in (blocks.queued_message(waiting), blocks.submitted_reply(waiting, True)):
+        assert check_blocks(message[1]) == []
+        shown = all_text(message)
+        assert "*It waits for any 2 free GPUs (picked when the job starts).*" in shown
+        for line in expected:
+            assert line in shown
+    assert blocks.in_use_lines(replace(waiting, gpus_in_use=())) == []
+    ready = blocks.queued_message(replace(waiting, gpus_in_use=()))
+    assert "These GPUs are in use" not in all_text(ready)
+
+
+def test_who_marks_use_outside_gpubot() -> None:
+    idle_context = WhoGpuView(
+        3,
+        "NVIDIA A800-SXM4-80GB",
+        (WhoProcess(77, "carol", None, None, "python", 400 * 1024**2),),
+        util_gpu_pct=0,
+        free_for_jobs=True,
+    )
+    busy_unseen = WhoGpuView(4, "NVIDIA A800-SXM4-80GB", (), util_gpu_pct=97, free_for_jobs=False)
+    view = WhoView("box1", (*HELD_GPUS, idle_context, busy_unseen))
+    text, body = blocks.who_message(view)
+    assert check_blocks(body) == []
+    shown = all_text((text, body))
+    marker = ":warning: in use outside gpubot: new jobs wait for it unless they name it in --gpus"
+    assert shown.count(marker) == 3  # GPUs 0, 1 and 4; not 2 (the agent's job) nor 3 (free)
+    assert "pid 4242 · mallory · not a gpubot job · 70.0 GiB" in shown
+    assert "pid 77 · carol · not a gpubot job · 0.4 GiB" in shown  # a context only: still free
+    assert text.endswith(
+        "GPU 0: 1 process(es), in use outside gpubot; "
+        "GPU 1: in use (no process visible: another container?); GPU 2: held by job 41; "
+        "GPU 3: 1 process(es); GPU 4: busy outside gpubot"
+    )
+    older_agent = replace(idle_context, free_for_jobs=None)  # no word from the agent
+    assert not older_agent.free
+
+
+def test_memory_unseen_on_a_gpu_the_agents_job_holds_is_not_called_outside_use() -> None:
+    # In a container NVML lists no process: the job's own memory shows as unseen.
+    own = WhoGpuView(
+        0,
+        "H100",
+        (),
+        unseen_mem_bytes=30 * GIB,
+        held_by=WhoReservation("41", "U0BOB", "ubuntu"),
+        free_for_jobs=False,
+    )
+    assert not own.used_outside
+    tenant = replace(own, processes=(WhoProcess(9, "mallory", None, None, None, GIB),))
+    assert tenant.used_outside
+    assert not replace(own, held_by=None, free_for_jobs=True).used_outside
+    assert replace(own, held_by=None).used_outside

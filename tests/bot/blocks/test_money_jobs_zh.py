@@ -272,3 +272,20 @@ def test_unknown_use_and_a_job_without_gpus() -> None:
     assert "GPU 0" in shown
     assert_chinese(text)
     assert "CUDA_VISIBLE_DEVICES=0,1" in text
+
+
+def test_a_job_waiting_for_gpus_others_hold_and_who_marks_them() -> None:
+    from tests.bot.blocks.test_jobs import HELD_GPUS
+
+    waiting = job(state="queued", gpus_assigned=(), gpus_in_use=HELD_GPUS, summary=None)
+    with speaking("zh"):
+        queued = chinese(jobs.queued_message(waiting))
+        answer = chinese(jobs.submitted_reply(waiting, True))
+        busy = WhoGpuView(4, "A800", (), util_gpu_pct=97, free_for_jobs=False)
+        who = chinese(jobs.who_message(WhoView("box1", (*HELD_GPUS, busy))))
+    for shown in (queued, answer):
+        assert "pid 4242 · mallory · 70.0 GiB · 不是 gpubot 的任务" in shown
+        assert "已占用 78.0 GiB，看不到进程" in shown
+        assert "<@U0BOB>" in shown
+    assert "被 gpubot 以外的程序占用：新任务会等它空出来" in who
+    assert "GPU 4: 正被 gpubot 以外的程序使用" in who

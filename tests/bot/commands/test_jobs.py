@@ -4,9 +4,11 @@ runtime serving Slack refuses the console-only instance ``local``)."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import shlex
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,7 @@ WRITE_ARGV = (
     "import json, os, sys; "
     "json.dump(sys.argv[1:], open(os.path.join(os.environ['GPUBOT_JOB_DIR'], 'argv.json'), 'w'))"
 )
+GIB = 1024**3
 TRICKY = ["it's", 'say "hi"', "a  b", "$HOME", "a;b", "x | y", "`id`", "$(whoami)", "<&>", ""]
 
 
@@ -315,3 +318,97 @@ def test_help_for_run_states_what_gpus_means() -> None:
         "[--gpus 0,1|any:N|all|none]",
     ):
         assert fragment in text, fragment
+
+
+def test_free_means_free_over_ssh_other_tenants_and_unseen_memory_are_named(
+    sqlite_db: Database,
+    tmp_path: Path,
+    clock: Clock,
+    fake_gpu_agent: Path,
+    fake_nvml: FakeNvml,
+    box: int,
+    agent_home: Path,
+) -> None:
+    """A 4-GPU instance: GPU 0 runs another tenant's 70 GiB process at 97 %, GPU 1 holds
+    78 GiB with no process visible (another container's). The default job goes to GPU 2;
+    ``--gpus any:2`` waits for two really free GPUs and its replies name what holds each GPU;
+    ``/gpu who`` marks the use outside gpubot."""
+    tenant = subprocess.Popen(["sleep", "120"])
+    gate = tmp_path / "gate"
+    try:
+        fake_nvml.gpus(
+            4,
+            per_gpu={
+                0: {
+                    "util_gpu": 97,
+                    "memory_used": 70 * GIB,
+                    "processes": [{"pid": tenant.pid, "used_memory": 70 * GIB}],
+                },
+                1: {"memory_used": 78 * GIB},
+            },
+        )
+        wait_for_gate = (
+            f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.05)"
+        )
+        with start(sqlite_db, tmp_path, clock, fake_gpu_agent) as bot:
+            default = payload_json(ask(bot, f"run box -- {PY} -c {shlex.quote(wait_for_gate)}"))
+            assert "Queued job 1 on box with one free GPU" in default
+            assert "These GPUs are in use" not in default
+            store = JobStore(str(agent_home))
+            first = wait_running(store)
+            assert store.read(first)["gpus_assigned"] == [2]
+
+            pair = payload_json(ask(bot, "run box --gpus any:2 -- true"))
+            me = getpass.getuser()
+            holders = [
+                f"*GPU 0*: pid {tenant.pid} · {me} · 70.0 GiB · not a gpubot job; 97% busy",
+                "*GPU 1*: 78.0 GiB in use, no process visible (another container?)",
+                "*GPU 2*: job `1` · <@U0ALICE>",
+            ]
+            assert "It waits for any 2 free GPUs (picked when the job starts).*" in pair
+            for line in holders:
+                assert line in pair  # the caller's answer
+            _, queued = channel_messages(bot)
+            assert not check_blocks(list(queued.blocks))
+            posted = json.dumps(queued.blocks, ensure_ascii=False)
+            for line in holders:
+                assert line in posted  # and the job's message in the channel
+            assert "sleep 120" not in posted  # who holds a GPU, not what it runs
+            assert "*GPU 3*" not in posted
+
+            who = payload_json(ask(bot, "who box"))
+            assert f"pid {tenant.pid} · {me} · not a gpubot job · 70.0 GiB" in who
+            # GPUs 0 and 1; not GPU 2 (job 1's) nor GPU 3 (free).
+            assert who.count(":warning: in use outside gpubot: new jobs wait for it") == 2
+            assert "GPU 0: 1 process(es), in use outside gpubot; GPU 1: in use" in who
+            time.sleep(0.5)
+            second = next(i for i in store.all_ids() if i != first)
+            assert store.read(second)["state"] == "queued"  # GPU 3 alone is not two
+
+            fake_nvml.gpus(4)  # the tenant and the other container are done
+            deadline = time.monotonic() + 20
+            while store.read(second)["state"] != "succeeded":
+                assert time.monotonic() < deadline, "any:2 never started on the freed GPUs"
+                time.sleep(0.05)
+            assert store.read(second)["gpus_assigned"] == [0, 1]
+            gate.touch()
+            wait_agent(agent_home)
+            tick.tick(bot.rt)
+            replies = {m.thread_ts: json.dumps(m.blocks) for m in channel_messages(bot)}
+            first_message, second_message = channel_messages(bot)[:2]
+            assert "GPU 2 (CUDA_VISIBLE_DEVICES=2)" in replies[first_message.ts]
+            assert "GPUs 0, 1 (CUDA_VISIBLE_DEVICES=0,1)" in replies[second_message.ts]
+    finally:
+        tenant.kill()
+        tenant.wait()
+
+
+def wait_running(store: JobStore, timeout: float = 20.0) -> str:
+    """The id of the first job once it runs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = store.all_ids()
+        if ids and store.read(ids[0])["state"] == "running":
+            return ids[0]
+        assert time.monotonic() < deadline, "the first job never started"
+        time.sleep(0.05)

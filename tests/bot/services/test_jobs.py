@@ -126,7 +126,7 @@ def world(
 ) -> Iterator[World]:
     for key, value in FAST_ENV.items():
         monkeypatch.setenv(key, value)
-    fake_nvml.gpus(2, util_gpu=40, memory_used=8 * 1024**3)
+    fake_nvml.gpus(2)  # idle: free for any job
     clock = Clock()
     notifier = RecordingNotifier()
     # The services run as in the console, on this machine as `local`.
@@ -166,9 +166,23 @@ def run(world: World, caller: Caller, command: list[str], **kwargs: Any) -> Job:
     return world.row(result.job.id)
 
 
+#: A job that fills 8 GiB of its GPU (GPU 0: the fake NVML's configuration changes as a real
+#: GPU's memory would) and says hello.
+FILL_GPU_0 = (
+    "import json, os, time\n"
+    "path = os.environ['GPUBOT_FAKE_NVML']\n"
+    "config = json.load(open(path))\n"
+    "config['gpus'][0].update(memory_used=8 * 2**30, util_gpu=40)\n"
+    "json.dump(config, open(path + '.new', 'w'))\n"
+    "os.replace(path + '.new', path)\n"
+    "print('hello from the job')\n"
+    "time.sleep(0.6)\n"
+)
+
+
 def test_run_posts_the_message_and_exactly_one_completion_reply_in_its_thread(world: World):
     # No --gpus: the job gets one free GPU (GPU 0 here), not the CPU.
-    job = run(world, OWNER, [PY, "-c", "print('hello from the job')"])
+    job = run(world, OWNER, [PY, "-c", FILL_GPU_0])
     assert job.agent_job_id.startswith("2")  # the agent's id, no longer pending
     assert job.requested_by == "UOWNER"
     assert job.reply_claimed_at is None
@@ -178,7 +192,7 @@ def test_run_posts_the_message_and_exactly_one_completion_reply_in_its_thread(wo
     assert (job.channel_id, job.message_ts) == ("CTEAM", message.ts)
     with world.db.session() as session:
         (entry,) = audit.entries(session, action="job_run")
-    assert audit.details(entry)["command"] == [PY, "-c", "print('hello from the job')"]
+    assert audit.details(entry)["command"] == [PY, "-c", FILL_GPU_0]
 
     world.wait_agent(job.agent_job_id)
     report = svc.poll_all(world.rt)
@@ -188,7 +202,8 @@ def test_run_posts_the_message_and_exactly_one_completion_reply_in_its_thread(wo
     assert "Job 1 on box succeeded" in reply.text
     body = json.dumps(reply.blocks)
     assert "hello from the job" in body
-    assert "GPU 0: 40% busy on average, peak memory 8.0 GiB" in body
+    assert "GPU 0: " in body
+    assert "busy on average, peak memory 8.0 GiB" in body  # what the job itself took
     assert "instance_release_ask" in body
     row = world.row(1)
     assert (row.state, row.exit_code, row.gpus, row.gpu_count) == ("succeeded", 0, "0", 1)
