@@ -26,6 +26,7 @@ SHARED_WITH_AGENT = ("agents.protocol", "agents.specs")
 FLOORS: dict[str, tuple[str, ...]] = {
     "surface": (
         "bot.app",
+        "bot.check",
         "bot.cli",
         "bot.console",
         "bot.listeners",

@@ -30,7 +30,7 @@ BUDGET_USAGE = (
 )
 FIT_USAGE = (
     "/gpu fit SIZE[:BITS][+SIZE[:BITS]...] [inference|lora|qlora|full|推理|微调|全量] "
-    "[--context N] [--batch N] [--bits 16|8|4] [--headroom PCT]"
+    "[--context N (or --seq N)] [--batch N] [--bits 16|8|4] [--headroom PCT]"
 )
 ESTIMATE_USAGE = N_(
     "/gpu estimate --gpu MODEL [--count N] --hours N [--price 2.10/h] [--monthly PRICE] "

@@ -7,7 +7,10 @@ registered because it stopped in between; one process alone does this in each sl
 StepClaim row), closes prompts that no longer apply and posts the prompts and the outbox's
 messages that are due (before any platform is asked anything). Every step reads and writes
 rows, so running it late, twice, or from two processes neither drops nor doubles anything. A
-step that fails is logged and the others still run.
+step that fails is logged and the others still run. Each tick runs under a request id of its
+own, and a step that fails tick after tick is logged once with its traceback, then once a
+minute (by the tick's clock) with how often it failed (``STEP_FAILURES``), and once when it
+works again.
 
 Time budgets (seconds): each step may take a share of ``settings.tick_interval_s``
 (``STEP_SHARES``, else ``DEFAULT_STEP_SHARE``, never under ``MIN_STEP_BUDGET_S``). At the default
@@ -44,6 +47,7 @@ from sqlalchemy import DateTime, bindparam, exists, or_
 from sqlalchemy import exc as sa_exc
 from sqlmodel import col, select
 
+from bot.logging_setup import RepeatLimiter, request_context
 from bot.runtime import Runtime
 from bot.services import (
     bills,
@@ -97,6 +101,10 @@ DEFAULT_STEP_SHARE = 0.05
 MIN_STEP_BUDGET_S = 1.0
 
 _EPOCH = datetime(1970, 1, 1)
+#: Failing steps (and the look-up of what is due, as ``due``) logged at most once a minute.
+STEP_FAILURES = RepeatLimiter()
+#: Characters of an error's message shown on a repeated failure's line.
+FAILURE_TEXT_CHARS = 200
 
 
 @dataclass
@@ -124,8 +132,13 @@ class TickReport:
 
 
 def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
-    """Run every step once at ``now`` (naive UTC; default the runtime's clock)."""
-    now = now or rt.now()
+    """Run every step once at ``now`` (naive UTC; default the runtime's clock), under a
+    request id of its own."""
+    with request_context():
+        return _tick(rt, now or rt.now())
+
+
+def _tick(rt: Runtime, now: datetime) -> TickReport:
     report = TickReport(now=now, interval_s=rt.settings.tick_interval_s)
     run = partial(_run_due, report, _Due(rt, now, full=_full_tick(rt, now)))
     poll = partial(polling.poll_instances, rt, now)
@@ -303,8 +316,8 @@ DUE_CHECKS: dict[str, DueCheck] = {
     "budgets": _budgets_due,
     "deadlines": _deadlines_due,
     "idle": _idle_due,
-    "stopped": _stopped_due,
     "jobs_done": _jobs_done_due,
+    "stopped": _stopped_due,
     "refresh": _refresh_due,
     "prompts": _prompts_due,
     "outbox": _outbox_due,
@@ -358,10 +371,11 @@ class _Due:
             probe = _probe(self.rt)
             with self.rt.db.session() as session:
                 row = session.execute(probe, _due_params(self.rt, self.now)).one()
-        except Exception:  # a check that fails must not hold a step back
-            log.exception("tick: looking up what is due failed; every step runs")
+        except Exception as exc:  # noqa: BLE001 - logged; a failed check holds no step back
+            _log_failure(self.now, "due", exc)
             self.full = True
             return {}
+        _log_recovery(self.now, "due")
         return {name: bool(value) for name, value in row._mapping.items()}
 
 
@@ -429,11 +443,14 @@ def _run(report: TickReport, name: str, fn: Callable[[], T]) -> T | None:
     recorded, and a run past its budget named in ``report.over_budget`` and logged."""
     box = _box(report, name) or Timebox.open(float("inf"))
     try:
-        return fn()
-    except Exception:  # one failing step must not stop the others
-        log.exception("tick step %s failed", name)
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - logged; one failing step stops no other
+        _log_failure(report.now, name, exc)
         report.errors.append(name)
         return None
+    else:
+        _log_recovery(report.now, name)
+        return result
     finally:
         took = box.elapsed_s()
         report.durations_s[name] = report.durations_s.get(name, 0.0) + took
@@ -443,3 +460,36 @@ def _run(report: TickReport, name: str, fn: Callable[[], T]) -> T | None:
             )
             if name not in report.over_budget:
                 report.over_budget.append(name)
+
+
+def _log_failure(now: datetime, name: str, exc: Exception) -> None:
+    """Log step ``name`` failing at ``now``: with its traceback when it starts failing, then at
+    most once a minute with a count (``STEP_FAILURES``)."""
+    shown = STEP_FAILURES.admit(name, (now - _EPOCH).total_seconds())
+    if shown is None:
+        return
+    what = _described(name)
+    if shown.first:
+        log.error("tick %s failed", what, exc_info=exc)
+        return
+    text = (str(exc).splitlines() or [""])[0][:FAILURE_TEXT_CHARS]
+    log.error(
+        "tick %s failed %d times in the last %.0f s (latest: %s: %s)",
+        what,
+        shown.count,
+        shown.window_s,
+        type(exc).__name__,
+        text,
+    )
+
+
+def _log_recovery(now: datetime, name: str) -> None:
+    """Log step ``name`` working again at ``now`` after failing, once the minute of its last
+    failure's line is over (see ``STEP_FAILURES.settle``)."""
+    held = STEP_FAILURES.settle(name, (now - _EPOCH).total_seconds())
+    if held is not None:
+        log.info("tick %s works again (%d failures since the last line)", _described(name), held)
+
+
+def _described(name: str) -> str:
+    return "look-up of what is due" if name == "due" else f"step {name}"

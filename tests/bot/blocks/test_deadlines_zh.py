@@ -188,6 +188,28 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ),
         ("*box*", "`10.0.0.2:22`"),
     ),
+    "stopped_reminder": (
+        lambda: blocks.stopped_reminder(
+            rules.StoppedReminder(
+                COLD,
+                instance_id=4,
+                stopped_at=NOW - timedelta(days=3),
+                storage_micros=240_000,
+                release_at=NOW + timedelta(days=4),
+                now=NOW,
+                tz_name="Asia/Shanghai",
+                last=True,
+                can_start=True,
+            )
+        ),
+        ("*cold1*",),
+    ),
+    "released_outside/started_by": (
+        lambda: blocks.released_outside(
+            reconcile.ReleasedOutside(PRICED, "started", by="UOWNER", deadline_at=NOW)
+        ),
+        ("*box*", "<@UOWNER>"),
+    ),
     "released_outside/moved": (
         lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "moved", "10.0.0.3:22")),
         ("*box*", "`10.0.0.3:22`"),

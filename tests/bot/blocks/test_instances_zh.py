@@ -96,7 +96,7 @@ def test_the_fleet_and_the_list_in_chinese() -> None:
     assert "显存 80/640 GiB" in shown
     assert f"注册以来已花费 {spent}" in shown
     assert "1 个无法连接" in shown
-    assert "关机期间没有截止时间" in shown
+    assert "磁盘将在 3h 15m 后释放" in shown
     assert "租用 8x A100，交付 4x RTX 4090" in shown
     assert "尚未查询" in listed
     assert "实例列表（7）" in listed

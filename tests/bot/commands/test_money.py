@@ -190,7 +190,7 @@ def test_fit_and_estimate_errors(bot: SlackBot) -> None:
     )
     texts = [ask(bot, text).payload["text"] for text in commands]
     assert "full fine-tune trains 16-bit" in texts[0]
-    assert "--seq 'many' is not a whole number" in texts[1]
+    assert "--context 'many' is not a whole number" in texts[1]
     assert "not a GPU model I know" in texts[2]
     assert "--hours" in texts[3]
 

@@ -4,7 +4,9 @@ list and `/gpu spend` with what its disk costs, and its release from there."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
+from fractions import Fraction
 from typing import cast
 
 import pytest
@@ -90,19 +92,20 @@ def test_stop_then_release_on_runpod(rt: Runtime, runpod_cloud: RunpodStandIn):
     assert (inst.state, inst.stopped_at, inst.released_at) == ("stopped", stopped_at, None)
 
     clock.advance(hours=3)
+    # RunPod bills the stopped pod's 20 GB volume alone, at $0.20/GB-month: $0.0055/h.
     for listing in (run(rt, "status"), run(rt, "list")):
-        assert "_stopped_" in str(listing.blocks)
-        assert "stopped 3h ago; storage $0.10/h" in str(listing.blocks)
-        assert "$0.10/h together" in str(listing.blocks)  # what it costs now: its disk
+        assert "stopped: disk $0.0055/h" in str(listing.blocks)
+        assert "stopped 3h ago; storage $0.0055/h" in str(listing.blocks)
+        assert "$0.0055/h together" in str(listing.blocks)  # what it costs now: its disk
     detail = run(rt, "status box")
-    assert "*Stopped*\\nstopped 3h ago; storage $0.10/h" in str(detail.blocks)
-    assert action_ids(detail) == ["instance_release_ask"]
+    assert "*Stopped*\\nstopped 3h ago; storage $0.0055/h" in str(detail.blocks)
+    assert action_ids(detail) == ["instance_start", "instance_release_confirm"]
     with pytest.raises(Conflict, match="already stopped"):
         run(rt, "release box --stop")
 
     ask = click(rt, "instance_release_ask", str(iid))
     assert "Release *box*" in ask.text
-    assert "costs $0.10/h" in ask.text
+    assert "costs $0.0055/h" in ask.text
     assert "*box* is released" in click(rt, "instance_release_confirm", str(iid)).text
     assert pod not in runpod_cloud.instances
     inst = get_instance(rt.db, iid)
@@ -110,9 +113,14 @@ def test_stop_then_release_on_runpod(rt: Runtime, runpod_cloud: RunpodStandIn):
     assert inst.released_at == inst.storage_deleted_at == clock.now
     assert _releases(rt) == [("user", "stop", "confirmed"), ("user", "terminate", "confirmed")]
 
-    # What it cost: compute for the 2 hours it ran, the disk for all 5.
+    # What it cost: compute for the 2 hours it ran; the disk for all 5, at the registered
+    # $0.10/h while it ran, then at RunPod's stopped rate for its 20 GB volume: 3 h x 20 GB x
+    # $0.20/GB-month / 730 h = 16,438.36 micro-dollars, rounded up once.
+    disk = 2 * 100_000 + math.ceil(Fraction(3 * 20 * 200_000, 730))
     cost = billing.cost_breakdown(inst, clock.now + timedelta(days=1))
-    assert (cost.compute_micros, cost.storage_micros) == (2 * 3_600_000, 5 * 100_000)
+    assert (
+        (cost.compute_micros, cost.storage_micros) == (2 * 3_600_000, disk) == (7_200_000, 216_439)
+    )
     month = spend.spend_report(
         rt.db,
         "2026-12",
@@ -122,7 +130,7 @@ def test_stop_then_release_on_runpod(rt: Runtime, runpod_cloud: RunpodStandIn):
         currency="USD",
     )
     [item] = month.instances
-    assert (item.compute_micros, item.storage_micros) == (2 * 3_600_000, 5 * 100_000)
+    assert (item.compute_micros, item.storage_micros) == (2 * 3_600_000, disk)
 
 
 def test_a_manual_instance_s_owner_confirms_it_stopped(rt: Runtime):
@@ -143,7 +151,7 @@ def test_a_manual_instance_s_owner_confirms_it_stopped(rt: Runtime):
     assert "*box* is stopped" in done.text
     inst = get_instance(rt.db, iid)
     assert (inst.state, inst.stopped_at, inst.storage_deleted_at) == ("stopped", clock.now, None)
-    assert "_stopped_" in str(run(rt, "list").blocks)
+    assert "stopped: disk" in str(run(rt, "list").blocks)
 
     # Released from there: the owner is asked again, and says it is released.
     clock.advance(hours=2)
@@ -211,7 +219,8 @@ def test_a_stopped_instance_without_a_storage_price_says_so_and_how_to_give_it(
     iid = add_instance(
         rt.db,
         provider="runpod",
-        provider_instance_id=runpod_cloud.add(),
+        # A pod whose answers name no disk: the bot learns no storage price from RunPod.
+        provider_instance_id=runpod_cloud.add(disk_gb=0, volume_gb=None),
         price_micros=3_600_000,
         created_at=T0 - timedelta(hours=2),
     )
@@ -232,7 +241,7 @@ def test_a_stopped_instance_without_a_storage_price_says_so_and_how_to_give_it(
         assert "storage $0.00/h" not in shown
     assert hint in str(run(rt, "status box").blocks)
     page = str(home_blocks.home_view(home.home_view(rt, "UOWNER")))
-    assert "storage price unknown" in page
+    assert "stopped: disk price unknown" in page
     assert "$0.00/h" not in page.replace("$0.00/h together", "")
     assert "Not counted: the disk of 1 stopped instance whose storage price is unknown." in page
     month = str(run(rt, "spend").blocks)
