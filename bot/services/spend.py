@@ -88,7 +88,9 @@ class InstanceSpend:
         differ, or a marker when the model is unknown."""
         model = self.gpu_model or UNKNOWN_GPU
         if self.delivered_gpu_model:
-            model = f"{self.delivered_gpu_model} (rented {model})"
+            model = t(
+                "{delivered} (rented {rented})", delivered=self.delivered_gpu_model, rented=model
+            )
         return f"{self.gpu_count}x {model}" if self.gpu_count > 1 else model
 
 
@@ -366,6 +368,7 @@ def spend_csv(report: SpendReport) -> bytes:
             "project",
             "provider",
             "gpu_model",
+            "delivered_gpu_model",
             "gpu_count",
             "compute_hours",
             f"compute_{report.currency}",
@@ -387,6 +390,7 @@ def spend_csv(report: SpendReport) -> bytes:
                 csv_cell(item.project or ""),
                 csv_cell(item.provider),
                 csv_cell(item.gpu_model or ""),
+                csv_cell(item.delivered_gpu_model or ""),
                 item.gpu_count,
                 f"{Decimal(item.compute_s) / 3600:.2f}",
                 _units(item.compute_micros),
