@@ -5,15 +5,21 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# A CJK font for the charts' Chinese, Japanese and Korean names, so that no system package is
+# needed: Noto Sans CJK SC (SIL Open Font License 1.1), taken from the mplfonts wheel on PyPI
+# (its hash checked; only this font is kept) into the environment, where bot/charts.py finds it.
+CJK_FONT := $(VENV)/share/gpubot-fonts/NotoSansCJKsc-Regular.otf
+CJK_WHEEL := mplfonts==0.0.11
+CJK_WHEEL_SHA256 := b5e05ba7fd9a59cae48d1db41f657f50e6765e6f04b8d78504438b93a66b6e13
 # Test workers (pytest-xdist): one per core by default; PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= auto
 
 .PHONY: run test lint agent bench clean
 
-run: $(STAMP) agent
+run: $(STAMP) $(CJK_FONT) agent
 	@$(BIN)/gpubot
 
-test: $(STAMP) $(VENV)/.torch agent
+test: $(STAMP) $(VENV)/.torch $(CJK_FONT) agent
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 
 lint: $(STAMP)
@@ -48,6 +54,15 @@ $(STAMP): pyproject.toml constraints.txt
 $(VENV)/.torch: $(STAMP)
 	@$(BIN)/python -m pip install --quiet '$(TORCH_SPEC)' >&2
 	@touch $@
+
+$(CJK_FONT): $(STAMP)
+	@rm -rf $(VENV)/.cjk-wheel && mkdir -p $(VENV)/.cjk-wheel $(dir $@)
+	@$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/.cjk-wheel '$(CJK_WHEEL)' >&2
+	@echo "$(CJK_WHEEL_SHA256)  $$(ls $(VENV)/.cjk-wheel/*.whl)" | sha256sum --check --quiet
+	@$(BIN)/python -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); \
+		open(sys.argv[2], 'wb').write(z.read('mplfonts/fonts/NotoSansCJKsc-Regular.otf'))" \
+		$$(ls $(VENV)/.cjk-wheel/*.whl) $@.part
+	@mv $@.part $@ && rm -rf $(VENV)/.cjk-wheel
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

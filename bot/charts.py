@@ -5,17 +5,20 @@ threads at once. The same data always gives the same bytes (fixed size, fonts an
 timestamp or software version in the PNG metadata) on the same fonts and language (the legend
 and the "others" bar are in the active language of :mod:`bot.i18n`). Text is set in DejaVu Sans,
 and each character it lacks (Chinese, Japanese, Korean) in the first installed CJK family that
-has it (Debian's ``fonts-noto-cjk``); with none installed the chart still draws, those characters
-as empty boxes.
+has it: the Noto Sans CJK SC that `make` puts in the environment (:data:`BUNDLED_FONT_DIR`),
+else a system one such as Debian's ``fonts-noto-cjk``; with none the chart still draws, those
+characters as empty boxes.
 """
 
 from __future__ import annotations
 
 import io
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 
 from babel.numbers import get_currency_precision
 from matplotlib import font_manager
@@ -37,6 +40,9 @@ _UNMEASURED = "#a6a6a6"
 _STORAGE = "#6a9f6a"
 #: Latin, Greek and Cyrillic; matplotlib ships it, so it is always there.
 LATIN_FAMILY = "DejaVu Sans"
+#: Where `make` puts the CJK font it takes from PyPI (Noto Sans CJK SC, SIL OFL 1.1), in the
+#: environment the bot runs in: found without any system font package.
+BUNDLED_FONT_DIR = Path(sys.prefix) / "share" / "gpubot-fonts"
 #: Families for what DejaVu Sans lacks, in order of preference: Debian's fonts-noto-cjk
 #: (Simplified Chinese forms first), then fonts-wqy-zenhei and fonts-wqy-microhei.
 CJK_FAMILIES = (
@@ -158,7 +164,10 @@ def font_families() -> list[str]:
         if _families is None:
             installed = _known_families()
             if not installed & set(CJK_FAMILIES):
-                _add_unseen_system_fonts()
+                _add_font_files(sorted(BUNDLED_FONT_DIR.glob("*.otf")))
+                installed = _known_families()
+            if not installed & set(CJK_FAMILIES):
+                _add_font_files(font_manager.findSystemFonts())
                 installed = _known_families()
             _families = (LATIN_FAMILY, *(name for name in CJK_FAMILIES if name in installed))
         return list(_families)
@@ -237,9 +246,10 @@ def _known_families() -> set[str]:
     return {font.name for font in font_manager.fontManager.ttflist}
 
 
-def _add_unseen_system_fonts() -> None:
+def _add_font_files(paths: Sequence[str | Path]) -> None:
+    """Add the font files matplotlib has not seen."""
     seen = {font.fname for font in font_manager.fontManager.ttflist}
-    for path in font_manager.findSystemFonts():
+    for path in map(str, paths):
         if path in seen:
             continue
         try:

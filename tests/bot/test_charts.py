@@ -11,7 +11,7 @@ from datetime import date, timedelta
 
 import numpy as np
 import pytest
-from matplotlib import image
+from matplotlib import font_manager, image
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
@@ -219,3 +219,19 @@ def test_the_amounts_on_the_bars_are_rounded_as_the_spend_message_rounds_money()
     assert charts.bar_labels([3_999_445, 50_000]) == ["$4.00", "$0.05"]
     assert charts.bar_labels([300, 50_000]) == ["$0.0003", "$0.0500"]
     assert charts.bar_labels([1_200_000_000], "JPY") == ["1,200 JPY"]
+
+
+def test_the_font_make_puts_in_the_environment_draws_chinese_without_a_system_font(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`make` takes Noto Sans CJK SC from PyPI into the environment: on a machine with no CJK
+    font of its own, the charts find it there and draw Chinese."""
+    bundled = charts.BUNDLED_FONT_DIR / "NotoSansCJKsc-Regular.otf"
+    assert bundled.is_file(), "make test puts the CJK font in the environment"
+    manager = font_manager.fontManager
+    latin_only = [f for f in manager.ttflist if f.name not in charts.CJK_FAMILIES]
+    monkeypatch.setattr(manager, "ttflist", latin_only)
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda *a, **k: [])
+    monkeypatch.setattr(charts, "_families", None)
+    assert charts.font_families() == [charts.LATIN_FAMILY, "Noto Sans CJK SC"]
+    assert any(f.fname == str(bundled) for f in manager.ttflist)
