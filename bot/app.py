@@ -16,12 +16,14 @@ from typing import ParamSpec, TypeVar
 
 from slack_bolt import App
 from slack_sdk import WebClient
+from sqlmodel import select
 
+from bot import charts
 from bot.blocks import render, render_files
 from bot.commands import build_registry
 from bot.commands import home as home_commands
 from bot.commands.registry import Registry
-from bot.errors import ConfigError
+from bot.errors import ConfigError, GpubotError
 from bot.executor import BotExecutor
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
@@ -40,7 +42,7 @@ from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store import stats
 from bot.store.db import Database
-from bot.store.models import utcnow
+from bot.store.models import Person, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +71,36 @@ def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle
 def build_health(rt: Runtime, *, slack_connected: Callable[[], bool] | None = None) -> Health:
     """The readiness check of ``rt``: its database, its clock and (Socket Mode, given
     ``slack_connected``) the connection to Slack."""
+    fonts: Callable[[], str | None] | None = None
+    if _chinese_in_use(rt):
+
+        def fonts() -> str | None:
+            return charts.cjk_font_missing()
+
+    missing = fonts() if fonts is not None else None
+    if missing:
+        log.warning("Chinese is in use, but %s", missing)
     return Health(
         tick_interval_s=rt.settings.tick_interval_s,
         database=partial(stats.ping, rt.db),
         slack_connected=slack_connected,
+        fonts=fonts,
     )
+
+
+def _chinese_in_use(rt: Runtime) -> bool:
+    """Whether the workspace speaks Chinese or a person chose it (`/gpu lang zh`); a store
+    that cannot answer counts as yes (the font check only warns)."""
+    if rt.settings.language == "zh":
+        return True
+    try:
+        with rt.db.session() as session:
+            return (
+                session.exec(select(Person.slack_id).where(Person.language == "zh")).first()
+                is not None
+            )
+    except GpubotError:
+        return True
 
 
 def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEndpoints:

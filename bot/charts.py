@@ -154,6 +154,17 @@ def daily_figure(title: str, days: Sequence[DayColumn], *, currency: str = "USD"
     return figure
 
 
+def cjk_font_missing() -> str | None:
+    """What is wrong when no CJK font is found (Chinese in the charts draws as empty boxes),
+    with what to do; None when one is."""
+    if len(font_families()) > 1:
+        return None
+    return (
+        f"no CJK font found (none of {', '.join(CJK_FAMILIES)}): Chinese in the charts draws "
+        f"as empty boxes; `make` puts one in {BUNDLED_FONT_DIR}, or install fonts-noto-cjk"
+    )
+
+
 def font_families() -> list[str]:
     """The family list every text in a chart is set in: DejaVu Sans, then the installed ones
     of :data:`CJK_FAMILIES` (matplotlib takes each character from the first that has it).

@@ -8,6 +8,9 @@ Live: the process answers (a bot whose HTTP loop is stuck does not). Ready, when
   ended, counted from the start);
 - **slack** (Socket Mode only): the connection to Slack is up.
 
+Told but never failed: **fonts**, when Chinese is in use (the workspace's language or a
+person's), whether the charts find a CJK font.
+
 Times come from an injected monotonic clock (seconds).
 """
 
@@ -70,9 +73,11 @@ class Health:
         slack_connected: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         db_timeout_s: float = DB_TIMEOUT_S,
+        fonts: Callable[[], str | None] | None = None,
     ) -> None:
         self.tick_interval_s = tick_interval_s
         self.slack_connected = slack_connected
+        self.fonts = fonts
         self._clock = clock
         self._started = clock()
         self._last_tick: float | None = None
@@ -91,6 +96,10 @@ class Health:
         checks = [self._database.check(), self._clock_check()]
         if self.slack_connected is not None:
             checks.append(self._slack_check(self.slack_connected))
+        if self.fonts is not None:
+            # Said, not failed: the bot works without it, its Chinese charts do not read.
+            missing = self.fonts()
+            checks.append(Check("fonts", True, missing or "a CJK font for the charts is found"))
         verdict = Verdict(tuple(checks))
         if not verdict.ok:
             log.info("not ready: %s", "; ".join(c.detail for c in checks if not c.ok))

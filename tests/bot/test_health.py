@@ -274,3 +274,23 @@ def test_a_metrics_port_in_use_is_a_setting_error_naming_it(tmp_path: Path) -> N
             cli._ops_server(settings, OpsEndpoints(health=health))
     assert refused.value.message.startswith(f"Cannot serve metrics and health on 127.0.0.1:{port}")
     assert refused.value.hint.startswith("Set GPUBOT_METRICS_PORT to a free port")
+
+
+def test_a_missing_cjk_font_is_told_in_readiness_and_the_log_when_chinese_is_in_use(
+    sqlite_db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from bot import charts
+    from tests.bot.services.support import Clock, make_runtime
+
+    missing = "no CJK font found (none of Noto Sans CJK SC): Chinese draws as empty boxes"
+    monkeypatch.setattr(charts, "cjk_font_missing", lambda: missing)
+    english = build_health(make_runtime(sqlite_db, Clock()))
+    assert "fonts" not in english.ready().text()  # nobody reads Chinese: nothing to say
+    with caplog.at_level("WARNING"):
+        health = build_health(make_runtime(sqlite_db, Clock(), language="zh"))
+    assert f"Chinese is in use, but {missing}" in caplog.text
+    verdict = health.ready()
+    assert f"ok fonts: {missing}\n" in verdict.text()
+    assert verdict.ok  # said, never failed: the bot works, its Chinese charts do not read
+    monkeypatch.setattr(charts, "cjk_font_missing", lambda: None)
+    assert "ok fonts: a CJK font for the charts is found" in health.ready().text()
