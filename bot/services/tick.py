@@ -37,6 +37,8 @@ runs every step whatever the checks say.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -139,6 +141,13 @@ def tick(rt: Runtime, now: datetime | None = None) -> TickReport:
 
 
 def _tick(rt: Runtime, now: datetime) -> TickReport:
+    try:
+        return _tick_steps(rt, now)
+    finally:
+        _remember_tick(rt, now)
+
+
+def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     report = TickReport(now=now, interval_s=rt.settings.tick_interval_s)
     run = partial(_run_due, report, _Due(rt, now, full=_full_tick(rt, now)))
     poll = partial(polling.poll_instances, rt, now)
@@ -406,16 +415,41 @@ def claim_step(rt: Runtime, step: str, slot: int) -> bool:
     return True
 
 
+#: When each runtime last ticked (by ``id``, dropped with the runtime): a clock that moves by
+#: more than the tick interval (the console's `:tick`, a bot that slept) still sees every slot
+#: boundary it crossed.
+_LAST_TICKS: dict[int, datetime] = {}
+_LAST_TICKS_LOCK = threading.Lock()
+
+
+def _remember_tick(rt: Runtime, now: datetime) -> None:
+    key = id(rt)
+    with _LAST_TICKS_LOCK:
+        if key not in _LAST_TICKS:
+            weakref.finalize(rt, _forget_ticks, key)
+        _LAST_TICKS[key] = now
+
+
+def _forget_ticks(key: int) -> None:
+    with _LAST_TICKS_LOCK:
+        _LAST_TICKS.pop(key, None)
+
+
 def _previous(rt: Runtime, now: datetime) -> datetime:
-    """When the tick before this one ran (by the interval)."""
+    """When the tick before this one ran: this runtime's last tick when it was earlier, else
+    one interval ago."""
+    with _LAST_TICKS_LOCK:
+        last = _LAST_TICKS.get(id(rt))
+    if last is not None and last < now:
+        return last
     return now - timedelta(seconds=rt.settings.tick_interval_s)
 
 
 def _reconcile_due(rt: Runtime, now: datetime) -> bool:
-    """True on the first tick in each ``RECONCILE_EVERY_S`` slot of the clock."""
+    """True on the first tick in each ``RECONCILE_EVERY_S`` slot of the clock (or the first
+    after it, when the clock jumped past its start)."""
     every = _reconcile_every(rt)
-    previous = now - timedelta(seconds=rt.settings.tick_interval_s)
-    return _slot(now, every) != _slot(previous, every)
+    return _slot(now, every) != _slot(_previous(rt, now), every)
 
 
 def _reconcile_every(rt: Runtime) -> float:

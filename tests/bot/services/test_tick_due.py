@@ -102,3 +102,18 @@ def test_a_failing_lookup_runs_every_step(sqlite_db, monkeypatch):
     report = tick(rt, MID_SLOT)
     assert report.skipped == []
     assert report.errors == []
+
+
+def test_a_clock_that_steps_past_the_tick_interval_still_reconciles_every_slot(sqlite_db):
+    """The console's `:tick` steps by the poll interval (60 s) while ticks are 30 s apart: a
+    reconcile slot that starts between two of its ticks is still reconciled, once."""
+    rt = make_runtime(sqlite_db, Clock(T0), poll_interval_s=60, tick_interval_s=30)
+    start = T0 + timedelta(seconds=45)  # the 5-minute slots start 15 s after a tick
+    reconciled = []
+    for step in range(30):
+        now = start + timedelta(minutes=step)
+        if "reconcile" in tick(rt, now).durations_s:
+            reconciled.append(now)
+    assert [at - start for at in reconciled] == [
+        timedelta(minutes=m) for m in (5, 10, 15, 20, 25)
+    ]
