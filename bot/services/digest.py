@@ -1,4 +1,5 @@
-"""The monthly digest: posted on the 1st at 09:00 (configured zone) to the ops channel.
+"""The monthly digest: posted on the 1st at 00:15 (configured zone) to the ops channel, soon
+after the month closed (the quarter hour lets the ledger write the month's last hour).
 
 Exactly once per month, whatever restarts happen: a digest row for the month is claimed with a
 conditional insert before anything is posted, and ``posted_at`` is set right after the message
@@ -32,7 +33,8 @@ from bot.store.models import Instance, Job
 
 log = logging.getLogger(__name__)
 
-DIGEST_HOUR = 9
+DIGEST_HOUR = 0
+DIGEST_MINUTE = 15
 STALE_CLAIM = timedelta(minutes=15)
 MAX_CATCH_UP_MONTHS = 12
 TOP_JOBS = 5
@@ -124,9 +126,9 @@ class Digest(Notice):
 
 
 def digest_due_at(month: str, tz: ZoneInfo) -> datetime:
-    """When ``month``'s digest is due: 09:00 on the 1st of the next month in ``tz`` (naive UTC)."""
+    """When ``month``'s digest is due: 00:15 on the 1st of the next month in ``tz`` (naive UTC)."""
     year, number = ledger.parse_month(ledger.next_month(month))
-    local = datetime(year, number, 1, DIGEST_HOUR, tzinfo=tz)
+    local = datetime(year, number, 1, DIGEST_HOUR, DIGEST_MINUTE, tzinfo=tz)
     return local.astimezone(UTC).replace(tzinfo=None)
 
 

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.integration
 
 MONTH = "2026-11"
 START = datetime(2026, 11, 1)
-#: The last tick: the digest of November is due at 09:00 on December 1 (UTC).
+#: The last tick: the digest of November is due at 00:15 on December 1 (UTC).
 END = datetime(2026, 12, 1, 12, 0)
 TICK = timedelta(hours=12)
 #: The tick steps that run: the ledger accrues gpubot's charges, the digest posts, the bills

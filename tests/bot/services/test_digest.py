@@ -1,4 +1,4 @@
-"""The monthly digest: due on the 1st at 09:00 local, exactly once, catch-up after downtime."""
+"""The monthly digest: due on the 1st at 00:15 local, exactly once, catch-up after downtime."""
 
 from __future__ import annotations
 
@@ -92,15 +92,15 @@ def runtime(db: Database, clock: Clock, notifier: RecordingNotifier | None = Non
     )
 
 
-def test_due_time_is_nine_local_on_the_first() -> None:
-    assert digest.digest_due_at("2026-03", BERLIN) == datetime(2026, 4, 1, 7, 0)  # CEST
-    assert digest.digest_due_at("2026-01", BERLIN) == datetime(2026, 2, 1, 8, 0)  # CET
-    assert digest.digest_due_at("2026-12", ZoneInfo("UTC")) == datetime(2027, 1, 1, 9, 0)
+def test_due_time_is_a_quarter_past_midnight_local_on_the_first() -> None:
+    assert digest.digest_due_at("2026-03", BERLIN) == datetime(2026, 3, 31, 22, 15)  # CEST
+    assert digest.digest_due_at("2026-01", BERLIN) == datetime(2026, 1, 31, 23, 15)  # CET
+    assert digest.digest_due_at("2026-12", ZoneInfo("UTC")) == datetime(2027, 1, 1, 0, 15)
 
 
 def test_posts_each_month_once_including_missed_ones(db: Database) -> None:
     seed(db)
-    clock = Clock(datetime(2026, 4, 1, 6, 59))  # 08:59 in Berlin: March is not due yet
+    clock = Clock(datetime(2026, 3, 31, 22, 14))  # 00:14 in Berlin: March is not due yet
     notifier = UploadingNotifier()
     rt = runtime(db, clock, notifier)
     # February was missed while the bot was down; it goes out now, March not yet.
