@@ -18,10 +18,15 @@ its submission runs, or after it was accepted, is closed without running twice.
 The Home tab (:class:`HomeTabs`) is published when its person opens it, and again after each
 of their commands and clicks, at most once every :data:`HOME_REFRESH_S` seconds; a click on
 the Home has no response URL, so its answer comes as a direct message.
+
+Every command, click, submission and Home opening runs under a request id of its own
+(bot.logging_setup.request_context): each line logged for it, on the listener's thread and on
+the executor's, carries the same ``request_id``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import threading
@@ -45,6 +50,7 @@ from bot.commands.registry import Registry, Reply, button_id
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
 from bot.i18n import N_, speaking, t
+from bot.logging_setup import request_context
 from bot.services import home
 from bot.services.access import Caller
 from bot.services.lookup import ensure_person
@@ -111,6 +117,10 @@ def register_listeners(
 
     @app.command(SLASH_COMMAND)
     def on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
+        with request_context():
+            _on_command(ack, command, respond)
+
+    def _on_command(ack: Ack, command: dict[str, Any], respond: Respond) -> None:
         caller = Caller(
             user_id=str(command.get("user_id", "")),
             channel_id=command.get("channel_id"),
@@ -150,6 +160,12 @@ def register_listeners(
         def on_action(
             ack: Ack, body: dict[str, Any], action: dict[str, Any], respond: Respond
         ) -> None:
+            with request_context():
+                _on_action(ack, body, action, respond)
+
+        def _on_action(
+            ack: Ack, body: dict[str, Any], action: dict[str, Any], respond: Respond
+        ) -> None:
             ack()
             caller = caller_of_action(body)
             action_id = str(action.get("action_id", ""))
@@ -171,20 +187,23 @@ def register_listeners(
         trigger = str(body.get("trigger_id") or "")
         opening = FormOpening(app.client, form_set, REGISTER_FORM, trigger)
         # On the executor: Bolt answers Slack only when the listener returns.
-        rt.executor.submit(_open_form_or_say_why, rt, caller, opening)
+        with request_context():
+            rt.executor.submit(in_this_context(_open_form_or_say_why), rt, caller, opening)
 
     if form_set.callback_ids:
 
         @app.view(callback_pattern(form_set.callback_ids))
         def on_submission(ack: Ack, body: dict[str, Any], view: dict[str, Any]) -> None:
-            submit_form(
-                ack, rt, form_set, homes, caller_of_action(body), view, submissions=submissions
-            )
+            with request_context():
+                submit_form(
+                    ack, rt, form_set, homes, caller_of_action(body), view, submissions=submissions
+                )
 
     @app.event("app_home_opened")
     def on_home_opened(event: dict[str, Any]) -> None:
         if event.get("tab") == "home" and event.get("user"):
-            homes.opened(str(event["user"]))
+            with request_context():
+                homes.opened(str(event["user"]))
 
     @app.error
     def on_error(error: Exception, body: dict[str, Any]) -> None:
@@ -418,11 +437,24 @@ class _Handover:
 def submit_command(
     rt: Runtime, caller: Caller, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
 ) -> Future[T]:
-    """Hand a command of ``caller`` to the runtime's executor. Raises Busy when the executor
-    (a BotExecutor) has no room for it or the caller is at their limit."""
+    """Hand a command of ``caller`` to the runtime's executor, in a copy of the current
+    context (its request id). Raises Busy when the executor (a BotExecutor) has no room for it
+    or the caller is at their limit."""
+    work = in_this_context(fn)
     if isinstance(rt.executor, BotExecutor):
-        return rt.executor.submit_command(caller.user_id, fn, *args, **kwargs)
-    return rt.executor.submit(fn, *args, **kwargs)
+        return rt.executor.submit_command(caller.user_id, work, *args, **kwargs)
+    return rt.executor.submit(work, *args, **kwargs)
+
+
+def in_this_context(fn: Callable[P, T]) -> Callable[P, T]:
+    """``fn`` run, wherever it is called, in a copy of the current context (the request id
+    of the lines it logs)."""
+    context = contextvars.copy_context()
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        return context.run(fn, *args, **kwargs)
+
+    return run
 
 
 def busy_text(exc: Busy) -> str:

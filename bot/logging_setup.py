@@ -7,6 +7,14 @@ everything logged in a block (on this thread) with ``with log_context(release_id
 text format appends them as ``[instance_id=3 release_id=7]``; the JSON format (one object per
 line: ``time``, ``level``, ``logger``, ``thread``, ``message``, the ids, ``exception``) has them
 as fields.
+
+Each slash command, click, form and tick runs under a request id (:func:`request_context`):
+every line logged while it runs, on the listener's thread and on the executor's (the work is
+handed over with its context), carries the same ``request_id``, and another request another.
+
+A failure that repeats on every tick is logged through a :class:`RepeatLimiter`: the first
+with its traceback, then at most one line per key a minute saying how often it happened, and
+one when it works again.
 """
 
 from __future__ import annotations
@@ -15,8 +23,11 @@ import contextvars
 import json
 import logging
 import sys
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +38,11 @@ FORMATS = ("text", "json")
 #: Levels GPUBOT_LOG_LEVEL and --log-level accept.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: The ids a line may carry, in the order they are shown.
-ID_FIELDS = ("instance_id", "instance", "job_id", "release_id", "launch_id")
+ID_FIELDS = ("request_id", "instance_id", "instance", "job_id", "release_id", "launch_id")
+#: Hex digits in a request id.
+REQUEST_ID_LENGTH = 12
+#: Seconds: a repeated failure is logged at most once per key this often.
+REPEAT_EVERY_S = 60.0
 
 #: The ids of the current :func:`log_context`, as (name, value) pairs.
 _CONTEXT: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
@@ -75,6 +90,82 @@ def log_context(**ids: object) -> Iterator[None]:
         yield
     finally:
         _CONTEXT.reset(token)
+
+
+def new_request_id() -> str:
+    """A fresh request id: :data:`REQUEST_ID_LENGTH` random hex digits."""
+    return uuid.uuid4().hex[:REQUEST_ID_LENGTH]
+
+
+@contextmanager
+def request_context(request_id: str | None = None) -> Iterator[str]:
+    """Every line logged in the block carries ``request_id`` (default a new one), which the
+    block is given; work handed to another thread keeps it when run in a copy of this context
+    (``contextvars.copy_context().run``)."""
+    rid = request_id or new_request_id()
+    with log_context(request_id=rid):
+        yield rid
+
+
+def current_request_id() -> str | None:
+    """The request id of the current :func:`request_context`, or None outside one."""
+    value = dict(_CONTEXT.get()).get("request_id")
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """What :meth:`RepeatLimiter.admit` says of a failure to log: ``first`` when it opens a
+    run (log it in full), else ``count`` failures (this one included) since the last line,
+    ``window_s`` seconds ago."""
+
+    first: bool
+    count: int
+    window_s: float
+
+
+class RepeatLimiter:
+    """At most one log line per key every ``every_s`` seconds about something that fails
+    again and again: the first failure of a run (log it in full), then one line with how many
+    failed since the last one. Working again is said (:meth:`settle`) once ``every_s`` have
+    passed since the last line, with the failures held back since it; a key that fails again
+    before that goes on counting, so a step that fails every other time logs no more. Times
+    are given by the caller, in seconds (a time before the last line starts a new window).
+    Thread-safe."""
+
+    def __init__(self, every_s: float = REPEAT_EVERY_S) -> None:
+        self.every_s = every_s
+        self._lock = threading.Lock()
+        #: By key: when its last line was let through (seconds), failures held back since.
+        self._runs: dict[str, tuple[float, int]] = {}
+
+    def admit(self, key: str, at_s: float) -> Repeat | None:
+        """Note one failure of ``key`` at ``at_s``: what to log, or None to log nothing."""
+        with self._lock:
+            run = self._runs.get(key)
+            if run is None:
+                self._runs[key] = (at_s, 0)
+                return Repeat(first=True, count=1, window_s=0.0)
+            logged_at_s, held = run
+            if self._within(logged_at_s, at_s):
+                self._runs[key] = (logged_at_s, held + 1)
+                return None
+            self._runs[key] = (at_s, 0)
+            return Repeat(first=False, count=held + 1, window_s=max(0.0, at_s - logged_at_s))
+
+    def settle(self, key: str, at_s: float) -> int | None:
+        """Note that ``key`` worked at ``at_s``. Returns the failures held back since its last
+        line when it was failing and ``every_s`` have passed since that line (say it works
+        again; the run ends), else None (log nothing)."""
+        with self._lock:
+            run = self._runs.get(key)
+            if run is None or self._within(run[0], at_s):
+                return None
+            del self._runs[key]
+            return run[1]
+
+    def _within(self, logged_at_s: float, at_s: float) -> bool:
+        return logged_at_s <= at_s < logged_at_s + self.every_s
 
 
 def record_ids(record: logging.LogRecord) -> dict[str, object]:

@@ -1,4 +1,10 @@
-"""The Notifier (bot/notify.py) on Slack's Web API: DMs, channel posts, updates, file uploads."""
+"""The Notifier (bot/notify.py) on Slack's Web API: DMs, channel posts, updates, file uploads.
+
+A failed call is counted in bot.metrics by method and by :func:`error_label`: one of Slack's
+documented error codes in :data:`SLACK_ERROR_CODES`, ``unreachable`` when no answer came,
+``http_5xx`` for a server error whose body is not Slack's JSON (a proxy's HTML page), else
+``other``, so the label's values stay a fixed, small set whatever Slack answers.
+"""
 
 from __future__ import annotations
 
@@ -36,6 +42,58 @@ _HINTS = {
     "missing_scope": "Add the missing scope from deploy/manifest.yaml and reinstall the app.",
     "ratelimited": "Slack asked the bot to slow down; it will try again later.",
 }
+
+
+#: Slack's documented error codes the error metric names as they are (any other is ``other``).
+SLACK_ERROR_CODES = frozenset(
+    {
+        "access_denied",
+        "account_inactive",
+        "cant_update_message",
+        "channel_not_found",
+        "ekm_access_denied",
+        "expired_trigger_id",
+        "fatal_error",
+        "file_not_found",
+        "internal_error",
+        "invalid_arguments",
+        "invalid_auth",
+        "invalid_blocks",
+        "invalid_trigger_id",
+        "is_archived",
+        "message_not_found",
+        "missing_scope",
+        "msg_too_long",
+        "no_text",
+        "not_authed",
+        "not_in_channel",
+        "ratelimited",
+        "request_timeout",
+        "restricted_action",
+        "service_unavailable",
+        "team_access_not_granted",
+        "token_expired",
+        "token_revoked",
+        "too_many_attachments",
+        "unknown_method",
+        "user_not_found",
+    }
+)
+#: Labels of failures that carry no Slack error code.
+UNREACHABLE = "unreachable"
+HTTP_5XX = "http_5xx"
+OTHER = "other"
+
+
+def error_label(code: str, status: int | None = None) -> str:
+    """The error metric's label for Slack's answer ``code`` with HTTP ``status``: the code
+    when Slack documents it (:data:`SLACK_ERROR_CODES`), ``http_5xx`` for any other answer
+    with a 5xx status (an HTML error page, say), else ``other``."""
+    if code in SLACK_ERROR_CODES:
+        return code
+    if status is not None and 500 <= status <= 599:
+        return HTTP_5XX
+    return OTHER
 
 
 def outcome_unknown(exc: BaseException) -> bool:
@@ -165,12 +223,15 @@ class SlackNotifier:
             return call()
         except SlackApiError as exc:
             code = str(exc.response.get("error", "unknown_error"))
-            METRICS.slack_error(method, code)
+            status = getattr(exc.response, "status_code", None)
+            METRICS.slack_error(
+                method, error_label(code, status if isinstance(status, int) else None)
+            )
             raise SlackError(
                 f"Slack refused {method}: {code}", error=code, hint=_HINTS.get(code, "")
             ) from exc
         except (SlackClientError, urllib.error.URLError, OSError) as exc:
-            METRICS.slack_error(method, "unreachable")
+            METRICS.slack_error(method, UNREACHABLE)
             raise SlackError(
                 f"Could not reach Slack for {method}: {exc}",
                 error="unreachable",

@@ -1,21 +1,39 @@
 """bot.logging_setup: text or JSON lines, the level, and the ids of what a line is about, from
-one call's ``extra`` or a block's context (as the release path logs)."""
+one call's ``extra`` or a block's context (as the release path logs); a request id on every line
+of one signed command or click through the real app (another for the next); the limiter that
+logs a repeated failure once a minute with a count."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bot.logging_setup import configure_logging, log_context, log_ids
+from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
+from bot.listeners import in_this_context
+from bot.logging_setup import (
+    REQUEST_ID_LENGTH,
+    Repeat,
+    RepeatLimiter,
+    configure_logging,
+    current_request_id,
+    log_context,
+    log_ids,
+    request_context,
+)
 from bot.services import releases
+from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import Release
 from tests.bot.services.support import T0, Clock, add_instance, make_runtime
+from tests.fixtures.slack import start_slack_bot
 
 
 @pytest.fixture(autouse=True)
@@ -119,3 +137,107 @@ def test_a_failed_release_is_logged_with_its_ids(sqlite_db: Database, tmp_path: 
     ]
     assert len(failed) == 1
     assert (failed[0]["release_id"], failed[0]["instance_id"]) == (release_id, instance_id)
+
+
+def test_a_request_id_is_on_every_line_of_its_block_and_not_after(tmp_path: Path) -> None:
+    out = tmp_path / "bot.log"
+    configure_logging("INFO", file=out)
+    log = logging.getLogger("bot.test")
+    with request_context() as first:
+        log.info("one", extra=log_ids(instance_id=3))
+        assert current_request_id() == first
+    with request_context("feedc0ffee42"):
+        log.info("two")
+    log.info("three")
+    one, two, three = _lines(out)
+    assert len(first) == REQUEST_ID_LENGTH
+    assert one.endswith(f"one [request_id={first} instance_id=3]")
+    assert two.endswith("two [request_id=feedc0ffee42]")
+    assert three.endswith("three")
+    assert current_request_id() is None
+
+
+def test_work_handed_to_another_thread_keeps_the_request_id(tmp_path: Path) -> None:
+    out = tmp_path / "bot.log"
+    configure_logging("INFO", file=out, json_format=True)
+    log = logging.getLogger("bot.test")
+    with request_context() as rid:
+        work = in_this_context(log.info)
+    thread = threading.Thread(target=work, args=("on another thread",))
+    thread.start()
+    thread.join()
+    (line,) = map(json.loads, _lines(out))
+    assert (line["message"], line["request_id"]) == ("on another thread", rid)
+    assert line["thread"] != "MainThread"
+
+
+def test_the_limiter_lets_one_line_a_minute_through_with_a_count() -> None:
+    limiter = RepeatLimiter(every_s=60)
+    assert limiter.admit("jobs", 1000.0) == Repeat(first=True, count=1, window_s=0.0)
+    assert [limiter.admit("jobs", 1000.0 + s) for s in (10, 20, 59.9)] == [None] * 3
+    assert limiter.admit("ledger", 1010.0) == Repeat(first=True, count=1, window_s=0.0)
+    assert limiter.admit("jobs", 1060.0) == Repeat(first=False, count=4, window_s=60.0)
+    assert limiter.admit("jobs", 1070.0) is None
+    # Working again within the minute of the last line says nothing; the run goes on.
+    assert limiter.settle("jobs", 1080.0) is None
+    assert limiter.admit("jobs", 1090.0) is None
+    # Once that minute is over it is said, with the failures held back; the run ends.
+    assert limiter.settle("jobs", 1120.0) == 2
+    assert limiter.settle("jobs", 1130.0) is None
+    assert limiter.admit("jobs", 1140.0) == Repeat(first=True, count=1, window_s=0.0)
+    assert limiter.settle("never_failed", 1140.0) is None
+    # A clock that went back starts a new window.
+    assert limiter.admit("ledger", 900.0) == Repeat(first=False, count=1, window_s=0.0)
+
+
+def _logs_and_replies(rt: Any, caller: Caller, what: str) -> Reply:
+    log = logging.getLogger("bot.test.handler")
+    log.info("%s: started", what)
+    log.info("%s: done", what)
+    return Reply(text=what)
+
+
+def test_every_line_of_a_command_or_click_carries_its_own_request_id(
+    sqlite_db: Database, tmp_path: Path
+) -> None:
+    def loud(rt: Any, caller: Caller, args: argparse.Namespace) -> Reply:
+        return _logs_and_replies(rt, caller, "loud")
+
+    def crash(rt: Any, caller: Caller, args: argparse.Namespace) -> Reply:
+        logging.getLogger("bot.test.handler").info("crash: started")
+        raise RuntimeError("disk on fire")
+
+    def click(rt: Any, caller: Caller, value: str) -> Reply:
+        return _logs_and_replies(rt, caller, f"click {value}")
+
+    def no_args(parser: argparse.ArgumentParser) -> None:
+        pass
+
+    registry = Registry()
+    registry.command(CommandSpec("loud", "loud", "/gpu loud", (), no_args, loud))
+    registry.command(CommandSpec("crash", "crash", "/gpu crash", (), no_args, crash))
+    registry.action(ActionSpec("loud_click", click))
+    out = tmp_path / "bot.log"
+    with start_slack_bot(sqlite_db, tmp_path, registry=registry) as bot:
+        configure_logging("INFO", file=out, json_format=True)
+        assert bot.command("loud") == 200
+        bot.replies(1)
+        assert bot.command("crash") == 200
+        bot.replies(2)
+        assert bot.click("loud_click", "7") == 200
+        bot.replies(3)
+        # The bot's own lines (the HTTP server's, e.g. waitress' queue warnings, are no
+        # command's).
+        lines = [line for line in map(json.loads, _lines(out)) if line["logger"].startswith("bot.")]
+    by_request: dict[object, list[str]] = {}
+    for line in lines:
+        message = str(line["message"])
+        shown = "error id" if message.startswith("error id ") else message
+        by_request.setdefault(line.get("request_id"), []).append(shown)
+    # Every line has a request id, each request its own, and one request's lines share it.
+    assert sorted(by_request.values()) == [
+        ["click 7: started", "click 7: done"],
+        ["crash: started", "error id"],
+        ["loud: started", "loud: done"],
+    ]
+    assert all(len(str(rid)) == REQUEST_ID_LENGTH for rid in by_request)

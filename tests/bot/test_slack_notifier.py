@@ -1,15 +1,63 @@
-"""SlackNotifier against the local Slack stand-in: DMs, posts, updates, uploads, errors."""
+"""SlackNotifier against the local Slack stand-in: DMs, posts, updates, uploads, errors; against
+a stand-in that answers with HTML pages (as a proxy in front of Slack does), the error metric's
+label stays within a fixed set."""
 
 from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from slack_sdk import WebClient
 
 from bot.errors import SlackError
 from bot.local_slack import LocalSlack, Message, SharedFile
+from bot.metrics import METRICS
 from bot.notify import MessageRef
-from bot.slack_notifier import SlackNotifier
+from bot.slack_notifier import HTTP_5XX, OTHER, SLACK_ERROR_CODES, SlackNotifier, error_label
 from tests.fixtures.slack import BOT_TOKEN
+
+#: Every value the Slack error metric's ``error`` label may take.
+BOUNDED_LABELS = SLACK_ERROR_CODES | {"unreachable", HTTP_5XX, OTHER}
+
+
+@contextmanager
+def html_slack(statuses: Sequence[int]) -> Iterator[str]:
+    """A stand-in of Slack's Web API that answers each call, in turn, with the next of
+    ``statuses`` and an HTML page unlike any other (a request number in it); yields its API
+    URL."""
+    serial = itertools.count(1)
+    turns = itertools.cycle(statuses)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            n = next(serial)
+            body = (
+                f"<html><head><title>{n} Bad Gateway</title></head><body><h1>Error {n}</h1>"
+                f"<p>upstream {self.path} failed (request {n:08d})</p></body></html>"
+            ).encode()
+            self.send_response(next(turns))
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/api/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
 
 BLOCKS = [{"type": "section", "text": {"type": "mrkdwn", "text": "*hello*"}}]
 
@@ -136,3 +184,40 @@ def test_unreachable_slack_is_a_slack_error() -> None:
     with pytest.raises(SlackError) as err:
         notifier.post("C0GENERAL", "hello")
     assert err.value.error == "unreachable"
+
+
+def test_documented_codes_keep_their_name_and_anything_else_is_bounded() -> None:
+    assert error_label("channel_not_found", 200) == "channel_not_found"
+    assert error_label("ratelimited", 429) == "ratelimited"
+    assert error_label("Received a response in a non-JSON format: <html>...", 502) == HTTP_5XX
+    assert error_label("Received a response in a non-JSON format: <html>...", 200) == OTHER
+    assert error_label("some_new_code_slack_adds_one_day") == OTHER
+    assert error_label("x" * 10_000, 403) == OTHER
+
+
+def _error_labels(method: str) -> dict[str, float]:
+    """The Slack error counter's samples for ``method``, by error label."""
+    found: dict[str, float] = {}
+    for family in METRICS.registry.collect():
+        for sample in family.samples:
+            errors = sample.name == "gpubot_slack_api_errors_total"
+            if errors and sample.labels["method"] == method:
+                found[sample.labels["error"]] = sample.value
+    return found
+
+
+def test_html_answers_keep_the_error_label_bounded() -> None:
+    method = "chat.postMessage"
+    before = _error_labels(method)
+    statuses = (502, 503, 200, 500, 403)
+    with html_slack(statuses) as url:
+        notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=url, timeout=5))
+        for _ in range(4 * len(statuses)):
+            with pytest.raises(SlackError) as err:
+                notifier.post("C0GENERAL", "hello")
+            assert "non-JSON" in err.value.error  # what Slack said is still in the error
+    after = _error_labels(method)
+    assert set(after) <= BOUNDED_LABELS, sorted(after)
+    assert after[HTTP_5XX] - before.get(HTTP_5XX, 0.0) == 12  # 502, 503 and 500, four times
+    assert after[OTHER] - before.get(OTHER, 0.0) == 8  # 200 and 403 with a page, four times
+    assert not any("<" in label or " " in label for label in after)
