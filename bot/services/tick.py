@@ -49,6 +49,7 @@ from sqlalchemy import DateTime, bindparam, exists, or_
 from sqlalchemy import exc as sa_exc
 from sqlmodel import col, select
 
+from bot.errors import GpubotError
 from bot.logging_setup import RepeatLimiter, request_context
 from bot.runtime import Runtime
 from bot.services import (
@@ -170,11 +171,12 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     due = partial(releases.process_due_releases, rt, now)
     processed = run("releases", lambda: due(timebox=_box(report, "releases")))
     report.releases_processed = len(processed or ())
-    if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and claim_step(
-        rt, "prune", _slot(now, PRUNE_EVERY_S)
+    if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and _claimed(
+        rt, report, "prune", _slot(now, PRUNE_EVERY_S)
     ):
         _run(report, "prune", lambda: samples.prune(rt, now))
-    if _reconcile_due(rt, now) and claim_step(rt, "reconcile", _slot(now, _reconcile_every(rt))):
+    reconcile_slot = _slot(now, _reconcile_every(rt))
+    if _reconcile_due(rt, now) and _claimed(rt, report, "reconcile", reconcile_slot):
         if rt.platform_work is None:
             _reconcile(rt, now, report)
         else:
@@ -402,6 +404,17 @@ def _run_due(report: TickReport, due: _Due, name: str, fn: Callable[[], T]) -> T
     report.skipped.append(name)
     report.durations_s.setdefault(name, 0.0)
     return None
+
+
+def _claimed(rt: Runtime, report: TickReport, step: str, slot: int) -> bool:
+    """:func:`claim_step`, a store that fails counted as the step failing (logged once a
+    minute, the tick going on) rather than raised out of the tick."""
+    try:
+        return claim_step(rt, step, slot)
+    except GpubotError as exc:
+        report.errors.append(step)
+        _log_failure(report.now, step, exc)
+        return False
 
 
 def claim_step(rt: Runtime, step: str, slot: int) -> bool:

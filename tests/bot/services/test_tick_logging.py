@@ -165,3 +165,22 @@ def test_every_line_of_a_tick_carries_that_tick_s_request_id(
     assert len(set(ids[:first])) == len(set(ids[first:])) == 1
     assert ids[0] != ids[-1]
     assert all(isinstance(rid, str) and len(rid) == REQUEST_ID_LENGTH for rid in ids)
+
+
+def test_a_store_outage_across_reconcile_slots_never_raises_out_of_the_tick(
+    sqlite_db: Database, records: list[logging.LogRecord]
+) -> None:
+    """The claim of a slot step (reconcile every 5 minutes, prune) fails with the store: the
+    tick goes on, the step counts as failed, and it is logged like any other step."""
+    rt = make_runtime(sqlite_db, Clock(START), tick_interval_s=60)
+    down = _down(rt)
+    failing: set[str] = set()
+    for n in range(12):  # 12 minutes: two reconcile slots begin
+        failing.update(tick(down, START + timedelta(minutes=n)).errors)
+    assert "reconcile" in failing
+    reconcile_lines = [r for r in records if _key(r) == "reconcile"]
+    # One claim a slot (the first tick's, 5 and 10 minutes on), each a minute or more apart:
+    # the first with its traceback, the others one line each.
+    assert len(reconcile_lines) == 3
+    assert reconcile_lines[0].exc_info is not None
+    assert all(line.exc_info is None for line in reconcile_lines[1:])
