@@ -404,18 +404,33 @@ def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
 def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
     """The carried fields to store before the instance's billing rules change at ``at``: what
     its sessions owe up to ``at`` under the rules in force (no increment rounding: the session
-    goes on). Apply them together with the new rules."""
+    goes on). Apply them together with the new rules.
+
+    A change within the first second of billing (nothing carried before it: the console's
+    `local`, stored without a price and registered at one a moment later) carries nothing:
+    no whole second passed under the old rules, so the new ones bill from the start. Counting
+    that started second in full would carry a second at the old price, and the session would
+    read as partly at an earlier price and cost a second less than its increments say."""
     values = {
         "compute_carried_s": instance.compute_carried_s,
         "compute_carried_micros": instance.compute_carried_micros,
     }
     start = billing_start(instance)
     if start is not None:
-        seconds = elapsed_seconds(start, _earlier(compute_end(instance), at))
-        if seconds > 0:
+        end = _earlier(compute_end(instance), at)
+        seconds = elapsed_seconds(start, end)
+        fresh = instance.compute_carried_s == 0 and instance.compute_session_at is None
+        if seconds > 0 and not (fresh and _same_moment(start, end)):
             _, micros = compute_totals(instance, seconds, final=False)
             values.update(compute_carried_s=seconds, compute_carried_micros=micros)
-    storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
+    storage_at = _earlier(storage_end(instance), at)
+    if instance.storage_carried_s == 0 and _same_moment(instance.created_at, storage_at):
+        return values | {
+            "storage_carried_s": 0,
+            "storage_carried_micros": instance.storage_carried_micros,
+            "storage_carried_excess": instance.storage_carried_excess,
+        }
+    storage_s = elapsed_seconds(instance.created_at, storage_at)
     _, storage_micros = storage_totals(instance, storage_s)
     carried_s = min(instance.storage_carried_s, storage_s)
     exact = (
@@ -563,6 +578,11 @@ _PRICE_PER_HINT = N_("Prices are per instance-hour or per GPU-hour.")
 
 def _ceil_div(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
+
+
+def _same_moment(start: datetime, end: datetime) -> bool:
+    """Whether ``end`` falls within the first second from ``start`` (no whole second passed)."""
+    return end - start < timedelta(seconds=1)
 
 
 def _earlier(first: datetime | None, second: datetime) -> datetime:

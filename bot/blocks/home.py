@@ -32,7 +32,7 @@ from bot.blocks.kit import (
     when,
 )
 from bot.i18n import nt, t
-from bot.services.home import HomeInstance, HomeJob, HomeView
+from bot.services.home import HomeInstance, HomeJob, HomeView, nearest_first
 from bot.services.views import STORAGE_HINT, InstanceBrief
 from bot.values import format_duration, format_money
 
@@ -42,8 +42,10 @@ HOME_EXTEND = "home_extend_1h"
 #: What the Extend button adds to the deadline.
 HOME_EXTEND_BY = timedelta(hours=1)
 HOME_REGISTER = "home_register"
-#: The person's instances shown with their buttons (two blocks each); the rest are counted.
-MINE_SHOWN = 20
+#: The person's instances shown with their buttons (two blocks each), nearest deadline first:
+#: about a screenful. The rest, whose deadlines are later, are collapsed into one line each
+#: (up to LINES_SHOWN) and counted, with the command that lists them.
+MINE_SHOWN = 10
 #: The jobs and fleet lines shown; the rest are counted.
 LINES_SHOWN = 200
 
@@ -74,23 +76,31 @@ def _mine(view: HomeView) -> list[Block]:
                 )
             )
         ]
+    mine = nearest_first(view.mine)
     blocks: list[Block] = []
-    for item in view.mine[:MINE_SHOWN]:
+    for item in mine[:MINE_SHOWN]:
         blocks.append(section(_mine_text(item, view.now), block_id=f"home-inst-{item.id}"))
         blocks.append(_home_buttons(item, view))
-    left = len(view.mine) - MINE_SHOWN
-    if left > 0:
+    rest = mine[MINE_SHOWN:]
+    if rest:
+        lines = [_collapsed_line(item, view.now) for item in rest[:LINES_SHOWN]]
+        blocks += [section(text) for text in pack(lines)]
         blocks.append(
             context(
                 nt(
-                    "{n} more instance not shown; `/gpu status` lists them all.",
-                    "{n} more instances not shown; `/gpu status` lists them all.",
-                    left,
-                    n=left,
+                    "{n} more instance, with a later deadline; `/gpu status` lists them all.",
+                    "{n} more instances, with later deadlines; `/gpu status` lists them all.",
+                    len(rest),
+                    n=len(rest),
                 )
             )
         )
     return blocks
+
+
+def _collapsed_line(item: HomeInstance, now: datetime) -> str:
+    """One of the person's instances past the first screenful: its name and time left."""
+    return f"*{escape(item.name)}*  ·  {_left(item, now)}"
 
 
 def _mine_text(item: HomeInstance, now: datetime) -> str:

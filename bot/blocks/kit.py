@@ -59,10 +59,24 @@ ELLIPSIS = "…"
 
 
 def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters, ending in an ellipsis when cut."""
+    """``text`` cut to at most ``limit`` characters, ending in an ellipsis when cut. The cut
+    never falls inside an entity (``&amp;``, ``&lt;``, ``&gt;``, or a Slack one such as
+    ``<@U123>``, ``<#C1|name>``, ``<https://x|y>``): one it would split is left out whole."""
     if len(text) <= limit:
         return text
-    return text[: max(limit - 1, 0)] + ELLIPSIS
+    cut = max(limit - 1, 0)
+    for match in _ENTITY.finditer(text):
+        if match.start() >= cut:
+            break
+        if match.end() > cut:
+            cut = match.start()
+            break
+    return text[:cut] + ELLIPSIS
+
+
+#: What a cut must not split: Slack's three character entities, and ``<...>`` (mentions,
+#: channels, links, ``<!here>``, dates), which hold no ``<`` or ``>`` inside.
+_ENTITY = re.compile(r"&(?:amp|lt|gt);|<[^<>]*>")
 
 
 def escape(text: str) -> str:

@@ -9,6 +9,7 @@ figure `/gpu spend` and budgets show) and the person's own budget.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from statistics import mean
@@ -71,7 +72,8 @@ class HomeView:
     """One person's Home at ``now``: ``mine`` are the instances they own, ``jobs`` the running
     jobs they asked for, ``spent_micros`` their spend this ``month`` (``YYYY-MM`` in
     ``timezone``) against ``budget_micros`` (None: no budget), ``fleet`` every unreleased
-    instance of the team (theirs included), by name."""
+    instance of the team (theirs included), by name. ``mine`` comes nearest deadline first
+    (see :func:`nearest_first`)."""
 
     user_id: str
     now: datetime
@@ -123,12 +125,23 @@ def home_view(rt: Runtime, user_id: str) -> HomeView:
         timezone=rt.settings.timezone,
         currency=rt.settings.currency,
         month=ledger.month_of(now, tz),
-        mine=tuple(item for item in fleet if item.owner_id == user_id),
+        mine=nearest_first(item for item in fleet if item.owner_id == user_id),
         jobs=jobs,
         spent_micros=spent.by_user.get(user_id, 0),
         budget_micros=limit,
         fleet=fleet,
     )
+
+
+def nearest_first(items: Iterable[HomeInstance]) -> tuple[HomeInstance, ...]:
+    """``items`` by deadline, the nearest first (a stopped instance's is when its disk is
+    released); those without a deadline last, by name, then id."""
+    return tuple(sorted(items, key=_deadline_key))
+
+
+def _deadline_key(item: HomeInstance) -> tuple[bool, datetime, str, int]:
+    at = item.deadline_at
+    return (at is None, at or datetime.min, item.name, item.id)
 
 
 def _instance(rt: Runtime, row: InstanceRow, user_id: str, now: datetime) -> HomeInstance:

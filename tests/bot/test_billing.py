@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ T0 = datetime(2026, 3, 10, 10, 0, 0)
 USD = 1_000_000
 
 
-def _instance(**fields: object) -> Instance:
-    base: dict[str, object] = {
+def _instance(**fields: Any) -> Instance:
+    base: dict[str, Any] = {
         "name": "box",
         "owner_id": "U1",
         "host": "10.0.0.1",
@@ -349,3 +350,31 @@ def test_a_release_is_partly_at_an_earlier_price_only_when_that_price_differed()
     cost = final_cost(restarted)
     assert cost is not None
     assert cost.carried is False
+
+
+def test_a_price_given_within_the_first_second_bills_from_the_start_at_that_price() -> None:
+    """`local` stored without a price, registered at $2.00/h by the hour 0.4 s later and
+    released 70 minutes after that: one price, 2 h billed, exactly $4.00. A price given a
+    second or more later still leaves the stretch before it at the earlier price."""
+    from bot.billing import at_one_price, carry
+    from bot.services.costs import final_cost
+
+    def released(after: timedelta) -> Instance:
+        inst = _instance(price_micros=0, provider="manual", ssh_ready_at=T0)
+        changed = T0 + after
+        for name, value in carry(inst, changed).items():
+            setattr(inst, name, value)
+        inst.price_micros = 2 * USD
+        inst.billing_increment = "hour"
+        inst.released_at = changed + timedelta(minutes=70)
+        return inst
+
+    moment = released(timedelta(milliseconds=400))
+    assert (moment.compute_carried_s, moment.storage_carried_s) == (0, 0)
+    assert at_one_price(moment)
+    cost = final_cost(moment)
+    assert cost is not None
+    assert (cost.carried, cost.total_micros, cost.billed_s) == (False, 4 * USD, 7200)
+    later = released(timedelta(seconds=30))
+    assert later.compute_carried_s == 30
+    assert not at_one_price(later)

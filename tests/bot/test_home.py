@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from slack_sdk.models.views import View
 
 from bot import listeners
-from bot.blocks.home import HOME_EXTEND, HOME_REGISTER
+from bot.blocks.home import HOME_EXTEND, HOME_REGISTER, MINE_SHOWN
 from bot.blocks.home import home_view as render_home
 from bot.executor import BotExecutor
 from bot.i18n import speaking
@@ -126,8 +127,61 @@ def test_a_big_fleet_stays_within_slacks_limits_and_keeps_the_register_button() 
     view = render_home(_view(mine=60, fleet=600, jobs=300))
     assert check_view(view, "home") == []
     assert len(view["blocks"]) <= 100
-    assert "40 more instances not shown" in json.dumps(view)
+    assert "50 more instances, with later deadlines; `/gpu status` lists them all." in (
+        json.dumps(view)
+    )
     assert _button(view, HOME_REGISTER)
+
+
+def test_thirty_instances_show_the_nearest_deadlines_first_with_buttons_the_rest_collapsed() -> (
+    None
+):
+    """30 instances given in an order unrelated to their deadlines (and some without one): the
+    nearest deadlines come first with their buttons, none of them hidden; the rest are one
+    line each, counted, with the command that lists them."""
+    hours = [(n * 7) % 30 + 1 for n in range(30)]  # 1..30 h, shuffled
+    items = tuple(
+        replace(
+            _instance(n + 1),
+            deadline_at=None if n in (3, 11) else NOW + timedelta(hours=h),
+            state="stopped" if n == 5 else "active",
+        )
+        for n, h in enumerate(hours)
+    )
+    view = render_home(HomeView(**{**vars(_view()), "mine": items, "fleet": items}))
+    assert check_view(view, "home") == []
+    by_deadline = sorted(
+        (item for item in items if item.deadline_at is not None),
+        key=lambda item: (item.deadline_at, item.name),
+    )
+    nearest = [item.id for item in by_deadline[:MINE_SHOWN]]
+    with_buttons = [
+        int(block["block_id"].removeprefix("home-inst-"))
+        for block in view["blocks"]
+        if block.get("block_id", "").startswith("home-inst-")
+    ]
+    assert with_buttons == nearest
+    for item_id in nearest:
+        [row] = [b for b in view["blocks"] if b.get("block_id") == f"home-inst-{item_id}"]
+        following = view["blocks"][view["blocks"].index(row) + 1]
+        assert following["type"] == "actions"
+    text = json.dumps(view, ensure_ascii=False)
+    assert "20 more instances, with later deadlines; `/gpu status` lists them all." in text
+    mine_part = text.split("Your running jobs")[0]
+    for item in items:  # every one of them is on the Home, the nearest first
+        assert f"*{item.name}*" in mine_part
+    undated = (items[11], items[3])  # no deadline: last, by name (box12 before box4)
+    order = [mine_part.index(f"*{item.name}*  ·") for item in (*by_deadline, *undated)]
+    assert order == sorted(order)
+
+
+def test_the_collapsed_count_in_chinese() -> None:
+    with speaking("zh"):
+        view = render_home(_view(mine=12, fleet=12))
+    assert_chinese(view)
+    text = json.dumps(view, ensure_ascii=False)
+    assert "还有 2 个实例" in text
+    assert "`/gpu status`" in text
 
 
 def test_a_long_command_is_cut_with_an_ellipsis_and_the_time_shows_its_date() -> None:
@@ -207,7 +261,7 @@ def test_opening_the_home_tab_publishes_a_valid_home(bot: SlackBot) -> None:
     assert _button(view, "instance_release_confirm")["confirm"]
     # The Messages tab is no Home: nothing is published for it.
     assert _open_home(bot, tab="messages") == 200
-    assert isinstance(bot.rt.executor, listeners.BotExecutor)
+    assert isinstance(bot.rt.executor, BotExecutor)
     assert bot.rt.executor.wait_idle(5)
     assert _published(bot) == 1
 
@@ -308,7 +362,7 @@ def test_a_command_publishes_the_home_again_for_who_opened_it(bot: SlackBot) -> 
     assert bot.slack.wait_for(lambda s: len(s.calls_to("views.publish")) >= 2)
     assert bot.command("help", user="U0BOB", user_name="bob") == 200
     bot.replies(2)
-    assert isinstance(bot.rt.executor, listeners.BotExecutor)
+    assert isinstance(bot.rt.executor, BotExecutor)
     assert bot.rt.executor.wait_idle(5)
     assert {c.args["user_id"] for c in bot.slack.calls_to("views.publish")} == {"U0ALICE"}
 
