@@ -1,4 +1,5 @@
-"""`gpubot`: run the bot on Slack (Socket Mode or HTTP), open the local console, or migrate.
+"""`gpubot`: run the bot on Slack (Socket Mode or HTTP), open the local console, migrate, or
+check a configuration before starting (`gpubot check`; `gpubot --version` says which gpubot).
 
 With no arguments: Socket Mode when SLACK_BOT_TOKEN and SLACK_APP_TOKEN are set, otherwise the
 console. Configuration comes from the environment (see bot/settings.py); a setting that cannot
@@ -26,6 +27,7 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot.app import build_app, build_health, build_ops, build_runtime, make_client, start_clock
+from bot.check import check, version_text
 from bot.errors import ConfigError, GpubotError
 from bot.executor import BotExecutor
 from bot.health import Health
@@ -57,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = cli_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
+        if args.mode == "check":  # looks, and makes nothing
+            return _check(settings, args)
         make_private_dir(settings.data_dir)
         mode = args.mode or ("socket" if settings.socket_mode else "console")
         return _MODES[mode](settings, args)
@@ -95,6 +99,7 @@ def cli_parser() -> argparse.ArgumentParser:
         default=None,
         help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default GPUBOT_LOG_LEVEL, else INFO)",
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="mode", metavar="COMMAND")
     console = sub.add_parser("console", help="chat with the bot locally, without Slack")
     console.add_argument("--user", default="console-user", help="who speaks first")
@@ -131,6 +136,11 @@ def cli_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("socket", help="connect to Slack in Socket Mode")
     sub.add_parser("migrate", help="bring the database to the newest schema")
+    sub.add_parser(
+        "check",
+        help="try the configuration: every setting, the database, Slack, the SSH keys and the "
+        "agent archive; one line per problem (status 1), else ok",
+    )
     return parser
 
 
@@ -263,6 +273,16 @@ def _migrate(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         db.dispose()
     return 0
+
+
+def _check(settings: Settings, args: argparse.Namespace) -> int:
+    """Print one line per problem in the configuration and return 1, or ``ok`` and 0."""
+    problems = check(settings)
+    for problem in problems:
+        print(problem.line())
+    if not problems:
+        print("ok")
+    return 1 if problems else 0
 
 
 def _runtime(settings: Settings) -> tuple[Runtime, WebClient]:

@@ -19,6 +19,7 @@ seconds.
 from __future__ import annotations
 
 import logging
+import platform
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from bot import __version__
 from bot.errors import GpubotError
 from bot.values import MICROS
 
@@ -82,6 +84,13 @@ class Metrics:
         self.registry = CollectorRegistry()
         reg = self.registry
         ProcessCollector(registry=reg)
+        build_info = Gauge(
+            "gpubot_build_info",
+            "Always 1; its labels say which gpubot (version) runs on which Python (python).",
+            ["version", "python"],
+            registry=reg,
+        )
+        build_info.labels(version=__version__, python=platform.python_version()).set(1)
         self._ssh_errors = Counter(
             "gpubot_ssh_errors",
             "SSH failures talking to instances, by kind (unreachable, command_timeout, "
@@ -91,8 +100,9 @@ class Metrics:
         )
         self._slack_errors = Counter(
             "gpubot_slack_api_errors",
-            "Slack Web API calls that failed, by method and Slack's error code "
-            "('unreachable' when no answer came).",
+            "Slack Web API calls that failed, by method and Slack's error code: a documented "
+            "one, 'unreachable' when no answer came, 'http_5xx' for a server error without "
+            "Slack's JSON, else 'other'.",
             ["method", "error"],
             registry=reg,
         )
@@ -168,7 +178,8 @@ class Metrics:
         self._ssh_errors.labels(kind=kind).inc()
 
     def slack_error(self, method: str, error: str) -> None:
-        """Count a failed Slack Web API call."""
+        """Count a failed Slack Web API call; ``error`` is one of a fixed set of labels
+        (bot.slack_notifier.error_label), never Slack's raw answer."""
         self._slack_errors.labels(method=method, error=error).inc()
 
     def slack_rate_limited(self, method: str) -> None:

@@ -6,6 +6,7 @@ import ipaddress
 import math
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -110,6 +111,12 @@ class Settings:
                 "GPUBOT_METRICS_HOST is empty.",
                 hint="Give the address to serve metrics on, such as 127.0.0.1 or 0.0.0.0.",
             )
+        for name, var in URL_SETTINGS:
+            url = getattr(self, name)
+            if url is not None:
+                check_http_url(var, url)
+        if self.database_url is not None:
+            check_database_url(self.database_url)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -236,6 +243,73 @@ def mask_url_password(url: str) -> str:
 
 _URL_PASSWORD = re.compile(r"^(?P<head>[^:/?#]+://[^:/?#@]*:).*@(?=[^@]*$)", re.DOTALL)
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd)=)[^&#]*", re.IGNORECASE)
+
+
+#: Settings that hold the URL of an HTTP API: field and variable.
+URL_SETTINGS = (
+    ("slack_api_url", "GPUBOT_SLACK_API_URL"),
+    ("aws_endpoint_url", "GPUBOT_AWS_ENDPOINT_URL"),
+    ("lambda_api_url", "GPUBOT_LAMBDA_API_URL"),
+    ("runpod_api_url", "GPUBOT_RUNPOD_API_URL"),
+    ("vast_api_url", "GPUBOT_VAST_API_URL"),
+    ("compshare_api_url", "GPUBOT_COMPSHARE_API_URL"),
+)
+#: The databases gpubot runs on, by the URL's scheme (before any ``+driver``).
+DATABASE_SCHEMES = frozenset({"sqlite", "postgresql", "postgres"})
+_DATABASE_HINT = "Set GPUBOT_DATABASE_URL to sqlite:///PATH or postgresql://USER@HOST:PORT/DB."
+
+
+def check_http_url(var: str, url: str) -> str:
+    """``url`` when it is an ``http://`` or ``https://`` URL with a host (and a numeric port,
+    if any). Raises ConfigError naming ``var``."""
+    shown = mask_url_password(url)
+    try:
+        parts: urllib.parse.SplitResult | None = urllib.parse.urlsplit(url.strip())
+    except ValueError:  # a malformed [IPv6] host
+        parts = None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(
+            f"{var}={shown!r} is not an http:// or https:// URL.",
+            hint=f"Give {var} as a full URL such as https://host/path/, or leave it unset.",
+        )
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if not port_ok:
+        raise ConfigError(
+            f"{var}={shown!r} has a port that is not a number from 1 to 65535.",
+            hint=f"Correct the port in {var}, or leave it out.",
+        )
+    return url
+
+
+def check_database_url(url: str) -> str:
+    """``url`` when it names SQLite or PostgreSQL (``sqlite:///PATH``,
+    ``postgresql[+psycopg]://...``). Raises ConfigError saying which databases work."""
+    shown = mask_url_password(url)
+    scheme, sep, _rest = url.strip().partition("://")
+    if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        raise ConfigError(
+            f"GPUBOT_DATABASE_URL={shown!r} is not a database URL.", hint=_DATABASE_HINT
+        )
+    backend = scheme.split("+", 1)[0].lower()
+    if backend not in DATABASE_SCHEMES:
+        raise ConfigError(
+            f"GPUBOT_DATABASE_URL names a {backend} database; gpubot runs on SQLite and "
+            "PostgreSQL only.",
+            hint=_DATABASE_HINT,
+        )
+    try:
+        port = urllib.parse.urlsplit(url.strip()).port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(
+            f"GPUBOT_DATABASE_URL={shown!r} has a port that is not a number from 1 to 65535.",
+            hint=_DATABASE_HINT,
+        )
+    return url
 
 
 def _put(values: dict[str, Any], name: str, value: str | None) -> None:

@@ -59,6 +59,21 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
             {"GPUBOT_IDLE_WINDOW_S": "soon"},
             "GPUBOT_IDLE_WINDOW_S='soon' is not a number",
         ),
+        (
+            ["migrate"],
+            {"GPUBOT_DATABASE_URL": "mysql://gpubot@db/gpubot"},
+            "GPUBOT_DATABASE_URL names a mysql database",
+        ),
+        (
+            ["console"],
+            {"GPUBOT_SLACK_API_URL": "slack.com/api/"},
+            "GPUBOT_SLACK_API_URL='slack.com/api/' is not an http:// or https:// URL.",
+        ),
+        (
+            ["check"],
+            {"GPUBOT_AWS_ENDPOINT_URL": "localhost:4566"},
+            "GPUBOT_AWS_ENDPOINT_URL='localhost:4566' is not an http:// or https:// URL.",
+        ),
     ],
 )
 def test_missing_or_bad_settings_exit_2_with_a_message(
@@ -76,6 +91,19 @@ def test_missing_or_bad_settings_exit_2_with_a_message(
     assert err.startswith("gpubot: ")
     assert message in err
     assert not (clean_env / "gpubot.sqlite3").exists()
+
+
+def test_version_exits_0_and_check_makes_no_data_directory(
+    clean_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(
+        r"gpubot \d+\.\d+\.\d+\S* \(Python \d+\.\d+\.\d+\)\n", capsys.readouterr().out
+    )
+    main(["check"])
+    assert not clean_env.exists()
 
 
 def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

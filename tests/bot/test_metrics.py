@@ -21,12 +21,14 @@ from bot.errors import AuthenticationFailed, CommandTimeout, SlackError, StoreEr
 from bot.fleet.ssh import SshTransport
 from bot.local_slack import LocalSlack
 from bot.metrics import METRICS, Metrics, StoreStats, error_kind
+from bot.notify import MessageRef
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, OutboxMessage, Prompt, Release
 from bot.store.stats import month_bounds, ping, read_stats
 from tests.bot.services.support import add_instance
+from tests.bot.test_slack_notifier import BOUNDED_LABELS, html_slack
 from tests.fixtures.slack import BOT_TOKEN, SlackBot
 from tests.fixtures.sshd import SshServer, make_client_key
 
@@ -402,6 +404,25 @@ def test_slack_errors_and_rate_limits_are_counted(local_slack: LocalSlack) -> No
     with pytest.raises(SlackError):
         dead.post("C0GENERAL", "nobody there")
     assert errors("unreachable") == unreachable_before + 1
+
+
+def test_the_slack_error_label_stays_bounded_whatever_slack_answers() -> None:
+    """A proxy's HTML pages (each unlike the last) add no label values: the exposition's
+    Slack error labels stay within the known set, HTML-free."""
+    with html_slack((502, 200, 504)) as url:
+        notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=url, timeout=5))
+        for _ in range(30):
+            with pytest.raises(SlackError):
+                notifier.update(MessageRef("C0GENERAL", "1.000001"), "x")
+    text, _ = METRICS.exposition()
+    labels = {
+        dict(labels)["error"]
+        for (name, labels) in samples(text)
+        if name == "gpubot_slack_api_errors_total" and dict(labels)["method"] == "chat.update"
+    }
+    assert labels <= BOUNDED_LABELS
+    assert {"http_5xx", "other"} <= labels
+    assert b"<html" not in text
 
 
 @pytest.mark.integration
