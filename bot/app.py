@@ -7,7 +7,9 @@ the server each build their own.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
@@ -58,14 +60,52 @@ __all__ = [
     "with_home_buttons",
 ]
 
+#: The store's gauges are served for this many tick intervals after their reading (at least
+#: GAUGE_MAX_AGE_MIN_S seconds); older, the store is said to be down.
+GAUGE_MAX_AGE_TICKS = 3
+GAUGE_MAX_AGE_MIN_S = 60.0
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle:
     """Start the scheduler that ticks deadlines, releases, polls and digests; each tick is
-    measured into the process's metrics and, given ``health``, reported to it."""
-    return start_scheduler(rt, watch=TickWatch(health=health))
+    measured into the process's metrics and, given ``health``, reported to it; after each
+    tick the store's gauges for ``/metrics`` are read (:func:`store_gauges`)."""
+    return start_scheduler(rt, watch=TickWatch(health=health, after_tick=store_gauges(rt).refresh))
+
+
+#: The store's gauges of each runtime, read by its clock (by ``id``, dropped with it).
+_GAUGES: dict[int, stats.CachedStats] = {}
+_GAUGES_LOCK = threading.Lock()
+
+
+def store_gauges(rt: Runtime) -> stats.CachedStats:
+    """The runtime's store gauges, as its clock last read them: ``/metrics`` serves these and
+    never waits on the database (past a first reading's second)."""
+    key = id(rt)
+    with _GAUGES_LOCK:
+        cached = _GAUGES.get(key)
+        if cached is None:
+
+            def read() -> StoreStats:
+                return stats.read_stats(
+                    rt.db,
+                    rt.now(),
+                    tz=rt.settings.tz(),
+                    poll_interval_s=rt.settings.poll_interval_s,
+                )
+
+            max_age_s = max(GAUGE_MAX_AGE_TICKS * rt.settings.tick_interval_s, GAUGE_MAX_AGE_MIN_S)
+            cached = _GAUGES[key] = stats.CachedStats(read, max_age_s=max_age_s)
+            weakref.finalize(rt, _forget_gauges, key)
+        return cached
+
+
+def _forget_gauges(key: int) -> None:
+    with _GAUGES_LOCK:
+        _GAUGES.pop(key, None)
 
 
 def build_health(rt: Runtime, *, slack_connected: Callable[[], bool] | None = None) -> Health:
@@ -105,17 +145,9 @@ def _chinese_in_use(rt: Runtime) -> bool:
 
 def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEndpoints:
     """``/healthz``, ``/readyz`` and ``/metrics`` of ``rt``: the process's metrics and the
-    store's gauges, read when scraped."""
-
-    def store_stats() -> StoreStats:
-        return stats.read_stats(
-            rt.db,
-            rt.now(),
-            tz=rt.settings.tz(),
-            poll_interval_s=rt.settings.poll_interval_s,
-        )
-
-    return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(store_stats))
+    store's gauges as the clock last read them (a hung database holds no scrape)."""
+    gauges = store_gauges(rt)
+    return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(gauges.stats))
 
 
 def with_home_buttons(registry: Registry) -> Registry:

@@ -60,6 +60,8 @@ class TickWatch:
     metrics: Metrics = field(default_factory=lambda: METRICS)
     health: Health | None = None
     clock: Callable[[], float] = time.monotonic
+    #: Called after each tick that ran (the store's gauges are read then); never raises.
+    after_tick: Callable[[], None] | None = None
     _last_start: float | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -125,6 +127,8 @@ def run_tick(rt: Runtime, watch: TickWatch | None = None) -> None:
     )
     if watch.health is not None:
         watch.health.tick_finished()
+    if watch.after_tick is not None:
+        watch.after_tick()
     if report.errors:
         log.warning("tick at %s: steps failed: %s", report.now, ", ".join(report.errors))
     if lag_s > 0:

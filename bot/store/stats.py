@@ -8,6 +8,9 @@ Both raise bot.errors.StoreError when the database fails.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -17,7 +20,7 @@ from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col
 
 from bot.billing import PROVIDER_BILLING
-from bot.errors import StoreError
+from bot.errors import GpubotError, StoreError
 from bot.metrics import RELEASE_STATES, StoreStats
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, OutboxMessage, Prompt, Release
@@ -221,3 +224,74 @@ def _naive(value: Any) -> datetime | None:
 def _local_midnight_utc(year: int, month: int, tz: ZoneInfo) -> datetime:
     """Midnight on the 1st of ``year-month`` in ``tz``, as naive UTC (as bot.services.ledger)."""
     return datetime(year, month, 1, tzinfo=tz).astimezone(UTC).replace(tzinfo=None)
+
+
+class CachedStats:
+    """The store's gauges as last read, for ``/metrics``: refreshed by the clock after each
+    tick (:meth:`refresh`), so a scrape touches no database. A scrape before the first reading
+    starts one on a thread of its own and waits for it at most ``wait_s`` seconds; a reading
+    older than ``max_age_s`` is not served (the store has not answered since). Thread-safe:
+    one reading at a time, never two."""
+
+    def __init__(
+        self,
+        read: Callable[[], StoreStats],
+        *,
+        max_age_s: float,
+        wait_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._read = read
+        self.max_age_s = max_age_s
+        self.wait_s = wait_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, StoreStats] | None = None
+        self._error: str | None = None
+        self._reading: threading.Event | None = None
+
+    def refresh(self) -> None:
+        """Read the gauges now (the clock's thread); a reading under way is not doubled.
+        Never raises: a failure is kept and said by :meth:`stats`."""
+        with self._lock:
+            if self._reading is not None:
+                return
+            done = self._reading = threading.Event()
+        try:
+            stats = self._read()
+        except GpubotError as exc:
+            with self._lock:
+                self._error = str(exc)
+        else:
+            with self._lock:
+                self._last, self._error = (self._clock(), stats), None
+        finally:
+            with self._lock:
+                self._reading = None
+            done.set()
+
+    def stats(self) -> StoreStats:
+        """The last reading while it is fresh. Raises StoreError when there is none fresh: the
+        first reading did not come within ``wait_s``, or the store has not answered for
+        ``max_age_s``."""
+        with self._lock:
+            last, reading = self._last, self._reading
+        if last is None:
+            if reading is None:
+                threading.Thread(target=self.refresh, name="store-gauges", daemon=True).start()
+                time.sleep(0)  # let it begin
+                with self._lock:
+                    reading = self._reading
+            if reading is not None:
+                reading.wait(self.wait_s)
+            with self._lock:
+                last = self._last
+        if last is None:
+            raise StoreError(self._error or f"the store did not answer within {self.wait_s:g} s")
+        age_s = self._clock() - last[0]
+        if age_s > self.max_age_s:
+            raise StoreError(
+                f"the store's gauges are {age_s:.0f} s old: the store has not answered since"
+                + (f" ({self._error})" if self._error else "")
+            )
+        return last[1]
