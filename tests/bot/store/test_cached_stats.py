@@ -65,7 +65,7 @@ def test_a_hung_store_holds_a_scrape_one_second_and_starts_one_reading() -> None
         assert took < 2.0
         assert "gpubot_store_up 0.0" in text.decode()
         for _ in range(3):  # more scrapes while it hangs: no second reading
-            with pytest.raises(StoreError, match="did not answer within 0.5 s"):
+            with pytest.raises(StoreError, match=r"did not answer within 0\.5 s"):
                 gauges.stats()
         gauges.refresh()  # the clock's own try returns at once: one reading at a time
         assert len(started) == 1
