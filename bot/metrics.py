@@ -39,9 +39,15 @@ log = logging.getLogger(__name__)
 
 #: The content type of :meth:`Metrics.exposition` (Prometheus text format 0.0.4).
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
-#: Micro-units in one unit of a currency.
 #: Release states reported even when no release is in them.
-RELEASE_STATES = ("pending", "in_progress", "escalated", "awaiting_owner", "failed")
+RELEASE_STATES = (
+    "pending",
+    "in_progress",
+    "escalated",
+    "awaiting_owner",
+    "awaiting_owner_quiet",
+    "failed",
+)
 #: Kinds of due work whose lateness is reported, even when nothing is due.
 DUE_WORK = ("poll", "release", "prompt", "outbox")
 

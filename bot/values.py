@@ -238,7 +238,12 @@ def parse_when(text: str, *, now_utc: datetime, tz: ZoneInfo) -> datetime:
     at_utc = at.astimezone(ZoneInfo("UTC")).replace(tzinfo=None)
     if at_utc <= now_utc:
         raise UsageError(
-            t("{text!r} is in the past", text=text), hint=t("Give a time in the future.")
+            t(
+                "{text!r} is already past: it is now {now}.",
+                text=text,
+                now=format_when(now_utc, tz),
+            ),
+            hint=t("Give a later time (like 18:00 or 2026-12-03T18:00), or a duration."),
         )
     return at_utc
 

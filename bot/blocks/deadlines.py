@@ -409,6 +409,14 @@ def manual_release_reminder(notice: ManualReleaseReminder) -> Message:
             name=inst.name,
         ),
     )
+    if notice.last:
+        text = _sentences(
+            text,
+            t(
+                "This is the last reminder: the bot stops reminding you and tells the ops "
+                "channel. Until you do it, the platform may go on billing."
+            ),
+        )
     buttons = _done_buttons(notice.instance_id, inst)
     return _with_buttons(text, buttons, f"release-remind-{notice.instance_id}")
 
@@ -418,6 +426,20 @@ def release_escalation(notice: ReleaseEscalation) -> Message:
     inst = notice.instance
     cost = per_hour(inst)
     owner = mention(inst.owner_id)
+    if notice.manual and notice.reminders > 0:
+        return _plain(
+            t(
+                ":rotating_light: The bot stopped reminding {owner} to release *{name}*: "
+                "{reminders} reminders in {waited}, none confirmed. It may still cost {cost} on "
+                "its platform. Please release it there and press the button in the owner's "
+                "message; the bot says nothing more about it.",
+                name=inst.name,
+                owner=owner,
+                reminders=notice.reminders,
+                waited=format_duration(timedelta(seconds=notice.reminded_for_s)),
+                cost=cost,
+            )
+        )
     if notice.manual:
         return _plain(
             t(
@@ -753,7 +775,7 @@ def release_answered(notice: ReleaseAnswered) -> Message:
     name = notice.instance.name
     if notice.state == "confirmed":
         return _plain(t("*{name}* is released.", name=name))
-    if notice.state == "awaiting_owner":
+    if notice.state in ("awaiting_owner", "awaiting_owner_quiet"):
         return _plain(
             t("Release *{name}* on its platform, then press the button I sent.", name=name)
         )

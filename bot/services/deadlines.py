@@ -46,10 +46,12 @@ from bot.runtime import Runtime
 from bot.services import access, audit, prompts, releases
 from bot.services import reconcile as platform_reconcile
 from bot.services.access import Caller
+from bot.services.lifecycle import require_future
 from bot.services.lookup import can_start, get_live_instance
 from bot.services.releases import Decided
 from bot.services.views import InstanceBrief, InstanceView
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release, UtilSample
+from bot.values import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -962,7 +964,9 @@ def set_lifetime_cap(
     rt: Runtime, caller: Caller, name: str, lifetime: timedelta | None
 ) -> PolicyView:
     """An admin sets the most an instance may live (counted from its registration), or lifts
-    it (None). Owners cannot extend past it. Raises NotAuthorized for anyone but an admin."""
+    it (None). Owners cannot extend past it. Raises NotAuthorized for anyone but an admin,
+    UsageError for a lifetime not positive or one that ends in the past (it names the time
+    now)."""
     if not rt.settings.is_admin(caller.user_id):
         raise NotAuthorized(
             t("Only an admin can set or lift a maximum lifetime."), hint=_ask_an_admin(rt)
@@ -975,6 +979,8 @@ def set_lifetime_cap(
                 t("{name} is being released; its lifetime can no longer change.", name=inst.name)
             )
         old = inst.lifetime_cap_at
+        if lifetime is not None:
+            _require_future_cap(rt, inst, lifetime, now)
         inst.lifetime_cap_at = None if lifetime is None else inst.created_at + lifetime
         session.add(inst)
         audit.record(
@@ -988,6 +994,28 @@ def set_lifetime_cap(
         )
         session.flush()
         return policy_view(inst, rt.settings.timezone)
+
+
+def _require_future_cap(rt: Runtime, inst: Instance, lifetime: timedelta, now: datetime) -> None:
+    """Raise UsageError unless ``lifetime`` is positive and, counted from the registration,
+    ends after ``now``."""
+    if lifetime <= timedelta(0):
+        raise UsageError(
+            t("A maximum lifetime must be positive."), hint=t("Like `/gpu cap NAME 3d`.")
+        )
+    lived = format_duration(now - inst.created_at)
+    require_future(
+        rt,
+        inst.created_at + lifetime,
+        now,
+        t("The end of that lifetime"),
+        t(
+            "{name} has run {lived} already: give a longer lifetime, or release it with "
+            "`/gpu release {name}`.",
+            name=inst.name,
+            lived=lived,
+        ),
+    )
 
 
 def policy_view(inst: Instance, tz_name: str = "UTC") -> PolicyView:

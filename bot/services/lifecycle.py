@@ -213,6 +213,24 @@ def confirm_released(
     )
 
 
+def require_future(rt: Runtime, at: datetime, now: datetime, what: str, hint: str) -> None:
+    """Raise UsageError when ``at`` (naive UTC) is not after ``now``: ``what`` names the time
+    given (like "The lifetime cap"), and the error shows both times in the workspace's timezone;
+    ``hint`` says what to do instead. Both texts in the active language."""
+    if at > now:
+        return
+    tz = ZoneInfo(rt.settings.timezone)
+    raise UsageError(
+        t(
+            "{what} ({at}) is already past: it is now {now}.",
+            what=what,
+            at=format_when(at, tz),
+            now=format_when(now, tz),
+        ),
+        hint=hint,
+    )
+
+
 def check_cap(
     rt: Runtime,
     caller: Caller,
@@ -228,6 +246,19 @@ def check_cap(
     cap = inst.lifetime_cap_at
     if cap is None or new <= cap or access.is_admin(rt, caller):
         return
+    now = rt.now()
+    if cap <= now:
+        tz = ZoneInfo(rt.settings.timezone)
+        raise NotAuthorized(
+            t(
+                "{name}'s maximum lifetime (a limit an admin set) ended at {cap}; it is now "
+                "{now}, so only an admin can keep it running.",
+                name=inst.name,
+                cap=format_when(cap, tz),
+                now=format_when(now, tz),
+            ),
+            hint=t("Ask an admin to lift or raise the limit with `/gpu cap`, or release it."),
+        )
     raise NotAuthorized(
         t(
             "{name} may run until {cap} at most (a limit an admin set); {doing} would go past it.",

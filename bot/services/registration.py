@@ -51,7 +51,7 @@ from bot.services import (
 )
 from bot.services.access import Caller
 from bot.services.fleet_views import health_view
-from bot.services.lifecycle import check_cap
+from bot.services.lifecycle import check_cap, require_future
 from bot.services.lookup import (
     KIND_HOST_KEY_CHANGED,
     POLLED_STATES,
@@ -481,10 +481,13 @@ def _deadline(
     """The deadline asked for; without one, the default for a new registration, and None (kept
     as it is) for a re-registration or ``local``."""
     if req.release_at is not None:
-        if req.release_at <= now:
-            raise UsageError(
-                t("--release-at is in the past."), hint=t("Give a time in the future.")
-            )
+        require_future(
+            rt,
+            req.release_at,
+            now,
+            t("--release-at"),
+            t("Give a later time (like --release-at 18:00), or a duration with --release-in 3h."),
+        )
         return req.release_at
     if req.release_in is not None:
         if req.release_in <= timedelta(0):

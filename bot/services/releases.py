@@ -15,16 +15,20 @@
   (a ``bot.timebox.Timebox``) is spent; the rest stay due for the next tick.
 - Manual instances (no API): the owner is asked to release on the platform and press
   "Released on the platform", or "Stopped on the platform" where they only stopped it;
-  reminded every ``MANUAL_REMIND_S`` and escalated to the channel after
-  ``MANUAL_ESCALATE_AFTER_REMINDERS`` reminders. ``confirm_manual_release`` stops the meter.
+  reminded at the widening times of ``MANUAL_REMINDERS_AFTER_S`` (30 min, 1 h, 2 h ... then
+  daily, for a week), escalated to the channel after ``MANUAL_ESCALATE_AFTER_REMINDERS``
+  reminders, and after the last reminder the Release goes ``awaiting_owner_quiet``: the clock
+  no longer works on it, the channel is told once that the bot stopped reminding, and the
+  owner can still confirm it. ``confirm_manual_release`` stops the meter.
 - A stop (mode ``stop``, on a platform that can stop, or a manual one) leaves the instance
   ``stopped``: still registered, its compute meter stopped, its disk still billing. It can be
   released from there (a terminate), and reconcile notices when it runs again.
 
 Release states: pending, in_progress (claimed), escalated (failing, still retried),
-awaiting_owner (manual), confirmed. Every message goes out as a Prompt row (see
-bot.services.prompts), so none is lost or doubled by a crash; what each says is a notice of this
-module (:class:`ManualReleaseRequest`, :class:`ReleasedNotice`, ...), listed in ``KINDS``.
+awaiting_owner (manual), awaiting_owner_quiet (manual, reminders done), confirmed. Every
+message goes out as a Prompt row (see bot.services.prompts), so none is lost or doubled by a
+crash; what each says is a notice of this module (:class:`ManualReleaseRequest`,
+:class:`ReleasedNotice`, ...), listed in ``KINDS``.
 """
 
 from __future__ import annotations
@@ -66,7 +70,13 @@ from bot.timebox import Timebox, expired
 
 log = logging.getLogger(__name__)
 
+#: Release states the clock works on: each is due at its ``next_attempt_at`` (at once when NULL).
 OPEN_STATES = ("pending", "in_progress", "escalated", "awaiting_owner")
+#: A manual release whose reminders are all sent: never due (the clock leaves it alone), still
+#: open to its owner's confirmation.
+QUIET = "awaiting_owner_quiet"
+#: Every state of a Release not yet finished: the clock's, and the quiet one.
+UNFINISHED_STATES = (*OPEN_STATES, QUIET)
 #: Instance states in which a release is under way or done.
 RELEASING_STATES = ("releasing", "awaiting_confirmation", "released")
 #: The state of an instance stopped on its platform: compute off, its disk kept (and billed).
@@ -82,6 +92,18 @@ BACKOFF_BASE_S = 60
 BACKOFF_MAX_S = 3600
 ESCALATE_AFTER_FAILURES = 3
 MANUAL_REMIND_S = 1800
+#: When the owner of a manual instance is reminded to release it, in seconds after the ask:
+#: widening (30 min, 1 h, 2 h, 4 h, 8 h, 16 h, then daily) and none after the last, a week
+#: after the ask (13 reminders in all). The last one says so; the channel is told then.
+MANUAL_REMINDERS_AFTER_S = (
+    MANUAL_REMIND_S,
+    3_600,
+    7_200,
+    14_400,
+    28_800,
+    57_600,
+    *(day * 86_400 for day in range(1, 8)),
+)
 #: When the owner of a stopped instance is reminded that its disk still bills, counted from
 #: the stop: widening, and no more after the last (bot.services.deadlines.check_stopped).
 STOPPED_REMINDERS_S = (86_400, 3 * 86_400, 7 * 86_400, 14 * 86_400, 30 * 86_400)
@@ -92,6 +114,8 @@ KIND_MANUAL_ASK = "release_manual"
 KIND_MANUAL_REMINDER = "release_reminder"
 KIND_ESCALATION = "release_escalation"
 KIND_RELEASED = "release_notice"
+#: The key suffix of the escalation that says the bot stopped reminding.
+QUIET_KEY = "quiet"
 
 #: What a :class:`Decided` notice says was decided.
 EXTENDED = "extended"
@@ -137,24 +161,29 @@ class ManualReleaseRequest(Notice):
 @dataclass(frozen=True)
 class ManualReleaseReminder(Notice):
     """To the owner: the manual release asked for at ``asked_at`` is still not confirmed at
-    ``now``."""
+    ``now``; ``last`` when no reminder follows (the channel is told instead)."""
 
     instance: InstanceBrief
     instance_id: int
     asked_at: datetime
     now: datetime
     mode: str = "terminate"
+    last: bool = False
 
 
 @dataclass(frozen=True)
 class ReleaseEscalation(Notice):
     """To the owner and the ops channel: a release failed ``attempts`` times (``last_error``
-    the platform's last answer), or, for a ``manual`` one, nobody confirmed it."""
+    the platform's last answer), or, for a ``manual`` one, nobody confirmed it. ``reminders``
+    (manual only, 0 otherwise): the bot stopped reminding the owner after that many reminders
+    sent over ``reminded_for_s`` seconds, and the instance may still bill."""
 
     instance: InstanceBrief
     attempts: int
     last_error: str | None
     manual: bool
+    reminders: int = 0
+    reminded_for_s: int = 0
 
 
 @dataclass(frozen=True)
@@ -274,6 +303,8 @@ def release_now(
         raise _already_released(inst)
     opened = request_release(rt, instance_id, reason=reason, requested_by=caller.user_id, mode=mode)
     assert opened.id is not None
+    if opened.state == QUIET:
+        _wake(rt, opened.id)
     done = process_release(rt, opened.id)
     rt.fleet.forget(inst.name)
     return done
@@ -398,7 +429,7 @@ def confirm_manual_release(
         assert release is not None
         won = session.exec(
             update(Release)
-            .where(col(Release.id) == release.id, col(Release.state).in_(OPEN_STATES))
+            .where(col(Release.id) == release.id, col(Release.state).in_(UNFINISHED_STATES))
             .values(state="confirmed", confirmed_at=now, next_attempt_at=None, mode=mode)
         ).rowcount
         session.refresh(release)
@@ -453,7 +484,7 @@ def _awaiting_owner(rt: Runtime, session: Session, inst: Instance) -> bool:
     if inst.state != "awaiting_confirmation" or inst.id is None or not _is_manual(rt, inst):
         return False
     release = open_release(session, inst.id)
-    return release is not None and release.state == "awaiting_owner"
+    return release is not None and release.state in ("awaiting_owner", QUIET)
 
 
 def state_after_extend(state: str) -> str:
@@ -470,11 +501,11 @@ def cancel_awaiting_release(
     if inst.id is None:
         return []
     release = open_release(session, inst.id)
-    if release is None or release.state != "awaiting_owner":
+    if release is None or release.state not in ("awaiting_owner", QUIET):
         return []
     won = session.exec(
         update(Release)
-        .where(col(Release.id) == release.id, col(Release.state) == "awaiting_owner")
+        .where(col(Release.id) == release.id, col(Release.state).in_(("awaiting_owner", QUIET)))
         .values(state=CANCELLED, next_attempt_at=None)
     ).rowcount
     if won != 1:
@@ -521,7 +552,7 @@ def open_release(session: Session, instance_id: int) -> Release | None:
     """The instance's open Release, or None."""
     return session.exec(
         select(Release)
-        .where(Release.instance_id == instance_id, col(Release.state).in_(OPEN_STATES))
+        .where(Release.instance_id == instance_id, col(Release.state).in_(UNFINISHED_STATES))
         .order_by(col(Release.id).desc())
     ).first()
 
@@ -956,6 +987,8 @@ def _add_escalations(
 
 
 def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
+    """Ask the owner, or remind them at the next time of ``MANUAL_REMINDERS_AFTER_S``; after the
+    last reminder the Release goes quiet (never due again) and the channel is told once."""
     with claim.lease.lock, rt.db.session() as session:
         inst = session.get(Instance, claim.instance_id)
         assert inst is not None
@@ -963,6 +996,7 @@ def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
             session, claim.instance_id, KIND_MANUAL_ASK, str(claim.release_id)
         )
         escalated = claim.escalated
+        sent = 0
         if asked is None:
             prompts.ensure_prompt(
                 session,
@@ -973,27 +1007,29 @@ def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
                 due_at=now,
             )
         else:
-            reminders = _count_prompts(
+            sent = 1 + _count_prompts(
                 session, claim.instance_id, KIND_MANUAL_REMINDER, claim.release_id
             )
             prompts.ensure_prompt(
                 session,
                 instance_id=claim.instance_id,
                 kind=KIND_MANUAL_REMINDER,
-                key=f"{claim.release_id}:{reminders + 1}",
+                key=f"{claim.release_id}:{sent}",
                 recipient=inst.owner_id,
                 due_at=now,
             )
-            if not escalated and reminders + 1 >= MANUAL_ESCALATE_AFTER_REMINDERS:
+            if not escalated and sent >= MANUAL_ESCALATE_AFTER_REMINDERS:
                 _add_escalations(
                     rt, session, claim.instance_id, claim.release_id, now, owner_too=False
                 )
                 escalated = True
-        interval = MANUAL_REMIND_S * (4 if escalated else 1)
-        values: dict[str, object] = {
-            "state": "awaiting_owner",
-            "next_attempt_at": now + timedelta(seconds=interval),
-        }
+        values: dict[str, object] = {"state": "awaiting_owner", "next_attempt_at": None}
+        gap_s = next_reminder_gap_s(sent)
+        if gap_s is None:
+            values["state"] = QUIET
+            _add_reminders_stopped(rt, session, inst, claim.release_id, now, sent)
+        else:
+            values["next_attempt_at"] = now + timedelta(seconds=gap_s)
         if escalated and not claim.escalated:
             values["escalated_at"] = now
         won = session.exec(
@@ -1006,6 +1042,56 @@ def _process_manual(rt: Runtime, claim: _Claim, now: datetime) -> None:
             update(Instance)
             .where(col(Instance.id) == claim.instance_id, col(Instance.state) != "released")
             .values(state="awaiting_confirmation")
+        )
+
+
+def next_reminder_gap_s(sent: int) -> int | None:
+    """Seconds from reminder number ``sent`` (0: the ask) to the next one, or None when that
+    was the last (``MANUAL_REMINDERS_AFTER_S``)."""
+    after = MANUAL_REMINDERS_AFTER_S
+    if sent >= len(after):
+        return None
+    return after[sent] - (after[sent - 1] if sent > 0 else 0)
+
+
+def is_last_reminder(number: int) -> bool:
+    """Whether reminder ``number`` (counted from 1) is the last one the owner gets."""
+    return number >= len(MANUAL_REMINDERS_AFTER_S)
+
+
+def _add_reminders_stopped(
+    rt: Runtime, session: Session, inst: Instance, release_id: int, now: datetime, sent: int
+) -> None:
+    """Tell the channel (or the owner where there is none) once that the bot stopped
+    reminding after ``sent`` reminders, and record it."""
+    assert inst.id is not None
+    prompts.ensure_prompt(
+        session,
+        instance_id=inst.id,
+        kind=KIND_ESCALATION,
+        key=f"{release_id}:{QUIET_KEY}",
+        recipient=escalation_channel(rt, inst) or inst.owner_id,
+        due_at=now,
+    )
+    audit.record(
+        session,
+        at=now,
+        actor="gpubot",
+        action="release_reminders_stopped",
+        instance_id=inst.id,
+        release_id=release_id,
+        reminders=sent,
+    )
+
+
+def _wake(rt: Runtime, release_id: int) -> None:
+    """A quiet manual Release someone asks to release again: due at once, so its owner gets a
+    reminder with the buttons (the channel is not told a second time)."""
+    with rt.db.session() as session:
+        session.exec(
+            update(Release)
+            .where(col(Release.id) == release_id, col(Release.state) == QUIET)
+            .values(state="awaiting_owner", next_attempt_at=None)
         )
 
 
@@ -1083,7 +1169,7 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
     if release is None:
         return None
     if prompt.kind == KIND_MANUAL_ASK:
-        if release.state not in OPEN_STATES:
+        if release.state not in UNFINISHED_STATES:
             return None
         return ManualReleaseRequest(
             view,
@@ -1093,7 +1179,7 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
             requested_by=_person(release.requested_by),
         )
     if prompt.kind == KIND_MANUAL_REMINDER:
-        if release.state not in OPEN_STATES:
+        if release.state not in UNFINISHED_STATES:
             return None
         return ManualReleaseReminder(
             view,
@@ -1101,15 +1187,23 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
             asked_at=release.requested_at,
             now=rt.now(),
             mode=release.mode,
+            last=is_last_reminder(int(prompt.key.rsplit(":", 1)[1])),
         )
     if prompt.kind == KIND_ESCALATION:
-        if release.state not in OPEN_STATES:
+        if release.state not in UNFINISHED_STATES:
             return None
+        quiet = prompt.key.endswith(f":{QUIET_KEY}")
         return ReleaseEscalation(
             view,
             attempts=release.attempts,
             last_error=release.last_error,
-            manual=_is_manual(rt, inst),
+            manual=quiet or _is_manual(rt, inst),
+            reminders=_count_prompts(session, inst.id or 0, KIND_MANUAL_REMINDER, release_id)
+            if quiet
+            else 0,
+            reminded_for_s=int((prompt.due_at - release.requested_at).total_seconds())
+            if quiet
+            else 0,
         )
     if prompt.kind == KIND_RELEASED:
         storage_bills = False

@@ -114,6 +114,4 @@ def test_a_clock_that_steps_past_the_tick_interval_still_reconciles_every_slot(s
         now = start + timedelta(minutes=step)
         if "reconcile" in tick(rt, now).durations_s:
             reconciled.append(now)
-    assert [at - start for at in reconciled] == [
-        timedelta(minutes=m) for m in (5, 10, 15, 20, 25)
-    ]
+    assert [at - start for at in reconciled] == [timedelta(minutes=m) for m in (5, 10, 15, 20, 25)]
