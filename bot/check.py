@@ -32,7 +32,7 @@ from bot.errors import GpubotError
 from bot.fleet.keys import KEY_NAME_RE
 from bot.fleet.ssh import load_private_key
 from bot.settings import Settings
-from bot.store.db import Database, alembic_config, normalize_url
+from bot.store.db import Database, alembic_config, normalize_url, sqlite_in_memory
 from bot.store.models import Instance
 
 #: Slack channel IDs: public (C...) and private (G...) channels.
@@ -155,7 +155,7 @@ def _database(settings: Settings) -> Iterator[Problem]:
     shown = url.render_as_string(hide_password=True)
     if url.get_backend_name() == "sqlite":
         file = Path(url.database or "").expanduser()
-        if url.database in (None, "", ":memory:") or str(url.database).startswith("file:"):
+        if sqlite_in_memory(url.database) or str(url.database).startswith("file:"):
             return
         if not file.exists():
             return  # made at the first start; the data directory check covers where

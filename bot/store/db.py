@@ -176,11 +176,17 @@ def alembic_config(db: Database, connection: Connection | None = None) -> Config
     return config
 
 
+def sqlite_in_memory(database: str | None) -> bool:
+    """Whether a SQLite URL's database is in memory (no file to make or check)."""
+    name = database or ""
+    return name in ("", ":memory:") or name.startswith("file::memory:")
+
+
 def _make_engine(url: URL, *, echo: bool) -> Engine:
     if url.get_backend_name() != "sqlite":
         return create_engine(url, echo=echo, pool_pre_ping=True)
     database = url.database or ""
-    in_memory = database in ("", ":memory:") or database.startswith("file::memory:")
+    in_memory = sqlite_in_memory(database)
     kwargs: dict[str, Any] = {
         "connect_args": {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
     }
