@@ -187,7 +187,9 @@ def test_policy_release_after_sets_when_a_stopped_disk_goes(db: Database, vast_c
         set_policy(rt, OWNER, "box", PolicyChange(idle_release_after_s=3600))
     set_policy(rt, OWNER, "box", PolicyChange(release_after_s=2 * 86_400))
     assert get_instance(db, iid).deadline_at == T0 + 2 * DAY
-    _ticks(rt, clock, T0 + 2 * DAY + timedelta(minutes=30), timedelta(minutes=10))
+    _ticks(rt, clock, T0 + timedelta(hours=1), timedelta(minutes=30))  # the stop's news
+    clock.set(T0 + 2 * DAY - timedelta(minutes=40))  # nothing happens in between
+    _ticks(rt, clock, T0 + 2 * DAY + timedelta(minutes=30), timedelta(minutes=5))
     assert vid not in vast_cloud.instances
     inst = get_instance(db, iid)
     assert inst.state == "released"
