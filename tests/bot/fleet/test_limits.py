@@ -90,6 +90,10 @@ class SilentHost:
             assert self.arrived.wait_for(lambda: len(self.accepted) >= count, timeout_s)
 
     def close(self) -> None:
+        try:  # wakes the accept() blocked in serve(); a bare close() does not on Linux
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         with self.arrived:
             for conn in self.accepted:
@@ -109,6 +113,7 @@ def silent_host() -> Iterator[SilentHost]:
     finally:
         host.close()
         thread.join(5)
+        assert not thread.is_alive()
 
 
 class Clock:
