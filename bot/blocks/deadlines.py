@@ -11,7 +11,7 @@ escaped. A button that releases an instance, records it released or stopped, or 
 from __future__ import annotations
 
 from collections.abc import Callable as _Callable
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -82,6 +82,8 @@ from bot.values import format_duration, format_money
 #: in bot.commands.instances).
 EXTEND_1H = "deadline_extend_1h"
 EXTEND_4H = "deadline_extend_4h"
+#: Keep the instance to the last minute of the hour already billed (value: the prompt id).
+EXTEND_PAID_HOUR = "deadline_extend_paid_hour"
 RELEASE_NOW = "deadline_release_now"
 RELEASE_CONFIRM = "deadline_release_confirm"
 IDLE_KEEP = "idle_keep"
@@ -158,6 +160,13 @@ def deadline_warning(notice: DeadlineWarning) -> Message:
                     at=cap_at,
                 )
             )
+    if notice.paid_until is not None:
+        lines.append(
+            t(
+                "It is billed by the whole hour: keeping it until {at} costs nothing more.",
+                at=when(notice.paid_until, tz),
+            )
+        )
     value = str(notice.prompt_id)
     extends = [s for s in notice.extend_s if s in _EXTEND_BUTTONS]
     buttons = [
@@ -170,6 +179,8 @@ def deadline_warning(notice: DeadlineWarning) -> Message:
         )
         for i, s in enumerate(extends)
     ]
+    if notice.paid_until is not None:
+        buttons.insert(0, _paid_hour_button(notice, tz))
     buttons.append(
         button(
             t("Release now"),
@@ -180,6 +191,29 @@ def deadline_warning(notice: DeadlineWarning) -> Message:
         )
     )
     return _with_buttons(_sentences(*lines), buttons, f"deadline-{notice.prompt_id}")
+
+
+def _paid_hour_button(notice: DeadlineWarning, tz: ZoneInfo) -> Block:
+    """Keep it to the last minute of the hour already paid for, asking first."""
+    assert notice.paid_until is not None
+    at = when(notice.paid_until, tz)
+    return button(
+        t(
+            "Keep to {time} (paid)",
+            time=notice.paid_until.replace(tzinfo=UTC).astimezone(tz).strftime("%H:%M"),
+        ),
+        EXTEND_PAID_HOUR,
+        str(notice.prompt_id),
+        confirm=confirm_dialog(
+            t("Keep {name} to the end of the paid hour?", name=notice.instance.name),
+            t(
+                "*{name}* keeps running until {at}: the hour it is billed for anyway.",
+                name=escape(notice.instance.name),
+                at=at,
+            ),
+            confirm=t("Yes, keep it"),
+        ),
+    )
 
 
 #: The Extend buttons by what they add, in seconds: label and action id.

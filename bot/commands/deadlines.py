@@ -44,6 +44,7 @@ def register(registry: Registry) -> None:
     for action in (
         ActionSpec(blocks.EXTEND_1H, _action(_extend_1h)),
         ActionSpec(blocks.EXTEND_4H, _action(_extend_4h)),
+        ActionSpec(blocks.EXTEND_PAID_HOUR, _action(answers.extend_to_paid_hour)),
         ActionSpec(blocks.RELEASE_NOW, _action(answers.ask_release)),
         ActionSpec(blocks.RELEASE_CONFIRM, _action(answers.confirm_release)),
         ActionSpec(blocks.IDLE_KEEP, _action(answers.keep)),

@@ -110,6 +110,24 @@ def extend(rt: Runtime, caller: Caller, prompt_id: int, delta: timedelta) -> Not
     return Extended(brief, int(delta.total_seconds()), view.deadline_at, rt.settings.timezone)
 
 
+def extend_to_paid_hour(rt: Runtime, caller: Caller, prompt_id: int) -> Notice:
+    """Keep the instance a warning is about to the last minute of the billed hour its deadline
+    falls in (deadlines.paid_hour_end, read now: the button carries no time). Raises as
+    :func:`extend`, and Conflict when there is no paid time left to keep."""
+    clicked = _open_prompt(rt, caller, prompt_id, kinds=(deadlines.KIND_WARNING,))
+    if isinstance(clicked, Notice):
+        return clicked
+    now = rt.now()
+    base = max(clicked.inst.deadline_at or now, now)
+    end = deadlines.paid_hour_end(clicked.inst, base)
+    if end is None:
+        raise Conflict(
+            t("{name} has no paid time left in this hour to keep.", name=clicked.inst.name),
+            hint=t("Extend it by an hour, or let it go."),
+        )
+    return extend(rt, caller, prompt_id, end - base)
+
+
 def ask_release(rt: Runtime, caller: Caller, prompt_id: int) -> Notice:
     """ "Release now" on a warning: the question that confirms it (nothing changes yet). Raises
     NotFound, NotAuthorized."""

@@ -98,6 +98,9 @@ class DeadlineWarning(Notice):
     stopped: bool = False
     extend_s: tuple[int, ...] = EXTEND_CHOICES_S
     cap_at: datetime | None = None
+    #: On an instance billed by the whole hour: the last minute of the hour the release falls
+    #: in, already paid for (None: not billed by the hour, or nothing to gain).
+    paid_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -763,7 +766,32 @@ def _warning(
         stopped=inst.state == releases.STOPPED,
         extend_s=extend_choices(rt, inst, prompt.recipient, now),
         cap_at=inst.lifetime_cap_at,
+        paid_until=None if stop or deadline.capped else paid_hour_end(inst, deadline.at),
     )
+
+
+#: How long before the end of a paid hour the offered deadline falls (a release takes a moment).
+PAID_HOUR_MARGIN = timedelta(minutes=1)
+
+
+def paid_hour_end(inst: Instance, at: datetime) -> datetime | None:
+    """On a running instance billed by the whole hour, the last minute of the billed hour that
+    holds ``at`` (naive UTC): keeping it until then costs nothing more than releasing it at
+    ``at``. None when it is not billed by the hour, billing has not started, it is stopped, an
+    admin's cap comes first, or less than a minute is gained."""
+    if inst.state != "active" or billing.rules_for(inst).increment != "hour":
+        return None
+    start = inst.compute_session_at or billing.billing_start(inst)
+    if start is None or at < start:
+        return None
+    hour = timedelta(hours=1)
+    hours = max(1, -(-(at - start) // hour))
+    end = start + hours * hour - PAID_HOUR_MARGIN
+    if end - at < timedelta(minutes=1):
+        return None
+    if inst.lifetime_cap_at is not None and end > inst.lifetime_cap_at:
+        return None
+    return end
 
 
 def extend_choices(
