@@ -32,12 +32,9 @@ from bot.store.db import Database
 from bot.store.models import Job, UtilSample
 from tests.bot.services.support import add_instance, get_instance
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
-from tests.fixtures.sshd import SSHD, SshServer
+from tests.fixtures.sshd import SshServer
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(not Path(SSHD).exists(), reason=f"needs OpenSSH's server ({SSHD})"),
-]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The exit the test demands after SIGTERM, seconds: under the budget systemd's

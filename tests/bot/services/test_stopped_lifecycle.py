@@ -68,6 +68,21 @@ def _runtime(
     )
 
 
+def _vast_box(db: Database, vast: VastStandIn) -> tuple[str, int]:
+    """A Vast instance registered at $2.00/h with its disk priced and a deadline 3 h away:
+    (its Vast id, its registration)."""
+    vid = vast.add()
+    iid = add_instance(
+        db,
+        provider="vast",
+        provider_instance_id=vid,
+        price_micros=2 * USD,
+        deadline_at=DEADLINE,
+        **DISK,
+    )
+    return vid, iid
+
+
 def _ticks(rt: Runtime, clock: Clock, until, step: timedelta) -> None:
     while clock.now < until:
         clock.advance(seconds=step.total_seconds())
@@ -84,15 +99,7 @@ def test_a_stopped_instance_lives_a_month_on_its_disk_and_runs_again_when_starte
     clock = Clock(T0)
     notifier = Notifier()
     rt = _runtime(db, clock, vast_cloud, notifier)
-    vid = vast_cloud.add()
-    iid = add_instance(
-        db,
-        provider="vast",
-        provider_instance_id=vid,
-        price_micros=2 * USD,
-        deadline_at=DEADLINE,
-        **DISK,
-    )
+    vid, iid = _vast_box(db, vast_cloud)
 
     clock.advance(hours=1)
     view = lifecycle.release(rt, OWNER, iid, mode="stop")
@@ -173,15 +180,7 @@ def test_policy_release_after_sets_when_a_stopped_disk_goes(db: Database, vast_c
     clock = Clock(T0)
     notifier = Notifier()
     rt = _runtime(db, clock, vast_cloud, notifier)
-    vid = vast_cloud.add()
-    iid = add_instance(
-        db,
-        provider="vast",
-        provider_instance_id=vid,
-        price_micros=2 * USD,
-        deadline_at=DEADLINE,
-        **DISK,
-    )
+    vid, iid = _vast_box(db, vast_cloud)
     lifecycle.release(rt, OWNER, iid, mode="stop")
     with pytest.raises(UsageError, match="only when its disk is released can change"):
         set_policy(rt, OWNER, "box", PolicyChange(idle_release_after_s=3600))
@@ -202,14 +201,6 @@ def test_an_admin_s_keep_policy_releases_a_stopped_disk_after_it(
 ):
     clock = Clock(T0)
     rt = _runtime(db, clock, vast_cloud, Notifier(), stopped_keep_s=7 * 86_400)
-    vid = vast_cloud.add()
-    iid = add_instance(
-        db,
-        provider="vast",
-        provider_instance_id=vid,
-        price_micros=2 * USD,
-        deadline_at=DEADLINE,
-        **DISK,
-    )
+    _, iid = _vast_box(db, vast_cloud)
     lifecycle.release(rt, OWNER, iid, mode="stop")
     assert get_instance(db, iid).deadline_at == T0 + 7 * DAY
