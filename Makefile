@@ -30,17 +30,14 @@ lint: $(STAMP)
 agent: $(STAMP)
 	@$(BIN)/python -m agents.zipapp dist/gpu-agent.pyz >&2
 
+# The quick size of every bench in bench/, one after another, and one table of their ratios
+# against their goals (bench/run_all.py; each bench alone runs its full size).
 bench: $(STAMP) agent
-	$(BIN)/python bench/agent_status.py
-	$(BIN)/python bench/fleet_status.py
-	$(BIN)/python bench/poll_capacity.py
-	$(BIN)/python bench/ack_latency.py
-	$(BIN)/python bench/stall.py
-	$(BIN)/python bench/tick_scale.py
-	$(BIN)/python bench/spend_scale.py
+	$(BIN)/python bench/run_all.py
 
 # constraints.txt pins the runtime dependencies (deploy/constraints.py writes it); the image
-# installs the same versions.
+# installs the same versions with every file's hash checked, from deploy/requirements.lock
+# (deploy/lock.sh writes it from pyproject.toml and constraints.txt).
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/python -m pip install --quiet --upgrade pip >&2

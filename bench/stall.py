@@ -15,15 +15,19 @@ a few rounds to warm up:
 
 For each: p50, p99 and max time from sending a help to its answer at the response URL. Also:
 how the 30 dead-host commands were answered and when the last was, and how many connections
-the dead host accepted. Target: p99 of (b) within 2x that of (a).
+the dead host accepted. Target: p99 of (b) within 2x that of (a). The last line is the
+result as JSON (bench, figure, ratio, goal, met), for `make bench`.
 
-Run: python bench/stall.py [--rounds 20] [--workers N]  (N: the executor's workers, default 32)
+Run: python bench/stall.py [--rounds 20 | --quick] [--workers N]  (N: the executor's workers,
+default 32)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import math
 import os
 import socket
 import statistics
@@ -56,6 +60,7 @@ CHANNEL = "C0GENERAL"
 PEOPLE = 10
 DEAD_COMMANDS = 30
 TARGET_RATIO = 2.0
+QUICK_ROUNDS = 8
 WARM_UP_ROUNDS = 3
 #: The longest any one answer is waited for.
 ANSWER_WAIT_S = 60.0
@@ -211,6 +216,7 @@ def dead_commands(
 
 def describe(outcomes: list[tuple[float, str]]) -> str:
     kinds: dict[str, int] = {}
+    other = ""
     for _, text in outcomes:
         if "hourglass" in text:
             kind = "turned away at once"
@@ -220,8 +226,10 @@ def describe(outcomes: list[tuple[float, str]]) -> str:
             kind = "failed dialling"
         else:
             kind = "other"
+            other = other or " ".join(text.split())[:120]
         kinds[kind] = kinds.get(kind, 0) + 1
-    return ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    described = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    return f"{described} (other: {other!r})" if other else described
 
 
 @contextmanager
@@ -267,7 +275,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="rounds of 10 helps per phase")
     parser.add_argument("--workers", type=int, default=Settings().executor_workers)
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds (what `make bench` runs)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = QUICK_ROUNDS
     # paramiko logs each failed handshake with its traceback; the figures are what matters here.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "Task queue depth is N"
@@ -311,6 +324,18 @@ def main() -> int:
     print(
         f"target (p99 within {TARGET_RATIO:g}x, every help answered): {'met' if met else 'NOT met'}"
     )
+    result = {
+        "bench": "stall",
+        "figure": "help p99 with a dead host / without",
+        # Not a number when a help went unanswered (its time is infinite).
+        "ratio": round(ratio, 3) if math.isfinite(ratio) else None,
+        "goal": TARGET_RATIO,
+        "better": "lower",
+        "met": met,
+        "helps": len(base) + len(stalled),
+        "unanswered": sum(t == float("inf") for t in base + stalled),
+    }
+    print(json.dumps(result))
     return 0
 
 

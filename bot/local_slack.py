@@ -37,6 +37,9 @@ from bot.blocks import kit
 MAX_BODY_BYTES = 8 * 1024 * 1024
 #: How long a trigger id opens a modal, in seconds (Slack's).
 TRIGGER_TTL_S = 3.0
+#: A response URL takes this many posts within this many seconds, as Slack's do.
+RESPONSE_URL_USES = 5
+RESPONSE_URL_TTL_S = 30 * 60.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class _ResponseTarget:
     channel: str
     user: str
     message_ts: str | None
+    made_at: float = field(default_factory=time.monotonic)
+    uses: int = 0
 
 
 @dataclass
@@ -261,6 +266,14 @@ class LocalSlack:
             self._targets[url_id] = _ResponseTarget(channel, user, message_ts)
         return f"{self.base_url}respond/{url_id}"
 
+    def expire_response_url(self, url: str) -> None:
+        """Age the response URL ``url`` past Slack's 30 minutes: posts to it are refused."""
+        url_id = url.rstrip("/").rsplit("/", 1)[-1]
+        with self._cond:
+            target = self._targets.get(url_id)
+            if target is not None:
+                target.made_at -= RESPONSE_URL_TTL_S
+
     def new_trigger(self, user: str | None = None) -> str:
         """A trigger id as Slack sends with a command or click of ``user``: it opens one modal,
         within :data:`TRIGGER_TTL_S` seconds."""
@@ -372,8 +385,12 @@ class LocalSlack:
     def _respond(self, url_id: str, payload: dict[str, Any]) -> tuple[int, str]:
         with self._cond:
             target = self._targets.get(url_id)
-        if target is None:
-            return HTTPStatus.NOT_FOUND, "invalid_response_url"
+            refusal = _response_url_refusal(target)
+            if target is not None and refusal is None:
+                target.uses += 1
+        if refusal is not None:
+            return HTTPStatus.NOT_FOUND, refusal
+        assert target is not None
         blocks = payload.get("blocks") or []
         if not isinstance(blocks, list) or check_blocks(blocks):
             return HTTPStatus.BAD_REQUEST, "invalid_blocks"
@@ -1183,6 +1200,17 @@ def view_submission_payload(
         "response_urls": [],
         "is_enterprise_install": False,
     }
+
+
+def _response_url_refusal(target: _ResponseTarget | None) -> str | None:
+    """Slack's answer to a post to a response URL that it no longer takes, or None."""
+    if target is None:
+        return "invalid_response_url"
+    if time.monotonic() - target.made_at >= RESPONSE_URL_TTL_S:
+        return "expired_url"
+    if target.uses >= RESPONSE_URL_USES:
+        return "used_url"
+    return None
 
 
 def view_submission_body(**fields: Any) -> str:

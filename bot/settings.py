@@ -130,7 +130,13 @@ class Settings:
         _put(values, "slack_app_token", env.get("SLACK_APP_TOKEN"))
         _put(values, "slack_signing_secret", env.get("SLACK_SIGNING_SECRET"))
         _put(values, "slack_api_url", env.get("GPUBOT_SLACK_API_URL"))
-        _put(values, "database_url", env.get("GPUBOT_DATABASE_URL"))
+        _put(
+            values,
+            "database_url",
+            with_database_password(
+                env.get("GPUBOT_DATABASE_URL"), env.get("GPUBOT_DATABASE_PASSWORD")
+            ),
+        )
         _put(values, "channel", env.get("GPUBOT_CHANNEL"))
         _put(values, "currency", env.get("GPUBOT_CURRENCY"))
         _put(values, "language", env.get("GPUBOT_LANGUAGE"))
@@ -282,6 +288,31 @@ def check_http_url(var: str, url: str) -> str:
             hint=f"Correct the port in {var}, or leave it out.",
         )
     return url
+
+
+def with_database_password(url: str | None, password: str | None) -> str | None:
+    """``url`` with ``password`` (GPUBOT_DATABASE_PASSWORD) put in percent-encoded, replacing
+    any password it has, so that a password may hold any character (an ``@``, ``:`` or ``/``
+    written into a URL breaks it). Without a password, ``url`` as it is. Raises ConfigError when
+    there is a password but no URL with a user name to give it to."""
+    if not password:
+        return url
+    hint = "Set GPUBOT_DATABASE_URL without the password: postgresql+psycopg://USER@HOST:PORT/DB."
+    if not url:
+        raise ConfigError("GPUBOT_DATABASE_PASSWORD is set, GPUBOT_DATABASE_URL is not.", hint=hint)
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError as exc:  # a malformed [IPv6] host
+        raise ConfigError("GPUBOT_DATABASE_URL is not a database URL.", hint=hint) from exc
+    userinfo, at, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    if not at or not user:
+        raise ConfigError(
+            "GPUBOT_DATABASE_PASSWORD is set, but GPUBOT_DATABASE_URL names no user to give it to.",
+            hint=hint,
+        )
+    netloc = f"{user}:{urllib.parse.quote(password, safe='')}@{host}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def check_database_url(url: str) -> str:

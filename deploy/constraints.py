@@ -1,10 +1,12 @@
 """Print pins (``name==version``) for gpubot's runtime dependencies as installed here.
 
-The image and `make test` install with ``-c constraints.txt``, so two builds get the same
-versions. After changing a dependency in pyproject.toml, install it and regenerate:
+`make test` installs with ``-c constraints.txt`` and the image from deploy/requirements.lock,
+the same versions with the hash of every file, so two builds get the same bytes. After changing
+a dependency in pyproject.toml, install it and regenerate both:
 
     .venv/bin/pip install -e '.[dev]'
     .venv/bin/python deploy/constraints.py > constraints.txt
+    deploy/lock.sh
 
 Only what gpubot needs to run is pinned (its ``dependencies`` and theirs, with the extras they
 ask for, on this platform); the test tools are left free. Exits 1 naming a dependency that is

@@ -5,9 +5,9 @@
 # A compose file secret keeps the host file's owner and mode, so a 0600 key owned by someone
 # else cannot be read by the bot's user. When GPUBOT_SSH_KEY names a file, it is copied to
 # /run/gpubot/ssh_key, mode 0600, owned by the bot's user, and GPUBOT_SSH_KEY then names the
-# copy. Started as root (the image's default), this drops to the user gpubot (UID 10001) with
-# setpriv; started as another user (docker run --user), it runs gpubot as that user, who must
-# be able to read the key.
+# copy. The image starts it as the bot's user (UID 10001), who must be able to read the key;
+# started as root (docker run --user 0), it drops to the user gpubot with setpriv after making
+# the copy, so a key only root can read still works.
 set -eu
 
 key_dir="${GPUBOT_KEY_COPY_DIR:-/run/gpubot}"

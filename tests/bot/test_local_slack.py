@@ -139,6 +139,17 @@ def test_response_urls_record_replies_and_replace_messages(local_slack: LocalSla
     assert [r.payload["text"] for r in local_slack.responses] == ["Released"]
 
 
+def test_a_response_url_takes_five_posts_within_thirty_minutes(local_slack: LocalSlack) -> None:
+    url = local_slack.response_url("C0GENERAL", "U0ALICE")
+    for n in range(5):
+        assert _post_json(url, {"text": f"reply {n}"}) == (200, "ok")
+    assert _post_json(url, {"text": "a sixth"}) == (404, "used_url")
+    fresh = local_slack.response_url("C0GENERAL", "U0ALICE")
+    local_slack.expire_response_url(fresh)
+    assert _post_json(fresh, {"text": "late"}) == (404, "expired_url")
+    assert len(local_slack.responses) == 5
+
+
 def test_signed_bodies_verify_with_slacks_verifier() -> None:
     body = slash_command_body(
         text="run box -- echo a > b & c",
