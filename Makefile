@@ -14,7 +14,7 @@ CJK_WHEEL_SHA256 := b5e05ba7fd9a59cae48d1db41f657f50e6765e6f04b8d78504438b93a66b
 # Test workers (pytest-xdist): one per core by default; PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test lint agent bench clean
+.PHONY: run test lint agent bench simulate clean
 
 run: $(STAMP) $(CJK_FONT) agent
 	@$(BIN)/gpubot
@@ -34,6 +34,13 @@ agent: $(STAMP)
 # against their goals (bench/run_all.py; each bench alone runs its full size).
 bench: $(STAMP) agent
 	$(BIN)/python bench/run_all.py
+
+# A team's month, simulated against the real store and clock with the world misbehaving
+# (bench/team_month.py); SEED and STORE (sqlite or postgresql) choose the run.
+SEED ?= 1
+STORE ?= sqlite
+simulate: $(STAMP)
+	$(BIN)/python bench/team_month.py --seed $(SEED) --days 30 --store $(STORE)
 
 # constraints.txt pins the runtime dependencies (deploy/constraints.py writes it); the image
 # installs the same versions with every file's hash checked, from deploy/requirements.lock

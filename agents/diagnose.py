@@ -1,7 +1,8 @@
 """What a finished job's samples say: per-GPU statistics and diagnoses a person can act on.
 
 Pure functions over a series of samples taken while the job ran (standard library only,
-Python 3.9). Utilisation is in percent (``util_pct``: share of time a kernel ran); CPU use is
+Python 3.9); each diagnosis is told by a template of agents.messages and its parameters.
+Utilisation is in percent (``util_pct``: share of time a kernel ran); CPU use is
 in percent of one core summed over the job's processes (200 = two busy cores); memory in bytes.
 """
 
@@ -11,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from agents import messages
 from agents.protocol import Diagnosis, JobGpuStat
 
 #: Fewer samples than this say nothing about utilisation.
@@ -40,7 +42,6 @@ _OOM_PATTERNS = (
     re.compile(r"CUBLAS_STATUS_ALLOC_FAILED"),
     re.compile(r"cudaErrorMemoryAllocation"),
 )
-_GIB = 1024.0**3
 
 
 @dataclass(frozen=True)
@@ -136,14 +137,7 @@ def cuda_oom(log_text: str) -> Optional[Diagnosis]:
     """``cuda_oom`` when the log shows CUDA running out of memory."""
     if not any(pattern.search(log_text) for pattern in _OOM_PATTERNS):
         return None
-    return Diagnosis(
-        code="cuda_oom",
-        message=(
-            "The job ran out of GPU memory (CUDA out of memory). Lower the batch size and use "
-            "gradient accumulation to keep the effective batch, train in mixed precision (bf16), "
-            "or turn on activation checkpointing; `/gpu fit` estimates what fits."
-        ),
-    )
+    return _diagnosis("cuda_oom", messages.DIAGNOSIS_CUDA_OOM)
 
 
 def dataloader_bound(
@@ -156,14 +150,11 @@ def dataloader_bound(
     busiest = max(utils)
     if busiest >= DATALOADER_MAX_GPU_UTIL_PCT or cpu_avg_pct < DATALOADER_MIN_CPU_PCT:
         return None
-    return Diagnosis(
-        code="dataloader_bound",
-        message=(
-            f"The GPUs were busy only {busiest:.0f}% of the time while the CPU ran at "
-            f"{cpu_avg_pct:.0f}% (of one core): feeding data is likely the bottleneck. Use more "
-            "DataLoader workers (num_workers), pin_memory=True, preprocess the data once, or "
-            "read it from faster local disk."
-        ),
+    return _diagnosis(
+        "dataloader_bound",
+        messages.DIAGNOSIS_DATALOADER_BOUND,
+        gpu_util_pct=round(busiest, 1),
+        cpu_pct=round(cpu_avg_pct, 1),
     )
 
 
@@ -178,13 +169,14 @@ def gpu_imbalance(samples: Sequence[Sample], stats: Sequence[JobGpuStat]) -> Opt
     idle_pct = idle.util_avg_pct or 0.0
     if busy_pct < IMBALANCE_BUSY_PCT or idle_pct > busy_pct * IMBALANCE_IDLE_RATIO:
         return None
-    return Diagnosis(
-        code="gpu_imbalance",
-        message=(
-            f"GPU {busy.index} averaged {busy_pct:.0f}% but GPU {idle.index} only {idle_pct:.0f}%: "
-            "the work is not spread over the GPUs. Launch one process per GPU (torchrun "
-            f"--nproc_per_node={len(known)} with DistributedDataParallel), or ask for fewer GPUs."
-        ),
+    return _diagnosis(
+        "gpu_imbalance",
+        messages.DIAGNOSIS_GPU_IMBALANCE,
+        busy_gpu=busy.index,
+        busy_pct=round(busy_pct, 1),
+        idle_gpu=idle.index,
+        idle_pct=round(idle_pct, 1),
+        gpus=len(known),
     )
 
 
@@ -204,14 +196,7 @@ def gpu_unused(
             return None
         if stat.mem_peak_bytes > total * UNUSED_MAX_MEM_SHARE:
             return None
-    return Diagnosis(
-        code="gpu_unused",
-        message=(
-            "The job held its GPUs but never used them: check that the model and data are "
-            "moved to the GPU (.to('cuda')) and that torch sees CUDA (`/gpu health`), or run "
-            "it without --gpus."
-        ),
-    )
+    return _diagnosis("gpu_unused", messages.DIAGNOSIS_GPU_UNUSED)
 
 
 def memory_leak(
@@ -236,14 +221,19 @@ def memory_leak(
     step = threshold / 3.0
     if middle - first < step or last - middle < step or last - first < threshold:
         return None
-    rise_gib = (max(series) - min(series)) / _GIB
+    return _diagnosis(
+        "memory_leak",
+        messages.DIAGNOSIS_MEMORY_LEAK,
+        gpu=index,
+        rise_bytes=int(max(series) - min(series)),
+    )
+
+
+def _diagnosis(code: str, template: str, **params: object) -> Diagnosis:
+    """A diagnosis in English with the template and parameters it was made of."""
+    values = messages.params_of(**params)
     return Diagnosis(
-        code="memory_leak",
-        message=(
-            f"GPU {index} memory kept rising (+{rise_gib:.1f} GiB after warm-up): something holds "
-            "on to tensors. Log losses with loss.item() rather than keeping the tensor, detach "
-            "what you store across steps, and run evaluation under torch.no_grad()."
-        ),
+        code=code, message=messages.english(template, values), template=template, params=values
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from agents import messages
 from agents.protocol import GpuRequest, JobError, JobRequestError, WhoJob
 
 #: More GPU memory in use than this, in bytes, by all processes together (visible here or
@@ -48,41 +49,48 @@ def resolve_request(request: GpuRequest, available: Sequence[int], why: str) -> 
     indices, the default (``auto``) one free GPU, or no GPU when ``available`` is empty.
 
     ``why`` explains an empty ``available``. Raises JobError when no GPU can be used here,
-    JobRequestError when the request names GPUs this machine lacks or more than it has; the
-    messages speak of "this machine" (the bot puts the instance's name there).
+    JobRequestError when the request names GPUs this machine lacks or more than it has (codes
+    ``no_usable_gpu``, ``gpus_missing``, ``gpus_too_many``); the machine is the ``name``
+    parameter, "this machine" in the English (the bot puts the instance's name there).
     """
     if request.auto:
         return GpuRequest(count=1) if available else GpuRequest()
     if request.count == 0:
         return request
     if not available:
-        raise JobError(
-            f"no NVIDIA GPU can be used on this machine ({why}), and --gpus {request.text} "
-            "asks for GPUs; `gpu-agent health` shows why, or run the job with --gpus none "
-            "for CPU only"
+        raise JobError.said(
+            "no_usable_gpu",
+            messages.NO_USABLE_GPU,
+            name=messages.THIS_MACHINE,
+            why=why,
+            text=request.text,
         )
     have = sorted(available)
     if request.count < 0:
         return GpuRequest(count=len(have), indices=tuple(have))
+    machine: Dict[str, Any] = {
+        "name": messages.THIS_MACHINE,
+        "count": len(have),
+        "indices": ", ".join(map(str, have)),
+        "text": request.text,
+    }
     missing = [i for i in request.indices if i not in available]
     if missing:
-        named = ", ".join(map(str, missing))
-        raise JobRequestError(
-            f"this machine has {_gpus_of(have)}; --gpus {request.text} names "
-            f"GPU{'' if len(missing) == 1 else 's'} {named}, which it does not have. --gpus "
-            "takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs write "
-            f"--gpus any:N (at most {len(have)} here)"
+        raise JobRequestError.said(
+            "gpus_missing",
+            messages.GPUS_MISSING[len(have) == 1, len(missing) == 1],
+            missing=", ".join(map(str, missing)),
+            most=len(have),
+            **machine,
         )
     if request.count > len(have):
-        raise JobRequestError(
-            f"this machine has {_gpus_of(have)}; --gpus {request.text} asks for {request.count}"
+        raise JobRequestError.said(
+            "gpus_too_many",
+            messages.GPUS_TOO_MANY[len(have) == 1],
+            wanted=request.count,
+            **machine,
         )
     return request
-
-
-def _gpus_of(have: Sequence[int]) -> str:
-    """ "2 GPUs (0, 1)" or "1 GPU (0)"."""
-    return f"{len(have)} GPU{'' if len(have) == 1 else 's'} ({', '.join(map(str, have))})"
 
 
 def plan_starts(

@@ -3,7 +3,8 @@
 ``register(subparsers)`` adds them to agents.cli's parser. Each handler returns the exit code:
 0 ok, 1 the command failed, 2 usage error (the message goes to stderr). With ``--json`` the
 output is one JSON document: ``run`` and ``cancel`` print a JobRecord, ``jobs`` a JobList,
-``who`` a WhoReport (agents.protocol).
+``who`` a WhoReport (agents.protocol); a failure prints a JobFailure (its code, English, and
+the template and parameters it was made of).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from typing import Any, Callable, List, Optional, Tuple
 
-from agents import protocol
+from agents import messages, protocol
 from agents.arguments import whole_number
 
 _MIB = 1024 * 1024
@@ -106,8 +107,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         try:
             since = jobstore.parse_iso(args.since)
         except ValueError as exc:
-            raise protocol.JobRequestError(
-                f"--since {args.since!r} is not an ISO 8601 time (like 2026-12-02T11:00:00Z)"
+            raise protocol.JobRequestError.said(
+                "since_form", messages.SINCE_FORM, value=repr(args.since)
             ) from exc
     listing = runner.list_jobs(jobstore.JobStore.from_env(), since)
     _emit(protocol.dumps(listing) if args.json else render_jobs(listing))
@@ -218,13 +219,16 @@ def _job_label(job: protocol.WhoJob) -> str:
 
 
 def _guard(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn the runner's errors into a message on stderr and their exit code."""
+    """Turn the runner's errors into a message on stderr and their exit code; with ``--json``
+    also the error document (protocol.JobFailure) on stdout."""
 
     def handler(args: argparse.Namespace) -> int:
         try:
             return fn(args)
         except protocol.JobError as exc:
             sys.stderr.write(f"gpu-agent: error: {exc}\n")
+            if getattr(args, "json", False):
+                _emit(protocol.dumps(exc.failure()))
             return exc.exit_code
 
     handler.__doc__ = fn.__doc__
@@ -239,7 +243,7 @@ def _emit(text: str) -> None:
 def _env_pair(item: str) -> Tuple[str, str]:
     key, sep, value = item.partition("=")
     if not sep or not key:
-        raise protocol.JobRequestError(f"--env {item!r}: write it as NAME=VALUE")
+        raise protocol.JobRequestError.said("env_form", messages.ENV_FORM, item=repr(item))
     return key, value
 
 

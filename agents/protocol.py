@@ -13,7 +13,13 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from itertools import accumulate
 
-from agents import wire
+from agents import messages, wire
+
+# What the agent tells a person, as templates (agents.messages); re-exported for the bot.
+from agents.messages import NOTE_CANCELLED as NOTE_CANCELLED
+from agents.messages import NOTE_CANCELLED_QUEUED as NOTE_CANCELLED_QUEUED
+from agents.messages import NOTE_SUPERVISOR_GONE as NOTE_SUPERVISOR_GONE
+from agents.messages import shown_value as shown_value
 
 # The names of the schema live in agents.schema (cheap to import); re-exported here.
 from agents.schema import CHECK_STATUSES as CHECK_STATUSES
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
     T = TypeVar("T")
+    E = TypeVar("E", bound="JobError")
 
 
 #: The deepest nesting of arrays and objects :func:`loads` accepts (the schema needs about 6).
@@ -202,10 +209,16 @@ class JobGpuStat:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A finding about a job a person can act on, e.g. code "dataloader_bound"."""
+    """A finding about a job a person can act on, e.g. code "dataloader_bound".
+
+    ``message`` is English; ``template`` (agents.messages) and ``params`` are what it was
+    made of, so that a reader shows it in another language (numbers carry their unit in
+    their name: ``busy_pct``, ``rise_bytes``). Agents before these fields send neither."""
 
     code: str
     message: str
+    template: Optional[str] = None
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -239,8 +252,13 @@ class JobRecord:
     summary: Optional[JobSummary] = None
     #: When the agent last changed this record (``jobs --since`` compares against it).
     updated_at: Optional[str] = None
-    #: Why a job failed to start, was killed or was lost, in words; None when nothing to add.
+    #: Why a job failed to start, was killed or was lost, in English; None when nothing to
+    #: add. ``note_template`` and ``note_params``, when the template is not None, are what it
+    #: was made of (agents.messages), for a reader of another language; older agents, and
+    #: notes without a template, send the English only.
     note: Optional[str] = None
+    note_template: Optional[str] = None
+    note_params: Mapping[str, Any] = field(default_factory=dict)
     #: When a job asking for any free GPUs could not start as it was queued: every GPU it
     #: could not have, with what holds it (an agent job, processes, memory no visible process
     #: accounts for, or load), as ``who`` shows it but without command lines; () otherwise,
@@ -450,19 +468,83 @@ def worst_status(statuses: Tuple[str, ...]) -> str:
 
 
 class JobError(Exception):
-    """A job command failed; ``str(err)`` says why and what to do. Exit code 1."""
+    """A job command failed; ``str(err)`` says why and what to do (English). Exit code 1.
+
+    ``code`` names the kind of failure (a key of ``agents.messages.ERROR_TEMPLATES``);
+    ``template`` and ``params``, when the template is not None, are the sentence it was made
+    of, for a reader of another language (``--json`` prints them as a :class:`JobFailure`).
+    Build one with :meth:`said`; a plain message has no template."""
 
     exit_code = 1
+    default_code = "job_failed"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Optional[str] = None,
+        template: Optional[str] = None,
+        params: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code or self.default_code
+        self.template = template
+        self.params: Dict[str, Any] = dict(params or {})
+
+    @classmethod
+    def said(
+        cls: Type[E], code: str, template: str, /, *, sentence: bool = False, **params: Any
+    ) -> E:
+        """The error of ``code`` told by ``template`` filled with ``params``; its English is
+        the sentence as a clause (``gpu-agent: error: this machine has ...``) unless
+        ``sentence``."""
+        values = messages.params_of(**params)
+        text = messages.english(template, values)
+        return cls(
+            text if sentence else messages.clause(text),
+            code=code,
+            template=template,
+            params=values,
+        )
+
+    def failure(self) -> JobFailure:
+        """The error as the document ``--json`` prints."""
+        return JobFailure(
+            code=self.code,
+            message=str(self),
+            template=self.template,
+            params=dict(self.params),
+            exit_code=self.exit_code,
+        )
 
 
 class JobRequestError(JobError):
     """The request itself is wrong (bad --gpus, missing command, unknown directory). Exit code 2."""
 
     exit_code = 2
+    default_code = "bad_request"
 
 
 class JobNotFound(JobError):
     """No job has this id (or more than one starts with it)."""
+
+    default_code = "job_not_found"
+
+
+@dataclass(frozen=True)
+class JobFailure:
+    """What a job command with ``--json`` prints on stdout when it fails (exit code 1 or 2;
+    the English is on stderr too): ``code`` (agents.messages.ERROR_TEMPLATES), ``message``
+    in English, and the ``template`` and ``params`` it was made of (None and {} for a
+    failure told in English only)."""
+
+    code: str
+    message: str
+    template: Optional[str] = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    exit_code: int = 1
+    error: bool = True
+    schema: int = SCHEMA_VERSION
 
 
 @dataclass(frozen=True)
@@ -520,27 +602,23 @@ def parse_gpus(text: Optional[str]) -> GpuRequest:
     if len(parts) > 1 and parts[-1] == "":
         parts = parts[:-1]  # "1," is GPU 1, as CUDA_VISIBLE_DEVICES reads it
     if not all(p.isdigit() for p in parts):
-        raise JobRequestError(_not_understood(text, raw))
+        raise _not_understood(text, raw)
     indices = tuple(int(p) for p in parts)
     if len(set(indices)) != len(indices):
-        raise JobRequestError(f"--gpus {text!r} names a GPU twice; give each GPU once")
+        raise JobRequestError.said("gpus_twice", messages.GPUS_TWICE, text=repr(text))
     return GpuRequest(count=len(indices), indices=tuple(sorted(indices)))
 
 
 def _parse_any(text: str, raw: str) -> GpuRequest:
     number = raw[len(_ANY) + 1 :] if raw != _ANY else "1"
     if not number.isdigit() or int(number) == 0:
-        raise JobRequestError(
-            f"--gpus {text!r}: write any:N with N a number of GPUs from 1 (--gpus any:2), "
-            "or --gpus none for CPU only"
-        )
+        raise JobRequestError.said("gpus_any_count", messages.GPUS_ANY_COUNT, text=repr(text))
     return GpuRequest(count=int(number))
 
 
-def _not_understood(text: str, raw: str) -> str:
-    if raw in ("", "-1"):
-        return f"--gpus {text!r}: for a job without GPUs write --gpus none"
-    return f"--gpus {text!r} is not understood: write {GPUS_FORMS}"
+def _not_understood(text: str, raw: str) -> JobRequestError:
+    template = messages.GPUS_WRITE_NONE if raw in ("", "-1") else messages.GPUS_NOT_UNDERSTOOD
+    return JobRequestError.said("gpus_not_understood", template, text=repr(text))
 
 
 def gpus_phrase(text: Optional[str]) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from agents import messages
 from agents.gpu_queue import (
     busy_of,
     gpu_in_use,
@@ -155,10 +156,10 @@ def submit(
             meta.update(
                 state="failed",
                 finished_at=iso_now(),
-                note=f"could not start the job's supervisor: {exc}",
+                **note_fields(messages.NOTE_SUPERVISOR_FAILED, error=exc),
             )
             store.finish(meta)
-            raise JobError(f"could not start the job's supervisor: {exc}") from exc
+            raise JobError.said("supervisor_failed", messages.SUPERVISOR_FAILED, error=exc) from exc
         meta.update(supervisor_pid=pid, supervisor_start=start)
         store.write(meta)
     return record_of(meta)
@@ -214,11 +215,17 @@ def cancel(
         job_id = store.resolve(ref)
         meta = store.read(job_id)
         if meta["state"] in FINAL_JOB_STATES:
-            raise JobError(f"job {job_id} has already finished ({meta['state']})")
+            raise JobError.said(
+                "job_finished", messages.JOB_FINISHED, job=job_id, state=meta["state"]
+            )
         meta["cancel_requested_at"] = iso_now()
         meta["cancel_requested_by"] = by or user_name()
         if meta["state"] == "queued":
-            meta.update(state="cancelled", finished_at=iso_now(), note="cancelled while queued")
+            meta.update(
+                state="cancelled",
+                finished_at=iso_now(),
+                **note_fields(messages.NOTE_CANCELLED_QUEUED),
+            )
             store.finish(meta)
             return record_of(meta)
         store.write(meta)
@@ -236,7 +243,7 @@ def who(store: JobStore) -> WhoReport:
 
     snapshot = nvml.collect_status()
     if snapshot.nvml_error is not None:
-        raise JobError(nvml_failure(snapshot.nvml_error))
+        raise nvml_failure(snapshot.nvml_error)
     with store.locked():
         reap_lost(store)
         active = store.active_metas()
@@ -315,17 +322,36 @@ def _blocking_gpus(store: JobStore, snapshot: StatusSnapshot, job_id: str) -> Li
     return [json.loads(dumps(gpu)) for gpu in shown]  # as JSON has it: lists, not tuples
 
 
-def nvml_failure(error: NvmlError) -> str:
-    """Why this machine's GPUs cannot be read, leading with what it means ("No NVIDIA driver
-    on this machine ...") and ending with what to do; short enough for the bot to show whole
-    (under 600 characters)."""
+def nvml_failure(error: NvmlError) -> JobError:
+    """Why this machine's GPUs cannot be read (code ``nvml_failed``), leading with what it
+    means ("No NVIDIA driver on this machine ...") and ending with what to do (the NVML
+    error's hint); short enough for the bot to show whole (under 600 characters)."""
     if error.code == "library_not_found" and "pynvml" not in error.message:
-        return f"No NVIDIA driver on this machine (nvidia-smi / NVML not found): {error.hint}"
-    if error.code == "driver_not_loaded":
-        head = "The NVIDIA driver on this machine is installed but not loaded"
+        template = messages.NVML_NO_DRIVER
+    elif error.code == "driver_not_loaded":
+        template = messages.NVML_NOT_LOADED
     else:
-        head = f"The GPUs of this machine cannot be read (NVML: {error.code})"
-    return f"{head}: {error.message}. {error.hint}"
+        template = messages.NVML_FAILED
+    return JobError.said(
+        "nvml_failed",
+        template,
+        sentence=True,
+        name=messages.THIS_MACHINE,
+        code=error.code,
+        error=error.message,
+        hint=error.hint,
+    )
+
+
+def note_fields(template: str, **params: Any) -> Dict[str, Any]:
+    """A job's note as its metadata holds it: the English (``note``) and what it was made of
+    (``note_template``, ``note_params``)."""
+    values = messages.params_of(**params)
+    return {
+        "note": messages.english(template, values),
+        "note_template": template,
+        "note_params": values,
+    }
 
 
 def jobs_of_pids(
@@ -375,14 +401,7 @@ def reap_lost(store: JobStore) -> List[str]:
             continue
         signal_session(meta.get("job_pid"), meta.get("job_start"), signal.SIGKILL)
         now = iso_now()
-        meta.update(
-            state="lost",
-            finished_at=now,
-            note=(
-                "the job's supervisor process is gone (killed, or the machine rebooted); "
-                "what was left of the job was stopped"
-            ),
-        )
+        meta.update(state="lost", finished_at=now, **note_fields(messages.NOTE_SUPERVISOR_GONE))
         meta["summary"] = _lost_summary(store, meta, now)
         store.finish(meta)
         lost.append(meta["id"])
@@ -403,25 +422,27 @@ def env_seconds(name: str, default: float) -> float:
 
 def _check_request(request: RunRequest, environ: Mapping[str, str]) -> str:
     if not request.command:
-        raise JobRequestError("no command given: put it after --, e.g. run -- python train.py")
+        raise JobRequestError.said("no_command", messages.NO_COMMAND)
     if not 0 <= request.retries <= MAX_RETRIES:
-        raise JobRequestError(f"--retries must be between 0 and {MAX_RETRIES}")
+        raise JobRequestError.said("retries_range", messages.RETRIES_RANGE, most=MAX_RETRIES)
     for key, _ in request.env:
         if not _ENV_NAME.match(key):
-            raise JobRequestError(f"--env {key!r}: write it as NAME=VALUE")
+            raise JobRequestError.said("env_form", messages.ENV_FORM, item=repr(key))
         if key in _RESERVED_ENV:
-            raise JobRequestError(f"--env {key}: the agent sets {key} itself")
+            raise JobRequestError.said("env_reserved", messages.ENV_RESERVED, key=key)
     cwd = os.path.abspath(os.path.expanduser(request.cwd or os.getcwd()))
     if not os.path.isdir(cwd):
-        raise JobRequestError(f"--cwd {cwd}: no such directory")
+        raise JobRequestError.said("cwd_missing", messages.CWD_MISSING, path=cwd)
     program = request.command[0]
     path = dict(request.env).get("PATH", environ.get("PATH", os.defpath))
     if os.sep in program:
         target = program if os.path.isabs(program) else os.path.join(cwd, program)
         if not (os.path.isfile(target) and os.access(target, os.X_OK)):
-            raise JobRequestError(f"{program}: not an executable file (from {cwd})")
+            raise JobRequestError.said(
+                "not_executable", messages.NOT_EXECUTABLE, program=program, path=cwd
+            )
     elif shutil.which(program, path=path) is None:
-        raise JobRequestError(f"{program}: command not found on PATH")
+        raise JobRequestError.said("command_not_found", messages.COMMAND_NOT_FOUND, program=program)
     return cwd
 
 
@@ -468,7 +489,9 @@ def _await_final(store: JobStore, job_id: str, grace_s: float) -> JobRecord:
         if meta["state"] not in FINAL_JOB_STATES:
             if pid_alive(meta.get("supervisor_pid"), meta.get("supervisor_start")):
                 return record_of(meta)  # still stopping; `jobs` shows the end
-            meta.update(state="cancelled", finished_at=iso_now(), note="cancelled")
+            meta.update(
+                state="cancelled", finished_at=iso_now(), **note_fields(messages.NOTE_CANCELLED)
+            )
             store.finish(meta)
     return record_of(meta)
 

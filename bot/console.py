@@ -70,6 +70,8 @@ REPLY_WAIT_S = 900.0
 
 #: Answers that press a button that asks first.
 YES = frozenset({"y", "yes", "是"})
+#: A field answered with one of these leaves the form without sending it.
+CANCEL_WORDS = frozenset({"cancel", ":cancel", "取消"})
 
 CONSOLE_HELP = N_(
     """\
@@ -86,7 +88,8 @@ Console commands:
   :help              this text;  `/gpu help` lists the bot's commands
   :quit              leave (so does the end of piped input, or Ctrl-D)
 A command that opens a form (`/gpu register` or `/gpu rent` alone) asks for each field on the
-next lines; an empty line leaves the field empty or at its default."""
+next lines; an empty line leaves the field empty or at its default, and `cancel`
+(or `取消`) leaves the form without sending it."""
 )
 
 
@@ -370,7 +373,6 @@ class Console:
             for block in asking:
                 entry = self._field(block)
                 if entry is None:
-                    self.printer.note(t("The form was not sent."))
                     return
                 values[str(block.get("block_id", ""))] = entry
             errors = self._submit(view, values)
@@ -387,6 +389,10 @@ class Console:
             self.printer.field_prompt(label)
             typed = self._ask()
             if typed is None:
+                self.printer.note(t("The form was not sent."))
+                return None
+            if typed.strip().lower() in CANCEL_WORDS:
+                self.printer.note(t("The form was cancelled; nothing was sent."))
                 return None
             state = state_value(element, typed)
             if state is not None:
@@ -626,7 +632,7 @@ class Printer:
                 "  "
                 + t(
                     "Type each field on its own line; an empty line leaves it as it is. "
-                    "Then the form is sent ({submit}).",
+                    "Then the form is sent ({submit}); `cancel` (or `取消`) leaves it unsent.",
                     submit=_text(view.get("submit")) or t("Submit"),
                 )
             )

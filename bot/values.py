@@ -1,7 +1,9 @@
 """Reading the values people type: durations, times, prices, money, sizes, counts. Pure functions.
 
 Every parser raises bot.errors.UsageError with a message that shows the accepted forms, in the
-active language (bot.i18n); :func:`format_money` writes amounts as that language does (Babel).
+active language (bot.i18n); :func:`format_money` writes amounts as that language does (Babel),
+:func:`format_duration` and :func:`format_rate` write durations and hourly prices in its units
+(``4h 32m`` and ``$2.10/h`` in English; ``4 小时 32 分`` and ``¥2.10/小时`` in Chinese).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from datetime import datetime, time, timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from functools import cache
 from zoneinfo import ZoneInfo
 
@@ -18,7 +20,7 @@ from babel import Locale
 from babel.numbers import format_currency, get_currency_precision, get_currency_symbol
 
 from bot.errors import UsageError
-from bot.i18n import LOCALES, N_, Language, active_language, t
+from bot.i18n import LOCALES, N_, Language, active_language, speaking, t
 
 MICROS = 1_000_000
 
@@ -67,6 +69,59 @@ _CHINESE_DURATION_UNITS = (
     ("天", "d"),
     ("日", "d"),
 )
+#: Chinese numerals as people write small counts (``两小时``, ``三十分钟``, ``一百二十分钟``).
+_CHINESE_DIGITS = {
+    "零": 0,
+    "\u3007": 0,  # ideographic zero
+    "一": 1,
+    "二": 2,
+    "两": 2,
+    "三": 3,
+    "四": 4,
+    "五": 5,
+    "六": 6,
+    "七": 7,
+    "八": 8,
+    "九": 9,
+}
+_CHINESE_TENS = {"十": 10, "百": 100, "千": 1000}
+_CHINESE_NUMERAL = re.compile("[零\u3007一二两三四五六七八九十百千]+")
+#: The Chinese words of a duration's units (``个小时`` and ``钟头`` are hours too).
+_CHINESE_UNIT = "(?:个小时|个钟头|小时|钟头|分钟|秒钟|天|日|时|分|秒)"
+#: ``一个半小时``: a count, 个 and 半 (a half more of the unit that follows).
+_AND_A_HALF = re.compile(r"(\d+)个半")
+#: ``半小时``, ``半个小时``, ``半天``: half of the unit that follows.
+_HALF_OF = re.compile(rf"(?<![\d.])半(?=个?{_CHINESE_UNIT})")
+#: ``一天半``, ``两小时半``, ``2分半``: a count, its unit, then a half of that unit.
+_UNIT_AND_A_HALF = re.compile(rf"(\d+)({_CHINESE_UNIT})半")
+#: Chinese counts of ten thousand, a thousand, a hundred, a hundred million: ``1.5万`` is 15000.
+_AMOUNT_MULTIPLIERS = {"万": 10_000, "千": 1_000, "百": 100, "亿": 100_000_000}
+#: How storage prices name their unit (per GB-month), in English and in Chinese.
+_STORAGE_UNITS = frozenset(
+    {
+        "",
+        "gb-month",
+        "gb/month",
+        "gb-mo",
+        "gb/mo",
+        "gbmonth",
+        "gb",
+        "gb/月",
+        "gb/个月",
+        "gb-月",
+        "gb·月",
+        "gb月",
+        "gb每月",
+    }
+)
+#: What a duration's units are called, by language: (seconds in the unit, its name), largest
+#: first. English writes ``4h 32m``; Chinese ``4 小时 32 分`` (and ``45 分钟`` when minutes are
+#: all there is: :data:`_ZH_MINUTES_ALONE`).
+_DURATION_UNITS: dict[Language, tuple[tuple[int, str], ...]] = {
+    "en": ((86400, "d"), (3600, "h"), (60, "m"), (1, "s")),
+    "zh": ((86400, "天"), (3600, "小时"), (60, "分"), (1, "秒")),
+}
+_ZH_MINUTES_ALONE = "分钟"
 _DOLLARS = frozenset({"USD", "AUD", "CAD", "HKD", "NZD", "SGD", "TWD"})
 #: Currency marks people type around an amount: (mark, what it is called, the codes it means),
 #: longest first so ``us$`` is taken before ``$``.
@@ -92,6 +147,8 @@ _CODE = re.compile(r"^([a-z]{3})|([a-z]{3})$")
 _PLAIN_NUMBER = re.compile(r"\d+\.?\d*|\.\d+")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL_COMMA = re.compile(r"\d+,\d{1,2}")
+#: The most characters of what was typed that a refusal echoes (then "…").
+_ECHO_MAX = 40
 
 
 def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable[[str], int]:
@@ -133,9 +190,10 @@ def whole_number(option: str, low: int = 0, high: int | None = None) -> Callable
 
 def parse_duration(text: str) -> timedelta:
     """``90m``, ``2h``, ``1h30m``, ``3d``, ``1.5h``, and in Chinese ``2小时``, ``30分钟``,
-    ``1天``, ``1小时30分钟`` (spaces, the ideographic one too, are ignored) as a positive
-    timedelta (at most a year). Raises UsageError."""
-    raw = _clean(text).lower()
+    ``1天``, ``1小时30分钟``, ``1.5小时``, with Chinese numerals (``两小时``, ``三十分钟``) and
+    halves (``半小时``, ``一个半小时``, ``一天半``); spaces, the ideographic one too, are ignored.
+    A positive timedelta (at most a year). Raises UsageError."""
+    raw = _chinese_counts(_clean(text).lower())
     for word, letter in _CHINESE_DURATION_UNITS:
         raw = raw.replace(word, letter)
     pos = 0
@@ -162,17 +220,79 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def format_duration(delta: timedelta) -> str:
-    """A timedelta as ``2d 3h``, ``1h 30m``, ``45m``, ``30s`` (two largest units, rounded down)."""
+def _chinese_counts(raw: str) -> str:
+    """``raw`` (clean, lower case) with Chinese numerals as digits and halves as ``.5``:
+    ``一个半小时`` as ``1.5小时``, ``半天`` as ``0.5天``, ``两小时半`` as ``2.5小时``."""
+    raw = _CHINESE_NUMERAL.sub(lambda match: str(_chinese_number(match.group(0))), raw)
+    raw = _AND_A_HALF.sub(r"\1.5", raw)
+    raw = _HALF_OF.sub("0.5", raw)
+    return _UNIT_AND_A_HALF.sub(r"\1.5\2", raw).replace("钟头", "小时")
+
+
+def _chinese_number(numeral: str) -> int:
+    """A Chinese numeral under ten thousand as a number: ``两`` 2, ``十五`` 15, ``三十`` 30,
+    ``一百零五`` 105."""
+    total = current = 0
+    for char in numeral:
+        if char in _CHINESE_TENS:
+            total += (current or 1) * _CHINESE_TENS[char]
+            current = 0
+        else:
+            current = current * 10 + _CHINESE_DIGITS[char]
+    return total + current
+
+
+def format_duration(delta: timedelta, *, compact: bool = False) -> str:
+    """A timedelta in the active language's units, its two largest, rounded down: ``2d 3h``,
+    ``1h 30m``, ``45m``, ``30s`` in English; ``2 天 3 小时``, ``1 小时 30 分``, ``45 分钟``,
+    ``30 秒`` in Chinese.
+
+    ``compact`` writes a billed span as a bill does: ``2 h`` for whole hours, ``1 min`` for whole
+    minutes under an hour, else English without spaces (``1h10m``); Chinese ``2 小时``,
+    ``1 分钟``, ``1 小时 10 分``."""
     seconds = int(delta.total_seconds())
+    language = active_language()
+    if compact and seconds > 0 and seconds % 3600 == 0:
+        return t("{n} h", n=seconds // 3600)
+    if compact and 0 < seconds < 3600 and seconds % 60 == 0:
+        return t("{n} min", n=seconds // 60)
     sign = "-" if seconds < 0 else ""
     seconds = abs(seconds)
-    parts: list[str] = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+    units = _DURATION_UNITS[language]
+    parts: list[tuple[int, str]] = []
+    for size, unit in units:
         if seconds >= size:
-            parts.append(f"{seconds // size}{unit}")
+            parts.append((seconds // size, unit))
             seconds %= size
-    return sign + (" ".join(parts[:2]) if parts else "0s")
+    parts = parts[:2] or [(0, units[-1][1])]
+    if language == "en":
+        return sign + ("" if compact else " ").join(f"{n}{unit}" for n, unit in parts)
+    if len(parts) == 1 and parts[0][1] == "分":
+        parts = [(parts[0][0], _ZH_MINUTES_ALONE)]
+    return sign + " ".join(f"{n} {unit}" for n, unit in parts)
+
+
+def duration_code(delta: timedelta) -> str:
+    """A timedelta as English writes it (``1h 30m``), whatever the active language: for text
+    the store keeps and compares (a prompt's resolution ``extended_1h 30m``), which
+    :func:`parse_duration` reads back."""
+    with speaking("en"):
+        return format_duration(delta)
+
+
+def spoken_duration(code: str) -> str:
+    """A :func:`duration_code` (``1h 30m``) in the active language (``1 小时 30 分``); the text
+    as it is when it is not a duration."""
+    try:
+        return format_duration(parse_duration(code))
+    except UsageError:
+        return code
+
+
+def format_rate(micros_per_hour: int, currency: str) -> str:
+    """An hourly price in the active language: ``$2.10/h`` in English, ``¥2.10/小时`` in
+    Chinese (:func:`format_money` for the amount)."""
+    return t("{price}/h", price=format_money(micros_per_hour, currency))
 
 
 #: The days and months of :func:`format_when`, Monday and January first.
@@ -256,7 +376,8 @@ def parse_money(text: str, currency: str) -> int:
     digits separates thousands), ``2,10`` and ``1,5`` (a single comma before one or two digits
     and no period is a decimal comma), a currency symbol or code before or after (``$2.10``,
     ``¥1.98``, ``￥2``, ``1.98元``, ``2.10 USD``), full-width characters and the ideographic
-    space. Raises UsageError for any other comma (``2,1000``, ``1,2,3``: ambiguous) and for an
+    space, and Chinese counts after the number (``1.5万`` 15000, ``3千`` 3000, ``2百`` 200,
+    ``1亿``). Raises UsageError for any other comma (``2,1000``, ``1,2,3``: ambiguous) and for an
     amount that names a currency other than ``currency``.
     """
     return _amount(text, currency, shown=text, hint=_amount_hint(currency))
@@ -277,17 +398,52 @@ def parse_price(text: str, currency: str) -> int:
     return _amount(amount, currency, shown=text, hint=hint) * 3600 // unit_s
 
 
+def parse_storage_price(text: str, currency: str) -> int:
+    """A disk's price in ``currency`` as micro-units per GB-month: ``0.10/GB-month``,
+    ``0.10/GB/month``, ``0.10``, and as typed in Chinese ``0.35元/GB/月``, ``¥0.35/GB/月``,
+    ``0.35元每GB每月``. Raises UsageError for another unit, and as :func:`parse_money` does."""
+    raw = _clean(text).lower()
+    if "/" not in raw:
+        raw = raw.replace("每", "/")
+    amount, _, unit = raw.partition("/")
+    if unit not in _STORAGE_UNITS:
+        shown = text if len(text) <= _ECHO_MAX else text[:_ECHO_MAX] + "…"
+        raise UsageError(
+            t("{price!r} is not a storage price.", price=shown),
+            hint=_storage_hint(currency),
+        )
+    return _amount(amount, currency, shown=text, hint=_storage_hint(currency))
+
+
+def _storage_hint(currency: str) -> str:
+    if currency.upper() == "CNY":
+        return t("Write it like 0.35/GB-month or 0.35元/GB/月.")
+    return t("Write it like 0.10/GB-month.")
+
+
 def format_money(micros: int, currency: str = "USD", *, digits: int | None = None) -> str:
     """Micro-units of ``currency`` (ISO 4217) as the active language writes money (Babel, with
     the locale's grouping): ``$2.10``, ``€2.10``, ``£2.10`` and ``2.10 CHF`` in English; ``¥12.50``,
-    ``US$2.10`` in Chinese. Each currency keeps its own decimals (``1,200 JPY``); an amount under
-    0.10 keeps 4 decimals so small per-second prices stay readable. ``digits`` (0 to 6) sets the
-    decimals instead, for figures shown side by side (a chart's axis)."""
+    ``US$2.10`` in Chinese. Each currency keeps its own decimals (``1,200 JPY``).
+
+    Small amounts: English keeps 4 decimals under 0.10 so small per-second prices stay readable
+    (``$0.0350``); Chinese shows at most 2 decimals, rounded half up as 四舍五入 does
+    (``¥0.05``), and a positive amount under the smallest shown unit as ``不到 ¥0.01`` (a
+    negative one as ``-不到 ¥0.01``). The exact figure is the spreadsheet's (bot.services.spend).
+    ``digits`` (0 to 6) sets the decimals instead, for figures shown side by side (a chart's
+    axis)."""
     code = currency.upper()
     value = Decimal(micros) / MICROS
+    language = active_language()
+    if digits is None and language == "zh":
+        digits = min(get_currency_precision(code), 2)
+        smallest = Decimal(1).scaleb(-digits)
+        if 0 < abs(value) < smallest:
+            under = t("under {amount}", amount=format_money(int(smallest * MICROS), code))
+            return under if value > 0 else "-" + under
+        value = value.quantize(smallest, rounding=ROUND_HALF_UP)
     if digits is None:
         digits = 4 if 0 < abs(value) < _SMALL else get_currency_precision(code)
-    language = active_language()
     locale = LOCALES[language]
     pattern = _money_pattern(code, language, digits)
     return format_currency(value, code, format=pattern, locale=locale, currency_digits=False)
@@ -331,7 +487,10 @@ def _amount(text: str, currency: str, *, shown: str, hint: str) -> int:
     ``hint``."""
     number, named = _split_currency(text)
     _require_currency(shown, named, currency)
-    value = _decimal(number, shown, hint)
+    multiplier = _AMOUNT_MULTIPLIERS.get(number[-1:], 1)
+    if multiplier != 1:
+        number = number[:-1]
+    value = _decimal(number, shown, hint) * multiplier
     micros = value * MICROS
     if micros != micros.to_integral_value():
         raise UsageError(t("{text!r} has more than 6 decimals", text=shown), hint=hint)
@@ -433,7 +592,7 @@ def _currency_examples(currency: str) -> str:
 def _amount_hint(currency: str) -> str:
     symbol = _SYMBOLS.get(currency.upper())
     marked = f", {symbol}2.10" if symbol else f", 2.10 {currency}"
-    chinese = ", 1.98元" if currency.upper() == "CNY" else ""
+    chinese = ", 1.98元, 1.5万" if currency.upper() == "CNY" else ""
     return t(
         "Write amounts like 2.10, 1,200 (thousands), 2,10 (decimal comma){more}.",
         more=marked + chinese,

@@ -25,6 +25,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import N_, nt, t
 from bot.notify import Block, Message, Notice
+from bot.providers.names import platform_list, platform_name
 from bot.services.bills import (
     DISCOUNT,
     INCREMENT,
@@ -80,7 +81,12 @@ def bills_message(report: BillsReport) -> Message:
         blocks.append(section(t("No platform gpubot uses publishes a per-instance bill.")))
     for name in report.unreadable:
         blocks.append(
-            context(t("{provider} publishes no per-instance bill gpubot can read.", provider=name))
+            context(
+                t(
+                    "{provider} publishes no per-instance bill gpubot can read.",
+                    provider=escape(platform_name(name)),
+                )
+            )
         )
     summary = (
         nt(
@@ -102,7 +108,7 @@ def mismatch_message(notice: BillMismatch) -> Message:
     text = t(
         ":warning: {provider} billed {instance} {platform} in {month}; gpubot counted {bot}, "
         "a difference of {difference}. Likely cause: {cause}.",
-        provider=line.provider,
+        provider=escape(platform_name(line.provider)),
         instance=_instance(line),
         platform=money["platform"],
         month=month_name(notice.month),
@@ -118,7 +124,7 @@ def mismatch_message(notice: BillMismatch) -> Message:
 
 
 def _platform_heading(platform: PlatformBills, report: BillsReport) -> str:
-    name = f"*{escape(platform.provider)}*"
+    name = f"*{escape(platform_name(platform.provider))}*"
     if platform.fetched_at is None:
         if platform.error:
             return t(
@@ -216,14 +222,14 @@ def digest_section(section_data: BillsDigest) -> str:
                 "{names} publishes no per-instance bill gpubot can read.",
                 "{names} publish no per-instance bill gpubot can read.",
                 len(names),
-                names=escape(", ".join(names)),
+                names=escape(platform_list(names)),
             )
         )
     return clip("\n".join(lines), SECTION_TEXT_MAX)
 
 
 def _digest_platform(totals: PlatformBillTotals, section_data: BillsDigest) -> list[str]:
-    name = f"*{escape(totals.provider)}*"
+    name = f"*{escape(platform_name(totals.provider))}*"
     if totals.fetched_at is None:
         if totals.error:
             return [

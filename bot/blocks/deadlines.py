@@ -31,6 +31,7 @@ from bot.blocks.kit import (
 from bot.blocks.money import final_cost_sentence
 from bot.i18n import N_, t
 from bot.notify import Notice
+from bot.providers.names import platform_name
 from bot.services.answers import (
     AnsweredBefore,
     BeingReleased,
@@ -76,7 +77,7 @@ from bot.services.rent import (
     RentStarted,
 )
 from bot.services.views import STORAGE_HINT, InstanceBrief
-from bot.values import format_duration, format_money
+from bot.values import format_duration, format_money, format_rate, spoken_duration
 
 #: Button action ids (the handlers live in bot.commands.deadlines; RELEASE_DONE and STOP_DONE
 #: in bot.commands.instances).
@@ -94,7 +95,7 @@ def per_hour(inst: InstanceBrief) -> str:
     """What the instance costs per hour, like ``$2.10/h``; says so when no price is recorded."""
     if inst.price_micros_per_hour <= 0:
         return t("money (no price recorded)")
-    return t("{price}/h", price=format_money(inst.price_micros_per_hour, inst.currency))
+    return format_rate(inst.price_micros_per_hour, inst.currency)
 
 
 #: Release reasons in words, by the reason the store records.
@@ -490,7 +491,7 @@ def release_escalation(notice: ReleaseEscalation) -> Message:
         "may still cost {cost}. The bot keeps trying; release it on the platform if you can.",
         name=inst.name,
         owner=owner,
-        provider=inst.provider,
+        provider=platform_name(inst.provider),
         attempts=notice.attempts,
         cost=cost,
     )
@@ -577,7 +578,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
                 "it pinned.",
                 name=inst.name,
                 address=notice.address,
-                provider=inst.provider,
+                provider=platform_name(inst.provider),
             )
         )
     if notice.state == "started" and notice.by:
@@ -585,7 +586,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
             ":arrow_forward: *{name}* was started again on {provider} by {user}; its meter runs "
             "again ({cost}).",
             name=inst.name,
-            provider=inst.provider,
+            provider=platform_name(inst.provider),
             user=mention(notice.by),
             cost=per_hour(inst),
         )
@@ -594,7 +595,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
             ":information_source: *{name}* was started again on {provider} outside the bot; its "
             "meter runs again ({cost}).",
             name=inst.name,
-            provider=inst.provider,
+            provider=platform_name(inst.provider),
             cost=per_hour(inst),
         )
     if notice.state == "started":
@@ -617,7 +618,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
                     ":information_source: *{name}* was stopped on {provider} outside the bot; its "
                     "compute meter is stopped.",
                     name=inst.name,
-                    provider=inst.provider,
+                    provider=platform_name(inst.provider),
                 ),
                 _storage_note(inst),
                 _platform_release(notice),
@@ -628,7 +629,7 @@ def released_outside(notice: ReleasedOutside) -> Message:
             ":information_source: *{name}* was released on {provider} outside the bot; its "
             "meter is stopped.",
             name=inst.name,
-            provider=inst.provider,
+            provider=platform_name(inst.provider),
         )
     )
 
@@ -673,7 +674,7 @@ def _platform_release(notice: ReleasedOutside) -> str:
         return ""
     return t(
         "{provider} itself releases it, disk and data, at {at} unless it is started again.",
-        provider=notice.instance.provider,
+        provider=platform_name(notice.instance.provider),
         at=when(notice.platform_release_at, ZoneInfo(notice.tz_name)),
     )
 
@@ -839,7 +840,7 @@ def rent_started(notice: RentStarted) -> Message:
                 "{names}.",
                 count=len(notice.names),
                 instance_type=escape(notice.instance_type),
-                provider=notice.provider,
+                provider=platform_name(notice.provider),
                 names=escape(", ".join(notice.names)),
             ),
             t(
@@ -859,7 +860,7 @@ def rent_finished(notice: RentFinished) -> Message:
                 t(
                     ":white_check_mark: {owner} rented on {provider} and registered: {names}.",
                     owner=mention(notice.owner_id),
-                    provider=notice.provider,
+                    provider=platform_name(notice.provider),
                     names=", ".join(f"*{escape(n)}*" for n in notice.registered),
                 ),
                 t("`/gpu status NAME` shows them."),
@@ -870,13 +871,14 @@ def rent_finished(notice: RentFinished) -> Message:
             t(
                 ":x: {provider} instance {provider_id} could not be registered and was "
                 "terminated again: {why}",
-                provider=notice.provider,
+                provider=platform_name(notice.provider),
                 provider_id=escape(provider_id),
                 why=escape(why),
             )
         )
     return _plain(
-        "\n".join(lines) or t("Nothing was rented on {provider}.", provider=notice.provider)
+        "\n".join(lines)
+        or t("Nothing was rented on {provider}.", provider=platform_name(notice.provider))
     )
 
 
@@ -884,12 +886,15 @@ def rent_failed(notice: RentFailed) -> Message:
     """`/gpu rent` failed as a whole."""
     if notice.error is None:
         return _plain(
-            t(":x: Renting on {provider} failed; see the bot's log.", provider=notice.provider)
+            t(
+                ":x: Renting on {provider} failed; see the bot's log.",
+                provider=platform_name(notice.provider),
+            )
         )
     return _plain(
         t(
             ":x: Renting on {provider} failed: {error}",
-            provider=notice.provider,
+            provider=platform_name(notice.provider),
             error=escape(notice.error),
         )
     )
@@ -902,7 +907,7 @@ def rent_given_back_failed(notice: RentGivenBackFailed) -> Message:
             t(
                 ":rotating_light: {provider} instance {provider_id} was rented but could not be "
                 "registered ({why}), and terminating it failed: {error}.",
-                provider=notice.provider,
+                provider=platform_name(notice.provider),
                 provider_id=escape(notice.provider_id),
                 why=escape(notice.why),
                 error=escape(notice.error),
@@ -955,7 +960,7 @@ def rent_launch_checked(notice: RentLaunchChecked) -> Message:
                 ":information_source: Your /gpu rent of {instance_type} on {provider} at {at} "
                 "got no answer from the platform.",
                 instance_type=escape(notice.instance_type),
-                provider=notice.provider,
+                provider=platform_name(notice.provider),
                 at=when(notice.started_at, ZoneInfo(notice.tz_name)),
             ),
             t(
@@ -1145,7 +1150,7 @@ def _resolution_text(resolution: str | None) -> str:
     if resolution is None:
         return t("answered")
     if resolution.startswith(_EXTENDED_PREFIX):
-        added = resolution.removeprefix(_EXTENDED_PREFIX).replace("_", " ")
+        added = spoken_duration(resolution.removeprefix(_EXTENDED_PREFIX).replace("_", " "))
         return t("extended {duration}", duration=added)
     known = _RESOLUTIONS.get(resolution)
     return t(known) if known else resolution.replace("_", " ")
@@ -1197,12 +1202,14 @@ def _rented(provider: str, provider_id: str, name: str | None) -> str:
     if name:
         return t(
             "{provider} instance {provider_id} ({name})",
-            provider=provider,
+            provider=platform_name(provider),
             provider_id=escape(provider_id),
             name=escape(name),
         )
     return t(
-        "{provider} instance {provider_id}", provider=provider, provider_id=escape(provider_id)
+        "{provider} instance {provider_id}",
+        provider=platform_name(provider),
+        provider_id=escape(provider_id),
     )
 
 

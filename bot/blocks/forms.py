@@ -15,6 +15,7 @@ from itertools import groupby
 from bot.blocks import kit
 from bot.blocks.kit import Block
 from bot.i18n import N_, t
+from bot.providers.names import platform_name
 from bot.values import format_money
 
 REGISTER_FORM = "register_form"
@@ -63,6 +64,11 @@ RENT_FIELDS = (
     "disk",
 )
 #: The billing increments `--billing` takes, as the form shows them.
+#: The price fields' examples, as the workspace's currency writes them (CNY: yuan figures).
+_PRICE_EXAMPLES = {
+    "USD": ("2.10/h", "0.10/GB-month", "1.01/h"),
+    "CNY": ("3.5元/小时", "0.35元/GB/月", "7.3元/小时"),
+}
 _INCREMENTS = (("second", N_("per second")), ("minute", N_("per minute")), ("hour", N_("per hour")))
 
 
@@ -104,11 +110,16 @@ def split_offer(value: str) -> tuple[str, str]:
 
 
 def register_form(
-    gpus: Sequence[GpuChoice], providers: Sequence[str], *, default_release_in: str
+    gpus: Sequence[GpuChoice],
+    providers: Sequence[str],
+    *,
+    default_release_in: str,
+    currency: str = "USD",
 ) -> Block:
     """The `/gpu register` modal: every option of the command as a field. ``gpus`` are the
     catalogue's models; ``default_release_in`` is the deadline given when the field is left
-    empty (like ``8h``)."""
+    empty (like ``8h``); the price examples are in ``currency``."""
+    price, storage, _ = _price_examples(currency)
     blocks = [
         _text(
             "name",
@@ -135,7 +146,7 @@ def register_form(
         _text(
             "price",
             t("Price of the instance"),
-            placeholder="2.10/h",
+            placeholder=price,
             hint=t("Per hour or per minute, like 2.10/h or 0.035/min."),
         ),
         _deadline(default_release_in),
@@ -143,8 +154,10 @@ def register_form(
             t("Provider"),
             kit.static_select(
                 VALUE,
-                [kit.option(name, name) for name in providers],
-                initial=kit.option("manual", "manual") if "manual" in providers else None,
+                [kit.option(platform_name(name), name) for name in providers],
+                initial=(
+                    kit.option(platform_name("manual"), "manual") if "manual" in providers else None
+                ),
             ),
             block_id="provider",
             optional=True,
@@ -171,7 +184,7 @@ def register_form(
         _text(
             "storage",
             t("Storage price"),
-            placeholder="0.10/GB-month",
+            placeholder=storage,
             optional=True,
             hint=t("Charged on the disk size, also while the instance is stopped."),
         ),
@@ -186,7 +199,7 @@ def register_form(
     )
 
 
-def rent_form(offers: Sequence[Offer], providers: Sequence[str]) -> Block:
+def rent_form(offers: Sequence[Offer], providers: Sequence[str], *, currency: str = "USD") -> Block:
     """The `/gpu rent` modal: the listed ``offers`` (grouped by provider, in the given order;
     a type too long for an option value is left to be typed), or another type and one of
     ``providers``, then the command's options."""
@@ -197,7 +210,7 @@ def rent_form(offers: Sequence[Offer], providers: Sequence[str]) -> Block:
         if len(offer_value(offer.provider, offer.instance_type)) <= kit.OPTION_VALUE_MAX
     ]
     groups = [
-        kit.option_group(provider, [_offer_option(offer) for offer in listed])
+        kit.option_group(platform_name(provider), [_offer_option(offer) for offer in listed])
         for provider, listed in groupby(choosable, key=lambda offer: offer.provider)
     ]
     if groups:
@@ -223,7 +236,7 @@ def rent_form(offers: Sequence[Offer], providers: Sequence[str]) -> Block:
                 t("Provider of that type"),
                 kit.static_select(
                     VALUE,
-                    [kit.option(name, name) for name in providers],
+                    [kit.option(platform_name(name), name) for name in providers],
                     placeholder=t("Choose a provider"),
                 ),
                 block_id="provider",
@@ -241,7 +254,7 @@ def rent_form(offers: Sequence[Offer], providers: Sequence[str]) -> Block:
             _text(
                 "price",
                 t("Your price per hour"),
-                placeholder="1.01/h",
+                placeholder=_price_examples(currency)[2],
                 optional=True,
                 hint=t("Empty: the platform's price."),
             ),
@@ -322,3 +335,8 @@ def _text(
         optional=optional,
         hint=hint,
     )
+
+
+def _price_examples(currency: str) -> tuple[str, str, str]:
+    """(hourly price, storage price, rented price) examples for ``currency``'s workspace."""
+    return _PRICE_EXAMPLES.get(currency.upper(), _PRICE_EXAMPLES["USD"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -31,8 +32,8 @@ from bot.blocks.kit import (
     section,
     when,
 )
-from bot.i18n import nt, t
-from bot.services.home import HomeInstance, HomeJob, HomeView, nearest_first
+from bot.i18n import active_language, nt, t
+from bot.services.home import FLEET_SHOWN, HomeInstance, HomeJob, HomeView, nearest_first
 from bot.services.views import STORAGE_HINT, InstanceBrief
 from bot.values import format_duration, format_money
 
@@ -47,7 +48,7 @@ HOME_REGISTER = "home_register"
 #: (up to LINES_SHOWN) and counted, with the command that lists them.
 MINE_SHOWN = 10
 #: The jobs and fleet lines shown; the rest are counted.
-LINES_SHOWN = 200
+LINES_SHOWN = FLEET_SHOWN
 
 
 def home_view(view: HomeView) -> dict[str, Any]:
@@ -110,12 +111,17 @@ def _mine_text(item: HomeInstance, now: datetime) -> str:
 
 
 def _rate(item: HomeInstance) -> str:
-    return cost_rate(
-        item.burn_micros_per_hour,
-        item.currency,
-        stopped=item.state == "stopped",
-        storage_unknown=item.storage_unknown,
+    stopped = item.state == "stopped"
+    return _rate_text(
+        active_language(), item.burn_micros_per_hour, item.currency, stopped, item.storage_unknown
     )
+
+
+@lru_cache(maxsize=1024)
+def _rate_text(language: str, rate: int, currency: str, stopped: bool, unknown: bool) -> str:
+    """:func:`cost_rate` in ``language`` (the active one): a team's instances share a few
+    prices, so a long fleet formats each once."""
+    return cost_rate(rate, currency, stopped=stopped, storage_unknown=unknown)
 
 
 def _left(item: HomeInstance, now: datetime) -> str:
@@ -248,19 +254,19 @@ def _spend(view: HomeView) -> str:
 
 
 def _fleet(view: HomeView) -> list[Block]:
-    if not view.fleet:
+    count = view.fleet_count
+    if not count:
         return [context(t("The team has no instances."))]
     lines = [_fleet_line(item, view.now) for item in view.fleet[:LINES_SHOWN]]
     blocks = [section(text) for text in pack(lines)]
-    total = sum(item.burn_micros_per_hour for item in view.fleet)
     summary = nt(
         "{n} instance, {cost}/h together.",
         "{n} instances, {cost}/h together.",
-        len(view.fleet),
-        n=len(view.fleet),
-        cost=format_money(total, view.currency),
+        count,
+        n=count,
+        cost=format_money(view.fleet_burn_micros_per_hour, view.currency),
     )
-    unknown = sum(1 for item in view.fleet if item.storage_unknown)
+    unknown = view.fleet_storage_unknown
     if unknown:
         summary += " " + nt(
             "Not counted: the disk of {n} stopped instance whose storage price is unknown.",
@@ -269,7 +275,7 @@ def _fleet(view: HomeView) -> list[Block]:
             n=unknown,
         )
     blocks.append(context(summary))
-    return _with_rest(blocks, len(view.fleet) - LINES_SHOWN)
+    return _with_rest(blocks, count - min(len(view.fleet), LINES_SHOWN))
 
 
 def _fleet_line(item: HomeInstance, now: datetime) -> str:

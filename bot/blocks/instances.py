@@ -42,6 +42,7 @@ from bot.blocks.kit import (
 from bot.blocks.money import final_cost_sentence, unverified_rule
 from bot.i18n import N_, nt, placeholders, t
 from bot.notify import Notice
+from bot.providers.names import platform_name
 from bot.services import access, nvml_words
 from bot.services.lookup import HostKeyAlert
 from bot.services.outbox import PostFailed
@@ -66,7 +67,7 @@ from bot.services.views import (
     SettingsView,
     UnregisteredView,
 )
-from bot.values import format_duration, format_money
+from bot.values import format_duration, format_money, format_rate
 
 RELEASE_ASK = "instance_release_ask"
 RELEASE_CONFIRM = "instance_release_confirm"
@@ -104,6 +105,26 @@ MORE_PROCESSES = N_("… and {n} more processes.")
 _PROBLEM_TEXT_MAX = 300
 #: The agent's nvml check's summary when NVML fails (agents/checks/gpu.py).
 NVML_FAILED = "NVML failed ({code}): {message}"
+#: What a row calls the error that kept its live data away (ProblemView.kind, the class name).
+PROBLEM_KINDS: dict[str, str] = {
+    "Unreachable": N_("Unreachable"),
+    "CommandTimeout": N_("Timed out"),
+    "AuthenticationFailed": N_("Login refused"),
+    "HostKeyChanged": N_("Host key changed"),
+    "HostKeyNotPinned": N_("Host key not pinned"),
+    "AgentMissing": N_("Agent missing"),
+    "AgentBroken": N_("Agent broken"),
+    "LocalRefused": N_("Refused locally"),
+    "OutputTooLarge": N_("Output too large"),
+    "FleetError": N_("Fleet error"),
+}
+
+
+def problem_kind(kind: str) -> str:
+    """The error class ``kind`` as the reader's language names it (the class name where it has
+    no name of its own)."""
+    name = PROBLEM_KINDS.get(kind)
+    return t(name) if name else kind
 
 
 # --- registration -----------------------------------------------------------------------------
@@ -201,7 +222,7 @@ def instance_detail(detail: InstanceDetail) -> Message:
     row = detail.row
     inst = row.instance
     tz = ZoneInfo(detail.timezone)
-    provider = inst.provider + (
+    provider = escape(platform_name(inst.provider)) + (
         f" `{escape(inst.provider_instance_id)}`" if inst.provider_instance_id else ""
     )
     cost = format_money(detail.compute_cost_micros + detail.storage_cost_micros, inst.currency)
@@ -380,7 +401,7 @@ def release_ask(ask: ReleaseAsk) -> Message:
                 jobs="\n".join(_job_line(j) for j in ask.running_jobs[:10]),
             )
         )
-    provider = escape(inst.provider)
+    provider = escape(platform_name(inst.provider))
     if ask.manual and stop:
         lines.append(
             t(
@@ -463,14 +484,14 @@ def release_result(view: ReleaseView) -> Message:
             ":hourglass: Release of *{name}* requested; waiting for {provider} to confirm it "
             "(last attempt: {error}).",
             name=inst.name,
-            provider=escape(inst.provider),
+            provider=escape(platform_name(inst.provider)),
             error=escape(view.last_error),
         )
     else:
         text = t(
             ":hourglass: Release of *{name}* requested; waiting for {provider} to confirm it.",
             name=inst.name,
-            provider=escape(inst.provider),
+            provider=escape(platform_name(inst.provider)),
         )
     return fallback(text), (section(text),)
 
@@ -507,7 +528,7 @@ def unregistered_notice(view: UnregisteredView) -> Message:
         t(
             ":warning: *{provider}* instance {what} is {state} on the team's account, "
             "but nobody registered it: {gpus}, {cost}, {age}.",
-            provider=escape(view.provider),
+            provider=escape(platform_name(view.provider)),
             what=what,
             state=escape(view.raw_state or view.state),
             gpus=escape(gpus),
@@ -640,7 +661,8 @@ def _live_line(row: InstanceRow, now: datetime) -> str:
     if row.problem is not None:
         message = escape(clip(row.problem.message, _PROBLEM_TEXT_MAX))
         hint = f" {escape(clip(row.problem.hint, _PROBLEM_TEXT_MAX))}" if row.problem.hint else ""
-        parts.append(f":red_circle: *{row.problem.kind}*: {message}{hint}")
+        kind = problem_kind(row.problem.kind)
+        parts.append(f":red_circle: *{kind}*: {message}{hint}")
     if row.nvml_problem:
         problem = escape(nvml_words.described(row.nvml_code or "unknown", row.nvml_problem))
         parts.append(t(":warning: GPUs not readable: {problem}", problem=problem))
@@ -823,7 +845,7 @@ def cost_rate(rate_micros: int, currency: str, *, stopped: bool, storage_unknown
         return t("stopped: disk {price}/h", price=format_money(rate_micros, currency))
     if rate_micros <= 0:
         return t("no price")
-    return f"{format_money(rate_micros, currency)}/h"
+    return format_rate(rate_micros, currency)
 
 
 def deadline_left(deadline_at: datetime | None, now: datetime, *, stopped: bool) -> str:
@@ -1002,7 +1024,7 @@ def _software(detail: InstanceDetail) -> str:
 
 def _plain_live(row: InstanceRow) -> str:
     if row.problem is not None:
-        return f"{row.problem.kind}: {row.problem.message}"
+        return f"{problem_kind(row.problem.kind)}: {row.problem.message}"
     if row.gpus:
         return _gpu_summary(row.gpus)
     return t("no GPU data")
@@ -1096,7 +1118,7 @@ def start_result(result: StartResult) -> Message:
         text = t(
             ":hourglass_flowing_sand: {provider} is starting *{name}* ({state}); the bot records "
             "the start, and its new deadline, once it runs.",
-            provider=escape(inst.provider),
+            provider=escape(platform_name(inst.provider)),
             name=escape(inst.name),
             state=escape(result.platform_state),
         )

@@ -33,6 +33,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import N_, nt, t
 from bot.notify import Notice
+from bot.services import agent_text
 from bot.services.job_views import (
     AccessChange,
     JobListView,
@@ -175,7 +176,7 @@ def completion_reply(job: JobView) -> Message:
     if summary is not None and summary.gpus:
         blocks.extend(section(chunk) for chunk in pack(_gpu_lines(job), SECTION_TEXT_MAX))
     if summary is not None and summary.diagnoses:
-        lines = [f":bulb: {escape(d.message)}" for d in summary.diagnoses]
+        lines = [f":bulb: {escape(agent_text.diagnosis(d))}" for d in summary.diagnoses]
         blocks.extend(section(chunk) for chunk in pack(lines, SECTION_TEXT_MAX))
     if summary is not None and summary.log_tail.strip():
         blocks.append(section(code_block(summary.log_tail, keep="end")))
@@ -569,7 +570,7 @@ def _duration_text(job: JobView) -> str:
     if job.duration_s is None:
         return "-"
     if job.duration_s < 1:
-        return f"{job.duration_s:.1f}s"
+        return t("{seconds}s", seconds=f"{job.duration_s:.1f}")
     return format_duration(timedelta(seconds=job.duration_s))
 
 

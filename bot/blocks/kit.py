@@ -389,7 +389,7 @@ def when(at: datetime, tz: ZoneInfo) -> str:
 
 
 def ago(at: datetime, now: datetime) -> str:
-    """``5m ago``, or ``just now``."""
+    """``5m ago`` (``5 分钟前``), or ``just now``: :func:`bot.values.format_duration`'s units."""
     delta = now - at
     if delta < timedelta(seconds=1):
         return t("just now")
@@ -397,7 +397,7 @@ def ago(at: datetime, now: datetime) -> str:
 
 
 def time_left(deadline_at: datetime | None, now: datetime) -> str:
-    """``2h 10m left``, ``deadline passed 5m ago`` or ``no deadline``."""
+    """``2h 10m left`` (``剩余 2 小时 10 分``), ``deadline passed 5m ago`` or ``no deadline``."""
     if deadline_at is None:
         return t("no deadline")
     if deadline_at > now:

@@ -28,6 +28,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
+from bot.providers.names import platform_name
 from bot.services.advice import (
     GUIDE_GPUS,
     HOURS_IN_LONGEST_MONTH,
@@ -40,8 +41,8 @@ from bot.services.advice import (
 from bot.services.budgets import BudgetAlert, BudgetStatus
 from bot.services.costs import FinalCost
 from bot.services.digest import Digest, DigestData
-from bot.services.spend import SpendLine, SpendReport
-from bot.values import format_duration, format_money
+from bot.services.spend import NO_PROJECT, SpendLine, SpendReport
+from bot.values import format_duration, format_money, format_rate
 
 TOP_GROUPS = 10
 TOP_INSTANCES = 5
@@ -438,7 +439,7 @@ def estimate_message(report: EstimateReport, currency: str) -> Message:
     prices = [
         _price(t(label), micros, unit, source, per_card=report.count > 1, currency=currency)
         for label, micros, unit, source in (
-            (_OPTION_NAMES[0], report.hourly_per_card_micros, "/h", report.hourly_source),
+            (_OPTION_NAMES[0], report.hourly_per_card_micros, N_("/h"), report.hourly_source),
             (_OPTION_NAMES[1], report.monthly_per_card_micros, "", report.monthly_source),
             (_OPTION_NAMES[2], report.buy_per_card_micros, "", report.buy_source),
         )
@@ -487,8 +488,9 @@ def _price(
 ) -> str:
     """One per-card price and where it is from: ``hourly $0.50/h a card (as given)``."""
     if micros is None:
-        return t("{label} unknown{unit} ({source})", label=label, unit=unit, source=source)
-    price = format_money(micros, currency) + unit
+        shown = t(unit) if unit else ""
+        return t("{label} unknown{unit} ({source})", label=label, unit=shown, source=source)
+    price = format_rate(micros, currency) if unit else format_money(micros, currency)
     if per_card:
         return t("{label} {price} a card ({source})", label=label, price=price, source=source)
     return t("{label} {price} ({source})", label=label, price=price, source=source)
@@ -594,12 +596,8 @@ _INCREMENT_UNITS = {"second": N_("second"), "minute": N_("minute"), "hour": N_("
 
 def _span(seconds: int) -> str:
     """Seconds as ``2 h`` when whole hours, ``1 min`` when whole minutes under an hour, else
-    like ``1h10m``."""
-    if seconds and seconds % 3600 == 0:
-        return f"{seconds // 3600} h"
-    if seconds and seconds < 3600 and seconds % 60 == 0:
-        return f"{seconds // 60} min"
-    return format_duration(timedelta(seconds=seconds)).replace(" ", "")
+    like ``1h10m`` (``2 小时``, ``1 分钟``, ``1 小时 10 分`` in Chinese)."""
+    return format_duration(timedelta(seconds=seconds), compact=True)
 
 
 def _totals_line(report: SpendReport) -> str:
@@ -739,7 +737,18 @@ def _instance_lines(report: SpendReport) -> str:
 
 
 def _label(key: str, by: str) -> str:
-    return mention(key) if by == "user" else escape(key)
+    return mention(key) if by == "user" else escape(group_name(key, by))
+
+
+def group_name(key: str, by: str) -> str:
+    """A spend group's key (:func:`bot.services.spend.group_key`) as a reader names it, plain
+    text: a platform by its name (优云智算), no project in the active language; user IDs,
+    instances, projects and GPUs as they are."""
+    if by == "provider":
+        return platform_name(key)
+    if by == "project" and key == NO_PROJECT:
+        return t(NO_PROJECT)
+    return key
 
 
 def _change(current: int, previous: int) -> str:

@@ -13,6 +13,7 @@ from zoneinfo import ZoneInfo
 from bot.blocks.kit import Message, clip, escape, fallback, mention, section, when
 from bot.i18n import t
 from bot.notify import Notice
+from bot.providers.names import platform_name
 from bot.services.instance_trust import Adopted, PlatformListedAgain, PlatformUnlisted
 from bot.values import format_duration
 
@@ -33,7 +34,7 @@ def adopted(notice: Adopted) -> Message:
             ":information_source: {user} adopted *{provider}* instance {what} as *{name}*; "
             "its owner is now {user}, and its deadline and reminders apply.",
             user=mention(notice.by),
-            provider=escape(notice.provider),
+            provider=escape(platform_name(notice.provider)),
             what=what,
             name=escape(notice.name),
         )
@@ -56,7 +57,7 @@ def platform_unlisted(notice: PlatformUnlisted) -> Message:
             "{answer}\nUntil it can, instances stopped, started or terminated there outside "
             "the bot, and instances nobody registered, go unnoticed. This is said once; the "
             "bot says so again when it can list them.",
-            provider=escape(notice.provider),
+            provider=escape(platform_name(notice.provider)),
             since=when(notice.since, tz),
             answer=f"`{escape(clip(notice.answer, ANSWER_MAX)).replace('`', chr(39))}`",
         )
@@ -70,7 +71,7 @@ def platform_listed_again(notice: PlatformListedAgain) -> Message:
         t(
             ":white_check_mark: The bot can list the instances of *{provider}* again (it could "
             "not for {lasted}).",
-            provider=escape(notice.provider),
+            provider=escape(platform_name(notice.provider)),
             lasted=lasted,
         )
     )

@@ -121,10 +121,14 @@ def form_view(rt: Runtime, caller: Caller, callback_id: str) -> dict[str, Any]:
     if callback_id == REGISTER_FORM:
         default = format_duration(timedelta(seconds=rt.settings.default_release_in_s))
         gpus = [GpuChoice(spec.key, spec.name) for spec in specs.load_catalogue()]
-        return blocks.register_form(gpus, KNOWN_PROVIDERS, default_release_in=default)
+        return blocks.register_form(
+            gpus, KNOWN_PROVIDERS, default_release_in=default, currency=rt.settings.currency
+        )
     if callback_id == RENT_FORM:
         providers = _rental_providers(rt)
-        return blocks.rent_form(_offers(providers, rt.settings.currency), providers)
+        return blocks.rent_form(
+            _offers(providers, rt.settings.currency), providers, currency=rt.settings.currency
+        )
     raise ValueError(f"no form {callback_id!r}")
 
 

@@ -3,14 +3,17 @@
 The renderers are pure: specs in, (fallback text, Block Kit blocks) out, built with
 bot.blocks.kit and so within Slack's limits. They speak the active language: every summary and
 usage line is looked up in the catalogue (each command module marks its own with ``N_``);
-commands, options and examples are shown as typed.
+commands, options and examples are shown as typed. Their amounts are in the workspace's
+currency: the commands write dollar figures, and a workspace that counts in yuan
+(GPUBOT_CURRENCY=CNY) reads yuan ones (:func:`in_currency`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
 
 from bot.blocks import kit
 from bot.blocks.kit import Block
@@ -49,6 +52,23 @@ HELP_ORDER = (
     "estimate",
     "lang",
 )
+#: The amounts of the commands' examples and usage lines (dollar figures) as a workspace that
+#: counts in yuan writes them: prices as the platforms in China list them, budgets in 元.
+YUAN_AMOUNTS: Final[Mapping[str, str]] = {
+    "--price 2.10/h": "--price ¥3.5/小时",
+    "--price 24/h": "--price 160元/小时",
+    "--price 0.69/h": "--price 2.2",
+    "--price 13.50/h": "--price 1.66元/小时",
+    "--price 1.01/h": "--price 7.3元/小时",
+    "--storage 0.10/GB-month": "--storage 0.35元/GB/月",
+    "--monthly 350": "--monthly 1800",
+    "--buy 1800": "--buy 13000",
+}
+_YUAN_AMOUNT = re.compile("|".join(re.escape(amount) for amount in YUAN_AMOUNTS))
+#: A budget's amount at the end of an example (`/gpu budget set user @alice 500`).
+_BUDGET_AMOUNT = re.compile(r"^(/gpu budget set \S+ \S+) (\d+)$")
+#: Dollars to yuan for a budget (a round figure).
+_YUAN_PER_DOLLAR = 6
 
 
 def help_spec(registry: Registry) -> CommandSpec:
@@ -59,7 +79,7 @@ def help_spec(registry: Registry) -> CommandSpec:
         if topic:
             # The parser has resolved the topic to a command's own name.
             spec = registry.commands.get(str(topic)) or help_spec(registry)
-            text, blocks = render_command(spec)
+            text, blocks = render_command(spec, currency=rt.settings.currency)
         else:
             text, blocks = render_overview(_listed(registry))
             blocks.extend(kit.context(line) for line in billing_notes(rt))
@@ -112,11 +132,12 @@ def render_overview(specs: Sequence[CommandSpec]) -> tuple[str, list[Block]]:
     return text, blocks
 
 
-def render_command(spec: CommandSpec) -> tuple[str, list[Block]]:
-    """One command: summary, usage and examples, as fallback text and blocks."""
+def render_command(spec: CommandSpec, *, currency: str = "USD") -> tuple[str, list[Block]]:
+    """One command: summary, usage and examples, as fallback text and blocks; amounts in
+    ``currency`` (:func:`in_currency`)."""
     summary = sentence(t(spec.summary))
-    usage = _slash_line(t(spec.usage))
-    examples = [_slash_line(example) for example in spec.examples]
+    usage = in_currency(_slash_line(t(spec.usage)), currency)
+    examples = [in_currency(_slash_line(example), currency) for example in spec.examples]
     text = f"{_slash(spec.name)}: {summary}\n" + t("Usage: {usage}", usage=usage)
     if examples:
         text += "\n" + t("Examples:") + "\n" + "\n".join(examples)
@@ -136,6 +157,19 @@ def render_command(spec: CommandSpec) -> tuple[str, list[Block]]:
 def usage_text(usage: str) -> str:
     """A usage line as shown after a mistake: ``Usage: `/gpu ...` ``, in the active language."""
     return t("Usage: `{usage}`", usage=_slash_line(t(usage))) if usage else ""
+
+
+def in_currency(line: str, currency: str) -> str:
+    """An example or usage line with its amounts as ``currency`` writes them: in yuan (CNY)
+    the dollar figures of :data:`YUAN_AMOUNTS` become yuan ones (``--price ¥3.5/小时``,
+    ``--storage 0.35元/GB/月``) and a budget is in 元 (``/gpu budget set user @alice 3000元``);
+    any other currency keeps the line as written (plain figures read in its own unit)."""
+    if currency.upper() != "CNY":
+        return line
+    line = _YUAN_AMOUNT.sub(lambda match: YUAN_AMOUNTS[match.group(0)], line)
+    return _BUDGET_AMOUNT.sub(
+        lambda match: f"{match.group(1)} {int(match.group(2)) * _YUAN_PER_DOLLAR}元", line
+    )
 
 
 def sentence(summary: str) -> str:

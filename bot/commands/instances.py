@@ -19,15 +19,14 @@ from bot.i18n import N_, t
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.services import fleet_views, lifecycle, lookup, reconcile, registration, starts
 from bot.services.access import Caller
-from bot.services.lookup import echo
 from bot.values import (
     parse_duration,
-    parse_money,
     parse_price,
     parse_size_gb,
     parse_when,
     whole_number,
 )
+from bot.values import parse_storage_price as read_storage_price
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -52,8 +51,6 @@ RELEASE_USAGE = "/gpu release NAME [--stop]"
 
 #: ``--count``: a whole number of GPUs, 1 or more (the service caps it at MAX_GPU_COUNT).
 GPU_COUNT = whole_number("--count", 1)
-_STORAGE_UNITS = frozenset({"", "gb-month", "gb/month", "gb-mo", "gb/mo", "gbmonth", "gb"})
-
 
 # --- register ---------------------------------------------------------------------------------
 
@@ -266,15 +263,10 @@ def _stop_done_button(rt: Runtime, caller: Caller, value: str) -> Reply:
 
 
 def parse_storage_price(text: str, currency: str) -> int:
-    """``0.10/GB-month`` (or ``0.10``) in ``currency`` as micro-units per GB-month. Raises
-    UsageError (an amount in another currency included)."""
-    amount, _, unit = text.strip().lower().partition("/")
-    if unit not in _STORAGE_UNITS:
-        raise UsageError(
-            t("{price!r} is not a storage price.", price=echo(text)),
-            hint=t("Write it like 0.10/GB-month."),
-        )
-    return parse_money(amount, currency)
+    """``0.10/GB-month`` (or ``0.10``, or in Chinese ``0.35元/GB/月``) in ``currency`` as
+    micro-units per GB-month (:func:`bot.values.parse_storage_price`). Raises UsageError (an
+    amount in another currency included)."""
+    return read_storage_price(text, currency)
 
 
 # --- the specs --------------------------------------------------------------------------------

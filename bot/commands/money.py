@@ -77,7 +77,10 @@ def share_spend_files(rt: Runtime, channel: str, report: spend.SpendReport) -> s
     anything (the report itself is still answered)."""
     title, csv_title = blocks.spend_file_titles(report)
     names = report.names if report.by == "user" else {}
-    items = [(names.get(line.key, line.key), line.total_micros) for line in report.groups]
+    items = [
+        (names.get(line.key) or blocks.group_name(line.key, report.by), line.total_micros)
+        for line in report.groups
+    ]
     try:
         rt.notifier.upload_file(
             channel,

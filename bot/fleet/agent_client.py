@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from agents.protocol import (
     HealthReport,
+    JobFailure,
     JobList,
     JobRecord,
     ProtocolError,
@@ -40,6 +41,16 @@ _EXIT_FAILED = 1
 _EXIT_NO_PROGRAM = (126, 127)
 
 D = TypeVar("D")
+
+
+class AgentRefused(AgentBroken):
+    """A job command failed and the agent said why as a document (``failure``: its code,
+    English, template and parameters); the message is as for any AgentBroken."""
+
+    def __init__(self, message: str, *, failure: JobFailure, instance: str | None = None) -> None:
+        super().__init__(message, instance=instance)
+        self.failure = failure
+
 
 _digest_lock = threading.Lock()
 _digests: dict[tuple[str, int, int], str] = {}
@@ -220,16 +231,17 @@ class RemoteAgent:
                 ),
                 instance=self.target.name,
             )
-        raise AgentBroken(
-            t(
-                "{name}: gpu-agent {value} failed with exit code {exit_code}{tail}",
-                name=self.target.name,
-                value=args[0],
-                exit_code=result.exit_code,
-                tail=_tail(result),
-            ),
-            instance=self.target.name,
+        message = t(
+            "{name}: gpu-agent {value} failed with exit code {exit_code}{tail}",
+            name=self.target.name,
+            value=args[0],
+            exit_code=result.exit_code,
+            tail=_tail(result),
         )
+        failure = _failure(result)
+        if failure is not None:
+            raise AgentRefused(message, failure=failure, instance=self.target.name)
+        raise AgentBroken(message, instance=self.target.name)
 
     def _file_missing(self, result: ExecResult) -> bool:
         return (
@@ -280,6 +292,16 @@ def zipapp_digest(path: Path) -> str:
     with _digest_lock:
         _digests[key] = digest
     return digest
+
+
+def _failure(result: ExecResult) -> JobFailure | None:
+    """The error document a job command printed with ``--json``, if it printed one."""
+    if not result.stdout.lstrip().startswith("{"):
+        return None
+    try:
+        return loads(JobFailure, result.stdout)
+    except ProtocolError:
+        return None
 
 
 def _tail(result: ExecResult) -> str:

@@ -73,7 +73,7 @@ _OWNER_OR_ADMIN: dict[str, str] = {
         "Only <@{owner}> (the owner of {name}) or an admin can answer prompts about it."
     ),
     "confirm it is released": N_(
-        "Only <@{owner}> (the owner of {name}) or an admin can confirm it is released it."
+        "Only <@{owner}> (the owner of {name}) or an admin can confirm it is released."
     ),
 }
 #: What :func:`require_operate` says, by its ``action`` (``{name}``: the instance's name).

@@ -23,7 +23,7 @@ from bot.services.access import Caller
 from bot.services.releases import Decided
 from bot.services.views import InstanceBrief
 from bot.store.models import Instance, Prompt
-from bot.values import format_duration
+from bot.values import duration_code
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,7 @@ def _show_decision(rt: Runtime, clicked: _Clicked, *, delta: timedelta, by: Call
     """Edit the messages of the warnings an extension closed (their buttons go); they carry
     the resolution lifecycle.extend wrote."""
     prefix = clicked.prompt.key.rsplit(":", 1)[0] + ":"
-    resolution = f"extended_{format_duration(delta)}"
+    resolution = f"extended_{duration_code(delta)}"
     with rt.db.session() as session:
         closed = session.exec(
             select(Prompt).where(

@@ -42,6 +42,7 @@ from bot.errors import (
 from bot.i18n import Language, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
+from bot.providers.names import platform_name
 from bot.runtime import Runtime
 from bot.services import access, audit, prompts, releases
 from bot.services import reconcile as platform_reconcile
@@ -971,7 +972,7 @@ def _check_stop_policy(rt: Runtime, inst: Instance, change: PolicyChange) -> Non
                     "{name} runs on {provider}, which cannot stop an instance (only terminate "
                     "it), so it cannot be stopped at its deadline.",
                     name=inst.name,
-                    provider=inst.provider,
+                    provider=platform_name(inst.provider),
                 ),
                 hint=t("Use --at-deadline release or --at-deadline wait-for-jobs."),
             )

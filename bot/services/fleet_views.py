@@ -5,6 +5,11 @@ as long as the last poll says they do.
 Looking asks the active instances for their live status (all at once, outside any transaction)
 and records what each said on its row; the poller's own columns are left to bot.services.polling.
 An instance that cannot be reached shows its error; the others are unaffected.
+
+A stored status is read through the facts stored with it (bot.services.lookup.stored_facts):
+no view parses a snapshot or matches a GPU spec. Per-person views read one person's rows
+(:func:`owner_rows`), the first lines of the team (:func:`first_lines`) and the team's figures
+(:func:`fleet_summary`), so what they cost does not grow with the team.
 """
 
 from __future__ import annotations
@@ -13,18 +18,15 @@ import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import and_, func, literal_column, update
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from agents.protocol import (
-    HealthCheck,
-    HealthReport,
-    ProtocolError,
-    StatusSnapshot,
-    dumps,
-    from_dict,
-)
+from agents.protocol import HealthCheck, HealthReport, StatusSnapshot
+from bot import billing
 from bot.errors import FleetError, HostKeyNotPinned
 from bot.fleet.base import Target
 from bot.i18n import t
@@ -33,22 +35,30 @@ from bot.services import access, costs
 from bot.services.access import Caller
 from bot.services.lookup import (
     POLLED_STATES,
+    StatusFacts,
     by_name_any,
     can_start,
-    compare_gpus,
+    compare_facts,
+    facts_from_json,
     get_live_instance,
-    gpu_views,
     handle_fleet_error,
     instance_view,
     require_active,
     settings_view,
+    status_columns,
+    status_facts,
+    stored_facts,
+    stored_status,
     target_for,
 )
 from bot.services.views import (
     CheckView,
+    DeadlineBrief,
     FleetOverview,
+    FleetSummary,
     HealthView,
     InstanceDetail,
+    InstanceLine,
     InstanceRow,
     InstanceSettings,
     InstanceView,
@@ -56,9 +66,12 @@ from bot.services.views import (
     ProblemView,
     ProcessView,
 )
-from bot.store.models import Instance, Job
+from bot.store.models import LIVE_PRICE_COLUMNS, Instance, Job
 
 log = logging.getLogger(__name__)
+
+#: How many of the nearest deadlines a fleet summary holds.
+NEAREST_DEADLINES = 10
 
 
 def fleet_overview(rt: Runtime) -> FleetOverview:
@@ -79,6 +92,181 @@ def list_instances(rt: Runtime) -> FleetOverview:
     return FleetOverview(rows=rows, now=now, timezone=rt.settings.timezone)
 
 
+def owner_rows(rt: Runtime, owner_id: str) -> tuple[InstanceRow, ...]:
+    """The unreleased instances of ``owner_id`` as stored, by name, with their running jobs:
+    one indexed read of theirs, whatever the size of the team."""
+    now = rt.now()
+    with rt.db.session() as session:
+        instances = session.exec(
+            select(Instance)
+            .where(_unreleased_clause(rt), Instance.owner_id == owner_id)
+            .order_by(col(Instance.name), col(Instance.id))
+        ).all()
+        jobs = running_jobs(session, [i.id for i in instances if i.id is not None])
+    return tuple(_row(inst, None, jobs, now) for inst in instances)
+
+
+def first_lines(rt: Runtime, limit: int) -> tuple[InstanceLine, ...]:
+    """The first ``limit`` unreleased instances by name, one line each: what a view lists of
+    the team before it counts the rest. Reads only the columns a line shows (the facts the
+    poll stored, not its snapshot)."""
+    columns = (
+        col(Instance.id),
+        col(Instance.name),
+        col(Instance.owner_id),
+        col(Instance.state),
+        col(Instance.gpu_model),
+        col(Instance.gpu_count),
+        col(Instance.deadline_at),
+        col(Instance.currency),
+        col(Instance.status_util_pct),
+        col(Instance.status_facts_json),
+        col(Instance.last_status_json).is_not(None),
+        (col(Instance.state) == "stopped"),
+        col(Instance.provider),
+        col(Instance.price_micros),
+        col(Instance.price_per),
+        col(Instance.delivered_gpu_count),
+        col(Instance.disk_gb),
+        col(Instance.storage_micros_per_gb_month),
+    )
+    with rt.db.session() as session:
+        found = session.execute(
+            sa_select(*columns)
+            .where(_unreleased_clause(rt))
+            .order_by(col(Instance.name), col(Instance.id))
+            .limit(max(0, limit))
+        ).all()
+        lines: list[InstanceLine] = []
+        for row in found:
+            iid, name, owner, state, model, count, deadline, currency, util = row[:9]
+            facts_text, has_status, stopped, provider, price, per, delivered, disk, storage = row[
+                9:
+            ]
+            facts = facts_from_json(facts_text) if facts_text else None
+            if facts is None and has_status:
+                # Stored before its facts were: derived from its snapshot, as a row's are.
+                inst = session.get(Instance, iid)
+                facts = stored_facts(inst) if inst is not None else None
+                util = facts.util_pct if facts else None
+            burn, unknown = _burn_of(stopped, provider, price, per, count, delivered, disk, storage)
+            compute, _ = _burn_of(False, provider, price, per, count, delivered, None, 0)
+            lines.append(
+                InstanceLine(
+                    id=iid,
+                    name=name,
+                    owner_id=owner,
+                    state=state,
+                    gpu_model=model,
+                    gpu_count=count,
+                    util_pct=util if facts else None,
+                    deadline_at=deadline,
+                    burn_micros_per_hour=burn,
+                    storage_unknown=unknown,
+                    price_micros_per_hour=compute,
+                    currency=currency,
+                    mismatch=compare_facts(model, count, facts) if facts else None,
+                )
+            )
+    return tuple(lines)
+
+
+def jobs_requested_by(rt: Runtime, user_id: str) -> tuple[tuple[str, JobBrief], ...]:
+    """The running jobs ``user_id`` asked for on unreleased instances, with each one's
+    instance name, by instance name then job (oldest first): one indexed read."""
+    with rt.db.session() as session:
+        rows = session.exec(
+            select(Job, Instance.name)
+            .join(Instance, col(Instance.id) == col(Job.instance_id))
+            .where(
+                Job.requested_by == user_id,
+                Job.state == "running",
+                _unreleased_clause(rt),
+            )
+            .order_by(col(Instance.name), col(Instance.id), col(Job.id))
+        ).all()
+    return tuple((name, _job_brief(job)) for job, name in rows)
+
+
+def fleet_summary(rt: Runtime, nearest: int = NEAREST_DEADLINES) -> FleetSummary:
+    """The team's unreleased instances in figures (:class:`FleetSummary`), with the
+    ``nearest`` deadlines: an aggregate and a limited query, read from the live rows' index
+    entries (no row, no status), whose answers are bounded by the states and distinct prices
+    and by ``nearest``, not by the instances."""
+    now = rt.now()
+    live = _unreleased_clause(rt)
+    priced = [col(getattr(Instance, name)) for name in LIVE_PRICE_COLUMNS if name != "host"]
+    with rt.db.session() as session:
+        prices = session.execute(
+            sa_select(*priced, func.count()).where(live).group_by(*priced)
+        ).all()
+        soonest = session.execute(
+            sa_select(
+                col(Instance.id),
+                col(Instance.name),
+                col(Instance.owner_id),
+                col(Instance.state),
+                col(Instance.deadline_at),
+            )
+            .where(live, col(Instance.deadline_at).is_not(None))
+            .order_by(col(Instance.deadline_at), col(Instance.name))
+            .limit(max(0, nearest))
+        ).all()
+    by_state: dict[str, int] = {}
+    burn = 0
+    unknown = 0
+    for state, *prices_of, n in prices:
+        by_state[state] = by_state.get(state, 0) + n
+        each, stopped_unknown = _burn_of(state == "stopped", *prices_of)
+        burn += each * n
+        unknown += n if stopped_unknown else 0
+    return FleetSummary(
+        count=sum(by_state.values()),
+        by_state=tuple(sorted(by_state.items())),
+        burn_micros_per_hour=burn,
+        storage_unknown=unknown,
+        nearest=tuple(
+            DeadlineBrief(id=iid or 0, name=name, owner_id=owner, state=state, deadline_at=at)
+            for iid, name, owner, state, at in soonest
+            if at is not None
+        ),
+        now=now,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _burn_of(
+    is_stopped: bool,
+    provider: str,
+    price_micros: int,
+    price_per: str,
+    gpu_count: int | None,
+    delivered_gpu_count: int | None,
+    disk_gb: float | None,
+    storage_micros_per_gb_month: int,
+) -> tuple[int, bool]:
+    """(what an instance of these prices costs per hour now, whether it is a stopped one whose
+    storage price is unknown), as :class:`InstanceView` says it; prices repeat across a team,
+    so each is worked out once."""
+    like = Instance(
+        name="",
+        owner_id="",
+        host="",
+        ssh_user="",
+        provider=provider,
+        price_micros=price_micros,
+        price_per=price_per,
+        gpu_count=gpu_count,
+        delivered_gpu_count=delivered_gpu_count,
+        disk_gb=disk_gb,
+        storage_micros_per_gb_month=storage_micros_per_gb_month,
+    )
+    if is_stopped:
+        each = billing.storage_micros_per_hour(like)
+        return each, each <= 0
+    return billing.hourly_cost_micros(like), False
+
+
 def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
     """One instance in detail, asked live when it is active. A released instance's name shows
     its last registration. Raises NotFound."""
@@ -88,7 +276,7 @@ def instance_detail(rt: Runtime, name: str) -> InstanceDetail:
         jobs = running_jobs(session, [inst.id] if inst.id is not None else [])
     outcome = _poll(rt, [inst], now).get(inst.name) if inst.state in POLLED_STATES else None
     row = _row(inst, outcome, jobs, now)
-    snapshot = outcome if isinstance(outcome, StatusSnapshot) else _stored_status(inst)
+    snapshot = outcome if isinstance(outcome, StatusSnapshot) else stored_status(inst)
     cost = costs.since_registered(inst, now)
     return InstanceDetail(
         row=row,
@@ -193,16 +381,24 @@ def running_jobs(session: Session, instance_ids: Iterable[int]) -> dict[int, tup
         .order_by(col(Job.id))
     ).all()
     for job in rows:
-        found.setdefault(job.instance_id, []).append(
-            JobBrief(
-                id=job.id or 0,
-                agent_job_id=job.agent_job_id,
-                requested_by=job.requested_by,
-                command=_command_text(job.command_json),
-                started_at=job.started_at,
-            )
-        )
+        found.setdefault(job.instance_id, []).append(_job_brief(job))
     return {key: tuple(value) for key, value in found.items()}
+
+
+def _job_brief(job: Job) -> JobBrief:
+    return JobBrief(
+        id=job.id or 0,
+        agent_job_id=job.agent_job_id,
+        requested_by=job.requested_by,
+        command=_command_text(job.command_json),
+        started_at=job.started_at,
+    )
+
+
+def _unreleased_clause(rt: Runtime) -> Any:
+    """The instances that are not released and that this runtime may see."""
+    # The state as a literal, so that the partial indexes of live rows apply (bot.store.models).
+    return and_(col(Instance.state) != literal_column("'released'"), access.visible_clause(rt))
 
 
 def _unreleased(rt: Runtime) -> tuple[list[Instance], dict[int, tuple[JobBrief, ...]]]:
@@ -210,9 +406,7 @@ def _unreleased(rt: Runtime) -> tuple[list[Instance], dict[int, tuple[JobBrief, 
     with rt.db.session() as session:
         instances = list(
             session.exec(
-                select(Instance)
-                .where(Instance.state != "released", access.visible_clause(rt))
-                .order_by(col(Instance.name))
+                select(Instance).where(_unreleased_clause(rt)).order_by(col(Instance.name))
             ).all()
         )
         jobs = running_jobs(session, [i.id for i in instances if i.id is not None])
@@ -260,11 +454,7 @@ def _record_polls(
             if isinstance(outcome, FleetError):
                 values: dict[str, object] = {"last_error": outcome.user_text()[:2000]}
             else:
-                values = {
-                    "last_error": None,
-                    "last_status_json": dumps(outcome),
-                    "last_status_at": now,
-                }
+                values = {"last_error": None, **status_columns(outcome), "last_status_at": now}
             session.exec(update(Instance).where(col(Instance.id) == inst.id).values(**values))
 
 
@@ -273,30 +463,33 @@ def _row(
     outcome: StatusSnapshot | FleetError | None,
     jobs: dict[int, tuple[JobBrief, ...]],
     now: datetime,
+    *,
+    costed: bool = True,
 ) -> InstanceRow:
+    """The overview row of ``inst``: the live ``outcome`` where it was asked, else what its
+    last stored status says (the facts stored with it: nothing is parsed or matched here);
+    ``costed`` False leaves ``cost_micros`` 0."""
     problem = None
-    snapshot: StatusSnapshot | None
-    if isinstance(outcome, FleetError):
-        problem = ProblemView(type(outcome).__name__, outcome.message, outcome.hint)
-        snapshot = _stored_status(inst)
-        polled_at = _status_time(inst) if snapshot else None
-    elif outcome is None:
-        snapshot = _stored_status(inst)
-        polled_at = _status_time(inst) if snapshot else None
+    facts: StatusFacts | None
+    if isinstance(outcome, StatusSnapshot):
+        facts = status_facts(outcome)
+        polled_at: datetime | None = now
     else:
-        snapshot = outcome
-        polled_at = now
+        if isinstance(outcome, FleetError):
+            problem = ProblemView(type(outcome).__name__, outcome.message, outcome.hint)
+        facts = stored_facts(inst)
+        polled_at = _status_time(inst) if facts else None
     return InstanceRow(
         instance=instance_view(inst),
         live=isinstance(outcome, StatusSnapshot),
-        gpus=gpu_views(snapshot) if snapshot else (),
+        gpus=facts.gpus if facts else (),
         problem=problem,
         running_jobs=jobs.get(inst.id or 0, ()),
-        cost_micros=costs.since_registered_micros(inst, now),
+        cost_micros=costs.since_registered_micros(inst, now) if costed else 0,
         polled_at=polled_at,
-        nvml_problem=snapshot.nvml_error.message if snapshot and snapshot.nvml_error else None,
-        nvml_code=snapshot.nvml_error.code if snapshot and snapshot.nvml_error else None,
-        mismatch=compare_gpus(inst.gpu_model, inst.gpu_count, snapshot) if snapshot else None,
+        nvml_problem=facts.nvml_message if facts else None,
+        nvml_code=facts.nvml_code if facts else None,
+        mismatch=compare_facts(inst.gpu_model, inst.gpu_count, facts) if facts else None,
     )
 
 
@@ -313,12 +506,3 @@ def _command_text(command_json: str) -> str:
 def _status_time(inst: Instance) -> datetime | None:
     times = [t for t in (inst.last_status_at, inst.last_polled_at) if t is not None]
     return max(times) if times else None
-
-
-def _stored_status(inst: Instance) -> StatusSnapshot | None:
-    if not inst.last_status_json:
-        return None
-    try:
-        return from_dict(StatusSnapshot, json.loads(inst.last_status_json))
-    except (ValueError, ProtocolError):
-        return None

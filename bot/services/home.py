@@ -1,10 +1,12 @@
 """A person's Home tab in gpubot: their instances, their running jobs, their month's spend
 against their budget, and the team's fleet, as plain values (no Slack).
 
-The fleet is the stored one (the last poll's GPUs; nobody is asked), so the Home is quick to
-build and costs a constant number of queries however large the fleet: the unreleased instances
-and their running jobs (bot.services.fleet_views), the month's spend (bot.services.budgets, the
-figure `/gpu spend` and budgets show) and the person's own budget.
+The fleet is the stored one (the last poll's GPUs, as the poll stored what views read of them;
+nobody is asked, nothing is parsed), and what a Home costs follows the person, not the team:
+their own instances and running jobs (indexed by owner and requester), their month's spend (the
+figure `/gpu spend` and budgets show, summed over their instances only), their budget, the first
+``FLEET_SHOWN`` of the team's instances by name, and the team's figures from bounded aggregate
+queries (bot.services.fleet_views.fleet_summary).
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from statistics import mean
+from zoneinfo import ZoneInfo
 
-from sqlmodel import select
+from sqlalchemy import func
+from sqlmodel import col, select
 
 from bot.runtime import Runtime
-from bot.services import budgets, deadlines, fleet_views, ledger
+from bot.services import costs, deadlines, fleet_views, ledger
 from bot.services.lookup import can_start
-from bot.services.views import InstanceRow
-from bot.store.models import Budget
+from bot.services.views import FleetSummary, InstanceLine, InstanceRow, Mismatch
+from bot.store.models import Budget, Charge, Instance, LedgerState
 
 #: What the Home tab's Extend button adds to a deadline, in seconds (one of the warnings' choices).
 HOME_EXTEND_S = deadlines.EXTEND_CHOICES_S[0]
+#: The team's instances a Home lists, one line each, by name; the rest are counted.
+FLEET_SHOWN = 200
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,11 @@ class HomeJob:
 class HomeView:
     """One person's Home at ``now``: ``mine`` are the instances they own, ``jobs`` the running
     jobs they asked for, ``spent_micros`` their spend this ``month`` (``YYYY-MM`` in
-    ``timezone``) against ``budget_micros`` (None: no budget), ``fleet`` every unreleased
-    instance of the team (theirs included), by name. ``mine`` comes nearest deadline first
-    (see :func:`nearest_first`)."""
+    ``timezone``) against ``budget_micros`` (None: no budget), ``fleet`` the team's unreleased
+    instances (theirs included) by name: every one, or with ``summary`` the first
+    ``FLEET_SHOWN`` of them, ``summary`` then counting them all (someone else's there has no
+    cost and no buttons: ``cost_micros`` 0, ``can_extend`` and ``can_start`` False). ``mine``
+    comes nearest deadline first (see :func:`nearest_first`)."""
 
     user_id: str
     now: datetime
@@ -85,6 +93,28 @@ class HomeView:
     spent_micros: int
     budget_micros: int | None
     fleet: tuple[HomeInstance, ...]
+    #: The whole fleet in figures (count, cost per hour, deadlines); None: ``fleet`` is whole.
+    summary: FleetSummary | None = None
+
+    @property
+    def fleet_count(self) -> int:
+        """How many unreleased instances the team has."""
+        return len(self.fleet) if self.summary is None else self.summary.count
+
+    @property
+    def fleet_burn_micros_per_hour(self) -> int:
+        """What the team's unreleased instances cost per hour together (a stopped one its
+        disk), micro-units."""
+        if self.summary is None:
+            return sum(item.burn_micros_per_hour for item in self.fleet)
+        return self.summary.burn_micros_per_hour
+
+    @property
+    def fleet_storage_unknown(self) -> int:
+        """How many of the team's stopped instances have no storage price (not counted)."""
+        if self.summary is None:
+            return sum(1 for item in self.fleet if item.storage_unknown)
+        return self.summary.storage_unknown
 
     @property
     def budget_used_pct(self) -> int | None:
@@ -97,27 +127,25 @@ class HomeView:
 
 
 def home_view(rt: Runtime, user_id: str) -> HomeView:
-    """The Home of ``user_id`` now. Raises StoreError when the database fails."""
+    """The Home of ``user_id`` now: a bounded number of queries and rows whatever the size of
+    the team (see the module docstring). Raises StoreError when the database fails."""
     now = rt.now()
     tz = rt.settings.tz()
-    overview = fleet_views.list_instances(rt)
-    spent = budgets.month_to_date(rt.db, now, tz)
+    own = fleet_views.owner_rows(rt, user_id)
+    listed = fleet_views.first_lines(rt, FLEET_SHOWN)
+    summary = fleet_views.fleet_summary(rt)
+    spent = month_spent_micros(rt, user_id, now, tz)
     with rt.db.session() as session:
         budget = session.exec(
             select(Budget).where(Budget.scope == "user", Budget.subject == user_id)
         ).first()
         limit = None if budget is None else budget.limit_micros
-    fleet = tuple(_instance(rt, row, user_id, now) for row in overview.rows)
+    mine = tuple(_instance(rt, row, user_id, now) for row in own)
+    by_id = {item.id: item for item in mine}
+    fleet = tuple(by_id.get(line.id) or _line(line) for line in listed)
     jobs = tuple(
-        HomeJob(
-            id=job.id,
-            instance_name=row.instance.name,
-            command=job.command,
-            started_at=job.started_at,
-        )
-        for row in overview.rows
-        for job in row.running_jobs
-        if job.requested_by == user_id
+        HomeJob(id=job.id, instance_name=name, command=job.command, started_at=job.started_at)
+        for name, job in fleet_views.jobs_requested_by(rt, user_id)
     )
     return HomeView(
         user_id=user_id,
@@ -125,12 +153,59 @@ def home_view(rt: Runtime, user_id: str) -> HomeView:
         timezone=rt.settings.timezone,
         currency=rt.settings.currency,
         month=ledger.month_of(now, tz),
-        mine=nearest_first(item for item in fleet if item.owner_id == user_id),
+        mine=nearest_first(mine),
         jobs=jobs,
-        spent_micros=spent.by_user.get(user_id, 0),
+        spent_micros=spent,
         budget_micros=limit,
         fleet=fleet,
+        summary=summary,
     )
+
+
+def month_spent_micros(rt: Runtime, user_id: str, now: datetime, tz: ZoneInfo) -> int:
+    """What ``user_id``'s instances cost this month so far (the month of ``now`` in ``tz``):
+    the figure of :func:`bot.services.budgets.month_to_date` for them, read from their own
+    instances only (their ledger accrued up to ``now`` first, as there everyone's is).
+    Micro-units. Raises StoreError when the database fails."""
+    with rt.db.session() as session:
+        due = session.exec(
+            select(Instance.id).where(Instance.owner_id == user_id, ledger.due_clause(now))
+        ).all()
+    for instance_id in due:  # the clock charges everyone's; only theirs are waited for here
+        if instance_id is not None:
+            ledger.accrue_instance(rt.db, instance_id, now, tz)
+    month = ledger.month_of(now, tz)
+    start, end = ledger.month_bounds(month, tz)
+    with rt.db.session() as session:
+        # Theirs, by the owner index; then each by its key (never a scan of the team's).
+        ids = [
+            int(instance_id)
+            for instance_id in session.exec(
+                select(Instance.id).where(Instance.owner_id == user_id)
+            ).all()
+            if instance_id is not None
+        ]
+        if not ids:
+            return 0
+        owned = col(LedgerState.instance_id).in_(ids)
+        charged = session.exec(
+            select(func.coalesce(func.sum(LedgerState.month_micros), 0)).where(
+                owned, LedgerState.month == month
+            )
+        ).one()
+        # States written before the ledger kept months: their charges of the month.
+        earlier = session.exec(
+            select(func.coalesce(func.sum(Charge.amount_micros), 0))
+            .join(LedgerState, col(LedgerState.instance_id) == col(Charge.instance_id))
+            .where(owned, LedgerState.month == "", Charge.start_at >= start, Charge.start_at < end)
+        ).one()
+        unsettled = session.exec(
+            select(Instance).where(
+                Instance.owner_id == user_id, col(Instance.ledger_settled).is_(False)
+            )
+        ).all()
+        pending = costs.pending_micros(session, unsettled, now)
+    return int(charged or 0) + int(earlier or 0) + sum(pending.values())
 
 
 def nearest_first(items: Iterable[HomeInstance]) -> tuple[HomeInstance, ...]:
@@ -164,15 +239,39 @@ def _instance(rt: Runtime, row: InstanceRow, user_id: str, now: datetime) -> Hom
         storage_unknown=inst.storage_unknown,
         can_start=inst.state == "stopped" and can_start(rt, inst),
         price_micros_per_hour=inst.price_micros_per_hour,
-        delivered_gpu_name=_delivered_name(row),
+        delivered_gpu_name=_delivered_name(row.mismatch),
         delivered_gpu_count=len(row.mismatch.delivered_names) if row.mismatch else None,
     )
 
 
-def _delivered_name(row: InstanceRow) -> str | None:
+def _line(line: InstanceLine) -> HomeInstance:
+    """Someone else's instance on a line of the team's fleet: what the line shows (no cost,
+    no buttons)."""
+    return HomeInstance(
+        id=line.id,
+        name=line.name,
+        owner_id=line.owner_id,
+        state=line.state,
+        gpu_model=line.gpu_model,
+        gpu_count=line.gpu_count,
+        util_pct=line.util_pct,
+        deadline_at=line.deadline_at,
+        cost_micros=0,
+        burn_micros_per_hour=line.burn_micros_per_hour,
+        currency=line.currency,
+        can_extend=False,
+        storage_unknown=line.storage_unknown,
+        can_start=False,
+        price_micros_per_hour=line.price_micros_per_hour,
+        delivered_gpu_name=_delivered_name(line.mismatch),
+        delivered_gpu_count=len(line.mismatch.delivered_names) if line.mismatch else None,
+    )
+
+
+def _delivered_name(mismatch: Mismatch | None) -> str | None:
     """The model the agent found, where the GPUs are not what was rented (several models
     joined); None when they are."""
-    if row.mismatch is None:
+    if mismatch is None:
         return None
-    names = sorted(set(row.mismatch.delivered_names))
+    names = sorted(set(mismatch.delivered_names))
     return ", ".join(names) if names else None

@@ -44,6 +44,7 @@ from bot.errors import (
 from bot.i18n import t
 from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
+from bot.providers.names import platform_name
 from bot.runtime import Runtime
 from bot.services.access import Caller, is_admin
 from bot.services.lookup import echo
@@ -298,7 +299,7 @@ def prove_platform(
         raise NotFound(
             t(
                 "{provider} does not know an instance {id!r}.",
-                provider=provider.name,
+                provider=platform_name(provider.name),
                 id=echo(provider_id),
             ),
             hint=t("Copy the id from the platform's console."),
@@ -308,7 +309,7 @@ def prove_platform(
             t(
                 "{provider} reports no address for {id} (it is {state}); the bot registers a "
                 "platform's instance only at the address the platform gives it.",
-                provider=provider.name,
+                provider=platform_name(provider.name),
                 id=echo(provider_id),
                 state=echo(seen.raw_state or seen.state, 40),
             ),
@@ -321,7 +322,7 @@ def prove_platform(
             t(
                 "{provider} reports instance {id} at {platform_address}, not at {address}: "
                 "it is another machine.",
-                provider=provider.name,
+                provider=platform_name(provider.name),
                 id=echo(provider_id),
                 platform_address=echo(shown),
                 address=echo(_shown(resolved, port)),
@@ -347,7 +348,7 @@ def check_platform_host_key(
             t(
                 "{provider} reports the host key {reported} for {id}, but the machine presented "
                 "{fingerprint}: it is another machine.",
-                provider=provider.name,
+                provider=platform_name(provider.name),
                 reported=echo(reported),
                 id=echo(seen.provider_id if seen is not None else ""),
                 fingerprint=fingerprint,

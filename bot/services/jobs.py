@@ -16,8 +16,10 @@ they answer, so what they show is the agents' word now; only the clock posts the
 
 ``--gpus`` is parsed by :func:`agents.protocol.parse_gpus`, shared with the agent: GPU indices
 as CUDA_VISIBLE_DEVICES numbers them, ``any:N``, ``all``, ``none``; the default ``auto`` is one
-free GPU (the CPU on a machine without a usable one). The agent's own error message, with
-"this machine" replaced by the instance's name, is what a refused request shows.
+free GPU (the CPU on a machine without a usable one). A refused request shows the agent's
+error document (agents.protocol.JobFailure: a code, a template of agents.messages and its
+parameters) in the reader's language, with the instance's name for the machine; an agent
+before those documents is shown in its own English.
 
 Completion replies go through the outbox (:mod:`bot.services.outbox`): the job is marked
 ``replied_at`` in the transaction that queues its reply (key ``job_reply:<id>``), so each
@@ -31,18 +33,19 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from functools import cache
 
 from sqlalchemy import CursorResult, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import (
     GPUS_AUTO,
+    NOTE_CANCELLED,
+    NOTE_CANCELLED_QUEUED,
+    NOTE_SUPERVISOR_GONE,
     JobList,
     JobRecord,
     JobRequestError,
@@ -64,12 +67,13 @@ from bot.errors import (
     Unreachable,
     UsageError,
 )
+from bot.fleet.agent_client import AgentRefused
 from bot.fleet.base import Target
 from bot.i18n import N_, Language, nt, speaking, t
 from bot.logging_setup import log_ids
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import access, audit, job_access, nvml_words, outbox, prompts
+from bot.services import access, agent_text, audit, job_access, outbox, prompts
 from bot.services.access import Caller
 from bot.services.job_views import (
     FINAL_STATES,
@@ -112,86 +116,14 @@ AGENT_SAYS = "gpu-agent: error: "
 AGENT_USAGE_EXIT = 2
 #: Instance states whose agents are asked about jobs; others have no agent to ask any more.
 REACHABLE_STATES = ("registering", "active", "releasing", "awaiting_confirmation")
-#: Why a job was lost, as the bot notes it on the job (stored in English, shown translated);
-#: and the notes of the agent's own that are always worded the same.
+#: Why a job was lost, as the bot notes it on the job (stored as template and parameters,
+#: shown translated).
 LOST_FORGOTTEN = N_("Lost: {name} no longer knows this job.")
 LOST_UNCONFIRMED = N_("Lost: {name} never confirmed the job.")
 LOST_INSTANCE_GONE = N_("Lost: the instance was {state}.")
-_NOTES = (
-    LOST_FORGOTTEN,
-    LOST_UNCONFIRMED,
-    LOST_INSTANCE_GONE,
-    N_("cancelled while queued"),
-    N_(
-        "the job's supervisor process is gone (killed, or the machine rebooted); what was left "
-        "of the job was stopped"
-    ),
-)
-#: How ``--gpus`` is refused, by the shared parser or by the agent (the agent's words, with the
-#: instance's name for "this machine"): the English each says, shown translated.
-_GPUS_REFUSALS = (
-    N_(
-        "--gpus {text} is not understood: write --gpus 0 or --gpus 0,1 (these GPUs, numbered "
-        "as CUDA_VISIBLE_DEVICES and nvidia-smi number them), --gpus any:2 (any 2 free GPUs), "
-        "--gpus all, --gpus none (CPU only); without --gpus: one free GPU."
-    ),
-    N_("--gpus {text}: for a job without GPUs write --gpus none."),
-    N_("--gpus {text} names a GPU twice; give each GPU once."),
-    N_(
-        "--gpus {text}: write any:N with N a number of GPUs from 1 (--gpus any:2), or --gpus "
-        "none for CPU only."
-    ),
-    N_(
-        "{name} has {count} GPUs ({indices}); --gpus {text} names GPU {missing}, which it does "
-        "not have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free "
-        "GPUs write --gpus any:N (at most {most} here)."
-    ),
-    N_(
-        "{name} has {count} GPUs ({indices}); --gpus {text} names GPUs {missing}, which it "
-        "does not have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of "
-        "free GPUs write --gpus any:N (at most {most} here)."
-    ),
-    N_(
-        "{name} has 1 GPU ({indices}); --gpus {text} names GPU {missing}, which it does not "
-        "have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs "
-        "write --gpus any:N (at most {most} here)."
-    ),
-    N_(
-        "{name} has 1 GPU ({indices}); --gpus {text} names GPUs {missing}, which it does not "
-        "have. --gpus takes GPU indices as CUDA_VISIBLE_DEVICES does; for a number of free GPUs "
-        "write --gpus any:N (at most {most} here)."
-    ),
-    N_("{name} has {count} GPUs ({indices}); --gpus {text} asks for {wanted}."),
-    N_("{name} has 1 GPU ({indices}); --gpus {text} asks for {wanted}."),
-    N_(
-        "No NVIDIA GPU can be used on {name} ({why}), and --gpus {text} asks for GPUs; "
-        "`gpu-agent health` shows why, or run the job with --gpus none for CPU only."
-    ),
-)
-#: Why an instance's GPUs cannot be read, as the agent says it (agents/runner.py), with its
-#: hint for each NVML error (:data:`bot.services.nvml_words.HINTS`). The generic one, whose
-#: code names the kind, is read in the words of its kind (:data:`_NVML_BY_KIND`).
-_NVML_FAILURES = (
-    N_("No NVIDIA driver on {name} (nvidia-smi / NVML not found): {hint}"),
-    N_("The NVIDIA driver on {name} is installed but not loaded: {error}. {hint}"),
-    N_("The GPUs of {name} cannot be read (NVML: {code}): {error}. {hint}"),
-)
-#: The generic NVML failure for each kind, as the agent words it (its code written out), so
-#: that a reader of another language reads what the kind means; the driver's own words
-#: (``error``) are a code-formatted detail there.
-_NVML_BY_KIND = {
-    "library_not_found": N_(
-        "The GPUs of {name} cannot be read (NVML: library_not_found): {error}. {hint}"
-    ),
-    "no_permission": N_("The GPUs of {name} cannot be read (NVML: no_permission): {error}. {hint}"),
-    "blocked_by_os": N_("The GPUs of {name} cannot be read (NVML: blocked_by_os): {error}. {hint}"),
-    "driver_library_mismatch": N_(
-        "The GPUs of {name} cannot be read (NVML: driver_library_mismatch): {error}. {hint}"
-    ),
-    "gpu_lost": N_("The GPUs of {name} cannot be read (NVML: gpu_lost): {error}. {hint}"),
-    "unknown": N_("The GPUs of {name} cannot be read (NVML: unknown): {error}. {hint}"),
-}
-_AGENT_SAYS = _GPUS_REFUSALS + _NVML_FAILURES
+#: The agent's notes without parameters, as agents before note templates wrote them (read
+#: as their template until those agents are gone: one release).
+_FIXED_NOTES = frozenset((NOTE_CANCELLED_QUEUED, NOTE_CANCELLED, NOTE_SUPERVISOR_GONE))
 #: A finished job's state in words (the states are English words in the store).
 _FINAL_STATE_WORDS = {
     "succeeded": N_("succeeded"),
@@ -438,7 +370,7 @@ def cancel(rt: Runtime, caller: Caller, job_ref: str) -> JobView:
     try:
         record = rt.fleet.agent(target).cancel(agent_job_id)
     except AgentBroken as exc:
-        if "already finished" in exc.message:
+        if _refused_as(exc, "job_finished", "already finished"):
             raise Conflict(t("Job {job} has already finished.", job=job_ref)) from exc
         missing = _not_on_instance(exc, inst, agent_job_id)
         if missing is None:
@@ -654,7 +586,7 @@ def job_view(row: Job, inst: Instance, record: JobRecord | None) -> JobView:
         cost_micros=row.cost_micros,
         currency=inst.currency,
         summary=summary,
-        note=note_words(record.note) if record is not None else None,
+        note=note_words(record) if record is not None else None,
         instance_active=inst.state == "active",
         instance_gpu_count=inst.gpu_count or inst.delivered_gpu_count,
         gpus_note=(
@@ -679,7 +611,7 @@ def _check_request(argv: tuple[str, ...], gpus: str | None, retries: int) -> str
     try:
         request = parse_gpus(gpus)
     except JobRequestError as exc:
-        raise UsageError(agent_words(_sentence(str(exc)))) from exc
+        raise UsageError(agent_text.said(exc.template, exc.params, str(exc))) from exc
     return request.text
 
 
@@ -758,7 +690,7 @@ def _refresh(
                 continue  # local, outside the console: only the console polls it
             if inst.state not in REACHABLE_STATES:
                 for row in inst_rows:
-                    _mark_lost(row, inst, now, LOST_INSTANCE_GONE.format(state=inst.state))
+                    _mark_lost(row, inst, now, LOST_INSTANCE_GONE, state=inst.state)
                     updated += 1
                 continue
             plans[inst.name] = (iid, target_for(rt, inst), _since(inst_rows))
@@ -798,13 +730,13 @@ def _apply_listing(rt: Runtime, instance_id: int, listing: JobList, now: datetim
                 record = by_name.get(NAME_PREFIX + token)
                 if record is None:
                     if row.submitted_at < now - SUBMIT_CONFIRM_TIMEOUT:
-                        _mark_lost(row, inst, now, LOST_UNCONFIRMED.format(name=inst.name))
+                        _mark_lost(row, inst, now, LOST_UNCONFIRMED, name=inst.name)
                         changed += 1
                     continue
             else:
                 record = by_id.get(row.agent_job_id)
                 if record is None:
-                    _mark_lost(row, inst, now, LOST_FORGOTTEN.format(name=inst.name))
+                    _mark_lost(row, inst, now, LOST_FORGOTTEN, name=inst.name)
                     changed += 1
                     continue
             if _apply_record(row, record, inst):
@@ -831,8 +763,9 @@ def _apply_record(job: Job, record: JobRecord, inst: Instance) -> bool:
     return before != (job.agent_job_id, job.state, job.summary_json)
 
 
-def _mark_lost(job: Job, inst: Instance, now: datetime, note: str) -> None:
-    """Mark the job lost, ``note`` (one of the ``LOST_*`` notes, in English) saying why."""
+def _mark_lost(job: Job, inst: Instance, now: datetime, note: str, **params: str) -> None:
+    """Mark the job lost, ``note`` (one of the ``LOST_*`` notes) filled with ``params``
+    saying why; stored as the English and as the template with its parameters."""
     record = _stored_record(job)
     if record is None:
         record = JobRecord(
@@ -852,7 +785,15 @@ def _mark_lost(job: Job, inst: Instance, now: datetime, note: str) -> None:
         )
     job.state = "lost"
     job.finished_at = now
-    job.summary_json = dumps(replace(record, state="lost", finished_at=_iso(now), note=note))
+    lost = replace(
+        record,
+        state="lost",
+        finished_at=_iso(now),
+        note=note.format(**params),
+        note_template=note,
+        note_params=params,
+    )
+    job.summary_json = dumps(lost)
     job.cost_micros = _cost(job, _stored_record(job), inst)
 
 
@@ -1048,92 +989,60 @@ def _job_state_words(state: str) -> str:
     return t(words) if words is not None else state
 
 
-def note_words(note: str | None) -> str | None:
-    """A job's note in the active language: the bot's own notes (and the agent's fixed ones)
-    translated, anything else as the agent wrote it."""
-    if note is None:
-        return None
-    for template in _NOTES:
-        found = _template_pattern(template).fullmatch(note)
-        if found is None:
-            continue
-        values = found.groupdict()
-        if "state" in values:
-            values["state"] = access.state_words(values["state"])
-        return t(template, **values) if values else t(template)
+def note_words(record: JobRecord) -> str | None:
+    """A job's note in the active language: from its template and parameters (the bot's
+    notes and an agent's since note templates), an older agent's fixed notes translated,
+    anything else as the agent wrote it."""
+    note = record.note
+    if record.note_template:
+        params = record.note_params
+        shown = {"state": access.state_words(str(params["state"]))} if "state" in params else {}
+        return agent_text.said(record.note_template, params, note or "", shown=shown)
+    if note in _FIXED_NOTES:
+        return t(note)
     return note
 
 
-#: The longest text :func:`agent_words` reads, in characters (what the agent says is at most a
-#: sentence of about 250, an NVML error and a hint of about 350; a text of 1,000 that repeats
-#: the patterns' words takes about 60 ms to match, and the time grows as its fourth power).
-AGENT_WORDS_MAX = 1000
-
-
-def agent_words(text: str) -> str:
-    """What the agent (or the shared ``--gpus`` parser) said, as a sentence, in the active
-    language: a refusal of ``--gpus``, or why the GPUs cannot be read (with the agent's hint
-    for its NVML error); any other text as it is, and text longer than
-    :data:`AGENT_WORDS_MAX` characters too (the patterns' lazy groups backtrack
-    polynomially on long text that repeats their words: a long ``--gpus`` value would hold
-    the worker for minutes)."""
-    if len(text) > AGENT_WORDS_MAX:
-        return text
-    for template in _AGENT_SAYS:
-        found = _template_pattern(template, shortest=True).fullmatch(text)
-        if found is None:
-            continue
-        values = found.groupdict()
-        if "hint" in values:
-            values["hint"] = nvml_words.hint(values["hint"])
-        for said in ("error", "why"):  # the driver's words, shown as a code span
-            if said in values:
-                values[said] = values[said].replace("`", "'")
-        if template == _NVML_FAILURES[-1] and values["code"] in _NVML_BY_KIND:
-            template = _NVML_BY_KIND[values.pop("code")]
-        return t(template, **values)
-    return text
-
-
-@cache
-def _template_pattern(template: str, *, shortest: bool = False) -> re.Pattern[str]:
-    """``template`` as a pattern whose groups are its ``{placeholders}``: each as long as it
-    can be, or with ``shortest`` as short as the rest allows (an NVML error before the hint
-    stops at the hint; the text may then span lines)."""
-    group = r"(?P<\1>.+?)" if shortest else r"(?P<\1>.+)"
-    pattern = re.sub(r"\\\{(\w+)\\\}", group, re.escape(template))
-    return re.compile(pattern, re.DOTALL if shortest else 0)
+#: The schema version whose agents tell a refusal in English only (no JobFailure document):
+#: their words are shown as they are, for one release; then this step goes.
+LEGACY_ERRORS_SCHEMA = 1
 
 
 def _agent_error(exc: FleetError, inst: Instance) -> FleetError | UsageError:
-    """The agent's own words for what it refused or could not do, first and alone, with the
-    instance named where it says "this machine": a UsageError when it refused the request
-    (exit code 2), else an AgentBroken. ``exc`` itself when the agent said nothing of its
-    own."""
-    if not isinstance(exc, AgentBroken):
+    """What the agent refused or could not do, in the reader's language, with the instance's
+    name for the machine: a UsageError when it refused the request (exit code 2), else an
+    AgentBroken. An agent's English without a document (schema
+    :data:`LEGACY_ERRORS_SCHEMA`, before documents) is shown as it is; ``exc`` itself when
+    the agent said nothing of its own."""
+    if isinstance(exc, AgentRefused):
+        failure = exc.failure
+        text = agent_text.said(failure.template, failure.params, failure.message, name=inst.name)
+        refused = failure.exit_code == AGENT_USAGE_EXIT
+    elif isinstance(exc, AgentBroken):
+        head, _, legacy = exc.message.partition(AGENT_SAYS)
+        text = legacy.strip()
+        refused = head.rstrip().endswith(f"exit code {AGENT_USAGE_EXIT}")
+    else:
         return exc
-    head, _, said = exc.message.partition(AGENT_SAYS)
-    said = said.strip()
-    if not said:
+    if not text:
         return exc
-    text = _sentence(said).replace("This machine", inst.name).replace("this machine", inst.name)
-    if head.rstrip().endswith(f"exit code {AGENT_USAGE_EXIT}"):
-        return UsageError(agent_words(text))
-    return AgentBroken(agent_words(text), instance=inst.name, hint="")
+    if refused:
+        return UsageError(text)
+    return AgentBroken(text, instance=inst.name, hint="")
 
 
-def _sentence(text: str) -> str:
-    """``text`` starting with a capital (unless it starts with a name) and ending in a stop."""
-    text = text.strip()
-    if text.split(" ", 1)[0].isalpha():
-        text = text[0].upper() + text[1:]
-    return text if text.endswith((".", "!", "?")) else text + "."
+def _refused_as(exc: AgentBroken, code: str, legacy: str) -> bool:
+    """Whether the agent's failure is of ``code``; for an agent before error documents,
+    whether its English holds ``legacy``."""
+    if isinstance(exc, AgentRefused):
+        return exc.failure.code == code
+    return legacy in exc.message
 
 
 def _not_on_instance(exc: AgentBroken, inst: Instance, agent_job_id: str) -> NotFound | None:
     """The agent's "no job" as NotFound that names the Slack command listing the jobs; None
     for any other failure."""
-    if "error: no job " not in exc.message:
+    if not _refused_as(exc, "job_not_found", "error: no job "):
         return None
     return NotFound(
         t(
@@ -1185,7 +1094,7 @@ def _agent_only_view(inst: Instance, record: JobRecord) -> JobView:
         gpu_hours=_gpu_hours(duration, len(record.gpus_assigned)),
         currency=inst.currency,
         summary=record.summary,
-        note=note_words(record.note),
+        note=note_words(record),
         instance_active=inst.state == "active",
     )
 

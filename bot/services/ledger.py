@@ -22,20 +22,36 @@ bot.services.samples) as they stood when it was written, and reports split its a
 proportion, in integer micro-units (:func:`split_compute`): idle and not measured rounded down,
 in use the rest, so the three add up to the charge exactly.
 
+Work is done in slices that resume where they stopped, whatever process does the next one:
+an instance is charged at most ``SLICE_BUCKETS`` buckets of each kind per pass and a
+transaction writes about ``BATCH_CHARGES`` charges at most; an instance with buckets left
+stays due (its ledger state is the cursor), and :func:`accrue` with a time box takes no new
+batch once the next one would not fit. The charges are the same however the work is sliced.
+On PostgreSQL each batch locks its instances' rows (``FOR UPDATE SKIP LOCKED``), so two
+processes share the due instances rather than racing for them.
+
 The spend summary (SpendDay) holds a month's charges summed per instance and local day, for a
 zone and an idle threshold, once a report asked for the month or the tick reached its start
-(:func:`build_summary`, one INSERT ... SELECT over the month's charges, marked by a SpendMonth
-row). From then on the ledger adds every charge it writes to the summaries of its month in the
-configured zone, whatever their threshold, in the same transaction (a charge that clashes
-rolls back with its summary), and drops the summaries of other zones its charges fall in, to
-be built again when asked: reports never read stale sums.
-On PostgreSQL a build holds an advisory lock exclusively and the ledger holds it shared while
-it reads which months are summed up, so that no charge is committed between the two unseen.
+(:func:`build_summary`, marked by a SpendMonth row). A summary is built in short committed
+transactions, one range of instance ids each (INSERT ... SELECT over their charges in the
+month), sized to take about ``SUMMARY_CHUNK_S``; the marker's ``summed_to_id`` says how far it
+got, so a build resumes where it stopped and any other writer waits at most one range (on
+SQLite, whose waiting writers poll for the lock, the build leaves it free as long again
+between ranges). The
+ledger adds every charge it writes to the summaries of its month in the configured zone,
+whatever their threshold, for the instances already summed up, in the same transaction (a
+charge that clashes rolls back with its summary); the build sums up the others from their
+charges. It drops the summaries of other zones its charges fall in, to be built again when
+asked: reports read only whole summaries, never stale sums.
+On PostgreSQL each range of a build holds an advisory lock exclusively and the ledger holds it
+shared while it reads how far each summary got, so that no charge is committed between the two
+unseen (SQLite's writers queue up already).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -63,8 +79,9 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from bot import billing
+from bot import billing, timebox
 from bot.store.models import Charge, Instance, LedgerState, SpendDay, SpendMonth, UtilHour
+from bot.timebox import Timebox
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -73,7 +90,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Instances charged per transaction when many are due at once (the hour's turn).
-ACCRUE_BATCH = 500
+ACCRUE_BATCH = 250
+#: A transaction takes no further instance once it holds this many charges.
+BATCH_CHARGES = 400
+#: With a time box, no batch is begun unless this many times the longest so far is left, and
+#: at least this share of the box (a loaded machine makes one batch slower than the last).
+BATCH_MARGIN = 2.0
+BATCH_FLOOR = 0.2
+#: Buckets of one kind charged per instance and pass: a long catch-up goes in slices.
+SLICE_BUCKETS = 24
+#: Seconds one range of a summary build should take (the longest a writer waits for it).
+SUMMARY_CHUNK_S = 0.025
+#: Instance ids per range of a summary build, at first and at most (adapted to the time taken).
+SUMMARY_CHUNK_IDS = 4
+SUMMARY_CHUNK_IDS_MAX = 4096
 #: Buckets whose polls are read per query when charges are written.
 POLLS_CHUNK = 1000
 
@@ -113,45 +143,83 @@ class PlannedCharge:
     amount_micros: int
 
 
-def accrue(db: Database, now: datetime, tz: ZoneInfo) -> int:
-    """Write every charge that is due up to ``now``; returns how many.
+def accrue(db: Database, now: datetime, tz: ZoneInfo, *, box: Timebox | None = None) -> int:
+    """Write the charges that are due up to ``now``; returns how many.
 
     One query finds the instances with something due (their ``ledger_due_at`` has come, or
-    they were stopped or released since the ledger last looked); their ledger states come in
-    one more; their charges and states are written in batches of ``ACCRUE_BATCH`` per
-    transaction. A batch that clashes with another process writing the same buckets is redone
-    one instance at a time, skipping what the other process wrote. Raises StoreError when the
-    database fails.
+    they were stopped or released since the ledger last looked), those looked at longest ago
+    first; they are charged in batches of ``ACCRUE_BATCH`` per transaction (fewer when a batch
+    reaches ``BATCH_CHARGES``), at most ``SLICE_BUCKETS`` buckets of a kind per instance and
+    pass, passes repeated while an instance has buckets left. With ``box`` no batch is begun
+    that would not fit in what is left of it (``BATCH_MARGIN`` times the longest so far, and
+    ``BATCH_FLOOR`` of the box): the rest stays due, for the next call. A batch that clashes
+    with another process writing the same buckets is redone one instance at a time, skipping
+    what the other process wrote. Raises StoreError when the database fails.
     """
-    with db.session() as session:
-        due = [
-            int(instance_id)
-            for instance_id in session.exec(
-                select(Instance.id).where(due_clause(now)).order_by(col(Instance.id))
-            ).all()
-            if instance_id is not None
-        ]
     written = 0
-    for start in range(0, len(due), ACCRUE_BATCH):
-        batch = due[start : start + ACCRUE_BATCH]
-        try:
-            written += _accrue_batch(db, batch, now, tz)
-        except sa_exc.IntegrityError:
-            log.info("ledger: a batch was charged concurrently; charging it one by one")
-            written += sum(accrue_instance(db, instance_id, now, tz) for instance_id in batch)
-    return written
+    longest_s = 0.0
+    while True:
+        due = _due_instances(db, now)
+        unfinished = False
+        for start in range(0, len(due), ACCRUE_BATCH):
+            if box is not None and box.left_s() < max(
+                BATCH_MARGIN * longest_s, BATCH_FLOOR * box.budget_s
+            ):
+                return written
+            began = timebox.monotonic()
+            batch = due[start : start + ACCRUE_BATCH]
+            try:
+                count, left = _accrue_batch(db, batch, now, tz, only_due=True)
+            except sa_exc.IntegrityError:
+                log.info("ledger: a batch was charged concurrently; charging it one by one")
+                count, left = 0, False
+                for instance_id in batch:
+                    one, rest = _accrue_one(db, instance_id, now, tz, only_due=True)
+                    count, left = count + one, left or rest
+            written += count
+            unfinished = unfinished or left
+            longest_s = max(longest_s, timebox.monotonic() - began)
+        if not unfinished:
+            return written
 
 
 def accrue_instance(db: Database, instance_id: int, now: datetime, tz: ZoneInfo) -> int:
-    """Write the charges due up to ``now`` for one instance (call it after a stop or release to
-    finalise at once); returns how many were written. Raises StoreError when the database fails.
+    """Write every charge due up to ``now`` for one instance (call it after a stop or release
+    to finalise at once), slice after slice; returns how many were written. Raises StoreError
+    when the database fails.
     """
+    written = 0
+    while True:
+        count, left = _accrue_one(db, instance_id, now, tz, only_due=False)
+        written += count
+        if not left:
+            return written
+
+
+def _accrue_one(
+    db: Database, instance_id: int, now: datetime, tz: ZoneInfo, *, only_due: bool
+) -> tuple[int, bool]:
+    """One slice of one instance's charges: (how many written, whether buckets are left)."""
     try:
-        return _accrue_batch(db, [instance_id], now, tz)
+        return _accrue_batch(db, [instance_id], now, tz, only_due=only_due)
     except sa_exc.IntegrityError:
         # Another process wrote these buckets first; the next run continues from theirs.
         log.info("ledger: instance %s was charged concurrently; skipped", instance_id)
-        return 0
+        return 0, False
+
+
+def _due_instances(db: Database, now: datetime) -> list[int]:
+    """The instances with something due at ``now``, those looked at longest ago (or never)
+    first, then by id."""
+    with db.session() as session:
+        rows = session.exec(
+            select(Instance.id, Instance.ledger_checked_at).where(due_clause(now))
+        ).all()
+    never = datetime.min
+    ordered = sorted(
+        (checked or never, int(instance_id)) for instance_id, checked in rows if instance_id
+    )
+    return [instance_id for _, instance_id in ordered]
 
 
 def plan_charges(
@@ -167,11 +235,27 @@ def plan_charges(
     ``close_at`` (at most ``now``) charges running sessions up to that moment, not only to the
     last complete bucket: done before the billing rules change, so what was used is charged
     under the rules it was used under."""
+    return plan_slice(instance, states, now, tz, close_at=close_at)[0]
+
+
+def plan_slice(
+    instance: Instance,
+    states: dict[str, KindState],
+    now: datetime,
+    tz: ZoneInfo,
+    *,
+    close_at: datetime | None = None,
+    max_buckets: int | None = None,
+) -> tuple[list[PlannedCharge], bool]:
+    """As :func:`plan_charges`, at most ``max_buckets`` buckets of each kind; also whether
+    buckets are left for a later slice (the charges of the slices add up to those planned in
+    one go). Pure."""
     rules = billing.rules_for(instance)
     planned: list[PlannedCharge] = []
+    left = False
     start = billing.billing_start(instance)
     if start is not None and (rules.hourly_micros > 0 or instance.compute_carried_micros > 0):
-        planned += _plan_kind(
+        charges, rest = _plan_kind(
             COMPUTE,
             start,
             billing.compute_end(instance),
@@ -181,10 +265,12 @@ def plan_charges(
             running=lambda seconds: billing.compute_totals(instance, seconds, final=False),
             final=lambda seconds: billing.compute_totals(instance, seconds, final=True),
             close_at=close_at,
+            max_buckets=max_buckets,
         )
+        planned, left = planned + charges, left or rest
     storage_priced = rules.disk_mb > 0 and rules.storage_micros_per_gb_month > 0
     if storage_priced or instance.storage_carried_micros > 0:
-        planned += _plan_kind(
+        charges, rest = _plan_kind(
             STORAGE,
             instance.created_at,
             billing.storage_end(instance),
@@ -194,8 +280,10 @@ def plan_charges(
             running=lambda seconds: billing.storage_totals(instance, seconds),
             final=lambda seconds: billing.storage_totals(instance, seconds),
             close_at=close_at,
+            max_buckets=max_buckets,
         )
-    return planned
+        planned, left = planned + charges, left or rest
+    return planned, left
 
 
 def close_charges(session: Session, instance: Instance, at: datetime, tz: ZoneInfo) -> int:
@@ -368,53 +456,96 @@ def summary_clause(month: str, tz: ZoneInfo, threshold_pct: float) -> Any:
 
 
 def summary_ready(session: Session, month: str, tz: ZoneInfo, threshold_pct: float) -> bool:
-    """Whether ``month`` (``YYYY-MM`` in ``tz``) is summed up under ``threshold_pct``."""
+    """Whether ``month`` (``YYYY-MM`` in ``tz``) is summed up whole under ``threshold_pct``."""
     key = (zone_name(tz), threshold_pct, month)
-    return session.get(SpendMonth, key) is not None
+    marker = session.get(SpendMonth, key)
+    return marker is not None and marker.summed_to_id is None
 
 
-def ensure_summary(db: Database, month: str, tz: ZoneInfo, threshold_pct: float) -> None:
-    """Build ``month``'s summary (:func:`build_summary`) unless it is there: one primary-key
-    read when it is. Raises StoreError when the database fails."""
+def ensure_summary(
+    db: Database, month: str, tz: ZoneInfo, threshold_pct: float, *, box: Timebox | None = None
+) -> bool:
+    """Build ``month``'s summary (:func:`build_summary`) unless it is whole: one primary-key
+    read when it is. Returns whether it is whole now (with ``box``, a build may stop before).
+    Raises StoreError when the database fails."""
     with db.read_session() as session:
         ready = summary_ready(session, month, tz, threshold_pct)
-    if not ready:
-        build_summary(db, month, tz, threshold_pct)
+    return ready or build_summary(db, month, tz, threshold_pct, box=box)
 
 
-def build_summary(db: Database, month: str, tz: ZoneInfo, threshold_pct: float) -> bool:
+def build_summary(
+    db: Database, month: str, tz: ZoneInfo, threshold_pct: float, *, box: Timebox | None = None
+) -> bool:
     """Sum up ``month``'s charges per instance and local day in ``tz`` under ``threshold_pct``
-    (one INSERT ... SELECT ... GROUP BY over the month's charges) and mark the month summed up,
-    unless it already is; the ledger keeps it up to date from then on. Returns whether it was
-    built. Raises StoreError when the database fails."""
+    and mark the month summed up, unless it already is; the ledger keeps it up to date from
+    then on. Works in committed transactions of one range of instance ids each (one INSERT ...
+    SELECT ... GROUP BY over their charges in the month), about ``SUMMARY_CHUNK_S`` long, and
+    goes on from where any earlier build stopped; with ``box`` it takes no new range once less
+    than two ranges' time is left. Returns whether the summary is whole (False also when it
+    was dropped under way: the zone changed). Raises StoreError when the database fails."""
     zone = zone_name(tz)
     start, end = month_bounds(month, tz)
+    dialect = db.engine.dialect.name
+    day = _local_day_sql(dialect, start, end, tz)
+    sums = list(zip(SUMMARY_SUMS, _charge_sums_sql(threshold_pct), strict=True))
+    key = (zone, threshold_pct, month)
     with db.session() as session:
         _lock_summaries(session, exclusive=True)
-        if summary_ready(session, month, tz, threshold_pct):
-            return False
-        session.execute(delete(SpendDay).where(summary_clause(month, tz, threshold_pct)))
-        per_charge = sql_select(
-            col(Charge.instance_id).label("instance_id"),
-            _local_day_sql(session, start, end, tz).label("day"),
-            *(
-                expr.label(name)
-                for name, expr in zip(SUMMARY_SUMS, _charge_sums_sql(threshold_pct), strict=True)
-            ),
-        ).where(col(Charge.start_at) >= start, col(Charge.start_at) < end)
-        c = per_charge.subquery().c
-        summed = sql_select(
-            literal(zone, String),
-            literal(threshold_pct, Float),
-            literal(month, String),
-            c.instance_id,
-            c.day,
-            *(func.sum(c[name]) for name in SUMMARY_SUMS),
-        ).group_by(c.instance_id, c.day)
-        names = ["zone", "threshold_pct", "month", "instance_id", "day", *SUMMARY_SUMS]
-        session.execute(insert(SpendDay).from_select(names, summed))
-        session.add(SpendMonth(zone=zone, threshold_pct=threshold_pct, month=month))
-    return True
+        marker = session.get(SpendMonth, key)
+        if marker is None:
+            session.execute(delete(SpendDay).where(summary_clause(month, tz, threshold_pct)))
+            session.add(
+                SpendMonth(zone=zone, threshold_pct=threshold_pct, month=month, summed_to_id=0)
+            )
+        elif marker.summed_to_id is None:
+            return True
+    with db.read_session() as session:
+        last_id = session.exec(select(func.max(Instance.id))).one() or 0
+    width = SUMMARY_CHUNK_IDS
+    while box is None or box.left_s() > 2 * SUMMARY_CHUNK_S:
+        began = timebox.monotonic()
+        began_real = time.perf_counter()
+        with db.session() as session:
+            _lock_summaries(session, exclusive=True)
+            marker = session.get(SpendMonth, key)
+            if marker is None:
+                return False
+            after = marker.summed_to_id
+            if after is None:
+                return True
+            upto = after + width
+            ids = col(Charge.instance_id) > after
+            whole = upto >= last_id  # the last range takes every id beyond, new ones too
+            if not whole:
+                ids = and_(ids, col(Charge.instance_id) <= upto)
+            per_charge = sql_select(
+                col(Charge.instance_id).label("instance_id"),
+                day.label("day"),
+                *(expr.label(name) for name, expr in sums),
+            ).where(ids, col(Charge.start_at) >= start, col(Charge.start_at) < end)
+            c = per_charge.subquery().c
+            summed = sql_select(
+                literal(zone, String),
+                literal(threshold_pct, Float),
+                literal(month, String),
+                c.instance_id,
+                c.day,
+                *(func.sum(c[name]) for name, _ in sums),
+            ).group_by(c.instance_id, c.day)
+            names = ["zone", "threshold_pct", "month", "instance_id", "day", *SUMMARY_SUMS]
+            session.execute(insert(SpendDay).from_select(names, summed))
+            marker.summed_to_id = None if whole else upto
+            session.add(marker)
+        if whole:
+            return True
+        took_s = timebox.monotonic() - began
+        scale = min(max(SUMMARY_CHUNK_S / max(took_s, 1e-6), 0.5), 2.0)
+        width = min(max(int(width * scale), 1), SUMMARY_CHUNK_IDS_MAX)
+        if dialect == "sqlite":
+            # SQLite's waiting writers poll for the lock, backing off: leave it free a while,
+            # or back-to-back ranges would keep them out until the build is done.
+            time.sleep(min(time.perf_counter() - began_real, SUMMARY_CHUNK_S))
+    return False
 
 
 def unaccrued_micros(instance: Instance, charged: int, now: datetime) -> int:
@@ -432,13 +563,14 @@ def bucket_start(instance: Instance, at: datetime, tz: ZoneInfo) -> datetime:
     return _last_boundary(start, at, tz)
 
 
-def ledger_tick(rt: Runtime, now: datetime) -> None:
-    """Tick hook: keep this month summed up under the configured idle threshold (built when it
-    is not, at the month's start while it is small: a report then never has to) and accrue
-    every due charge."""
+def ledger_tick(rt: Runtime, now: datetime, *, box: Timebox | None = None) -> None:
+    """Tick hook: accrue the charges that are due, then keep this month summed up under the
+    configured idle threshold (built when it is not, at the month's start while it is small: a
+    report then never has to). With ``box`` both stop where it is spent and the next tick goes
+    on from there."""
     tz = rt.settings.tz()
-    ensure_summary(rt.db, month_of(now, tz), tz, rt.settings.idle_threshold_pct)
-    accrue(rt.db, now, tz)
+    accrue(rt.db, now, tz, box=box)
+    ensure_summary(rt.db, month_of(now, tz), tz, rt.settings.idle_threshold_pct, box=box)
 
 
 def due_clause(now: datetime) -> Any:
@@ -453,37 +585,61 @@ def due_clause(now: datetime) -> Any:
     )
 
 
-def _accrue_batch(db: Database, instance_ids: list[int], now: datetime, tz: ZoneInfo) -> int:
-    """Charge ``instance_ids`` up to ``now`` in one transaction, with one query for their
-    states, one for their buckets' polls and one INSERT for all their charges; returns how many
-    charges were written. Raises IntegrityError when another process wrote a bucket first."""
+def _accrue_batch(
+    db: Database, instance_ids: list[int], now: datetime, tz: ZoneInfo, *, only_due: bool
+) -> tuple[int, bool]:
+    """Charge ``instance_ids`` up to ``now`` in one transaction, at most ``SLICE_BUCKETS`` of a
+    kind each and no further instance once ``BATCH_CHARGES`` are planned, with one query for
+    their states, one for their buckets' polls and one INSERT for all their charges. With
+    ``only_due`` an instance no longer due (another process charged it) is left out; on
+    PostgreSQL so is one another process holds. Returns how many charges were written and
+    whether work is left (buckets, or instances not taken). Raises IntegrityError when another
+    process wrote a bucket first."""
     with db.session() as session:
-        instances = session.exec(select(Instance).where(col(Instance.id).in_(instance_ids))).all()
+        query = select(Instance).where(col(Instance.id).in_(instance_ids))
+        if only_due:
+            query = query.where(due_clause(now))
+        if session.get_bind().dialect.name == "postgresql":
+            query = query.with_for_update(skip_locked=True)
+        instances = session.exec(query.order_by(col(Instance.id))).all()
+        by_id = {instance.id: instance for instance in instances}
         states = _load_states(session, instance_ids)
-        plans = [
-            (
-                instance,
-                plan_charges(instance, _kind_states(states.get(instance.id or 0, {})), now, tz),
-            )
-            for instance in instances
-        ]
-        polls = _bucket_polls(session, plans)
+        plans: list[tuple[Instance, list[PlannedCharge], bool]] = []
+        planned_count = 0
+        left = False
+        for instance_id in instance_ids:
+            instance = by_id.get(instance_id)
+            if instance is None:
+                continue
+            if planned_count >= BATCH_CHARGES:
+                left = True  # still due: the next batch or pass takes it
+                continue
+            known = _kind_states(states.get(instance_id, {}))
+            planned, rest = plan_slice(instance, known, now, tz, max_buckets=SLICE_BUCKETS)
+            plans.append((instance, planned, rest))
+            planned_count += len(planned)
+            left = left or rest
+        polls = _bucket_polls(session, [(instance, planned) for instance, planned, _ in plans])
         rows: list[dict[str, Any]] = []
-        for instance, planned in plans:
+        for instance, planned, rest in plans:
             assert instance.id is not None
             mine = states.setdefault(instance.id, {})
             rows += _apply(session, instance, planned, mine, polls, now, tz)
-            _schedule(instance, now, tz)
+            _schedule(instance, now, tz, unfinished=rest)
         _insert(session, rows, tz)
         session.flush()
-    return len(rows)
+    return len(rows), left
 
 
-def _schedule(instance: Instance, now: datetime, tz: ZoneInfo) -> None:
-    """After charging up to ``now``: a released instance is settled (every charge written);
-    one whose billing has not started is looked at again on every run; any other is next due
-    at the next bucket boundary."""
+def _schedule(instance: Instance, now: datetime, tz: ZoneInfo, *, unfinished: bool) -> None:
+    """After charging up to ``now`` (``unfinished``: a slice of it, buckets are left): an
+    instance with buckets left stays due; a released instance is settled (every charge
+    written); one whose billing has not started is looked at again on every run; any other is
+    next due at the next bucket boundary."""
     instance.ledger_checked_at = now
+    if unfinished:
+        instance.ledger_due_at = now
+        return
     if instance.released_at is not None and instance.released_at <= now:
         instance.ledger_settled = True
         instance.ledger_due_at = None
@@ -507,6 +663,8 @@ def _apply(
     rows, each compute charge with its bucket's polls, for :func:`_insert`."""
     assert instance.id is not None
     rows: list[dict[str, Any]] = []
+    # Each state's figures are kept here and set once: a model's attributes are costly to set.
+    totals: dict[str, list[Any]] = {}
     for charge in planned:
         month = month_of(charge.start_at, tz)
         state = states.get(charge.kind)
@@ -515,19 +673,35 @@ def _apply(
                 instance_id=instance.id, kind=charge.kind, last_end_at=charge.end_at, month=month
             )
             states[charge.kind] = state
-        if state.month != month:
-            known = bool(state.month)  # empty: a state from before months were kept
-            state.month_micros = (
+        figures = totals.get(charge.kind)
+        if figures is None:
+            figures = totals[charge.kind] = [
+                state.last_end_at,
+                state.charged_micros,
+                state.billed_s,
+                state.month,
+                state.month_micros,
+            ]
+        if figures[3] != month:
+            known = bool(figures[3])  # empty: a state from before months were kept
+            figures[4] = (
                 0 if known else _charged_in_month(session, instance.id, charge.kind, month, tz)
             )
-            state.month = month
-        state.last_end_at = max(state.last_end_at, charge.end_at)
-        state.charged_micros += charge.amount_micros
-        state.billed_s += charge.billed_s
-        state.month_micros += charge.amount_micros
-        session.add(state)
+            figures[3] = month
+        figures[0] = max(figures[0], charge.end_at)
+        figures[1] += charge.amount_micros
+        figures[2] += charge.billed_s
+        figures[4] += charge.amount_micros
         bucket = polls.get((instance.id, charge.start_at))
         rows.append(_charge_row(instance, charge, now, bucket))
+    for kind, (last_end_at, charged, billed, month, month_micros) in totals.items():
+        state = states[kind]
+        state.last_end_at = last_end_at
+        state.charged_micros = charged
+        state.billed_s = billed
+        state.month = month
+        state.month_micros = month_micros
+        session.add(state)
     return rows
 
 
@@ -552,11 +726,14 @@ def _summarise(session: Session, rows: list[dict[str, Any]], tz: ZoneInfo) -> No
         .where(col(SpendMonth.month).in_(sorted(near)))
         .order_by(col(SpendMonth.zone), col(SpendMonth.threshold_pct), col(SpendMonth.month))
     ).all()
-    kept: dict[str, list[float]] = {}
+    # By month: each threshold summed up, and the last instance id summed (None: all).
+    kept: dict[str, list[tuple[float, int | None]]] = {}
     for marker in markers:
         if marker.zone == zone:
             if marker.month in months:
-                kept.setdefault(marker.month, []).append(marker.threshold_pct)
+                kept.setdefault(marker.month, []).append(
+                    (marker.threshold_pct, marker.summed_to_id)
+                )
         elif _holds_any(marker, rows):
             _drop_summary(session, marker)
     if not kept:
@@ -564,7 +741,9 @@ def _summarise(session: Session, rows: list[dict[str, Any]], tz: ZoneInfo) -> No
     sums: dict[tuple[float, str, int, int], list[int]] = {}
     for row in rows:
         month = month_of(row["start_at"], tz)
-        for threshold in kept.get(month, ()):
+        for threshold, summed_to_id in kept.get(month, ()):
+            if summed_to_id is not None and int(row["instance_id"]) > summed_to_id:
+                continue  # the build sums it up from the charges
             key = (threshold, month, int(row["instance_id"]), local_day(row["start_at"], tz))
             entry = sums.setdefault(key, [0] * len(SUMMARY_SUMS))
             for index, value in enumerate(charge_sums(row, threshold)):
@@ -580,6 +759,8 @@ def _summarise(session: Session, rows: list[dict[str, Any]], tz: ZoneInfo) -> No
         }
         for (threshold, month, instance_id, day), entry in sorted(sums.items())
     ]
+    if not values:
+        return
     dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     upsert = dialect.insert(SpendDay)
     keys = ["zone", "threshold_pct", "month", "instance_id", "day"]
@@ -644,7 +825,7 @@ def _charge_sums_sql(threshold_pct: float) -> list[Any]:
     ]
 
 
-def _local_day_sql(session: Session, start: datetime, end: datetime, tz: ZoneInfo) -> Any:
+def _local_day_sql(dialect: str, start: datetime, end: datetime, tz: ZoneInfo) -> Any:
     """:func:`local_day` of a charge's start in SQL, for charges in ``[start, end)``: whole
     seconds since 1970 plus the zone's offset then (a CASE over the offset changes in the
     range), divided by a day."""
@@ -656,7 +837,7 @@ def _local_day_sql(session: Session, start: datetime, end: datetime, tz: ZoneInf
             for index, (until, _) in enumerate(changes[1:])
         ]
         offset = case(*whens, else_=literal_column(str(changes[-1][1]), Integer))
-    if session.get_bind().dialect.name == "postgresql":
+    if dialect == "postgresql":
         # Date arithmetic: cheaper than numeric seconds.
         second: Any = literal_column("INTERVAL '1 second'")
         local = cast(col(Charge.start_at) + offset * second, Date)
@@ -749,9 +930,11 @@ def _plan_kind(
     running: _Totals,
     final: _Totals,
     close_at: datetime | None = None,
-) -> list[PlannedCharge]:
+    max_buckets: int | None = None,
+) -> tuple[list[PlannedCharge], bool]:
     """Buckets from the last charge's end to the last complete boundary (or to ``end``, or to
-    ``close_at`` when the session still runs then)."""
+    ``close_at`` when the session still runs then), at most ``max_buckets`` of them; and
+    whether buckets are left."""
     ended = end is not None and end <= now
     if ended and end is not None:
         horizon = end
@@ -763,6 +946,8 @@ def _plan_kind(
     charged, billed = state.charged_micros, state.billed_s
     planned: list[PlannedCharge] = []
     while cursor < horizon:
+        if max_buckets is not None and len(planned) >= max_buckets:
+            return planned, True
         bucket_end = min(next_boundary(cursor, tz), horizon)
         seconds = billing.elapsed_seconds(start, bucket_end)
         is_last = ended and bucket_end == end
@@ -792,7 +977,7 @@ def _plan_kind(
                     amount_micros=max(0, total_micros - charged),
                 )
             )
-    return planned
+    return planned, False
 
 
 def _last_boundary(start: datetime, now: datetime, tz: ZoneInfo) -> datetime:

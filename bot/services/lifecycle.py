@@ -24,7 +24,7 @@ from bot.services.fleet_views import running_jobs
 from bot.services.lookup import by_id, get_live_instance, instance_view, is_manual, require_active
 from bot.services.views import InstanceView, ReleaseAsk, ReleaseView
 from bot.store.models import Instance
-from bot.values import format_duration, format_when
+from bot.values import duration_code, format_duration, format_when
 
 #: What a refusal past the lifetime cap suggests, unless the caller says otherwise.
 EARLIER_DEADLINE_HINT = N_("Choose an earlier deadline, or ask an admin to go past the limit.")
@@ -91,7 +91,7 @@ def extend(
         if answering is not None and not prompts.resolve_group(
             session,
             answering,
-            resolution=f"extended_{format_duration(delta)}",
+            resolution=f"extended_{duration_code(delta)}",
             by=caller.user_id,
             now=now,
         ):

@@ -9,14 +9,16 @@ same address, which pins the new key.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
 
 from agents import specs
-from agents.protocol import StatusSnapshot
+from agents.protocol import ProtocolError, StatusSnapshot, dumps, from_dict
 from bot import billing
 from bot.errors import Conflict, FleetError, GpubotError, HostKeyChanged, NotFound
 from bot.fleet import keys
@@ -40,6 +42,26 @@ ECHO_MAX = 40
 #: What a host key alert presents, and keys its prompt by, when no key of the pinned type came.
 NO_PINNED_KEY = N_("no key of the pinned type")
 _GIB = 1024**3
+#: The layout of :func:`facts_json` (a stored value of another version is derived again).
+FACTS_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    """What the views show of a status snapshot, derived once when it is stored: its GPUs, the
+    catalogue key of the spec each GPU matched (None: no whole GPU of the catalogue; see
+    ``agents.specs.match``) and why NVML failed (its code and the driver's message)."""
+
+    gpus: tuple[GpuView, ...]
+    spec_keys: tuple[str | None, ...]
+    nvml_code: str | None = None
+    nvml_message: str | None = None
+
+    @property
+    def util_pct(self) -> int | None:
+        """The GPUs' mean utilisation, rounded to a whole percent; None when none reports it."""
+        utils = [g.util_pct for g in self.gpus if g.util_pct is not None]
+        return round(sum(utils) / len(utils)) if utils else None
 
 
 @dataclass(frozen=True)
@@ -230,12 +252,19 @@ def compare_gpus(
 ) -> Mismatch | None:
     """What differs between the rented GPUs and the delivered ones (fewer cards, another model,
     less memory per card), or None when they agree or nothing was expected."""
+    return compare_facts(expected_model, expected_count, status_facts(status))
+
+
+def compare_facts(
+    expected_model: str | None, expected_count: int | None, facts: StatusFacts
+) -> Mismatch | None:
+    """:func:`compare_gpus` from the stored facts of a snapshot (no spec is matched again)."""
     if expected_model is None and expected_count is None:
         return None
     problems: list[str] = []
-    delivered = len(status.gpus)
-    if status.nvml_error is not None:
-        error = nvml_words.described(status.nvml_error.code, status.nvml_error.message)
+    delivered = len(facts.gpus)
+    if facts.nvml_code is not None:
+        error = nvml_words.described(facts.nvml_code, facts.nvml_message or "")
         problems.append(t("no GPU is visible: {error}", error=error))
     elif expected_count is not None and delivered < expected_count:
         problems.append(
@@ -246,13 +275,13 @@ def compare_gpus(
             )
         )
     if expected_model:
-        problems.extend(_model_problems(expected_model, status))
+        problems.extend(_model_problems(expected_model, facts))
     if not problems:
         return None
     return Mismatch(
         expected_model=expected_model,
         expected_count=expected_count,
-        delivered_names=tuple(g.name for g in status.gpus),
+        delivered_names=tuple(g.name for g in facts.gpus),
         problems=tuple(problems),
     )
 
@@ -271,6 +300,98 @@ def gpu_views(status: StatusSnapshot) -> tuple[GpuView, ...]:
         )
         for g in status.gpus
     )
+
+
+def status_facts(status: StatusSnapshot) -> StatusFacts:
+    """The facts views show of ``status``, each GPU matched against the spec catalogue."""
+    error = status.nvml_error
+    return StatusFacts(
+        gpus=gpu_views(status),
+        spec_keys=tuple(_spec_key(g.name, g.mem_total_bytes, g.sm_count) for g in status.gpus),
+        nvml_code=error.code if error is not None else None,
+        nvml_message=error.message if error is not None else None,
+    )
+
+
+def status_columns(status: StatusSnapshot) -> dict[str, object]:
+    """The Instance columns that store a status snapshot: the snapshot itself and what views
+    read of it (:func:`status_facts`, its mean utilisation and GPU count), so that no view
+    parses the snapshot or matches a spec."""
+    facts = status_facts(status)
+    return {
+        "last_status_json": dumps(status),
+        "status_facts_json": facts_json(facts),
+        "status_util_pct": facts.util_pct,
+        "status_gpu_count": len(facts.gpus),
+    }
+
+
+def facts_json(facts: StatusFacts) -> str:
+    """``facts`` as stored: compact JSON (a list per GPU)."""
+    return json.dumps(
+        {
+            "v": FACTS_VERSION,
+            "gpus": [
+                [
+                    g.index,
+                    g.name,
+                    g.util_pct,
+                    g.mem_used_bytes,
+                    g.mem_total_bytes,
+                    g.temp_c,
+                    g.power_w,
+                    key,
+                ]
+                for g, key in zip(facts.gpus, facts.spec_keys, strict=True)
+            ],
+            "nvml": None
+            if facts.nvml_code is None
+            else [facts.nvml_code, facts.nvml_message or ""],
+        },
+        separators=(",", ":"),
+    )
+
+
+def facts_from_json(text: str) -> StatusFacts | None:
+    """Stored facts (see :func:`facts_json`); None when the text is not of this layout."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("v") != FACTS_VERSION:
+            return None
+        gpus = []
+        keys: list[str | None] = []
+        for index, name, util, used, total, temp, power, key in data["gpus"]:
+            gpus.append(GpuView(index, name, util, used, total, temp, power))
+            keys.append(key)
+        nvml = data.get("nvml")
+        code, message = (None, None) if nvml is None else (str(nvml[0]), str(nvml[1]))
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return StatusFacts(tuple(gpus), tuple(keys), nvml_code=code, nvml_message=message)
+
+
+def stored_facts(inst: Instance) -> StatusFacts | None:
+    """What the last stored status of ``inst`` says, for views: its stored facts, derived from
+    the snapshot only for a row stored before facts were (or in another layout); None without
+    a readable snapshot."""
+    if not inst.last_status_json:
+        return None
+    if inst.status_facts_json:
+        facts = facts_from_json(inst.status_facts_json)
+        if facts is not None:
+            return facts
+    snapshot = stored_status(inst)
+    return status_facts(snapshot) if snapshot is not None else None
+
+
+def stored_status(inst: Instance) -> StatusSnapshot | None:
+    """The last stored status snapshot of ``inst``, parsed; None when none is readable."""
+    if not inst.last_status_json:
+        return None
+    try:
+        return from_dict(StatusSnapshot, json.loads(inst.last_status_json))
+    except (ValueError, ProtocolError):
+        return None
 
 
 def ensure_person(session: Session, slack_id: str, display_name: str | None) -> None:
@@ -319,16 +440,16 @@ def is_manual(rt: Runtime, inst: Instance) -> bool:
         return False
 
 
-def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
-    wanted = specs.candidates(expected_model)
-    if not wanted or not status.gpus:
+def _model_problems(expected_model: str, facts: StatusFacts) -> list[str]:
+    wanted = _candidates(expected_model)
+    if not wanted or not facts.gpus:
         return []
     keys = {spec.key for spec in wanted}
     least_mem = min(spec.mem_min_bytes for spec in wanted)
     problems: list[str] = []
     seen: set[str] = set()
-    for gpu in status.gpus:
-        found = specs.match(gpu.name, gpu.mem_total_bytes, gpu.sm_count)
+    for gpu, key in zip(facts.gpus, facts.spec_keys, strict=True):
+        found = _spec(key)
         label = gpu.name
         problem: str | None = None
         if gpu.mem_total_bytes is not None and gpu.mem_total_bytes < least_mem:
@@ -350,7 +471,7 @@ def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
             )
         if problem is not None and problem not in seen:
             seen.add(problem)
-            count = sum(1 for g in status.gpus if g.name == gpu.name)
+            count = sum(1 for g in facts.gpus if g.name == gpu.name)
             problems.append(
                 problem
                 if count == 1
@@ -359,6 +480,23 @@ def _model_problems(expected_model: str, status: StatusSnapshot) -> list[str]:
                 )
             )
     return problems
+
+
+# The catalogue is fixed for the life of the process, so what a name means is asked once.
+@lru_cache(maxsize=512)
+def _candidates(model: str) -> tuple[specs.GpuSpec, ...]:
+    return specs.candidates(model)
+
+
+@lru_cache(maxsize=512)
+def _spec(key: str | None) -> specs.GpuSpec | None:
+    return None if key is None else specs.by_key(key)
+
+
+@lru_cache(maxsize=2048)
+def _spec_key(name: str, mem_total_bytes: int | None, sm_count: int | None) -> str | None:
+    found = specs.match(name, mem_total_bytes, sm_count)
+    return None if found is None else found.key
 
 
 def can_start(rt: Runtime, inst: Instance | InstanceView) -> bool:

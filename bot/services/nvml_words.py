@@ -1,12 +1,13 @@
 """Why an instance's GPUs cannot be read, in the reader's language, by the kind of NVML error.
 
 The agent reports an NVML failure as ``nvml_error`` (``code``, ``message``, ``hint``: see
-agents/nvml.py), and its ``run`` refuses GPU work with English sentences built from it
-(agents/runner.py). The code names the kind (``protocol.NVML_ERROR_CODES``); the message is
-the driver's or loader's own English (``libnvidia-ml.so.1: cannot open shared object file``),
-shown only as a detail in code formatting; the hint is one of the agent's fixed sentences,
-marked here word for word so that the catalogue translates it. Old agents send the same
-fields, so their reports read the same.
+agents/nvml.py), and its job commands refuse GPU work with an error document of code
+``nvml_failed`` whose parameters are those three (agents/runner.py, read by
+:mod:`bot.services.agent_text`). The code names the kind (``protocol.NVML_ERROR_CODES``); the
+message is the driver's or loader's own English (``libnvidia-ml.so.1: cannot open shared
+object file``), shown only as a detail in code formatting; the hint is one of the agent's
+fixed sentences, marked here word for word so that the catalogue translates it (looked up
+whole, never parsed).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Polling agents: each active instance's status every ``settings.poll_interval_s`` into
-``Instance.last_*`` and a UtilSample row, and the instance's ``idle_since``.
+``Instance.last_*`` (with what views read of it: ``Instance.status_*``, see
+bot.services.lookup.status_columns) and a UtilSample row, and the instance's ``idle_since``.
 
 An instance is idle in a sample when the poll succeeded, the mean GPU utilisation is under
 ``settings.idle_threshold_pct``, no process holds a GPU and no agent job is queued or running.
@@ -28,7 +29,7 @@ from typing import Any
 from sqlalchemy import and_, case, or_, update
 from sqlmodel import Session, col, select
 
-from agents.protocol import StatusSnapshot, dumps
+from agents.protocol import StatusSnapshot
 from bot.errors import FleetError, HostKeyChanged
 from bot.fleet.base import Target
 from bot.fleet.fleet import FAN_OUT_WORKERS
@@ -36,7 +37,7 @@ from bot.i18n import t
 from bot.logging_setup import log_ids
 from bot.runtime import Runtime
 from bot.services import access, samples
-from bot.services.lookup import POLLED_STATES, handle_fleet_error, target_for
+from bot.services.lookup import POLLED_STATES, handle_fleet_error, status_columns, target_for
 from bot.store.models import Instance, Job, UtilSample
 from bot.timebox import Timebox, expired
 
@@ -283,7 +284,8 @@ def _record(
         inst.idle_since = now
     inst.last_poll_ok = True
     inst.last_error = None
-    inst.last_status_json = dumps(answer)
+    for column, value in status_columns(answer).items():
+        setattr(inst, column, value)
     session.add(inst)
     return PollResult(instance_id, ok=True, idle=idle, util_avg_pct=util)
 

@@ -65,6 +65,7 @@ from bot.errors import (
 from bot.i18n import Language, speaking, t
 from bot.notify import Notice
 from bot.providers.base import Provider, ProviderInstance
+from bot.providers.names import platform_name
 from bot.runtime import Runtime
 from bot.services import access, audit, outbox, prompts, registration, releases, rent, rule_changes
 from bot.services.access import Caller
@@ -349,7 +350,10 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
     provider = rt.providers.get(req.provider)
     if not provider.capabilities.can_list:
         raise UsageError(
-            t("{provider} has no API the bot can ask about an instance.", provider=req.provider),
+            t(
+                "{provider} has no API the bot can ask about an instance.",
+                provider=platform_name(req.provider),
+            ),
             hint=t("Register it with /gpu register NAME USER@HOST --gpu MODEL --price 2.10/h."),
         )
     seen = _look_up(provider, req.provider_id)
@@ -358,7 +362,7 @@ def adopt(rt: Runtime, caller: Caller, req: AdoptRequest) -> RegisterResult:
         raise Conflict(
             t(
                 "{provider} instance {id} is {state}, not running with an address.",
-                provider=req.provider,
+                provider=platform_name(req.provider),
                 id=req.provider_id,
                 state=seen.raw_state or seen.state,
             ),
@@ -436,7 +440,7 @@ def _refuse_held(rt: Runtime, provider: str, provider_id: str) -> None:
         raise Conflict(
             t(
                 "{provider} instance {id} is registered already, as {name} (<@{owner}>).",
-                provider=provider,
+                provider=platform_name(provider),
                 id=provider_id[:100],
                 name=holder.name,
                 owner=holder.owner_id,
@@ -850,7 +854,7 @@ def _look_up(provider: Provider, provider_id: str) -> ProviderInstance:
         raise NotFound(
             t(
                 "{provider} does not know an instance {id!r}.",
-                provider=provider.name,
+                provider=platform_name(provider.name),
                 id=provider_id[:100],
             ),
             hint=t("Copy the id from the ops channel's notice or the platform's console."),

@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col, select
 
-from agents.protocol import StatusSnapshot, dumps
+from agents.protocol import StatusSnapshot
 from bot import billing
 from bot import text as bot_text
 from bot.errors import Conflict, FleetError, NotAuthorized, UsageError
@@ -66,6 +66,7 @@ from bot.services.lookup import (
     local_agent_home,
     presented_text,
     settings_view,
+    status_columns,
 )
 from bot.services.views import STORAGE_HINT, InstanceSettings, InstanceView, RegisterResult
 from bot.store.models import Instance, Prompt
@@ -690,7 +691,7 @@ def _instance_fields(
         "disk_gb": req.disk_gb,
         "project": req.project,
         "ssh_ready_at": now,
-        "last_status_json": dumps(status),
+        **status_columns(status),
         "last_status_at": now,
         "last_error": None,
     }

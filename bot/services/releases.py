@@ -844,9 +844,10 @@ def _renew(rt: Runtime, claim: _Claim) -> bool:
 def _record_confirmed(
     rt: Runtime, claim: _Claim, *, mode: str, detail: str, seen: ProviderInstance | None = None
 ) -> None:
-    """The release is confirmed: the meter stops now, the prompts are resolved, the owner is
-    told. A stop whose instance the platform reported (``seen``) takes the platform's stopped
-    disk price from now, where the platform bills the disk by state."""
+    """The release is confirmed: the meter stops now (or when the platform, ``seen``, says the
+    instance ended), the prompts are resolved, the owner is told. A stop whose instance the
+    platform reported (``seen``) takes the platform's stopped disk price from now, where the
+    platform bills the disk by state."""
     now = rt.now()
     with claim.lease.lock, rt.db.session() as session:
         won = session.exec(
@@ -863,7 +864,12 @@ def _record_confirmed(
         if won != 1:
             return
         keep_s = rt.settings.stopped_keep_s
-        mark_instance_released(session, claim.instance_id, now=now, mode=mode, keep_s=keep_s)
+        # Where the platform said when it ended (an earlier try whose answer was lost did end
+        # it), the meter stops there, as the platform's bill does.
+        ended = seen.ended_at if seen is not None else None
+        mark_instance_released(
+            session, claim.instance_id, now=now, mode=mode, at=ended, keep_s=keep_s
+        )
         _resolve_release_prompts(session, claim.instance_id, by=None, now=now)
         inst = session.get(Instance, claim.instance_id)
         assert inst is not None

@@ -4,7 +4,11 @@ Each poll writes one UtilSample row (what the idle rules and the last poll read)
 to the UtilHour row of its instance and ledger bucket (the charge it falls in) in the same
 transaction, so reports join each charge to one roll-up, never to raw samples. Raw samples older
 than the retention (``settings.sample_retention_days``, GPUBOT_SAMPLE_RETENTION_DAYS) are deleted
-in bounded batches; the roll-ups stay as long as the charges they explain.
+oldest first in batches of about ``PRUNE_BATCH``, each an indexed range of times in a transaction
+of its own, batch after batch while any are past the retention, at most
+``PRUNE_BATCHES_PER_CALL`` and what fits in the call's time box: the clock prunes every 5
+minutes (bot.services.tick), so it deletes up to 720,000 an hour, six times what 2,000
+instances polled once a minute write. The roll-ups stay as long as the charges they explain.
 
 Money is split by **GPU-samples**, one GPU in one poll, each judged when polled
 (:func:`judge_gpus`): idle (its utilisation read under the idle threshold, no process on it),
@@ -25,13 +29,16 @@ from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot
+from bot import timebox
 from bot.runtime import Runtime
 from bot.services import ledger
 from bot.store.models import Instance, UtilHour, UtilSample
+from bot.timebox import Timebox
 
-#: At most this many raw samples are deleted per transaction, and per call of :func:`prune`.
+#: Raw samples deleted per transaction (more when samples share the last one's time), and
+#: transactions per call of :func:`prune`.
 PRUNE_BATCH = 5_000
-PRUNE_BATCHES_PER_CALL = 4
+PRUNE_BATCHES_PER_CALL = 12
 
 
 @dataclass(frozen=True)
@@ -106,17 +113,32 @@ def record(session: Session, sample: UtilSample, tz: ZoneInfo) -> None:
     session.add(bucket)
 
 
-def prune(rt: Runtime, now: datetime) -> int:
+def prune(rt: Runtime, now: datetime, *, box: Timebox | None = None) -> int:
     """Delete raw samples taken more than ``rt.settings.sample_retention_days`` days before
-    ``now``, at most ``PRUNE_BATCH`` per transaction and ``PRUNE_BATCHES_PER_CALL`` batches per
-    call (the rest waits for the next call); returns how many were deleted."""
+    ``now``, oldest first, returns how many were deleted. Each transaction deletes the
+    ``PRUNE_BATCH`` oldest, as one range of times (with any others taken at the last one's
+    time); at most ``PRUNE_BATCHES_PER_CALL`` a call, and with ``box`` none that would not fit
+    in what is left of it (judged by the longest so far): the rest waits for the next call.
+    Raises StoreError when the database fails."""
     cutoff = now - timedelta(days=rt.settings.sample_retention_days)
     deleted = 0
+    longest_s = 0.0
     for _ in range(PRUNE_BATCHES_PER_CALL):
+        if box is not None and (box.expired() or box.left_s() < longest_s):
+            break
+        began = timebox.monotonic()
         with rt.db.session() as session:
-            oldest = select(UtilSample.id).where(col(UtilSample.at) < cutoff).limit(PRUNE_BATCH)
-            count = session.exec(delete(UtilSample).where(col(UtilSample.id).in_(oldest))).rowcount
+            last = session.exec(
+                select(UtilSample.at)
+                .where(col(UtilSample.at) < cutoff)
+                .order_by(col(UtilSample.at))
+                .offset(PRUNE_BATCH - 1)
+                .limit(1)
+            ).first()
+            upto = col(UtilSample.at) < cutoff if last is None else col(UtilSample.at) <= last
+            count = session.exec(delete(UtilSample).where(upto)).rowcount
         deleted += int(count or 0)
-        if not count or count < PRUNE_BATCH:
+        longest_s = max(longest_s, timebox.monotonic() - began)
+        if last is None:
             break
     return deleted

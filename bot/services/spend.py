@@ -16,7 +16,8 @@ rounding a release now would add), the figure budgets and `/gpu status` show too
 
 Reports read the month's spend summary, the charges summed per instance and local day, kept
 by the ledger (bot.services.ledger): two GROUP BYs over instances x days rows, whatever the
-number of charges.
+number of charges. A month not summed up yet is built first, in short committed transactions
+(a range of instances each), so that the ledger and other writers never wait long for it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from sqlmodel import Session, col, select
 from agents import specs
 from bot import billing
 from bot.errors import StoreError, UsageError
-from bot.i18n import t
+from bot.i18n import N_, t
 from bot.services import costs, ledger
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, Person, SpendDay, SpendMonth
@@ -46,8 +47,10 @@ from bot.text import csv_cell
 from bot.values import MICROS
 
 GROUPS = ("user", "gpu", "instance", "project", "provider")
-NO_PROJECT = "(no project)"
-UNKNOWN_GPU = "(unknown GPU)"
+#: The group of instances without a project (translated where it is shown).
+NO_PROJECT = N_("(no project)")
+#: A GPU model nobody recorded.
+UNKNOWN_GPU = N_("(unknown GPU)")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class InstanceSpend:
     def gpu_label(self) -> str:
         """``2x h100-sxm`` style, the model delivered (the one rented beside it) where they
         differ, or a marker when the model is unknown."""
-        model = self.gpu_model or UNKNOWN_GPU
+        model = self.gpu_model or t(UNKNOWN_GPU)
         if self.delivered_gpu_model:
             model = t(
                 "{delivered} (rented {rented})", delivered=self.delivered_gpu_model, rented=model
@@ -298,7 +301,9 @@ def month_total_micros(
         with db.read_session() as session:
             marker = session.exec(
                 select(SpendMonth.threshold_pct).where(
-                    SpendMonth.zone == ledger.zone_name(tz), SpendMonth.month == month
+                    SpendMonth.zone == ledger.zone_name(tz),
+                    SpendMonth.month == month,
+                    col(SpendMonth.summed_to_id).is_(None),  # whole, not being built
                 )
             ).first()
             if marker is not None:
@@ -319,7 +324,7 @@ def month_total_micros(
                 ).one()
                 return int(total)
         ledger.build_summary(db, month, tz, idle_threshold_pct)
-    raise StoreError(f"the spend summary of {month} was dropped while it was read")
+    raise StoreError(t("The spend summary of {month} was dropped while it was read.", month=month))
 
 
 def group_lines(instances: Iterable[InstanceSpend], by: str) -> tuple[SpendLine, ...]:
@@ -352,34 +357,39 @@ def group_key(item: InstanceSpend, by: str) -> str:
     return item.provider
 
 
+#: The spend CSV's columns as English heads them (snake_case, ``{currency}`` the report's ISO
+#: code), each in the catalogue for the reader's language (``月份``, ``项目``).
+CSV_COLUMNS = (
+    N_("month"),
+    N_("instance"),
+    N_("owner"),
+    N_("owner_name"),
+    N_("project"),
+    N_("provider"),
+    N_("gpu_model"),
+    N_("delivered_gpu_model"),
+    N_("gpu_count"),
+    N_("compute_hours"),
+    N_("compute_{currency}"),
+    N_("storage_{currency}"),
+    N_("in_use_{currency}"),
+    N_("idle_{currency}"),
+    N_("unmeasured_{currency}"),
+    N_("not_yet_charged_{currency}"),
+    N_("total_{currency}"),
+)
+
+
 def spend_csv(report: SpendReport) -> bytes:
     """One row per instance with amounts in currency units (6 decimals, exact); the owner by
-    Slack ID and by display name. UTF-8 with a byte order mark, so that Excel (Chinese
-    Windows included) reads it as UTF-8. Text cells that a spreadsheet would read as a formula
-    start with ``'`` (bot.text.csv_cell); the amounts are written as they are."""
+    Slack ID and by display name. The header is in the active language (:data:`CSV_COLUMNS`:
+    English snake_case, Chinese words for a Chinese reader); the cells are the same in both.
+    UTF-8 with a byte order mark, so that Excel (Chinese Windows included) reads it as UTF-8.
+    Text cells that a spreadsheet would read as a formula start with ``'`` (bot.text.csv_cell);
+    the amounts are written as they are."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        [
-            "month",
-            "instance",
-            "owner",
-            "owner_name",
-            "project",
-            "provider",
-            "gpu_model",
-            "delivered_gpu_model",
-            "gpu_count",
-            "compute_hours",
-            f"compute_{report.currency}",
-            f"storage_{report.currency}",
-            f"in_use_{report.currency}",
-            f"idle_{report.currency}",
-            f"unmeasured_{report.currency}",
-            f"not_yet_charged_{report.currency}",
-            f"total_{report.currency}",
-        ]
-    )
+    writer.writerow([t(column, currency=report.currency) for column in CSV_COLUMNS])
     for item in report.instances:
         writer.writerow(
             [
@@ -434,7 +444,7 @@ def _read_summary(
         if found is not None:
             return found
         ledger.build_summary(db, month, tz, threshold_pct)
-    raise StoreError(f"the spend summary of {month} was dropped while it was read")
+    raise StoreError(t("The spend summary of {month} was dropped while it was read.", month=month))
 
 
 def _read(

@@ -22,7 +22,9 @@ budget is named in ``TickReport.over_budget`` and in a logged warning, and the s
 still run. Polling and releases also honour their budget: once it is spent they take no new
 instance or release, and what is left stays due for the next tick, first in line; the item in
 hand is finished, so they can overrun by one item (bounded by the SSH command timeout, or the
-platform's HTTP timeout). The other steps are measured only: the rules and ``TICK_STEPS`` work on
+platform's HTTP timeout). The ledger (``TIMEBOXED_STEPS``) and the prune of raw samples honour
+theirs in slices of rows, each resuming from the store where the last one stopped, and begin no
+slice that would not fit. The other steps are measured only: the rules and ``TICK_STEPS`` work on
 rows, and posting takes every due message, each bounded by Slack's timeout.
 
 What is due is looked up first: one statement (``DUE_CHECKS``, an indexed ``EXISTS`` per step)
@@ -87,10 +89,14 @@ TICK_STEPS: list[tuple[str, Step]] = [
     ("bills", bills.bills_tick),
 ]
 
+#: The steps of ``TICK_STEPS`` that take their time budget as ``box=`` and leave the rest of
+#: their work for the next tick once it is spent.
+TIMEBOXED_STEPS = frozenset({"ledger"})
+
 #: How often the providers' lists are compared with the store.
 RECONCILE_EVERY_S = 300
 #: How often raw utilisation samples past their retention are pruned (one process per slot).
-PRUNE_EVERY_S = 3600
+PRUNE_EVERY_S = 300
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
 #: Every step runs on the first tick of each slot this long, whatever ``DUE_CHECKS`` say.
@@ -154,7 +160,10 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     poll = partial(polling.poll_instances, rt, now)
     report.polled = len(run("poll", lambda: poll(timebox=_box(report, "poll"))) or ())
     for name, step in TICK_STEPS:
-        run(name, partial(step, rt, now))
+        if name in TIMEBOXED_STEPS:
+            run(name, partial(_boxed, report, name, step, rt, now))
+        else:
+            run(name, partial(step, rt, now))
     rules: tuple[tuple[str, Callable[[Runtime, datetime], list[int]]], ...] = (
         ("deadlines", deadlines.check_deadlines),
         ("idle", deadlines.check_idle),
@@ -174,7 +183,7 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and _claimed(
         rt, report, "prune", _slot(now, PRUNE_EVERY_S)
     ):
-        _run(report, "prune", lambda: samples.prune(rt, now))
+        _run(report, "prune", lambda: samples.prune(rt, now, box=_box(report, "prune")))
     reconcile_slot = _slot(now, _reconcile_every(rt))
     if _reconcile_due(rt, now) and _claimed(rt, report, "reconcile", reconcile_slot):
         if rt.platform_work is None:
@@ -182,6 +191,13 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
         else:
             rt.platform_work.submit(RECONCILE, RECONCILE, partial(_reconcile, rt, now, None))
     return report
+
+
+def _boxed(
+    report: TickReport, name: str, step: Callable[..., object], rt: Runtime, now: datetime
+) -> object:
+    """Run ``step`` with its time budget, opened now."""
+    return step(rt, now, box=_box(report, name))
 
 
 def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:

@@ -209,6 +209,55 @@ class FleetOverview:
 
 
 @dataclass(frozen=True)
+class InstanceLine:
+    """An instance in one line of a listing: what it is, what it costs per hour now (a stopped
+    one its disk; ``storage_unknown`` when that is not known) and its GPUs at the last poll
+    (``util_pct`` their mean utilisation, None when unknown; ``mismatch`` how they differ from
+    the rented ones). Money in micro-units of ``currency``, times naive UTC."""
+
+    id: int
+    name: str
+    owner_id: str
+    state: str
+    gpu_model: str | None
+    gpu_count: int | None
+    util_pct: int | None
+    deadline_at: datetime | None
+    burn_micros_per_hour: int
+    storage_unknown: bool
+    price_micros_per_hour: int
+    currency: str
+    mismatch: Mismatch | None
+
+
+@dataclass(frozen=True)
+class DeadlineBrief:
+    """An instance whose deadline is near (naive UTC; a stopped one's is when its disk goes)."""
+
+    id: int
+    name: str
+    owner_id: str
+    state: str
+    deadline_at: datetime
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    """The team's unreleased instances in a few figures, read by bounded aggregate queries
+    (their number does not change its cost to read much): how many there are (``by_state``:
+    (state, count) by state), what they cost per hour together (a stopped one its disk;
+    micro-units, currencies not told apart, as the overview adds them), how many stopped ones
+    have no storage price (not counted), and the ``nearest`` deadlines, soonest first."""
+
+    count: int
+    by_state: tuple[tuple[str, int], ...]
+    burn_micros_per_hour: int
+    storage_unknown: int
+    nearest: tuple[DeadlineBrief, ...]
+    now: datetime
+
+
+@dataclass(frozen=True)
 class ProcessView:
     """A process holding GPU memory."""
 

@@ -40,6 +40,21 @@ class Person(SQLModel, table=True):
 LIVE = "state != 'released'"
 
 
+#: What an instance costs per hour depends on (bot.billing), by state, and where it runs: the
+#: columns of the live instances' price index.
+LIVE_PRICE_COLUMNS = (
+    "state",
+    "provider",
+    "price_micros",
+    "price_per",
+    "gpu_count",
+    "delivered_gpu_count",
+    "disk_gb",
+    "storage_micros_per_gb_month",
+    "host",
+)
+
+
 def _live_unique(name: str, *columns: str, where: str = LIVE) -> Index:
     return Index(
         name, *columns, unique=True, sqlite_where=text(where), postgresql_where=text(where)
@@ -88,6 +103,25 @@ class Instance(SQLModel, table=True):
         Index("ix_instance_state_stopped_remind", "state", "stopped_remind_at"),
         Index("ix_instance_ledger_due", "ledger_settled", "ledger_due_at"),
         Index("ix_instance_ledger_released", "ledger_settled", "released_at"),
+        # One person's instances (the Home, per-person views), and those of theirs the ledger
+        # has not settled (their spend), without reading the team's.
+        Index("ix_instance_owner_state", "owner_id", "ledger_settled", "state"),
+        # The team's figures (bot.services.fleet_views.fleet_summary) from the live rows'
+        # index entries alone: what each costs per hour, by state, and the nearest deadlines.
+        Index(
+            "ix_instance_live_prices",
+            *LIVE_PRICE_COLUMNS,
+            sqlite_where=text(LIVE),
+            postgresql_where=text(LIVE),
+        ),
+        Index(
+            "ix_instance_live_deadline",
+            "deadline_at",
+            "name",
+            "host",
+            sqlite_where=text(LIVE),
+            postgresql_where=text(LIVE),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -182,6 +216,12 @@ class Instance(SQLModel, table=True):
     last_status_at: NaiveDatetime | None = None  # when last_status_json was taken
     last_error: str | None = Field(default=None, sa_column=Column(Text))
     idle_since: NaiveDatetime | None = None
+    # What views read of last_status_json, derived when it is stored (bot.services.lookup
+    # status_columns): the GPUs and the spec each matched, NVML's error; the GPUs' mean
+    # utilisation (whole percent) and how many GPUs it saw. None: derived from the snapshot.
+    status_facts_json: str | None = Field(default=None, sa_column=Column(Text))
+    status_util_pct: int | None = None
+    status_gpu_count: int | None = None
 
 
 class InstanceAccess(SQLModel, table=True):
@@ -273,6 +313,8 @@ class Job(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("instance_id", "agent_job_id"),
         Index("ix_job_when_done", "release_when_done", "instance_id"),
+        # The running jobs one person asked for (their Home), without reading the team's.
+        Index("ix_job_requester_state", "requested_by", "state"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -306,7 +348,12 @@ class Charge(SQLModel, table=True):
     plain GROUP BY; None where nothing was recorded.
     """
 
-    __table_args__ = (UniqueConstraint("instance_id", "kind", "start_at"),)
+    __table_args__ = (
+        UniqueConstraint("instance_id", "kind", "start_at"),
+        # One instance's charges over a stretch of time, whatever their kind: what a spend
+        # summary is built from, a range of instances at a time (bot.services.ledger).
+        Index("ix_charge_instance_start", "instance_id", "start_at"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     instance_id: int = Field(foreign_key="instance.id", index=True)
@@ -366,12 +413,18 @@ class SpendDay(SQLModel, table=True):
 
 class SpendMonth(SQLModel, table=True):
     """``month`` (``YYYY-MM`` in ``zone``) is summed up in :class:`SpendDay` for ``zone`` and
-    ``threshold_pct``, every charge of it included, and kept up to date by the ledger."""
+    ``threshold_pct``, every charge of it included, and kept up to date by the ledger.
+
+    While the month is being summed up (in short transactions, a range of instances each),
+    ``summed_to_id`` is the highest instance id whose charges are in: the ledger keeps those
+    up to date, the next range is summed from the charges, and reports wait for the whole.
+    None: every instance is in."""
 
     zone: str = Field(max_length=64, primary_key=True)
     threshold_pct: float = Field(primary_key=True)
     month: str = Field(max_length=7, primary_key=True)
     built_at: NaiveDatetime = Field(default_factory=utcnow)
+    summed_to_id: int | None = None
 
 
 class UtilSample(SQLModel, table=True):

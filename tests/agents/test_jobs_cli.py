@@ -130,7 +130,9 @@ def test_jobs_json_and_empty_text(home, capsys):
 def test_cancel_and_logs_of_unknown_job_fail(home, capsys):
     assert cli.main(["cancel", "--json", "nope"]) == 1
     captured = capsys.readouterr()
-    assert captured.out == ""
+    failure = protocol.loads(protocol.JobFailure, captured.out)
+    assert (failure.code, failure.exit_code, failure.template) == ("job_not_found", 1, None)
+    assert "no job 'nope'" in failure.message
     assert "no job 'nope'" in captured.err
     assert cli.main(["logs", "nope"]) == 1
     assert "gpu-agent jobs" in capsys.readouterr().err

@@ -515,7 +515,8 @@ def test_who_without_nvml_fails_clearly(agent: Agent):
     done = agent.cli("who", "--json")
     assert done.returncode == 1
     assert "NVML" in done.stderr
-    assert done.stdout == ""
+    failure = protocol.loads(protocol.JobFailure, done.stdout)
+    assert (failure.code, failure.exit_code) == ("nvml_failed", 1)
 
 
 def test_runs_from_a_zipapp(agent: Agent, tmp_path: Path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents import diagnose
+from agents import diagnose, messages
 from agents.diagnose import GpuPoint, Sample, SampleSeries
 
 GIB = 1024**3
@@ -222,3 +222,18 @@ def test_sample_series_merges_gaps():
 def test_sample_series_rejects_tiny_limit():
     with pytest.raises(ValueError, match="at least 4"):
         SampleSeries(limit=3)
+
+
+def test_a_diagnosis_carries_its_template_and_raw_numbers_for_the_reader():
+    found = diagnose.memory_leak(leak_series(512 * 1024**2), 0, TOTAL)
+    assert found is not None
+    assert found.template == messages.DIAGNOSIS_MEMORY_LEAK
+    assert found.params["gpu"] == 0
+    assert isinstance(found.params["rise_bytes"], int)  # bytes: the reader writes them out
+    assert found.message == messages.english(found.template, found.params)
+    assert "+5.5 GiB after warm-up" in found.message
+    loader = series({0: [10.0] * 6}, cpu=350.0)
+    slow = diagnose.dataloader_bound(loader, diagnose.gpu_stats(loader, [0]), 350.0)
+    assert slow is not None
+    assert slow.params == {"gpu_util_pct": 10.0, "cpu_pct": 350.0}
+    assert "busy only 10% of the time while the CPU ran at 350%" in slow.message

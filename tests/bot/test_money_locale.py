@@ -1,5 +1,5 @@
 """Money as the active language writes it (Babel): the currency's symbol or code, its decimals,
-the locale's grouping, and 4 decimals for amounts under 0.10."""
+the locale's grouping, and (in English) 4 decimals for amounts under 0.10."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_english_keeps_its_forms(micros: int, currency: str, shown: str) -> None
     [
         (12_500_000, "CNY", "¥12.50"),
         (1_234_567_890_000, "CNY", "¥1,234,567.89"),
-        (35_000, "CNY", "¥0.0350"),
+        (35_000, "CNY", "¥0.04"),
         (-3_960_000, "CNY", "-¥3.96"),
         (2_100_000, "USD", "US$2.10"),
         (2_100_000, "EUR", "€2.10"),

@@ -62,9 +62,9 @@ def test_the_readme_walkthrough_in_chinese_runs_as_written(
     by_line: dict[str, str] = {}
     for line, turn in zip(script, turns, strict=True):
         by_line.setdefault(line, turn)  # the first time a line is typed
-    assert "1x 4090 · ¥1.98/h" in by_line["/gpu status"]
-    assert re.search(r"剩余 2h (29|30)m", by_line[":home"])
-    assert "¥1.66/h 起" in by_line["/gpu fit 7b inference"]
+    assert "1x 4090 · ¥1.98/小时" in by_line["/gpu status"]
+    assert re.search(r"剩余 2 小时 (29|30) 分", by_line[":home"])
+    assert "¥1.66/小时起" in by_line["/gpu fit 7b inference"]
     assert "已释放，已停止计费" in result.stdout
     assert "还没有实例" in turns[-2]
     assert "简体中文" in turns[-1]

@@ -248,7 +248,7 @@ def test_bob_cannot_register_his_box_under_a_pod_nobody_registered(
         said = ask(
             bot, register_text(sshd, "bobs", f"--provider runpod --provider-id {pod}"), "U0BOB"
         )
-        assert f"runpod reports instance {pod} at 198.51.100.9:22" in said
+        assert f"RunPod reports instance {pod} at 198.51.100.9:22" in said
         assert f"not at {sshd.host}:{sshd.port}" in said
         with sqlite_db.session() as session:
             assert session.exec(select(Instance)).scalars().all() == []
@@ -278,7 +278,7 @@ def test_adopting_is_an_admin_s_act_and_the_ops_channel_hears_of_it(
             ).scalar_one()
         assert (inst.owner_id, inst.provider, inst.provider_instance_id) == (ADMIN, "runpod", pod)
         assert told.recipient == "C0OPS"
-        assert f"<@{ADMIN}> adopted *runpod* instance `{pod}` (trainer) as *rp1*" in told.text
+        assert f"<@{ADMIN}> adopted *RunPod* instance `{pod}` (trainer) as *rp1*" in told.text
 
 
 def test_re_registering_without_provider_keeps_the_platform(

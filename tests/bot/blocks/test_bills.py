@@ -70,7 +70,7 @@ def test_the_report_shows_both_sides_the_age_and_the_causes() -> None:
 
     assert not check_blocks(list(blocks))
     body = text_of(blocks)
-    assert "*runpod*: fetched 12m ago" in body
+    assert "*RunPod*: fetched 12m ago" in body
     assert "*trainer* (`pod-1`): gpubot $5.00, platform $6.00, difference +$1.00" in body
     assert "likely cause: the start time" in body
     assert (
@@ -79,8 +79,8 @@ def test_the_report_shows_both_sides_the_age_and_the_causes() -> None:
     )
     assert "`pod-9` (never registered): gpubot nothing (never registered)" in body
     assert "difference $0.00" in body
-    assert "compshare publishes no per-instance bill gpubot can read." in body
-    assert "lambda publishes no per-instance bill gpubot can read." in body
+    assert "Compshare publishes no per-instance bill gpubot can read." in body
+    assert "Lambda publishes no per-instance bill gpubot can read." in body
     assert text.endswith("3 differences past one cent or 1 % are flagged.")
 
 
@@ -92,11 +92,11 @@ def test_a_failed_read_and_a_platform_never_read() -> None:
     text, blocks = bills_message(report(stale, never))
     body = text_of(blocks)
     assert (
-        "*vast*: the last read failed (vast: 503 Service Unavailable); "
+        "*Vast*: the last read failed (vast: 503 Service Unavailable); "
         "these bills were fetched 3h ago" in body
     )
     assert "Nothing billed on either side in December 2026." in body
-    assert "*aws*: not read yet; the last try failed: aws: this account has not opted in" in body
+    assert "*AWS*: not read yet; the last try failed: aws: this account has not opted in" in body
     assert text.endswith("No difference past one cent or 1 %.")
 
 
@@ -113,7 +113,7 @@ def test_every_flag_renders_through_the_one_door(cause: str) -> None:
     notice = BillMismatch(month="2026-11", line=line("trainer", "pod-1", cause))
     text, blocks = render(notice)
     assert not check_blocks(list(blocks))
-    assert text.startswith(":warning: runpod billed *trainer* (`pod-1`) $6.00 in November 2026")
+    assert text.startswith(":warning: RunPod billed *trainer* (`pod-1`) $6.00 in November 2026")
     assert "gpubot counted $5.00, a difference of +$1.00" in text
     with speaking("zh"):
         zh, _ = mismatch_message(notice)

@@ -69,12 +69,12 @@ def test_totals_flags_and_the_largest_difference_per_platform() -> None:
     shown = validate(money.digest_message(digest(section)))
     assert "*Against the platforms' bills* (November 2026, UTC" in shown
     assert (
-        "• *runpod*: gpubot $15.00, platform $25.00, difference +$10.00 "
+        "• *RunPod*: gpubot $15.00, platform $25.00, difference +$10.00 "
         "(bills fetched 9h ago)" in shown
     )
     assert "3 of 4 instances flagged; the largest: `pod-9` (never registered) +$6.00" in shown
     assert "likely never registered" in shown
-    assert "lambda, manual publish no per-instance bill gpubot can read." in shown
+    assert "Lambda, manual publish no per-instance bill gpubot can read." in shown
 
 
 def test_a_platform_in_agreement_a_partial_read_and_one_never_read() -> None:
@@ -93,8 +93,8 @@ def test_a_platform_in_agreement_a_partial_read_and_one_never_read() -> None:
     assert "no difference past one cent or 1 % over 1 instance" in text
     assert "covering 2026-11-17 to 2026-11-29" in text
     assert "the last read failed: LimitExceededException: \u2217Rate\u2217 exceeded" in text
-    assert "• *runpod*: not read yet" in text
-    assert "• *vast*: not read yet; the last try failed: vast: error 401" in text
+    assert "• *RunPod*: not read yet" in text
+    assert "• *Vast*: not read yet; the last try failed: vast: error 401" in text
     assert "publish" not in text
 
 

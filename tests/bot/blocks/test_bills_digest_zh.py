@@ -18,7 +18,7 @@ def test_the_section_in_chinese() -> None:
     with speaking("zh"):
         shown = validate(money.digest_message(digest(section)))
     assert "*与平台账单对账*（2026年11月，UTC；`/gpu bills 2026-11` 列出每台实例）" in shown
-    assert "• *runpod*：gpubot US$5.00，平台 US$6.00，差额 +US$1.00（账单于 9h前获取）" in shown
+    assert "• *RunPod*：gpubot US$5.00，平台 US$6.00，差额 +US$1.00（账单于 9 小时前获取）" in shown
     assert "1 台实例中有 1 台被标出" in shown
     assert "可能的原因：开始时间" in shown
-    assert "manual 不提供 gpubot 能读取的按实例账单。" in shown
+    assert "手动登记 不提供 gpubot 能读取的按实例账单。" in shown

@@ -27,7 +27,7 @@ def test_the_report_in_chinese() -> None:
     body = text_of(blocks)
     assert "平台账单与 gpubot 对账，2026年12月（UTC）" in body
     assert "折扣" in body
-    assert "lambda 不提供 gpubot 能读取的按实例账单。" in body
+    assert "Lambda 不提供 gpubot 能读取的按实例账单。" in body
     assert "有 1 处差额超过一分钱或 1 %，已标出。" in text
 
 
@@ -36,5 +36,5 @@ def test_a_flag_in_chinese() -> None:
     with speaking("zh"):
         text, blocks = mismatch_message(notice)
     assert not check_blocks(list(blocks))
-    assert text.startswith(":warning: runpod 在 2026年11月 对 *trainer* (`pod-1`) 收费 US$6.00")
+    assert text.startswith(":warning: RunPod 在 2026年11月 对 *trainer* (`pod-1`) 收费 US$6.00")
     assert "可能的原因：最低收费（平台收取了 gpubot 没有计入的最低费用）。" in text

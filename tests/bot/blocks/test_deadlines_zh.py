@@ -43,7 +43,7 @@ def _released(**kwargs: Any) -> releases.ReleasedNotice:
 #: Each message of the module (by the function that renders it, with a variant), and what must
 #: stay in it whatever the language: names, mentions, commands, numbers.
 CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
-    "deadline_warning": (lambda: blocks.deadline_warning(_warning(PRICED)), ("*box*", "30m")),
+    "deadline_warning": (lambda: blocks.deadline_warning(_warning(PRICED)), ("*box*", "30 分钟")),
     "deadline_warning/jobs": (
         lambda: blocks.deadline_warning(_warning(PRICED, policy="wait-for-jobs")),
         ("*box*",),
@@ -82,7 +82,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         lambda: blocks.idle_prompt(
             rules.IdlePrompt(UNPRICED, 2, NOW - timedelta(minutes=45), NOW, SOON, "UTC")
         ),
-        ("*local*", "45m"),
+        ("*local*", "45 分钟"),
     ),
     "jobs_done_prompt": (
         lambda: blocks.jobs_done_prompt(rules.JobsDonePrompt(PRICED, 3, SOON, "UTC")),
@@ -92,7 +92,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         lambda: blocks.decided(
             releases.Decided(PRICED, releases.EXTENDED, "UOWNER", NOW, "UTC", extended_s=7200)
         ),
-        ("*box*", "<@UOWNER>", "2h"),
+        ("*box*", "<@UOWNER>", "2 小时"),
     ),
     "decided/withdrawn": (
         lambda: blocks.decided(
@@ -100,7 +100,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
                 PRICED, releases.RELEASE_CANCELLED, "UADMIN", NOW, "UTC", extended_s=3600
             )
         ),
-        ("*box*", "<@UADMIN>", "1h"),
+        ("*box*", "<@UADMIN>", "1 小时"),
     ),
     "decided/requested": (
         lambda: blocks.decided(
@@ -146,13 +146,13 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         lambda: blocks.manual_release_reminder(
             releases.ManualReleaseReminder(UNPRICED, 4, NOW, NOW + timedelta(hours=1))
         ),
-        ("*local*", "1h", "`/gpu extend local 2h`"),
+        ("*local*", "1 小时前", "`/gpu extend local 2h`"),
     ),
     "release_escalation": (
         lambda: blocks.release_escalation(
             releases.ReleaseEscalation(PRICED, 3, "HTTP 503", manual=False)
         ),
-        ("*box*", "<@UOWNER>", "aws", "3", "HTTP 503"),
+        ("*box*", "<@UOWNER>", "AWS", "3", "HTTP 503"),
     ),
     "release_escalation/manual": (
         lambda: blocks.release_escalation(
@@ -176,7 +176,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "released_outside": (
         lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "terminated")),
-        ("*box*", "aws"),
+        ("*box*", "AWS"),
     ),
     "released_outside/stopped": (
         lambda: blocks.released_outside(reconcile.ReleasedOutside(COLD, "stopped")),
@@ -218,13 +218,13 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         lambda: blocks.policy_summary(
             rules.PolicyView("box", SOON, SOON, "wait-for-jobs", 3600, 1800, True)
         ),
-        ("*box*", "1h", "30m"),
+        ("*box*", "最多 1 小时", "30 分钟后"),
     ),
     "policy_summary/stop": (
         lambda: blocks.policy_summary(
             rules.PolicyView("box", None, None, "stop", 7200, None, False)
         ),
-        ("*box*", "2h"),
+        ("*box*", "2 小时后"),
     ),
     "policy_summary/release": (
         lambda: blocks.policy_summary(
@@ -234,7 +234,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "answered_before": (
         lambda: blocks.answered_before(answers.AnsweredBefore("UOWNER", "extended_1h")),
-        ("<@UOWNER>", "1h"),
+        ("<@UOWNER>", "1 小时"),
     ),
     "answered_before/kept": (
         lambda: blocks.answered_before(answers.AnsweredBefore(None, "kept")),
@@ -254,7 +254,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "extend_answered": (
         lambda: blocks.extend_answered(answers.Extended(PRICED, 14400, SOON, "UTC")),
-        ("*box*", "4h"),
+        ("*box*", "4 小时"),
     ),
     "release_confirm": (
         lambda: blocks.release_confirm(answers.ReleaseConfirmAsk(PRICED, 5)),
@@ -275,7 +275,7 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "rent_started": (
         lambda: blocks.rent_started(rent.RentStarted("lambda", "gpu_1x_h100", ("r-1", "r-2"))),
-        ("lambda", "gpu_1x_h100", "r-1, r-2"),
+        ("Lambda", "gpu_1x_h100", "r-1, r-2"),
     ),
     "rent_finished": (
         lambda: blocks.rent_finished(
@@ -285,21 +285,21 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "rent_finished/nothing": (
         lambda: blocks.rent_finished(rent.RentFinished("lambda", (), (), "UOWNER")),
-        ("lambda",),
+        ("Lambda",),
     ),
     "rent_failed": (
         lambda: blocks.rent_failed(rent.RentFailed("lambda", "quota exceeded")),
-        ("lambda", "quota exceeded"),
+        ("Lambda", "quota exceeded"),
     ),
     "rent_failed/unknown": (
         lambda: blocks.rent_failed(rent.RentFailed("lambda", None)),
-        ("lambda",),
+        ("Lambda",),
     ),
     "rent_given_back_failed": (
         lambda: blocks.rent_given_back_failed(
             rent.RentGivenBackFailed("lambda", "i-7", "no SSH", "HTTP 500")
         ),
-        ("lambda", "i-7", "no SSH", "HTTP 500"),
+        ("Lambda", "i-7", "no SSH", "HTTP 500"),
     ),
     "rent_recovered": (
         lambda: blocks.rent_recovered(rent.RentRecovered("lambda", "i-8", "r-3", NOW, "restart")),
@@ -385,7 +385,7 @@ def test_buttons_and_their_confirm_dialogs_are_chinese() -> None:
     assert len(dialogs) == 7
     assert_chinese(list(dialogs.values()))
     extend = dialogs[blocks.EXTEND_4H]
-    assert extend["title"]["text"] == "将 box 延长 4h？"
+    assert extend["title"]["text"] == "将 box 延长 4 小时？"
     assert "*box* 继续运行到" in extend["text"]["text"]
     assert "8.40" in extend["text"]["text"]
     assert dialogs[blocks.RELEASE_NOW]["title"]["text"] == "立即释放 box？"
@@ -398,7 +398,7 @@ def test_a_warning_in_chinese_says_when_and_what_it_costs() -> None:
     with speaking("zh"):
         text, _ = blocks.deadline_warning(_warning(PRICED))
         unpriced, _ = blocks.idle_prompt(rules.IdlePrompt(UNPRICED, 2, NOW, NOW, None, "UTC"))
-    assert text.startswith(":alarm_clock: *box* 将在 *30m* 后（")
+    assert text.startswith(":alarm_clock: *box* 将在 *30 分钟* 后（")
     assert "2.10" in text
     assert "/小时" in text
     assert "未记录价格" in unpriced

@@ -73,7 +73,7 @@ def test_the_rent_form_lists_the_types_by_provider() -> None:
     assert view["callback_id"] == forms.RENT_FORM
     assert block_ids(view) == list(forms.RENT_FIELDS)
     groups = view["blocks"][0]["element"]["option_groups"]
-    assert [group["label"]["text"] for group in groups] == ["aws", "lambda"]
+    assert [group["label"]["text"] for group in groups] == ["AWS", "Lambda"]
     first = groups[0]["options"][0]
     assert forms.split_offer(first["value"]) == ("aws", "g6.xlarge")
     assert first["description"]["text"] == "1x l4, $0.80/h"
@@ -92,7 +92,7 @@ def test_long_catalogues_are_cut_to_slacks_limits() -> None:
     view = forms.rent_form([*many, too_long], ["aws", "lambda"])
     check_view(view)
     assert [group["label"]["text"] for group in view["blocks"][0]["element"]["option_groups"]] == [
-        "aws"
+        "AWS"
     ]
     gpus = [GpuChoice(f"k{i}", "n" * 300) for i in range(250)]
     check_view(forms.register_form(gpus, PROVIDERS, default_release_in="8h"))

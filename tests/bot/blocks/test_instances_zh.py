@@ -96,7 +96,7 @@ def test_the_fleet_and_the_list_in_chinese() -> None:
     assert "显存 80/640 GiB" in shown
     assert f"注册以来已花费 {spent}" in shown
     assert "1 个无法连接" in shown
-    assert "磁盘将在 3h 15m 后释放" in shown
+    assert "磁盘将在 3 小时 15 分后释放" in shown
     assert "租用 8x A100，交付 4x RTX 4090" in shown
     assert "尚未查询" in listed
     assert "实例列表（7）" in listed
@@ -126,7 +126,7 @@ def test_one_instance_in_chinese() -> None:
     assert f"（其中存储 {storage}）" in shown
     assert "驱动 550.54.15、CUDA 12.4" in shown
     assert "进程 4242" in shown
-    assert "• 到期时：等待运行中的任务结束，最多 2h" in shown
+    assert "• 到期时：等待运行中的任务结束，最多 2 小时" in shown
     assert "释放…" in shown
     assert "box1：运行中，" in shown
     assert "已关机（" in stopped
@@ -151,9 +151,9 @@ def test_the_settings_in_chinese() -> None:
         stopping = chinese(render.instance_settings(replace(view, settings=stop)), "box1")
         bare = chinese(render.instance_settings(replace(view, settings=plain)), "box1")
         per_gb = money(100_000)
-    assert "• 计费：按分钟计费，最低收费 1m" in shown
+    assert "• 计费：按分钟计费，最低收费 1 分钟" in shown
     assert f"• 磁盘：200 GB，每 GB 每月 {per_gb}" in shown
-    assert "截止时间过后 1d 释放" in stopping
+    assert "截止时间过后 1 天释放" in stopping
     assert "• 最长期限：无" in bare
     assert "• 任务完成后：保留" in bare
 
@@ -239,7 +239,7 @@ def test_extend_and_release_in_chinese() -> None:
     assert "还有 1 个任务在运行" in asks[0]
     assert "确认释放 box1" in asks[0]
     assert "确认关机 box1" in asks[1]
-    assert "机器人会在 manual 上释放它。" in asks[2]
+    assert "机器人会在 手动登记 上释放它。" in asks[2]
     assert f"它至今已花费 {nothing}。" in free
     assert "已释放" in results[0]
     assert "HTTP 500" in results[5]
@@ -281,7 +281,7 @@ def test_an_unregistered_instance_in_chinese() -> None:
         unknown = chinese(render.unregistered_notice(bare), "abc123")
     assert "/gpu adopt runpod abc123 NAME" in shown
     assert "标签：owner=alice" in shown
-    assert "已运行 1d 6h" in shown
+    assert "已运行 1 天 6 小时" in shown
     assert "平台未报告价格" in unknown
 
 

@@ -189,9 +189,10 @@ def test_the_kits_own_words_in_chinese() -> None:
         note = common.fit(blocks)[-1]["elements"][0]["text"]
     assert_chinese(*words, note)
     assert all(re.search("[\u4e00-\u9fff]", text) for text in [*words, note]), words
-    assert "5m" in passed
+    assert passed == "已过截止时间 5 分钟"
+    assert words[4] == "5 分钟前"
     assert "11" in note
-    assert "2h 5m" in left
+    assert left == "剩余 2 小时 5 分"
     assert words[-1] == "12月02日 周三 20:00 CST"
     assert common.when(NOW, ZoneInfo("Asia/Shanghai")) == "Wed 02 Dec 20:00 CST"
     assert common.fit(blocks)[-1]["elements"][0]["text"] == "11 more not shown."

@@ -8,8 +8,11 @@ from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
 
-from agents.protocol import JobGpuStat, JobSummary
+from agents import diagnose
+from agents.diagnose import GpuPoint, Sample
+from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import jobs, money
+from bot.blocks.kit import escape
 from bot.i18n import speaking
 from bot.services import advice
 from bot.services.budgets import BudgetStatus
@@ -162,7 +165,8 @@ def test_what_a_session_cost() -> None:
         ]
     assert_chinese(*texts)
     assert zh_money(4 * USD) in texts[0]
-    assert "2 h" in texts[0]
+    assert "1 小时 10 分，按 2 小时计费" in texts[0]
+    assert "/小时" in texts[0]
 
 
 def test_job_queued_finished_and_cancelled() -> None:
@@ -289,3 +293,69 @@ def test_a_job_waiting_for_gpus_others_hold_and_who_marks_them() -> None:
         assert "<@U0BOB>" in shown
     assert "被 gpubot 以外的程序占用：新任务会等它空出来" in who
     assert "GPU 4: 正被 gpubot 以外的程序使用" in who
+
+
+def _agent_diagnoses() -> tuple[Diagnosis, ...]:
+    """The five diagnoses as the agent makes them from a job's samples and log."""
+    idle = [
+        Sample(float(i), 400.0, (GpuPoint(0, 5.0, GIB), GpuPoint(1, 0.0, GIB))) for i in range(6)
+    ]
+    skewed = [
+        Sample(float(i), 100.0, (GpuPoint(0, 95.0, 40 * GIB), GpuPoint(1, 2.0, 40 * GIB)))
+        for i in range(6)
+    ]
+    unused = [Sample(float(i), 5.0, (GpuPoint(0, 0.0, 0),)) for i in range(6)]
+    totals = {0: 80 * GIB, 1: 80 * GIB}
+    stats = diagnose.gpu_stats(idle, (0, 1))
+    found = (
+        diagnose.cuda_oom("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"),
+        diagnose.memory_leak([10 * GIB + i * GIB // 4 for i in range(40)], 0, 80 * GIB),
+        diagnose.dataloader_bound(idle, stats, 400.0),
+        diagnose.gpu_imbalance(skewed, diagnose.gpu_stats(skewed, (0, 1))),
+        diagnose.gpu_unused(unused, diagnose.gpu_stats(unused, (0,)), totals),
+    )
+    assert all(d is not None for d in found)
+    return tuple(d for d in found if d is not None)
+
+
+def test_a_finished_jobs_diagnoses_are_chinese() -> None:
+    found = _agent_diagnoses()
+    assert [d.code for d in found] == [
+        "cuda_oom",
+        "memory_leak",
+        "dataloader_bound",
+        "gpu_imbalance",
+        "gpu_unused",
+    ]
+    failed = job(
+        state="failed",
+        exit_code=1,
+        summary=JobSummary(
+            duration_s=600.0, cpu_avg_pct=400.0, gpus=(), diagnoses=found, log_tail=""
+        ),
+    )
+    for one in found:
+        alone = replace(failed, summary=JobSummary(600.0, 400.0, (), (one,)))
+        with speaking("zh"):
+            chinese(jobs.completion_reply(alone))
+    with speaking("zh"):
+        replied = chinese(jobs.completion_reply(failed))
+    assert "7.2 GiB" in replied  # the leak's rise, written out by the bot
+    assert "`torchrun --nproc_per_node=2`" in replied
+    assert "95%" in replied
+    assert "2%" in replied
+    _, body = jobs.completion_reply(failed)
+    english = json.dumps(body, ensure_ascii=False)
+    for one in found:
+        assert json.dumps(escape(one.message), ensure_ascii=False)[1:-1] in english
+
+
+def test_a_diagnosis_from_an_agent_before_templates_reads_as_it_was_sent() -> None:
+    old = Diagnosis(code="cuda_oom", message="The job ran out of GPU memory.")
+    failed = job(
+        state="failed",
+        summary=JobSummary(duration_s=6.0, cpu_avg_pct=None, gpus=(), diagnoses=(old,)),
+    )
+    with speaking("zh"):
+        text = all_text(check_message(jobs.completion_reply(failed)))
+    assert "The job ran out of GPU memory." in text

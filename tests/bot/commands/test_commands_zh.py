@@ -153,7 +153,7 @@ def test_the_usage_line_after_a_mistake_is_introduced_in_chinese() -> None:
         refused = refusal("policy box1 --max-grace soon")
         usage = usage_text(refused.usage)
     assert refused.message == "'soon' 不是有效的时长"
-    assert refused.hint == "时长写作 90m、2h、1h30m、3d，或 2小时、30分钟、1天。"
+    assert refused.hint == "时长写作 90m、2h、1h30m、3d，或 2小时、半小时、30分钟、1天。"
     assert usage.startswith("用法：`/gpu policy NAME [--at-deadline")
 
 
@@ -180,7 +180,7 @@ def test_a_broken_button_is_refused_in_chinese() -> None:
 @pytest.mark.parametrize(
     ("read", "text", "quoted"),
     [
-        (parse_duration, "两小时", "'两小时'"),
+        (parse_duration, "两周", "'两周'"),
         (parse_duration, "0s", "'0s'"),
         (parse_duration, "400d", "'400d'"),
         (lambda text: parse_price(text, "CNY"), "2元/月", "'2元/月'"),

@@ -101,5 +101,5 @@ def test_prices_in_yuan_come_from_the_chinese_table(sqlite_db: Database) -> None
     rt = make_runtime(sqlite_db, Clock(datetime(2026, 12, 2, 12, 0)), currency="CNY")
     with speaking("zh"):
         text = shown(run(rt, "fit 7b 推理 --bits 4"))
-    assert "¥1.66/h" in text
+    assert "¥1.66/小时" in text
     assert "从容" in text

@@ -184,7 +184,7 @@ def test_the_forms_open_fast_from_what_is_known_locally(rt: Runtime) -> None:
     ]
     assert "a100-sxm4-80gb" in gpus
     groups = rent["blocks"][0]["element"]["option_groups"]
-    assert [group["label"]["text"] for group in groups] == ["runpod"]
+    assert [group["label"]["text"] for group in groups] == ["RunPod"]
     assert {o["value"] for o in groups[0]["options"]} >= {"runpod:RTX 4090"}
     with pytest.raises(ValueError, match="no form"):
         forms.form_view(rt, OWNER, "other_form")

@@ -378,7 +378,7 @@ def test_bills_through_the_real_bolt_app_with_a_signed_request(
     assert not check_blocks(reply.payload["blocks"])
     text = str(reply.payload["blocks"])
     assert "Platform bills against gpubot, December 2026 (UTC)" in text
-    assert "*aws*: fetched 12m ago" in text
+    assert "*AWS*: fetched 12m ago" in text
     assert "likely cause: the start time" in text
     assert "manual publishes no per-instance bill gpubot can read." in text
 

@@ -24,6 +24,7 @@ from sqlmodel import col, select, update
 from bot.commands import build_registry
 from bot.commands.parser import parse
 from bot.providers.aws import AwsProvider
+from bot.providers.names import platform_name
 from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import bills, tick
@@ -366,7 +367,7 @@ def test_a_month_of_bills_on_three_platforms_to_the_micro_unit(
         difference = format_money(platform - bot, "USD")
         sign = "+" if platform > bot else ""
         assert (
-            f"*{provider}*: gpubot {format_money(bot, 'USD')}, platform "
+            f"*{platform_name(provider)}*: gpubot {format_money(bot, 'USD')}, platform "
             f"{format_money(platform, 'USD')}, difference {sign}{difference} "
             "(bills fetched 12h ago" in section
         ), section

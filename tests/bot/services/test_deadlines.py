@@ -16,8 +16,6 @@ from bot.services.tick import RECONCILE_EVERY_S, TICK_STEPS, tick
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release
 from tests.bot.services.support import (
     T0,
-    Clock,
-    ScriptedPlatform,
     add_instance,
     get_instance,
     make_runtime,
@@ -25,16 +23,6 @@ from tests.bot.services.support import (
 
 D = T0 + timedelta(hours=2)
 NEVER_POLL = 10**7
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def platform() -> ScriptedPlatform:
-    return ScriptedPlatform()
 
 
 @pytest.fixture

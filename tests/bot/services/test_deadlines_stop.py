@@ -35,11 +35,6 @@ POD_DISK = {"disk_gb": 365, "volume_gb": 365}
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
 def rt(db, clock, runpod_cloud: RunpodStandIn) -> Runtime:
     settings = Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
     runpod = ProviderRegistry.from_settings(settings).get("runpod")

@@ -1,7 +1,7 @@
 """What the agent says reads in the reader's language: the shared parser's and the agent's
-English refusals of ``--gpus``, and why an instance's GPUs cannot be read (with the agent's
-hint for each NVML error), exactly as they are worded, are each one of the bot's translated
-templates."""
+refusals of ``--gpus``, and why an instance's GPUs cannot be read (with the agent's hint for
+each NVML error), each a template of agents.messages with its parameters, shown through the
+catalogue with the instance's name for the machine."""
 
 from __future__ import annotations
 
@@ -12,21 +12,24 @@ from agents.nvml import _RESET_HINT, HINTS
 from agents.protocol import NVML_ERROR_CODES, JobError, JobRequestError, NvmlError, parse_gpus
 from agents.runner import nvml_failure
 from bot.i18n import speaking
-from bot.services import nvml_words
-from bot.services.jobs import _sentence, agent_words
+from bot.services import agent_text, nvml_words
 from tests.chinese import assert_chinese
 
 
-def _parser_says(text: str) -> str:
+def _parser_says(text: str) -> JobError:
     with pytest.raises(JobRequestError) as raised:
         parse_gpus(text)
-    return str(raised.value)
+    return raised.value
 
 
-def _agent_says(text: str, available: tuple[int, ...]) -> str:
+def _agent_says(text: str, available: tuple[int, ...], why: str = "NVML failed") -> JobError:
     with pytest.raises((JobRequestError, JobError)) as raised:
-        resolve_request(parse_gpus(text), available, "NVML failed")
-    return str(raised.value)
+        resolve_request(parse_gpus(text), available, why)
+    return raised.value
+
+
+def _shown(error: JobError) -> str:
+    return agent_text.said(error.template, error.params, str(error), name="box")
 
 
 REFUSALS = [
@@ -48,20 +51,25 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("english", REFUSALS)
-def test_every_gpus_refusal_reads_in_chinese_and_unchanged_in_english(english: str) -> None:
-    # As the bot shows it: a sentence, the instance's name for "this machine".
-    shown = _sentence(english).replace("This machine", "box").replace("this machine", "box")
-    assert agent_words(shown) == shown
+@pytest.mark.parametrize("error", REFUSALS, ids=lambda e: e.code)
+def test_every_gpus_refusal_reads_in_chinese_and_as_the_agent_says_it_in_english(
+    error: JobError,
+) -> None:
+    english = _shown(error)
+    # English: the agent's own sentence, the instance's name for "this machine".
+    said = str(error).replace("this machine", "box")
+    assert english.rstrip(".").lower() == said.rstrip(".").lower()
     with speaking("zh"):
-        said = agent_words(shown)
-    assert said != shown
-    assert_chinese(said.replace("NVML failed", "NVML"))
+        chinese = _shown(error)
+    assert chinese != english
+    assert_chinese(chinese)
 
 
-def test_other_words_of_the_agent_are_left_as_they_are() -> None:
+def test_a_gpus_refusal_names_the_instance_in_chinese() -> None:
     with speaking("zh"):
-        assert agent_words("Something else went wrong.") == "Something else went wrong."
+        chinese = _shown(_agent_says("3", (0, 1)))
+    assert chinese.startswith("box ")
+    assert "3" in chinese
 
 
 #: What the loader says when the driver's library is missing (agents/nvml.py passes it on).
@@ -79,21 +87,19 @@ def test_a_chinese_run_reply_says_the_kind_and_keeps_the_drivers_words_as_code(
     error = NvmlError(code=code, message=LOADER_SAYS, hint=hint)
     if code == "reset_required":
         error = NvmlError(code="unknown", message=LOADER_SAYS, hint=_RESET_HINT)
-    shown = _sentence(nvml_failure(error)).replace("this machine", "box")
+    failure = nvml_failure(error)
     with speaking("zh"):
-        said = agent_words(shown)
+        said = _shown(failure)
     assert_chinese(said)
     assert LOADER_SAYS in said or code == "library_not_found"  # that one says no detail
     if LOADER_SAYS in said:
         assert f"`{LOADER_SAYS}`" in said
-    assert agent_words(shown) == shown  # English: the agent's own words
+    assert _shown(failure) == str(failure).replace("this machine", "box")
 
 
 def test_no_gpu_for_the_job_keeps_the_drivers_words_as_code_in_chinese() -> None:
-    english = _sentence(_agent_says("0", ())).replace("NVML failed", LOADER_SAYS)
-    shown = english.replace("this machine", "box")
     with speaking("zh"):
-        said = agent_words(shown)
+        said = _shown(_agent_says("0", (), why=LOADER_SAYS))
     assert_chinese(said)
     assert f"`{LOADER_SAYS}`" in said
 
@@ -104,19 +110,15 @@ def test_the_bot_knows_the_agents_nvml_hints_word_for_word() -> None:
     assert set(nvml_words.HINTS) == set(NVML_ERROR_CODES)
 
 
-def test_a_long_text_that_repeats_the_agents_words_is_left_as_it_is_unmatched(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Text past AGENT_WORDS_MAX is never matched against the patterns (their lazy groups
-    backtrack as the fourth power of a text that repeats their words: 3,000 characters took
-    seconds), and comes back as it is."""
-    from bot.services import jobs
+def test_text_without_a_template_is_shown_as_the_agent_wrote_it() -> None:
+    with speaking("zh"):
+        assert agent_text.said(None, {}, "Something else went wrong.") == (
+            "Something else went wrong."
+        )
 
-    text = "box has 2 GPUs (0, 1); --gpus " * 100
-    assert len(text) > jobs.AGENT_WORDS_MAX
 
-    def no_matching(*_: object, **__: object) -> None:
-        raise AssertionError("a long text was matched")
-
-    monkeypatch.setattr(jobs, "_template_pattern", no_matching)
-    assert jobs.agent_words(text) == text
+def test_parameters_that_do_not_fit_the_template_leave_the_english() -> None:
+    error = _agent_says("3", (0, 1))
+    with speaking("zh"):
+        said = agent_text.said(error.template, {"text": "3"}, "as sent", name="box")
+    assert said == "as sent"

@@ -29,6 +29,7 @@ from bot.errors import (
 )
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
+from bot.i18n import speaking
 from bot.notify import MessageRef
 from bot.runtime import Runtime
 from bot.services import audit, outbox
@@ -38,6 +39,7 @@ from bot.store.db import Database
 from bot.store.models import AuditLog, InstanceAccess, Job, OutboxMessage, Person
 from tests.agents.runner_support import FAST_ENV, Agent, fake_gpu_zipapp
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
+from tests.chinese import assert_said_in_chinese
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.sshd import SshServer
 
@@ -449,6 +451,15 @@ def test_bad_requests_change_nothing(world: World):
     assert caught.value.message == "box has 2 GPUs (0, 1); --gpus any:3 asks for 3."
     with pytest.raises(UsageError, match=r"^no-such-program-xyz: command not found on PATH\.$"):
         svc.submit(world.rt, OWNER, "box", ["no-such-program-xyz"])
+    # In Chinese: the agent's error document read through the catalogue, no English left.
+    with speaking("zh"), pytest.raises(UsageError) as caught:
+        svc.submit(world.rt, OWNER, "box", ["true"], gpus="3")
+    assert caught.value.message.startswith("box 有 2 块 GPU")
+    assert "--gpus 3 " in caught.value.message
+    assert_said_in_chinese(caught.value.message)
+    with speaking("zh"), pytest.raises(UsageError) as caught:
+        svc.submit(world.rt, OWNER, "box", ["no-such-program-xyz"])
+    assert_said_in_chinese(caught.value.message)
     with world.db.session() as session:
         assert session.exec(select(Job)).all() == []
     assert world.notifier.posts == []

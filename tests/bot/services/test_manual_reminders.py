@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from bot.blocks import render
 from bot.errors import NotAuthorized, UsageError
@@ -44,26 +44,42 @@ class Forgetful:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
 def rt(db, clock) -> Runtime:
     return make_runtime(db, clock)
 
 
 def _forget(rt: Runtime, clock: Clock, *, days: int) -> tuple[int, int]:
     """A manual instance whose deadline release nobody confirms, the clock ticking every
-    ``TICK`` for ``days``; returns (instance id, release id)."""
+    ``TICK`` for ``days``; returns (instance id, release id).
+
+    A tick at which no open release is due takes none (``process_due_releases`` reads only
+    ``Release.next_attempt_at``), so the clock jumps from tick to the next tick at which one
+    is: the same calls at the same times as every tick, without the idle ones."""
     iid = add_instance(rt.db, name="hand")
     rel = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
     assert rel.id is not None
-    end = clock.now + timedelta(days=days)
+    start = clock.now
+    end = start + timedelta(days=days)
     while clock.now < end:
         releases.process_due_releases(rt, clock.now)
-        clock.advance(seconds=TICK.total_seconds())
+        clock.set(_next_tick(rt, start, after=clock.now, until=end))
     return iid, rel.id
+
+
+def _next_tick(rt: Runtime, start: datetime, *, after: datetime, until: datetime) -> datetime:
+    """The first tick (``start`` plus a whole number of ``TICK``) later than ``after`` at which
+    an open release is due; the first tick at or after ``until`` when none is due before."""
+    with rt.db.session() as session:
+        due = list(
+            session.exec(
+                select(Release.next_attempt_at).where(col(Release.state).in_(releases.OPEN_STATES))
+            )
+        )
+    if any(at is None for at in due):
+        return after + TICK
+    wanted = min([at for at in due if at is not None] + [until])
+    ticks = max(-(-(wanted - start) // TICK), (after - start) // TICK + 1)
+    return start + ticks * TICK
 
 
 def _reminders_at(rt: Runtime) -> list[datetime]:

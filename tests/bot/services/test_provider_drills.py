@@ -182,13 +182,13 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
     # after the third failure; each instance's release once.
     escalations = rt.notifier.containing("failed 3 times")
     assert sorted(p.channel for p in escalations) == ["COPS", "UOWNER"]
-    assert "Releasing *pod* (<@UOWNER>) on runpod failed 3 times" in escalations[0].text
+    assert "Releasing *pod* (<@UOWNER>) on RunPod failed 3 times" in escalations[0].text
     assert "HTTP 500" in escalations[0].text
     assert len(rt.notifier.containing("failed")) == 2
     assert [p.channel for p in rt.notifier.to("COPS")] == ["COPS"] * 3
     # The ops channel also heard, once each, that RunPod could not be listed and listed again.
-    assert len(rt.notifier.containing("cannot list the instances of *runpod*")) == 1
-    assert len(rt.notifier.containing("the instances of *runpod* again")) == 1
+    assert len(rt.notifier.containing("cannot list the instances of *RunPod*")) == 1
+    assert len(rt.notifier.containing("the instances of *RunPod* again")) == 1
     for name in ("pod", "lam1", "lam2"):
         assert len(rt.notifier.containing(f"*{name}* is released")) == 1
         assert len(rt.notifier.containing(f"*{name}* will be released")) == 2

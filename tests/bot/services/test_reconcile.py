@@ -17,6 +17,7 @@ from bot import billing
 from bot.errors import UsageError
 from bot.providers.aws import AwsProvider
 from bot.providers.base import Provider
+from bot.providers.names import platform_name
 from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import ledger, outbox, reconcile
@@ -166,7 +167,7 @@ def test_stopped_outside_the_bot_then_started_again(db, account: Account):
 
     told = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
     assert len(told) == 2
-    assert f"was stopped on {account.provider.name} outside the bot" in told[0]
+    assert f"was stopped on {platform_name(account.provider.name)} outside the bot" in told[0]
     assert "keeps billing ($0.10/h)" in told[0]
     assert "started again" in told[1]
     assert (f"It came back at `{inst.host}:{inst.port}`" in told[1]) == moved
@@ -216,7 +217,7 @@ def test_terminated_while_stopped_ends_the_disk_too(db, compshare_cloud: Compsha
     inst = get_instance(rt.db, iid)
     assert (inst.state, inst.stopped_at) == ("released", T0)
     assert inst.released_at == inst.storage_deleted_at == gone_at
-    assert "was released on compshare outside the bot" in _outbox(rt)[-1].text
+    assert "was released on Compshare outside the bot" in _outbox(rt)[-1].text
 
 
 def test_a_release_under_way_is_left_to_the_release_engine(db, vast_cloud: VastStandIn):
@@ -580,5 +581,5 @@ def test_a_compshare_stop_seen_outside_takes_the_powered_off_disk_price_and_rele
     [told] = [m.text for m in _outbox(rt) if m.recipient == "UOWNER"]
     assert "keeps billing (0.0500 CNY/h)" in told
     # ReleaseTime 2026-12-09 11:00 UTC is 19:00 in Shanghai.
-    assert "compshare itself releases it, disk and data, at" in told
+    assert "Compshare itself releases it, disk and data, at" in told
     assert "at Wed 09 Dec 19:00 CST unless it is started again" in told

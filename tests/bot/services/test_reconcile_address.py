@@ -118,7 +118,7 @@ def test_a_pod_started_again_at_a_new_address_is_reached_there(db, runpod_cloud:
     assert fleet.forgotten == ["box1"]
     told = _owner_texts(rt)
     assert len(told) == 2
-    assert "started again on runpod" in told[1]
+    assert "started again on RunPod" in told[1]
     assert "It came back at `1.2.3.4:22022`." in told[1]
 
     polling.poll_instances(rt, started)
@@ -166,7 +166,7 @@ def test_a_running_instance_follows_the_platform_once_its_old_address_fails(
     assert (inst.host, inst.port, inst.state) == ("5.6.7.8", 22, "active")
     told = _owner_texts(rt)
     assert len(told) == 1
-    assert "*box1* came back at `5.6.7.8:22` on lambda" in told[0]
+    assert "*box1* came back at `5.6.7.8:22` on Lambda" in told[0]
     assert fleet.forgotten == ["box1"]
     polling.poll_instances(rt, moved_at)  # due at once, at the new address
     assert fleet.dialed[-1] == ("box1", "5.6.7.8", 22)

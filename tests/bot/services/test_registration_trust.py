@@ -347,7 +347,7 @@ def test_adopting_is_for_admins_and_told_to_the_ops_channel(
                 select(OutboxMessage).where(OutboxMessage.key == f"adopted:{result.instance.id}")
             ).all()
         assert told.recipient == "COPS"
-        assert f"<@{ADMIN.user_id}> adopted *compshare* instance `{uid}` (trainer)" in told.text
+        assert f"<@{ADMIN.user_id}> adopted *Compshare* instance `{uid}` (trainer)" in told.text
         assert "Tags: name=trainer, tag=Default, remark=lab-a" in told.text
         # A held instance is not adopted again, by anyone.
         with pytest.raises(Conflict, match="registered already, as cs1"):
@@ -495,7 +495,7 @@ def test_a_catch_all_404_outage_is_told_once_and_its_end_once(
         outages = audit.entries(session, action="platform_unlisted")
     assert told.key == "list_failed:vast:1"
     assert told.recipient == "COPS"
-    assert "cannot list the instances of *vast*" in told.text
+    assert "cannot list the instances of *Vast*" in told.text
     assert "404" in told.text
     assert "&lt;html&gt;" in told.text or "not the platform" in told.text
     assert len(outages) == 1
@@ -511,7 +511,7 @@ def test_a_catch_all_404_outage_is_told_once_and_its_end_once(
             select(OutboxMessage).where(OutboxMessage.key == "list_ok:vast:1")
         ).one()
     assert keys == ["list_failed:vast:1", "list_ok:vast:1", "list_failed:vast:2"]
-    assert "can list the instances of *vast* again (it could not for 15m)" in again.text
+    assert "can list the instances of *Vast* again (it could not for 15m)" in again.text
 
 
 def test_a_rate_limit_is_not_an_outage(db: Database, vast_cloud: VastStandIn) -> None:

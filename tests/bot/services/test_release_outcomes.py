@@ -6,18 +6,28 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlmodel import select
 
+from bot.errors import ProviderUnknownOutcome
+from bot.providers.base import ProviderInstance, ReleaseOutcome
 from bot.providers.registry import ProviderRegistry
 from bot.runtime import Runtime
 from bot.services import releases
 from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import Prompt, Release
-from tests.bot.services.support import T0, Clock, NoFleet, add_instance, get_instance, make_runtime
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    NoFleet,
+    ScriptedPlatform,
+    add_instance,
+    get_instance,
+    make_runtime,
+)
 from tests.fixtures.providers import LambdaStandIn
 
 
@@ -164,3 +174,47 @@ def test_a_slow_release_keeps_its_claim_by_heartbeat(
         holder.join(timeout=10)
     assert releases.load_release(rt, release_id).state == "confirmed"
     assert len(lambda_cloud.calls_to("POST")) == 1
+
+
+class _LostAnswerPlatform:
+    """Ends the instance at the first release call but loses the answer; afterwards reports it
+    terminated, with the time it ended (as EC2's state transition reason gives it)."""
+
+    name = "lossy"
+    capabilities = ScriptedPlatform.capabilities
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.ended_at: datetime | None = None
+        self.release_calls = 0
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        state = "terminated" if self.ended_at else "running"
+        return ProviderInstance(provider_id, state=state, raw_state=state, ended_at=self.ended_at)
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        self.release_calls += 1
+        self.ended_at = self.ended_at or self.clock.now
+        raise ProviderUnknownOutcome("the answer timed out after the request was sent")
+
+
+def test_a_release_whose_answer_was_lost_stops_the_meter_when_the_platform_ended_it(
+    db: Database, clock: Clock
+) -> None:
+    """Found by the team-month simulation: the retry found the instance terminated and stopped
+    the meter at the retry, billing minutes the platform did not."""
+    platform = _LostAnswerPlatform(clock)
+    rt = make_runtime(db, clock, providers=[platform], fleet=NoFleet(), channel="COPS")
+    iid = add_instance(rt.db, provider="lossy", provider_instance_id="p-1", created_at=T0)
+    clock.now = T0 + timedelta(hours=2)
+    release = releases.request_release(rt, iid, reason="deadline", requested_by="gpubot")
+    assert release.id is not None
+    assert releases.process_release(rt, release.id).state != "confirmed"
+    ended = platform.ended_at
+    assert ended == T0 + timedelta(hours=2)
+    confirmed = _retry(rt, clock, release.id)
+    assert confirmed.state == "confirmed"
+    assert clock.now > ended  # the retry came later ...
+    assert platform.release_calls == 1  # ... looked first, and did not ask again
+    inst = get_instance(rt.db, iid)
+    assert inst.released_at == ended  # ... and the meter stopped when the platform ended it

@@ -24,27 +24,11 @@ from bot.services.tick import tick
 from bot.store.models import AuditLog, Instance, Prompt, Release
 from tests.bot.services.support import (
     T0,
-    Clock,
     ScriptedPlatform,
     add_instance,
     get_instance,
     make_runtime,
 )
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def platform() -> ScriptedPlatform:
-    return ScriptedPlatform()
-
-
-@pytest.fixture
-def rt(db, clock, platform):
-    return make_runtime(db, clock, providers=[platform])
 
 
 def _api_instance(rt) -> int:

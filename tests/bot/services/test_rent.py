@@ -163,7 +163,7 @@ def test_rent_command_answers_at_once_and_posts_when_done(
     waiting = _waiting(ssh_s=10, poll_s=5)
     monkeypatch.setattr(rent, "Waiting", lambda: waiting)
     reply = spec.handler(rt, OWNER, args)
-    assert "Renting 1 x NVIDIA A40 on runpod as pod3" in reply.text
+    assert "Renting 1 x NVIDIA A40 on RunPod as pod3" in reply.text
     rt.executor.shutdown(wait=True)
     notifier = cast(RecordingNotifier, rt.notifier)
     [done] = notifier.to("CTEAM")
@@ -278,7 +278,7 @@ def test_a_rental_cut_short_by_a_crash_is_terminated_and_its_renter_told(
     assert pod not in runpod_cloud.instances
     assert registered in runpod_cloud.instances  # a registered rental is not an orphan
     [told] = notifier.to("UOWNER")
-    assert f"runpod instance {pod} (pod5)" in told.text
+    assert f"RunPod instance {pod} (pod5)" in told.text
     assert "never registered" in told.text
     assert "rented with /gpu rent at Wed 02 Dec 20:00 CST," in told.text  # the workspace's zone
     assert "terminated" in told.text
@@ -449,7 +449,7 @@ def test_a_launch_that_started_nothing_is_settled_and_the_renter_told(
     assert rent.recover_orphans(rt, clock.now + timedelta(minutes=1)) == []
     [told] = notifier.to("UOWNER")
     assert "got no answer from the platform" in told.text
-    assert "on runpod at Wed 02 Dec 20:00 CST got" in told.text  # the workspace's zone
+    assert "on RunPod at Wed 02 Dec 20:00 CST got" in told.text  # the workspace's zone
     assert "nothing was started under its name solo-" in told.text
     assert rent.recover_orphans(rt, clock.now + timedelta(hours=1)) == []
     assert len(notifier.to("UOWNER")) == 1

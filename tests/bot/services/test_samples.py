@@ -105,7 +105,7 @@ def test_pruning_is_bounded_per_call(db: Database, monkeypatch: pytest.MonkeyPat
     assert samples.prune(rt, rt.now()) == 0
 
 
-def test_the_clock_prunes_once_an_hour_whatever_the_processes(db: Database) -> None:
+def test_the_clock_prunes_once_a_slot_whatever_the_processes(db: Database) -> None:
     iid = add_instance(db, last_polled_at=HOUR + timedelta(days=200))
     _record(db, iid, HOUR, ok=True, util_avg_pct=1.0)
     start = HOUR + timedelta(days=100)

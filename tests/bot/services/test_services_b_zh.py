@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from agents.protocol import JobRecord
 from bot.errors import GpubotError, Unreachable
 from bot.executor import BotExecutor, Busy
 from bot.i18n import active_language, set_default_language, speaking
@@ -258,20 +259,41 @@ def test_the_hints_of_the_error_classes_are_said_in_the_readers_language() -> No
     assert Unreachable("x", hint="").hint == ""
 
 
+def _noted(note: str, template: str | None = None, **params: str) -> JobRecord:
+    return JobRecord(
+        id="j1",
+        name=None,
+        state="lost",
+        command=("x",),
+        user=None,
+        gpus_requested=None,
+        gpus_assigned=(),
+        retries=0,
+        attempt=0,
+        created_at="2026-01-01T00:00:00+00:00",
+        started_at=None,
+        finished_at=None,
+        exit_code=None,
+        note=note,
+        note_template=template,
+        note_params=params,
+    )
+
+
 def test_the_bots_own_notes_on_a_job_are_shown_in_chinese() -> None:
+    forgotten = _noted("Lost: box no longer knows this job.", jobs.LOST_FORGOTTEN, name="box")
+    released = _noted("Lost: the instance was released.", jobs.LOST_INSTANCE_GONE, state="released")
     with speaking("zh"):
-        lost = jobs.note_words("Lost: box no longer knows this job.")
-        gone = jobs.note_words("Lost: the instance was released.")
-        theirs = jobs.note_words("exit code 137 (killed)")
+        lost = jobs.note_words(forgotten)
+        gone = jobs.note_words(released)
+        theirs = jobs.note_words(_noted("exit code 137 (killed)"))
     assert lost is not None
     assert "box" in lost
     assert gone is not None
     assert "已释放" in gone
     assert_said_in_chinese(lost, gone)
     assert theirs == "exit code 137 (killed)"
-    assert jobs.note_words("Lost: box no longer knows this job.") == (
-        "Lost: box no longer knows this job."
-    )
+    assert jobs.note_words(forgotten) == "Lost: box no longer knows this job."
 
 
 def test_an_escalation_to_the_ops_channel_is_in_the_workspaces_language(rt: Runtime) -> None:

@@ -171,7 +171,7 @@ def test_a_stopped_instance_lives_a_month_on_its_disk_and_runs_again_when_starte
     later = billing.cost_breakdown(inst, clock.now + timedelta(hours=1)).compute_micros
     assert later - before == 2 * USD
     tick(rt, clock.now)  # the notice goes out with the clock
-    told = [x for x in _owner_texts(notifier) if "was started again on vast by" in x]
+    told = [x for x in _owner_texts(notifier) if "was started again on Vast by" in x]
     assert len(told) == 1
     assert "Its new deadline is" in told[0]
 
