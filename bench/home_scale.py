@@ -10,12 +10,13 @@ accrued up to now. Then, in interleaved rounds of the same run:
 
   (a) the Home: bot.services.home.home_view for the person, rendered to Block Kit
       (bot.blocks.home), what each publish of their Home runs;
-  (b) `/gpu list`: bot.services.fleet_views.list_instances, rendered (bot.blocks.instances).
+  (b) `/gpu list` for the person, through the real parser and handler: their instances in
+      full, the team's figures and nearest deadlines (bot.services.fleet_views.viewer_list,
+      rendered by bot.blocks.instance_list).
 
-Printed per size: the median milliseconds of (a) and (b), the ratio of the large team to the
-small one for each, and the Home's ratio against the goal: within 2x. (b) has no goal of its
-own: `/gpu list` lists the whole team and adds up what every instance cost since registered,
-so its cost grows with the team; it is printed so that the growth is seen.
+Printed per size: the median milliseconds of (a) and (b) and the ratio of the large team to
+the small one for each, against the goal: within 2x. The final JSON line carries the worse of
+the two as ``ratio`` and each as ``home_ratio`` and ``list_ratio``.
 
 Run: python bench/home_scale.py [--size 10000] [--rounds 5] [--quick]   (--quick: 2,000)
 """
@@ -40,9 +41,11 @@ from sqlalchemy import insert  # noqa: E402
 
 from agents.protocol import dumps  # noqa: E402
 from bot.blocks import home as home_blocks  # noqa: E402
-from bot.blocks import instances as instance_blocks  # noqa: E402
+from bot.commands import build_registry  # noqa: E402
+from bot.commands.parser import parse  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import fleet_views, home, ledger  # noqa: E402
+from bot.services import home, ledger  # noqa: E402
+from bot.services.access import Caller  # noqa: E402
 from bot.services.lookup import status_columns  # noqa: E402
 from bot.store.db import Database  # noqa: E402
 from bot.store.models import Budget, Instance, Job, Person  # noqa: E402
@@ -57,6 +60,8 @@ MINE = 50
 EACH = 5
 SMALL = 50
 GOAL = 2.0
+REGISTRY = build_registry()
+LISTER = Caller(user_id=VIEWER, channel_id="CTEAM")
 
 
 def main() -> int:
@@ -86,12 +91,21 @@ def main() -> int:
     print(f"{'team':>8} {'Home':>10} {'/gpu list':>12}")
     for size in (SMALL, large):
         print(f"{size:>8} {median[size, 'home']:>8.1f}ms {median[size, 'list']:>10.1f}ms")
-    ratio = median[large, "home"] / median[SMALL, "home"]
+    home_ratio = median[large, "home"] / median[SMALL, "home"]
     list_ratio = median[large, "list"] / median[SMALL, "list"]
-    print(f"Home {large} / {SMALL}: {ratio:.2f}x (goal <= {GOAL:.1f}x)")
-    print(f"/gpu list {large} / {SMALL}: {list_ratio:.2f}x (no goal: it lists the whole team)")
+    print(f"Home {large} / {SMALL}: {home_ratio:.2f}x (goal <= {GOAL:.1f}x)")
+    print(f"/gpu list {large} / {SMALL}: {list_ratio:.2f}x (goal <= {GOAL:.1f}x)")
+    ratio = max(home_ratio, list_ratio)
     met = ratio <= GOAL
-    print(json.dumps({"bench": "home_scale", "ratio": round(ratio, 3), "goal": GOAL, "met": met}))
+    result = {
+        "bench": "home_scale",
+        "ratio": round(ratio, 3),
+        "goal": GOAL,
+        "met": met,
+        "home_ratio": round(home_ratio, 3),
+        "list_ratio": round(list_ratio, 3),
+    }
+    print(json.dumps(result))
     return 0 if met else 1
 
 
@@ -101,7 +115,8 @@ def _home(rt: Runtime) -> None:
 
 
 def _list(rt: Runtime) -> None:
-    instance_blocks.instance_list(fleet_views.list_instances(rt))
+    spec, args = parse("list", REGISTRY)
+    spec.handler(rt, LISTER, args)
 
 
 def _timed(fn: Callable[[Runtime], None], rt: Runtime) -> float:

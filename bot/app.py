@@ -6,18 +6,20 @@ the server each build their own.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import partial, wraps
 from typing import ParamSpec, TypeVar
 
-from slack_bolt import App
+from slack_bolt import App, BoltRequest, BoltResponse
 from slack_sdk import WebClient
+from slack_sdk.webhook import WebhookClient
 from sqlmodel import select
 
 from bot import charts
@@ -25,14 +27,21 @@ from bot.blocks import render, render_files
 from bot.commands import build_registry
 from bot.commands import home as home_commands
 from bot.commands.registry import Registry
-from bot.errors import ConfigError, GpubotError
+from bot.errors import ConfigError, GpubotError, StoreError
 from bot.executor import BotExecutor
 from bot.fleet.fleet import Fleet
 from bot.fleet.local import LocalTransport
 from bot.health import Health
 from bot.http_server import OpsEndpoints
-from bot.i18n import language_of, set_default_language
-from bot.listeners import Forms, register_listeners
+from bot.i18n import language_of, set_default_language, speaking
+from bot.listeners import (
+    CHECK_BEFORE_RUNNING,
+    Forms,
+    Languages,
+    register_listeners,
+    store_hung_text,
+)
+from bot.logging_setup import RepeatLimiter
 from bot.metrics import METRICS, Metrics, StoreStats
 from bot.notify import Notifier
 from bot.platform_work import PlatformWork
@@ -44,6 +53,7 @@ from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store import stats
 from bot.store.db import Database
+from bot.store.deadline import StoreDeadline
 from bot.store.models import Person, utcnow
 
 log = logging.getLogger(__name__)
@@ -64,6 +74,12 @@ __all__ = [
 #: GAUGE_MAX_AGE_MIN_S seconds); older, the store is said to be down.
 GAUGE_MAX_AGE_TICKS = 3
 GAUGE_MAX_AGE_MIN_S = 60.0
+#: Seconds ``/readyz`` waits for the database before it says the database does not answer.
+READY_DB_TIMEOUT_S = 2.0
+#: Seconds the thread that acks waits for the store to check a signed request for a replay.
+REPLAY_CHECK_DEADLINE_S = 1.5
+#: Failures of the store to check a signed request, logged at most once a minute.
+REPLAY_CHECK_FAILURES = RepeatLimiter()
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -125,6 +141,7 @@ def build_health(rt: Runtime, *, slack_connected: Callable[[], bool] | None = No
         database=partial(stats.ping, rt.db),
         slack_connected=slack_connected,
         fonts=fonts,
+        db_timeout_s=READY_DB_TIMEOUT_S,
     )
 
 
@@ -148,6 +165,167 @@ def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEnd
     store's gauges as the clock last read them (a hung database holds no scrape)."""
     gauges = store_gauges(rt)
     return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(gauges.stats))
+
+
+class BoundedReplayGuard(ReplayGuard):
+    """The replay guard on the store, kept from holding the threads that ack.
+
+    A slash command's signature is checked against this process's memory at once, and in the
+    store on the executor before the command runs (bot.listeners.CHECK_BEFORE_RUNNING): its ack
+    waits for no store and a replay is dropped unrun; when the store fails that check, the
+    command's response URL is told that the store is not answering and nothing was run (in its
+    caller's language as last known, ``languages``); a store that does not answer leaves the
+    command waiting for it (bot.listeners.StoreWatch tells its caller). Any other signed request
+    is checked before its listener runs, waiting for the store at most ``deadline``'s seconds;
+    past that, or when the store fails, it is answered 503 and nothing runs. Either way nothing
+    runs twice, and a check that ends late only records the signature. Failures are logged once
+    a minute with their count."""
+
+    def __init__(
+        self, *, db: Database, languages: Languages, deadline: StoreDeadline | None = None
+    ) -> None:
+        super().__init__(db=db)
+        self.languages = languages
+        #: Signatures this process has seen, checked on the thread that acks (no store).
+        self.seen_here = ReplayGuard()
+        self.deadline = (
+            deadline if deadline is not None else StoreDeadline(deadline_s=REPLAY_CHECK_DEADLINE_S)
+        )
+
+    def process(
+        self,
+        *,
+        req: BoltRequest,
+        resp: BoltResponse,
+        next: Callable[[], BoltResponse],
+    ) -> BoltResponse | None:
+        body = req.body if isinstance(req.body, dict) else {}
+        deferral = (
+            _Deferral(str(body.get("user_id") or ""), str(body.get("response_url") or ""))
+            if body.get("command")
+            else None
+        )
+        deferring = _DEFERRING.set(deferral)
+        # Bolt runs the listener after the middleware returns, in this thread and context:
+        # the check set by first_time stays for it, and each request starts without one.
+        CHECK_BEFORE_RUNNING.set(None)
+        try:
+            return super().process(req=req, resp=resp, next=next)
+        except _StoreUnanswered as exc:
+            self.failed(str(exc))
+            return BoltResponse(status=503, body="")
+        finally:
+            _DEFERRING.reset(deferring)
+
+    def first_time(self, signature: str, timestamp: str | None) -> bool:
+        """For a slash command: False when this process has seen it, else True, leaving the
+        store's check to the executor. Otherwise the store's check within the deadline."""
+        deferral = _DEFERRING.get()
+        if deferral is not None:
+            if not self.seen_here.first_time(signature, timestamp):
+                return False
+            CHECK_BEFORE_RUNNING.set(_DeferredCheck(self, signature, timestamp, deferral))
+            return True
+        try:
+            answer = self.deadline.call(super().first_time, signature, timestamp)
+        except GpubotError as exc:  # StoreError, StoreHung
+            raise _StoreUnanswered(exc.message) from exc
+        self.settled()
+        return answer
+
+    def stored_first_time(self, signature: str, timestamp: str | None) -> bool:
+        """The check itself (memory, then the store), waiting as long as the store takes.
+        Raises StoreError when the store fails."""
+        answer = super().first_time(signature, timestamp)
+        self.settled()
+        return answer
+
+    @staticmethod
+    def failed(reason: str) -> None:
+        """Log that the store could not check a request (at most once a minute)."""
+        repeat = REPLAY_CHECK_FAILURES.admit("replay-check", time.monotonic())
+        if repeat is None:
+            return
+        if repeat.first:
+            log.warning("the store did not check a signed request: %s", reason)
+        else:
+            log.warning(
+                "the store did not check %d signed request(s) in the last %.0f s: %s",
+                repeat.count,
+                repeat.window_s,
+                reason,
+            )
+
+    @staticmethod
+    def settled() -> None:
+        """Log, once, that the store checks requests again after failing."""
+        held = REPLAY_CHECK_FAILURES.settle("replay-check", time.monotonic())
+        if held is not None:
+            log.warning("the store checks signed requests again (%d failed before)", held)
+
+
+@dataclass(frozen=True)
+class _Deferral:
+    """Who sent a slash command and where its answer goes."""
+
+    user_id: str
+    response_url: str
+
+
+#: The slash command whose replay check is being left to the executor (None: none).
+_DEFERRING: contextvars.ContextVar[_Deferral | None] = contextvars.ContextVar(
+    "gpubot_replay_deferral", default=None
+)
+
+
+class _DeferredCheck:
+    """A slash command's replay check, made on the executor before it runs; once."""
+
+    def __init__(
+        self,
+        guard: BoundedReplayGuard,
+        signature: str,
+        timestamp: str | None,
+        deferral: _Deferral,
+    ) -> None:
+        self.guard = guard
+        self.signature = signature
+        self.timestamp = timestamp
+        self.deferral = deferral
+        self._lock = threading.Lock()
+        self._answer: bool | None = None
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if self._answer is None:
+                self._answer = self._check()
+            return self._answer
+
+    def _check(self) -> bool:
+        try:
+            first = self.guard.stored_first_time(self.signature, self.timestamp)
+        except StoreError as exc:
+            self.guard.failed(exc.message)
+            self._say_not_run()
+            return False
+        if not first:
+            log.warning("a signed request was sent again (timestamp %s); not run", self.timestamp)
+        return first
+
+    def _say_not_run(self) -> None:
+        if not self.deferral.response_url:
+            return
+        with speaking(self.guard.languages.known(self.deferral.user_id)):
+            text = store_hung_text()
+        try:
+            WebhookClient(self.deferral.response_url).send(text=text, response_type="ephemeral")
+        except Exception:  # noqa: BLE001 - Slack unreachable as well: the log says it
+            log.warning("could not tell %s the store is not answering", self.deferral.user_id)
+
+
+class _StoreUnanswered(Exception):
+    """The replay guard's store did not answer (not a StoreError: ReplayGuard answers those
+    itself)."""
 
 
 def with_home_buttons(registry: Registry) -> Registry:
@@ -272,8 +450,17 @@ def build_app(
         process_before_response=True,
         logger=logging.getLogger("bot.bolt"),
     )
+    languages = Languages(rt)
     # After Bolt's own middleware: only requests whose signature checked out are remembered.
-    # The store decides, so that processes sharing it apply a signed request once.
-    app.use(replay_guard if replay_guard is not None else ReplayGuard(db=rt.db))
-    register_listeners(app, rt, timed_registry(with_home_buttons(commands)), forms=forms)
+    # The store decides, so that processes sharing it apply a signed request once; a store
+    # that does not answer holds the request at most REPLAY_CHECK_DEADLINE_S.
+    guard = (
+        replay_guard
+        if replay_guard is not None
+        else BoundedReplayGuard(db=rt.db, languages=languages)
+    )
+    app.use(guard)
+    register_listeners(
+        app, rt, timed_registry(with_home_buttons(commands)), forms=forms, languages=languages
+    )
     return app

@@ -4,13 +4,22 @@ A command is admitted only while the pool has room (its workers busy plus at mos
 ``max_queued`` waiting) and its caller has fewer than ``per_user`` commands pending; otherwise
 :class:`Busy` says so at once, and nothing waits in an unbounded queue behind a dead host. Work
 a running command hands on (``submit``) is always taken.
+
+Acks go first (:data:`ACKS`): the work runs in Python threads of one process, which take turns
+on the interpreter's lock, so a command that starts while requests are being acked slows their
+acks. A worker therefore starts its next piece of work only once no request has been in the
+ack path (bot.http_server marks it) for :data:`ACK_QUIET_S`, or once the work has waited
+:data:`ACK_HOLD_MAX_S` since it was submitted: a burst of requests is acked before its commands
+run, and a steady stream of them delays no command by more than that.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 from bot.errors import GpubotError
@@ -18,6 +27,58 @@ from bot.i18n import nt, t
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: Seconds without a request in the ack path before held work starts.
+ACK_QUIET_S = 0.002
+#: The longest (seconds) work waits for acks after it was submitted.
+ACK_HOLD_MAX_S = 0.2
+
+
+class AcksFirst:
+    """Counts the requests being acked, so that work can wait for them (monotonic seconds).
+    Thread-safe."""
+
+    def __init__(self, *, quiet_s: float = ACK_QUIET_S, hold_max_s: float = ACK_HOLD_MAX_S) -> None:
+        self.quiet_s = quiet_s
+        self.hold_max_s = hold_max_s
+        self._cond = threading.Condition()
+        self._acking = 0
+        self._last_s = float("-inf")
+
+    @contextmanager
+    def acking(self) -> Iterator[None]:
+        """The block acks a request."""
+        with self._cond:
+            self._acking += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._acking -= 1
+                self._last_s = time.monotonic()
+                if not self._acking:
+                    self._cond.notify_all()
+
+    def wait_turn(self, submitted_s: float) -> None:
+        """Return once no request has been acked for ``quiet_s``, or ``hold_max_s`` after
+        ``submitted_s`` (a monotonic reading)."""
+        until_s = submitted_s + self.hold_max_s
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if now >= until_s:
+                    return
+                if not self._acking:
+                    quiet_until = self._last_s + self.quiet_s
+                    if now >= quiet_until:
+                        return
+                    self._cond.wait(min(quiet_until, until_s) - now)
+                else:
+                    self._cond.wait(until_s - now)
+
+
+#: The process's acks (bot.http_server marks each request it hands to the Bolt app).
+ACKS = AcksFirst()
 
 
 class Busy(GpubotError):
@@ -100,8 +161,14 @@ class BotExecutor(ThreadPoolExecutor):
     def _start(
         self, user_id: str | None, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> Future[T]:
+        submitted_s = time.monotonic()
+
+        def after_acks() -> T:
+            ACKS.wait_turn(submitted_s)
+            return fn(*args, **kwargs)
+
         try:
-            future = super().submit(fn, *args, **kwargs)
+            future = super().submit(after_acks)
         except BaseException:
             self._finished(user_id)
             raise

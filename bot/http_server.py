@@ -30,6 +30,14 @@ Limits, so that no client can hold the bot:
 - :meth:`SlackHttpServer.shutdown` stops accepting, closes idle connections, lets requests in
   flight finish for at most ``drain_timeout_s``, then closes whatever is left.
 
+The threads that answer ask for the interpreter's lock (the GIL) among the command threads'
+pure Python; a thread that asks waits up to the switch interval (5 ms by default) each time,
+and an ack asks a dozen times (each socket read and write gives the lock up). So the Slack
+port, once serving, lowers the process's switch interval to :data:`SWITCH_INTERVAL_S`: acks get
+the lock within that of asking however busy the command threads are, at the cost of more
+switches among those. The executor also holds new work while requests are being acked
+(bot.executor.ACKS).
+
 Request bodies stay out of the log: Bolt reports a bad signature with the whole body at INFO,
 so its records lose the body and are cut to :data:`MAX_LOG_MESSAGE_CHARS`; waitress logs
 paths, never bodies.
@@ -40,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -58,6 +67,7 @@ from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
 from waitress.task import ThreadedTaskDispatcher
 
+from bot.executor import ACKS
 from bot.replay import FUTURE_SKEW_S
 
 if TYPE_CHECKING:
@@ -91,6 +101,8 @@ PAST_SKEW_S = 5 * 60
 MAX_LOG_MESSAGE_CHARS = 1000
 #: Seconds the worker threads get to exit once the drain is over.
 _THREADS_EXIT_S = 1
+#: The interpreter's switch interval (seconds) while the Slack port serves.
+SWITCH_INTERVAL_S = 0.0005
 #: Worker threads, connections and request timeout of the ops endpoints' own listener.
 OPS_THREADS = 2
 OPS_CONNECTION_LIMIT = 16
@@ -242,6 +254,8 @@ class SlackHttpServer:
             if self._state != "new":
                 return
             self._state = "serving"
+        if self.app is not None:
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._dispatcher.set_thread_count(self.threads)
         try:
             while self._tend(time.monotonic()):
@@ -477,7 +491,8 @@ class _BoltWsgi(SlackRequestHandler):
             # A signed body Bolt cannot read (bad JSON, a payload that is not an object).
             log.info("refused a signed request whose body cannot be read: %s", type(exc).__name__)
             return BoltResponse(status=400, body="")
-        return self.app.dispatch(bolt_request)
+        with ACKS.acking():  # the executor's work waits for the acks (bot.executor)
+            return self.app.dispatch(bolt_request)
 
     def _refusal(self, raw: bytes, headers: dict[str, str | Sequence[str]]) -> str | None:
         """Why a request is refused before anything reads its body, or None: Slack's

@@ -12,7 +12,9 @@ Forms: a `/gpu` command that names a form (``register`` without arguments, ``ren
 it as a modal on the executor once the command is answered (its trigger id lasts 3 seconds; a
 form that cannot open runs the command as typed); a submission is read by the form's own code
 on the executor, and the listener waits up to :data:`FORM_ANSWER_WAIT_S` for it: mistakes are
-shown on the form's fields, and the answer comes as a direct message. A form sent again while
+shown on the form's fields, and the answer comes where the command was typed (the command's
+response URL, kept in the view's private metadata; a direct message when Slack refuses that
+URL, 30 minutes on, or when a button opened the form). A form sent again while
 its submission runs, or after it was accepted, is closed without running twice.
 
 The Home tab (:class:`HomeTabs`) is published when its person opens it, and again after each
@@ -22,11 +24,22 @@ the Home has no response URL, so its answer comes as a direct message.
 Every command, click, submission and Home opening runs under a request id of its own
 (bot.logging_setup.request_context): each line logged for it, on the listener's thread and on
 the executor's, carries the same ``request_id``.
+
+The threads that ack never wait on the store: a command turned away is answered in the
+language its caller was last spoken to in (:class:`Languages`, kept in memory), and the store's
+work (the replay check of a signed command included, :data:`CHECK_BEFORE_RUNNING`), Home
+publishing and rendering all run on the executor. A command still waiting for a store that does
+not answer is told so :data:`STORE_ANSWER_S` seconds after its ack (:class:`StoreWatch`,
+:data:`STORE_SLOW_NOTE`, logged once a minute); it is neither cancelled nor run again, and its
+own answer follows once the store answers (or, when its store check fails,
+:data:`STORE_HUNG_NOTE`: nothing was run).
 """
 
 from __future__ import annotations
 
 import contextvars
+import heapq
+import json
 import logging
 import re
 import threading
@@ -49,12 +62,14 @@ from bot.commands.parser import cut_echoes, parse
 from bot.commands.registry import Registry, Reply, button_id
 from bot.errors import GpubotError, UsageError
 from bot.executor import BotExecutor, Busy
-from bot.i18n import N_, speaking, t
-from bot.logging_setup import request_context
+from bot.i18n import N_, Language, language_of, speaking, t
+from bot.logging_setup import RepeatLimiter, request_context
 from bot.services import home
 from bot.services.access import Caller
 from bot.services.lookup import ensure_person
 from bot.services.people import language_for
+from bot.store.deadline import StoreDeadline, StoreHung
+from bot.store.stats import ping
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -72,13 +87,34 @@ BAD_BUTTON_TEXT = f":warning: {BAD_BUTTON_NOTE}"
 #: How long a submission's listener waits for the form's answer before it closes the form
 #: (Slack waits 3 seconds); an answer that comes later arrives as a direct message.
 FORM_ANSWER_WAIT_S = 2.0
+#: The key of a form's private metadata that holds where its answer goes.
+FORM_REPLY_URL = "reply_url"
 #: A person's Home tab is published again after their commands at most this often, seconds.
 HOME_REFRESH_S = 10.0
 #: The most forms (view ids) whose submission is remembered as running or accepted.
 SUBMISSIONS_KEPT = 10_000
+#: The most people whose language is kept in memory.
+LANGUAGES_KEPT = 10_000
+#: Said of a request the bot could not check or run because the store did not answer.
+STORE_HUNG_NOTE = N_("The store is not answering, so nothing was run; try again in a minute.")
+#: Said of a command under way when the store stops answering it.
+STORE_SLOW_NOTE = N_(
+    "The store is not answering; the command waits for it, and its answer follows."
+)
+#: Seconds after its ack by which a command still waiting on the store is told so.
+STORE_ANSWER_S = 2.5
+#: Commands told the store is not answering, logged at most once a minute.
+STORE_WAITS = RepeatLimiter()
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: A check a request leaves for the executor to make before its command runs (the store's
+#: replay check, bot.app.BoundedReplayGuard): False, and the command is not run. It runs at
+#: most once: later calls give its first answer.
+CHECK_BEFORE_RUNNING: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "gpubot_check_before_running", default=None
+)
 
 
 @dataclass(frozen=True)
@@ -106,13 +142,20 @@ def default_forms() -> Forms:
 
 
 def register_listeners(
-    app: App, rt: Runtime, registry: Registry, *, forms: Forms | None = None
+    app: App,
+    rt: Runtime,
+    registry: Registry,
+    *,
+    forms: Forms | None = None,
+    languages: Languages | None = None,
 ) -> HomeTabs:
     """Add the `/gpu` command (opening a form where the text names one), one listener for
     every registered button, the forms' submissions, the Home tab and the error handler.
-    Returns the publisher of Home tabs."""
+    ``languages`` keeps what each person speaks, for answers given without the store (default:
+    a new one). Returns the publisher of Home tabs."""
     form_set = forms if forms is not None else default_forms()
-    homes = HomeTabs(rt, app.client)
+    homes = HomeTabs(rt, app.client, languages=languages)
+    watch = StoreWatch(rt, homes.languages)
     submissions = FormSubmissions()
 
     @app.command(SLASH_COMMAND)
@@ -133,8 +176,14 @@ def register_listeners(
                 # The form opens on the executor: the listener returns at once (Bolt answers
                 # Slack when it returns), and a form that cannot open runs the command as typed.
                 trigger = str(command.get("trigger_id") or "")
-                opening = FormOpening(app.client, form_set, callback_id, trigger)
-                submit_command(
+                opening = FormOpening(
+                    app.client,
+                    form_set,
+                    callback_id,
+                    trigger,
+                    reply_url=str(command.get("response_url") or ""),
+                )
+                running = submit_command(
                     rt,
                     caller,
                     _open_form_or_run,
@@ -147,12 +196,16 @@ def register_listeners(
                     opening,
                 )
             else:
-                submit_command(rt, caller, _run_command, rt, registry, homes, caller, text, respond)
+                running = submit_command(
+                    rt, caller, _run_command, rt, registry, homes, caller, text, respond
+                )
         except Busy as exc:
-            with speaking(language_for(rt, caller.user_id)):
+            # Never the store on the thread that acks: the language last read for the caller.
+            with speaking(homes.languages.known(caller.user_id)):
                 ack(text=busy_text(exc), response_type="ephemeral")
             return
         ack()
+        watch.watch(caller.user_id, running, respond)
 
     if registry.actions:
 
@@ -177,7 +230,7 @@ def register_listeners(
                 )
             except Busy as exc:
                 # A click's answer to the request is not shown: say it where its answer goes.
-                with speaking(language_for(rt, caller.user_id)):
+                with speaking(homes.languages.known(caller.user_id)):
                     answer.send(Reply(text=busy_text(exc)))
 
     @app.action(home_blocks.HOME_REGISTER)
@@ -213,6 +266,112 @@ def register_listeners(
     return homes
 
 
+class Languages:
+    """The language each person was last spoken to in, kept in memory (the newest
+    ``kept``), for answers given where the store must not be waited on (the thread that acks)
+    or cannot be asked (it does not answer). Thread-safe."""
+
+    def __init__(self, rt: Runtime, *, kept: int = LANGUAGES_KEPT) -> None:
+        self.rt = rt
+        self._kept = kept
+        self._known: OrderedDict[str, Language] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read(self, user_id: str) -> Language:
+        """The language of ``user_id`` from the store (bot.services.people.language_for),
+        remembered for :meth:`known`."""
+        language = language_for(self.rt, user_id)
+        if user_id:
+            with self._lock:
+                self._known[user_id] = language
+                self._known.move_to_end(user_id)
+                while len(self._known) > self._kept:
+                    self._known.popitem(last=False)
+        return language
+
+    def known(self, user_id: str) -> Language:
+        """The language last read for ``user_id``, else the workspace's; never the store."""
+        with self._lock:
+            language = self._known.get(user_id)
+        return language or language_of(self.rt.settings.language) or "en"
+
+
+class StoreWatch:
+    """Tells the caller of a command still under way ``after_s`` seconds after its ack, when
+    the store does not answer a round trip bounded by ``probe``, that its answer follows once
+    the store answers (the command is neither cancelled nor run again). One thread of its own
+    waits for the commands' times; a command that ended by then is not looked at again."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        languages: Languages,
+        *,
+        after_s: float = STORE_ANSWER_S,
+        probe: StoreDeadline | None = None,
+    ) -> None:
+        self.rt = rt
+        self.languages = languages
+        self.after_s = after_s
+        self.probe = probe if probe is not None else StoreDeadline(deadline_s=0.5, workers=1)
+        self._due: list[tuple[float, int, str, Future[Any], Respond]] = []
+        self._count = 0
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, user_id: str, running: Future[Any], respond: Respond) -> None:
+        """Look at ``running`` (a command of ``user_id``) ``after_s`` seconds from now."""
+        with self._wake:
+            self._count += 1
+            due = (time.monotonic() + self.after_s, self._count, user_id, running, respond)
+            heapq.heappush(self._due, due)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="gpubot-store-watch", daemon=True
+                )
+                self._thread.start()
+            elif self._due[0] is due:
+                self._wake.notify()  # sooner than the thread waits for (else it sleeps on)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    wait_s = self._due[0][0] - time.monotonic() if self._due else None
+                    self._wake.wait(wait_s)
+                _, _, user_id, running, respond = heapq.heappop(self._due)
+            if not running.done() and self._hung():
+                self._log_waiting()
+                with speaking(self.languages.known(user_id)):
+                    send_reply(respond, Reply(text=store_hung_text(STORE_SLOW_NOTE)))
+
+    @staticmethod
+    def _log_waiting() -> None:
+        repeat = STORE_WAITS.admit("store-watch", time.monotonic())
+        if repeat is not None:
+            log.warning(
+                "the store is not answering: %d command(s) waiting for it in the last %.0f s",
+                repeat.count,
+                repeat.window_s,
+            )
+
+    def _hung(self) -> bool:
+        if self.probe.held():
+            return True  # the last probe is still waiting for the store
+        try:
+            self.probe.call(ping, self.rt.db)
+        except StoreHung:
+            return True
+        except GpubotError:  # a store that fails at once fails the command itself
+            return False
+        return False
+
+
+def store_hung_text(note: str = STORE_HUNG_NOTE) -> str:
+    """What is said when the store does not answer (``note``), in the active language."""
+    return t(":warning: {problem}", problem=t(note))
+
+
 class HomeTabs:
     """Publishes people's Home tabs in their language (views.publish) on the runtime's
     executor: at once when one opens it, and after each of their commands and clicks at most
@@ -222,9 +381,18 @@ class HomeTabs:
     at a time: one asked for meanwhile is built and sent once after it ends, so a slow
     views.publish holds no more threads and an older view never lands after a newer one."""
 
-    def __init__(self, rt: Runtime, client: WebClient, *, every_s: float | None = None) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        client: WebClient,
+        *,
+        every_s: float | None = None,
+        languages: Languages | None = None,
+    ) -> None:
         self.rt = rt
         self.client = client
+        #: What each person speaks, as last read (``languages``, default a new one).
+        self.languages = languages if languages is not None else Languages(rt)
         self.every_s = HOME_REFRESH_S if every_s is None else every_s
         self._lock = threading.Lock()
         self._seen: set[str] = set()
@@ -275,7 +443,7 @@ class HomeTabs:
         with self._lock:
             self._last[user_id] = time.monotonic()
         try:
-            with speaking(language_for(self.rt, user_id)):
+            with speaking(self.languages.read(user_id)):
                 view = home_blocks.home_view(home.home_view(self.rt, user_id))
             self.client.views_publish(user_id=user_id, view=view)
         except Exception:  # the Home must never cost a command
@@ -313,23 +481,34 @@ class Answer:
         self.respond = respond
 
     def send(self, reply: Reply) -> None:
-        """Send ``reply``; a failure is logged."""
-        if self.respond is not None:
-            send_reply(self.respond, reply)
-        else:
-            send_direct(self.rt, self.caller.user_id, reply)
+        """Send ``reply``; a failure is logged. One the response URL refuses (expired, used
+        up) goes as a direct message instead; one whose outcome is unknown is not sent twice."""
+        if self.respond is not None and send_reply(self.respond, reply):
+            return
+        send_direct(self.rt, self.caller.user_id, reply)
 
 
 def open_form(
-    client: WebClient, rt: Runtime, forms: Forms, caller: Caller, callback_id: str, trigger: str
+    client: WebClient,
+    rt: Runtime,
+    forms: Forms,
+    caller: Caller,
+    callback_id: str,
+    trigger: str,
+    *,
+    reply_url: str = "",
 ) -> bool:
     """Open form ``callback_id`` for ``caller`` with ``trigger`` (views.open), in their
-    language; False (logged) when it could not be opened."""
+    language; False (logged) when it could not be opened. ``reply_url`` (the response URL of
+    the command that opened it) is kept in the view, so that the answer goes where the command
+    was typed."""
     if not trigger:
         return False
     try:
         with speaking(language_for(rt, caller.user_id)):
             view = forms.form_view(rt, caller, callback_id)
+        if reply_url:
+            view = {**view, "private_metadata": json.dumps({FORM_REPLY_URL: reply_url})}
         client.views_open(trigger_id=trigger, view=view)
     except Exception:  # the command then runs as typed
         log.warning("could not open the form %s for %s", callback_id, caller.user_id, exc_info=True)
@@ -359,13 +538,14 @@ def submit_form(
     callback_id = str(view.get("callback_id", ""))
     values = (view.get("state") or {}).get("values") or {}
     handover = _Handover()
+    answer = _form_answer(rt, caller, view)
     try:
         submit_command(
-            rt, caller, _run_form, rt, forms, homes, caller, callback_id, values, handover
+            rt, caller, _run_form, rt, forms, homes, callback_id, values, handover, answer
         )
     except Busy as exc:
         submissions.release(view_id)
-        with speaking(language_for(rt, caller.user_id)):
+        with speaking(homes.languages.known(caller.user_id)):
             ack(response_action="errors", errors={first_input(view): busy_text(exc)})
         return
     errors = handover.wait(FORM_ANSWER_WAIT_S)
@@ -436,14 +616,27 @@ class _Handover:
 
 def submit_command(
     rt: Runtime, caller: Caller, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-) -> Future[T]:
+) -> Future[T | None]:
     """Hand a command of ``caller`` to the runtime's executor, in a copy of the current
-    context (its request id). Raises Busy when the executor (a BotExecutor) has no room for it
-    or the caller is at their limit."""
-    work = in_this_context(fn)
+    context (its request id). A check the request left for the executor
+    (:data:`CHECK_BEFORE_RUNNING`) runs there first, and the command only when it passes.
+    Raises Busy when the executor (a BotExecutor) has no room for it or the caller is at their
+    limit."""
+    work = in_this_context(_checked_first(CHECK_BEFORE_RUNNING.get(), fn))
     if isinstance(rt.executor, BotExecutor):
         return rt.executor.submit_command(caller.user_id, work, *args, **kwargs)
     return rt.executor.submit(work, *args, **kwargs)
+
+
+def _checked_first(check: Callable[[], bool] | None, fn: Callable[P, T]) -> Callable[P, T | None]:
+    """``fn``, run only when ``check`` (None: none) passes; otherwise nothing is run."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> T | None:
+        if check is not None and not check():
+            return None
+        return fn(*args, **kwargs)
+
+    return run
 
 
 def in_this_context(fn: Callable[P, T]) -> Callable[P, T]:
@@ -551,8 +744,10 @@ def crash_reply(what: str, caller: Caller) -> Reply:
     )
 
 
-def send_reply(respond: Respond, reply: Reply) -> None:
-    """Answer through the response URL; if Slack refuses the blocks, send the text alone."""
+def send_reply(respond: Respond, reply: Reply) -> bool:
+    """Answer through the response URL; if Slack refuses the blocks, send the text alone.
+    False when Slack refused it outright (nothing was shown); True when it was shown or its
+    outcome is unknown (logged; sending it another way could show it twice)."""
     blocks = list(reply.blocks)
     response_type = "ephemeral" if reply.ephemeral else "in_channel"
     try:
@@ -563,16 +758,19 @@ def send_reply(respond: Respond, reply: Reply) -> None:
             replace_original=reply.replace_original,
         )
         if response.status_code == 200:
-            return
+            return True
         log.error("response URL refused a reply (%s): %s", response.status_code, response.body)
-        if blocks:
-            respond(
-                text=reply.text,
-                response_type=response_type,
-                replace_original=reply.replace_original,
-            )
+        if not blocks:
+            return False
+        response = respond(
+            text=reply.text,
+            response_type=response_type,
+            replace_original=reply.replace_original,
+        )
     except Exception:
         log.exception("could not send a reply through the response URL")
+        return True
+    return response.status_code == 200
 
 
 def send_direct(rt: Runtime, user_id: str, reply: Reply) -> None:
@@ -613,7 +811,7 @@ def _run_command(
     respond: Respond,
 ) -> None:
     remember_caller(rt, caller)
-    with speaking(language_for(rt, caller.user_id)):
+    with speaking(homes.languages.read(caller.user_id)):
         send_reply(respond, execute_command(rt, registry, caller, text))
     homes.changed(caller.user_id)
 
@@ -626,6 +824,8 @@ class FormOpening:
     forms: Forms
     callback_id: str
     trigger: str
+    #: The response URL of the command that opened the form ("" when a button opened it).
+    reply_url: str = ""
 
 
 def _open_form_or_say_why(rt: Runtime, caller: Caller, opening: FormOpening) -> None:
@@ -647,7 +847,15 @@ def _open_form_or_run(
     opening: FormOpening,
 ) -> None:
     """Open the form the command asks for; if it cannot open, run the command as typed."""
-    if open_form(opening.client, rt, opening.forms, caller, opening.callback_id, opening.trigger):
+    if open_form(
+        opening.client,
+        rt,
+        opening.forms,
+        caller,
+        opening.callback_id,
+        opening.trigger,
+        reply_url=opening.reply_url,
+    ):
         return
     _run_command(rt, registry, homes, caller, text, respond)
 
@@ -674,22 +882,36 @@ def _run_form(
     rt: Runtime,
     forms: Forms,
     homes: HomeTabs,
-    caller: Caller,
     callback_id: str,
     values: Mapping[str, Mapping[str, Any]],
     handover: _Handover,
+    answer: Answer,
 ) -> None:
+    caller = answer.caller
     remember_caller(rt, caller)
     with speaking(language_for(rt, caller.user_id)):
         errors, reply = _form_outcome(rt, forms, caller, callback_id, values)
         late = handover.settle(errors)
         if errors and late:
             lines = [t(":warning: The form was not sent:"), *errors.values()]
-            send_direct(rt, caller.user_id, Reply(text="\n".join(lines)))
+            answer.send(Reply(text="\n".join(lines)))
         if reply is not None and (late or not errors):
-            send_direct(rt, caller.user_id, reply)
+            answer.send(reply)
     if not errors:
         homes.changed(caller.user_id)
+
+
+def _form_answer(rt: Runtime, caller: Caller, view: Mapping[str, Any]) -> Answer:
+    """Where a form's answer goes: the response URL of the command that opened it (kept in
+    the view's private metadata), else a direct message (a form opened by a button)."""
+    try:
+        kept = json.loads(str(view.get("private_metadata") or "{}"))
+    except ValueError:
+        kept = {}
+    url = kept.get(FORM_REPLY_URL) if isinstance(kept, dict) else None
+    if not isinstance(url, str) or not url:
+        return Answer(rt, caller, None)
+    return Answer(rt, caller, Respond(response_url=url))
 
 
 def _form_outcome(

@@ -629,6 +629,11 @@ def _listed(items: Sequence[str]) -> str:
     return joined
 
 
+def row_text(row: InstanceRow, now: datetime) -> str:
+    """One instance as the overview shows it: who, what, GPUs, time left, cost so far, job."""
+    return _row_text(row, now)
+
+
 def _row_text(row: InstanceRow, now: datetime) -> str:
     inst = row.instance
     first = f"*{inst.name}* · {mention(inst.owner_id)} · {_rented_text(inst, row)} · {_price(inst)}"

@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING
 
 from bot import billing
 from bot import text as bot_text
+from bot.blocks import instance_list as list_blocks
 from bot.blocks import instances as blocks
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, button_number
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import fleet_views, lifecycle, lookup, reconcile, registration, starts
+from bot.services import access, fleet_views, lifecycle, lookup, reconcile, registration, starts
 from bot.services.access import Caller
 from bot.values import (
     parse_duration,
@@ -44,13 +45,15 @@ ADOPT_USAGE = (
     "[--disk 200 --storage 0.10/GB-month] [--project P] [--python PATH]"
 )
 STATUS_USAGE = "/gpu status [NAME]"
-LIST_USAGE = "/gpu list"
+LIST_USAGE = "/gpu list [--all] [--page N]"
 HEALTH_USAGE = "/gpu health NAME [--full]"
 EXTEND_USAGE = "/gpu extend NAME DURATION"
 RELEASE_USAGE = "/gpu release NAME [--stop]"
 
 #: ``--count``: a whole number of GPUs, 1 or more (the service caps it at MAX_GPU_COUNT).
 GPU_COUNT = whole_number("--count", 1)
+#: ``--page``: which page of the others' instances `/gpu list --all` shows, from 1.
+PAGE = whole_number("--page", 1)
 
 # --- register ---------------------------------------------------------------------------------
 
@@ -176,11 +179,15 @@ def _status(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
 
 
 def _configure_list(parser: argparse.ArgumentParser) -> None:
-    del parser  # no arguments
+    parser.add_argument("--all", action="store_true")
+    parser.add_argument("--page", type=PAGE, metavar="N")
 
 
 def _list(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    text, body = blocks.instance_list(fleet_views.list_instances(rt))
+    # An admin sees the first page unasked; --page alone asks for a page as --all does.
+    paged = args.all or args.page is not None or access.is_admin(rt, caller)
+    view = fleet_views.viewer_list(rt, caller.user_id, paged=paged, page=args.page or 1)
+    text, body = list_blocks.viewer_list(view)
     return Reply(text=text, blocks=body)
 
 
@@ -322,9 +329,13 @@ STATUS = CommandSpec(
 )
 LIST = CommandSpec(
     name="list",
-    summary=N_("The registered instances as stored, without asking them"),
+    summary=N_(
+        "Your instances as stored, without asking them, then the team in figures (by state, "
+        "cost per hour, nearest deadlines); --all (an admin's default) adds the others' "
+        "instances a page at a time"
+    ),
     usage=LIST_USAGE,
-    examples=("/gpu list",),
+    examples=("/gpu list", "/gpu list --all", "/gpu list --all --page 2"),
     configure=_configure_list,
     handler=_list,
     aliases=("ls",),

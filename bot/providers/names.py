@@ -20,9 +20,14 @@ PLATFORM_NAMES: Final[Mapping[str, str]] = {
     "aws": "AWS",
     "lambda": "Lambda",
     "manual": N_("manual"),
+    # Platforms of the price tables the bot has no client for.
+    "autodl": "AutoDL",
+    "aliyun": N_("Alibaba Cloud"),
+    "gpushare": N_("GpuShare"),
+    "matpool": N_("Matpool"),
 }
 #: The names with a translation of their own (the others read the same everywhere).
-_TRANSLATED: Final = frozenset({"compshare", "manual"})
+_TRANSLATED: Final = frozenset({"compshare", "manual", "aliyun", "gpushare", "matpool"})
 #: What separates names in a list (an enumeration comma in Chinese).
 LIST_SEPARATOR: Final = N_(", ")
 

@@ -58,6 +58,7 @@ from typing import Any
 from agents import specs
 from bot.errors import UsageError
 from bot.i18n import N_, nt, t
+from bot.providers.names import platform_name
 from bot.values import parse_money
 
 GIB = 1024**3
@@ -262,7 +263,7 @@ class PriceRow:
     def label(self) -> str:
         """Where the price comes from, for a reader (in the active language): platform, offer,
         date, and whether the figure was checked against the platform's own page."""
-        platform = t(LIST_PRICE) if self.platform == LIST_PRICE else self.platform
+        platform = t(LIST_PRICE) if self.platform == LIST_PRICE else platform_name(self.platform)
         offer = _cards(1) if self.offer == ONE_CARD else self.offer
         if self.verified:
             return f"{platform} {offer}, {self.as_of}"

@@ -63,6 +63,7 @@ from bot.services.views import (
     InstanceSettings,
     InstanceView,
     JobBrief,
+    ListView,
     ProblemView,
     ProcessView,
 )
@@ -72,6 +73,10 @@ log = logging.getLogger(__name__)
 
 #: How many of the nearest deadlines a fleet summary holds.
 NEAREST_DEADLINES = 10
+#: The others' instances on one page of `/gpu list --all`.
+LIST_PAGE_SIZE = 50
+#: The team's nearest deadlines `/gpu list` shows.
+LIST_NEAREST = 5
 
 
 def fleet_overview(rt: Runtime) -> FleetOverview:
@@ -110,6 +115,51 @@ def first_lines(rt: Runtime, limit: int) -> tuple[InstanceLine, ...]:
     """The first ``limit`` unreleased instances by name, one line each: what a view lists of
     the team before it counts the rest. Reads only the columns a line shows (the facts the
     poll stored, not its snapshot)."""
+    return _lines(rt, _unreleased_clause(rt), limit, 0)
+
+
+def viewer_list(
+    rt: Runtime,
+    user_id: str,
+    *,
+    paged: bool,
+    page: int = 1,
+    page_size: int = LIST_PAGE_SIZE,
+    nearest: int = LIST_NEAREST,
+) -> ListView:
+    """`/gpu list` for ``user_id``: their unreleased instances in full, the team's figures
+    (:func:`fleet_summary`, with the ``nearest`` deadlines) and, when ``paged``, page ``page``
+    (from 1) of everyone else's, ``page_size`` lines by name. Indexed reads of theirs and of
+    one page (the page's rows and those before it in the name index), so what it costs
+    follows the person and the page, not the team. Raises StoreError when the database
+    fails."""
+    size = max(1, page_size)
+    number = max(1, page)
+    mine = owner_rows(rt, user_id)
+    summary = fleet_summary(rt, nearest)
+    others: tuple[InstanceLine, ...] = ()
+    if paged:
+        where = and_(_unreleased_clause(rt), col(Instance.owner_id) != user_id)
+        others = _lines(rt, where, size, (number - 1) * size)
+    rest = max(0, summary.count - len(mine))
+    return ListView(
+        user_id=user_id,
+        mine=mine,
+        summary=summary,
+        others=others,
+        paged=paged,
+        page=number,
+        pages=max(1, -(-rest // size)),
+        page_size=size,
+        now=summary.now,
+        timezone=rt.settings.timezone,
+        currency=rt.settings.currency,
+    )
+
+
+def _lines(rt: Runtime, where: Any, limit: int, offset: int) -> tuple[InstanceLine, ...]:
+    """Up to ``limit`` unreleased instances matching ``where``, by name, after the first
+    ``offset`` of them, one line each (only the columns a line shows)."""
     columns = (
         col(Instance.id),
         col(Instance.name),
@@ -133,9 +183,10 @@ def first_lines(rt: Runtime, limit: int) -> tuple[InstanceLine, ...]:
     with rt.db.session() as session:
         found = session.execute(
             sa_select(*columns)
-            .where(_unreleased_clause(rt))
+            .where(where)
             .order_by(col(Instance.name), col(Instance.id))
             .limit(max(0, limit))
+            .offset(max(0, offset))
         ).all()
         lines: list[InstanceLine] = []
         for row in found:
@@ -358,6 +409,8 @@ def check_view(check: HealthCheck) -> CheckView:
         summary_params=summary_params,
         hint_template=hint_template,
         hint_params=hint_params,
+        summary_parts=tuple(check.summary_parts),
+        hint_parts=tuple(check.hint_parts),
     )
 
 

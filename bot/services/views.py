@@ -258,6 +258,32 @@ class FleetSummary:
 
 
 @dataclass(frozen=True)
+class ListView:
+    """`/gpu list` for one person (``user_id``) at ``now``: their unreleased instances in full
+    (``mine``, by name), the team in figures (``summary``) and, where asked for, one page of
+    the others' instances (``page`` of ``pages``, one line each, by name; ``paged`` False: no
+    page was asked for and ``others`` is empty). What it costs follows ``mine`` and the page,
+    not the team. Money in micro-units of ``currency``, times naive UTC."""
+
+    user_id: str
+    mine: tuple[InstanceRow, ...]
+    summary: FleetSummary
+    others: tuple[InstanceLine, ...]
+    paged: bool
+    page: int
+    pages: int
+    page_size: int
+    now: datetime
+    timezone: str
+    currency: str
+
+    @property
+    def others_count(self) -> int:
+        """How many of the team's unreleased instances are someone else's."""
+        return max(0, self.summary.count - len(self.mine))
+
+
+@dataclass(frozen=True)
 class ProcessView:
     """A process holding GPU memory."""
 
@@ -302,6 +328,9 @@ class CheckView:
     summary_params: Mapping[str, str] = field(default_factory=dict)
     hint_template: str | None = None
     hint_params: Mapping[str, str] = field(default_factory=dict)
+    #: A finding of several parts, as the agent sent them (agents.protocol.HealthCheck).
+    summary_parts: tuple[object, ...] = ()
+    hint_parts: tuple[object, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,14 @@ bot's many threads queue up instead of failing half-way; :meth:`Database.read_se
 starts deferred and reads a snapshot without the write lock. PostgreSQL is reached through
 psycopg 3. Times are naive UTC.
 
+Nothing waits on the database without end: a new PostgreSQL connection gives up after
+:data:`POSTGRES_CONNECT_TIMEOUT_S`, a statement the server runs longer than
+:data:`POSTGRES_STATEMENT_TIMEOUT_MS` is cancelled by the server, and a session waits at most
+:data:`POOL_TIMEOUT_S` for a pooled connection (all of them held by statements a hung database
+has not answered); SQLite waits at most its busy timeout for the write lock. A statement already
+sent to a database that stops answering is not bounded here (no driver can take it back):
+callers that must answer in time run it with bot.store.deadline.
+
 Connection-level failures (``OperationalError``, ``InterfaceError``) become
 :class:`bot.errors.StoreError`; an ``IntegrityError`` (a unique key hit) is left to the caller,
 which knows what the clash means.
@@ -34,6 +42,12 @@ from bot.settings import Settings
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: Seconds a new PostgreSQL connection may take (libpq's connect_timeout).
+POSTGRES_CONNECT_TIMEOUT_S = 5
+#: Milliseconds the PostgreSQL server lets one statement run before it cancels it.
+POSTGRES_STATEMENT_TIMEOUT_MS = 60_000
+#: Seconds a session waits for a connection from the pool.
+POOL_TIMEOUT_S = 10.0
 
 
 class Database:
@@ -69,6 +83,8 @@ class Database:
                     raise
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreError(f"the database failed: {_reason(exc)}") from exc
+        except sa_exc.TimeoutError as exc:
+            raise StoreError(_POOL_EXHAUSTED) from exc
 
     @contextmanager
     def read_session(self) -> Iterator[Session]:
@@ -86,6 +102,8 @@ class Database:
                     session.close()  # ends the transaction; what was read stays readable
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise StoreError(f"the database failed: {_reason(exc)}") from exc
+        except sa_exc.TimeoutError as exc:
+            raise StoreError(_POOL_EXHAUSTED) from exc
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to ``revision`` (Alembic upgrade). Safe to run from two processes at
@@ -182,9 +200,26 @@ def sqlite_in_memory(database: str | None) -> bool:
     return name in ("", ":memory:") or name.startswith("file::memory:")
 
 
+_POOL_EXHAUSTED = (
+    f"no database connection came free within {POOL_TIMEOUT_S:g} s (the database is not answering)"
+)
+
+
 def _make_engine(url: URL, *, echo: bool) -> Engine:
     if url.get_backend_name() != "sqlite":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
+        connect_args: dict[str, Any] = {}
+        if url.get_backend_name() == "postgresql":
+            connect_args = {
+                "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
+                "options": f"-c statement_timeout={POSTGRES_STATEMENT_TIMEOUT_MS}",
+            }
+        return create_engine(
+            url,
+            echo=echo,
+            pool_pre_ping=True,
+            pool_timeout=POOL_TIMEOUT_S,
+            connect_args=connect_args,
+        )
     database = url.database or ""
     in_memory = sqlite_in_memory(database)
     kwargs: dict[str, Any] = {

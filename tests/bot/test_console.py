@@ -265,7 +265,9 @@ def test_a_form_is_filled_in_from_the_next_lines_and_asks_again_where_wrong(
     again = form.split("fill those fields in again:", 1)[1]
     assert "  Name:\n" in again  # asked again, the others not
     assert "  GPU:\n" not in again
-    assert "[DM to console-user]\n  Made box1: 1x h100" in form
+    # The answer comes where the command was typed, not as a direct message.
+    assert "gpubot [only console-user sees this]\n  Made box1: 1x h100" in form
+    assert "[DM to console-user]" not in form
     assert "you are UCONSOLEUSER" in out.split("console-user> whoami", 1)[1]
 
 
@@ -275,6 +277,25 @@ def test_the_register_form_is_printed_and_unsent_when_the_input_ends(tmp_path: P
     assert "* Name" in out
     assert "choices: 1) " in out
     assert "The form was not sent." in out
+
+
+@pytest.mark.parametrize("word", ["cancel", "取消", "CANCEL"])
+def test_a_form_is_left_unsent_by_cancel_and_the_console_goes_on(tmp_path: Path, word: str) -> None:
+    out = _chat(tmp_path, ["thing", "box1", word, "whoami"], forms=_ThingForm().forms())
+    form, after = out.split("console-user> thing", 1)[1].split("console-user> whoami", 1)
+    assert "The form was cancelled; nothing was sent." in form
+    assert "Made box1" not in out
+    assert "you are UCONSOLEUSER" in after
+
+
+def test_the_real_register_form_cancelled_in_chinese_registers_nothing(tmp_path: Path) -> None:
+    out = _chat(
+        tmp_path, ["/gpu lang zh", "/gpu register", "gpu-z", "取消", "/gpu list"], real=True
+    )
+    form, listed = out.split("console-user> /gpu register", 1)[1].split("console-user> /gpu list")
+    assert "表单已取消，什么也没有提交。" in form  # noqa: RUF001
+    assert "gpu-z" not in listed
+    assert "local" in listed
 
 
 def test_home_prints_the_home_tab_and_release_asks_first(tmp_path: Path) -> None:
@@ -416,7 +437,9 @@ def test_piped_lines_fill_in_the_register_form_of_local(
     assert "gpubot [form] Register an instance" in form
     assert "Price of the instance: ⚠️" in form
     answer = form.split("fill those fields in again:", 1)[1]
-    assert "[DM to console-user]" in answer
+    # The registration answers in the channel where `/gpu register` was typed.
+    assert "gpubot [#console]\n  == Re-registered local ==" in answer
+    assert "[DM to console-user]" not in answer
     assert "local" in answer
     assert "GPU mismatch" not in answer
     assert "*local*" in status

@@ -1,7 +1,8 @@
 """Forms through the real app: `/gpu register` alone opens the modal with the command's trigger,
 a submission's mistakes go back onto its fields (nothing changes), an accepted one closes it and
-answers by direct message, one too slow for Slack's 3 seconds answers by direct message too,
-and the Home tab's Register button opens the form."""
+answers where the command was typed (through the command's response URL; by direct message when
+that URL is refused or a button opened the form), one too slow for Slack's 3 seconds answers
+there too, and the Home tab's Register button opens the form."""
 
 from __future__ import annotations
 
@@ -87,6 +88,12 @@ def _submit(
     )
     status, answer = bot.send(body, signed_headers(body, SIGNING_SECRET))
     return status, (json.loads(answer) if answer.strip() else {})
+
+
+def _answers(bot: SlackBot, count: int) -> list[str]:
+    """What the bot answered through response URLs (where the command was typed)."""
+    assert bot.slack.wait_for(lambda s: len(s.responses) >= count)
+    return [str(r.payload.get("text")) for r in bot.slack.responses]
 
 
 def _dm_texts(bot: SlackBot, count: int) -> list[str]:
@@ -241,7 +248,7 @@ def bot(sqlite_db: Database, tmp_path: Path, stand_in: _StandIn) -> Iterator[Sla
         yield running
 
 
-def test_an_accepted_form_closes_and_answers_by_direct_message(
+def test_an_accepted_form_closes_and_answers_where_the_command_was_typed(
     bot: SlackBot, stand_in: _StandIn
 ) -> None:
     assert bot.command("thing") == 200
@@ -250,6 +257,32 @@ def test_an_accepted_form_closes_and_answers_by_direct_message(
     assert (status, answer) == (200, {"response_action": "errors", "errors": {"what": "Say what."}})
     status, answer = _submit(bot, view, {"what": "tea"})
     assert (status, answer) == (200, {})
+    assert _answers(bot, 1) == ["Made tea for U0ALICE"]
+    [message] = [m for m in bot.slack.events if getattr(m, "via_response_url", False)]
+    assert (message.channel, message.user) == (CHANNEL, "U0ALICE")
+    assert bot.slack.calls_to("chat.postMessage") == []
+
+
+def test_a_form_whose_response_url_expired_answers_by_direct_message(
+    bot: SlackBot, stand_in: _StandIn
+) -> None:
+    """Slack takes a response URL for 30 minutes: a form left open longer answers by DM."""
+    assert bot.command("thing") == 200
+    view = _opened(bot)
+    bot.slack.expire_response_url(json.loads(view["private_metadata"])["reply_url"])
+    assert _submit(bot, view, {"what": "tea"}) == (200, {})
+    assert _dm_texts(bot, 1) == ["Made tea for U0ALICE"]
+    _idle(bot)
+    assert bot.slack.responses == []
+    assert len(bot.slack.calls_to("chat.postMessage")) == 1
+
+
+def test_a_form_with_unreadable_private_metadata_answers_by_direct_message(
+    bot: SlackBot, stand_in: _StandIn
+) -> None:
+    assert bot.command("thing") == 200
+    view = {**_opened(bot), "private_metadata": "not json"}
+    assert _submit(bot, view, {"what": "tea"}) == (200, {})
     assert _dm_texts(bot, 1) == ["Made tea for U0ALICE"]
 
 
@@ -261,7 +294,7 @@ def test_the_form_opens_in_the_callers_language(bot: SlackBot, stand_in: _StandI
     assert stand_in.languages == ["zh"]
 
 
-def test_a_slow_form_closes_and_its_mistakes_come_by_direct_message(
+def test_a_slow_form_closes_and_its_mistakes_come_where_the_command_was_typed(
     bot: SlackBot, stand_in: _StandIn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(listeners, "FORM_ANSWER_WAIT_S", 0.1)
@@ -269,7 +302,7 @@ def test_a_slow_form_closes_and_its_mistakes_come_by_direct_message(
     assert bot.command("thing") == 200
     view = _opened(bot)
     assert _submit(bot, view, {"what": ""}) == (200, {})
-    (text,) = _dm_texts(bot, 1)
+    (text,) = _answers(bot, 1)
     assert text == ":warning: The form was not sent:\nSay what."
 
 
@@ -277,7 +310,7 @@ def test_a_form_that_crashes_answers_with_an_error_id(bot: SlackBot, stand_in: _
     stand_in.crash = True
     assert bot.command("thing") == 200
     assert _submit(bot, _opened(bot), {"what": "tea"}) == (200, {})
-    (text,) = _dm_texts(bot, 1)
+    (text,) = _answers(bot, 1)
     assert "Something went wrong (error id " in text
     assert "fell over" not in text
 
@@ -297,5 +330,5 @@ def test_a_form_sent_twice_runs_once(
     assert _submit(bot, view, {"what": "tea"}) == (200, {})  # accepted before
     _idle(bot)
     assert stand_in.runs == 1
-    assert _dm_texts(bot, 1) == ["Made tea for U0ALICE"]
-    assert len(bot.slack.calls_to("chat.postMessage")) == 1
+    assert _answers(bot, 1) == ["Made tea for U0ALICE"]
+    assert len(bot.slack.responses) == 1

@@ -70,6 +70,61 @@ def test_the_readme_walkthrough_in_chinese_runs_as_written(
     assert "简体中文" in turns[-1]
 
 
+def guides_walk() -> list[str]:
+    """The lines of the README's walk through the guides' cases, in order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- console-zh-guides -->", 1)[1].split("<!-- /console-zh-guides -->")[0]
+    return [line[2:] for line in block.splitlines() if line.startswith("> ")]
+
+
+@pytest.mark.integration
+def test_the_guides_cases_in_chinese_run_as_written(tmp_path: Path, fake_gpu_zipapp: Path) -> None:
+    """Another tenant holds GPU 0 (抢显存): `who` names it and the job goes to GPU 1; the job
+    runs out of memory and the reply diagnoses it in Chinese; fit follows the guides' figures;
+    the hourly-billed instance's warning offers the rest of the hour already paid for."""
+    script = guides_walk()
+    held = {"util_gpu": 97, "memory_used": 20 * 1024**3}
+    held["processes"] = [{"pid": 4242, "used_gpu_memory": 20 * 1024**3}]
+    config = build_config(2, RTX_4090, per_gpu={0: held})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
+    env |= fake_nvml_env(config, tmp_path)
+    env |= {
+        "GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp),
+        "GPUBOT_DATA_DIR": str(tmp_path / "data"),
+        "GPUBOT_LANGUAGE": "zh",
+        "GPUBOT_CURRENCY": "CNY",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "bot.cli", "console"],
+        input="\n".join(script) + "\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    turns = result.stdout.split("console-user> ")[1:]
+    assert len(turns) == len(script)
+    replies = [turn.removeprefix(line) for line, turn in zip(script, turns, strict=True)]
+    for reply in replies[1:]:  # the registration's health findings name files and versions
+        # The job's own command and log lines are the person's text, not the bot's.
+        assert_chinese("\n".join(x for x in reply.splitlines() if "RuntimeError" not in x))
+    registered, who, _queued, done, fit7, fit70, warned = replies
+    assert "2x NVIDIA GeForce RTX 4090" in registered
+    assert "被 gpubot 以外的程序占用" in who
+    assert "pid 4242" in who
+    assert "GPU 1 (CUDA_VISIBLE_DEVICES=1)" in done  # not GPU 0, which the other tenant holds
+    assert "任务显存不足（`CUDA out of memory`）" in done
+    assert "`/gpu fit`" in done
+    assert re.search(r"至少需要 \*[5-8]\.\d GiB\*", fit7)  # 7B 4-bit inference: 6-8 GB
+    assert "2x *NVIDIA A100 80GB SXM4*" in fit70  # 70B 16-bit inference on 2x80 GB
+    assert "2x *NVIDIA H20*" in fit70
+    assert "它按整小时计费" in warned
+    assert re.search(r"\[\d+ 保留到 \d\d:\d\d（已付）\]", warned)
+
+
 def walkthrough_en() -> list[str]:
     """The README's English console block: the lines it types (``> ``) and the lines it
     shows, in order (``...`` stands for lines left out)."""

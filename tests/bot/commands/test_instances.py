@@ -189,7 +189,7 @@ def test_register_then_status_list_health_through_the_commands(rt: Runtime, db: 
     detail = run(rt, "status local")
     assert detail.text.startswith("local: active, util 0%")
     listed = run(rt, "ls")
-    assert "Instances: 1 instance(s)" in listed.text
+    assert "Instances: 1 of yours; the team has 1" in listed.text
     report = run(rt, "health local")
     assert report.text.startswith("Health check of local:")
 

@@ -91,12 +91,12 @@ def test_estimate_quotes_the_yuan_table_when_the_currency_is_cny(
     rt = make_runtime(sqlite_db, clock, currency="CNY")
     shown = str(run(rt, "estimate --gpu 4090 --hours 100").blocks)
     assert "*166.00 CNY* a month" in shown
-    assert "hourly 1.66 CNY/h (compshare 优云智算 RTX 4090, 2026, unverified)" in shown
+    assert "hourly 1.66 CNY/h (Compshare RTX 4090, 2026, unverified)" in shown
     assert "$" not in shown
     with speaking("zh"):
         chinese = str(run(rt, "estimate --gpu a100 --hours 10").blocks)
     assert "¥50.00" in chinese
-    assert "autodl A100" in chinese
+    assert "AutoDL A100" in chinese
 
 
 def test_fit_quotes_the_yuan_table_when_the_currency_is_cny(
@@ -104,20 +104,20 @@ def test_fit_quotes_the_yuan_table_when_the_currency_is_cny(
 ) -> None:
     rt = make_runtime(sqlite_db, clock, currency="CNY")
     shown = str(run(rt, "fit 7b inference").blocks)
-    assert "from 1.66 CNY/h on compshare" in shown
+    assert "from 1.66 CNY/h on Compshare" in shown
     assert "$" not in shown
-    assert "compshare 优云智算 RTX 4090" in shown
+    assert "Compshare RTX 4090" in shown
     assert "runpod" not in shown
     assert "no price table" not in shown
 
 
 def test_usd_keeps_the_dollar_table(sqlite_db: Database, clock: Clock) -> None:
     rt = make_runtime(sqlite_db, clock)
-    assert "hourly $0.69/h (runpod RTX 4090" in str(
+    assert "hourly $0.69/h (RunPod RTX 4090" in str(
         run(rt, "estimate --gpu 4090 --hours 100").blocks
     )
     fit = str(run(rt, "fit 7b inference").blocks)
-    assert "$0.69/h on runpod RTX 4090" in fit
+    assert "$0.69/h on RunPod RTX 4090" in fit
     assert "优云智算" not in fit
 
 

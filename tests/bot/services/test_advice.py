@@ -10,6 +10,7 @@ import pytest
 
 from agents import specs
 from bot.errors import UsageError
+from bot.providers.names import platform_name
 from bot.services import advice
 
 GB = 1_000_000_000
@@ -153,7 +154,7 @@ def test_estimate_uses_the_table_scaled_to_the_count() -> None:
     report = advice.estimate("h100", hours=Decimal(10), count=4)
     assert report.gpu_key == "h100-sxm"
     assert report.hourly_micros == row.per_gpu_micros * 4
-    assert report.hourly_source.startswith(row.platform)
+    assert report.hourly_source.startswith(platform_name(row.platform))
 
 
 def test_estimate_refuses_unknown_gpus_and_missing_prices() -> None:
