@@ -156,6 +156,25 @@ NOTE_SUPERVISOR_GONE = N_(
     "of the job was stopped"
 )
 NOTE_SUPERVISOR_FAILED = N_("could not start the job's supervisor: {error}")
+NOTE_CANCELLED_BEFORE_START = N_("cancelled before it started")
+NOTE_SUPERVISOR_CRASHED = N_("the job's supervisor failed: {error}")
+NOTE_KILLED_BY = N_("killed by {signal}")
+NOTE_NOT_STARTED = N_("could not start {program}: {error}")
+NOTE_NO_GPU_VISIBLE = N_("no GPU is visible to the job's supervisor ({error})")
+NOTE_NO_GPU_LISTED = N_("no GPU is visible to the job's supervisor (NVML lists none)")
+#: Every note a job may carry.
+NOTE_TEMPLATES: Tuple[str, ...] = (
+    NOTE_CANCELLED_QUEUED,
+    NOTE_CANCELLED,
+    NOTE_SUPERVISOR_GONE,
+    NOTE_SUPERVISOR_FAILED,
+    NOTE_SUPERVISOR_CRASHED,
+    NOTE_CANCELLED_BEFORE_START,
+    NOTE_KILLED_BY,
+    NOTE_NOT_STARTED,
+    NOTE_NO_GPU_VISIBLE,
+    NOTE_NO_GPU_LISTED,
+)
 
 # --- diagnoses ----------------------------------------------------------------------------------
 

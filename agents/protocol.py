@@ -187,6 +187,12 @@ class HealthCheck:
     summary_params: Mapping[str, str] = field(default_factory=dict)
     hint_template: Optional[str] = None
     hint_params: Mapping[str, str] = field(default_factory=dict)
+    #: A finding of several parts (or one whose parameters are texts too), when the templates
+    #: are not above: each part is English text shown as it is, or ``{"template": ...,
+    #: "params": {...}}`` whose parameters are text, such parts, or lists of them. Summary
+    #: parts are clauses (English joins them with "; "), hint parts sentences (with " ").
+    summary_parts: Tuple[Any, ...] = ()
+    hint_parts: Tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from agents import diagnose
+from agents import diagnose, messages
 from agents.gpu_queue import GpuWatch, busy_of, plan_starts, queue_of
 from agents.jobstore import JobStore, iso_now, tail_lines
 from agents.protocol import FINAL_JOB_STATES, JobNotFound, JobSummary, to_dict
@@ -30,6 +30,7 @@ from agents.runner import (
     LOG_TAIL_LINES,
     LOG_TAIL_MAX_CHARS,
     env_seconds,
+    note_fields,
     reap_lost,
 )
 from agents.sessions import (
@@ -57,7 +58,9 @@ def main(argv: Sequence[str]) -> int:
         supervisor.run()
     except Exception as exc:  # noqa: BLE001 - recorded in the job, not lost in a dead process
         traceback.print_exc()
-        supervisor.fail(f"the job's supervisor failed: {type(exc).__name__}: {exc}")
+        supervisor.fail(
+            note_fields(messages.NOTE_SUPERVISOR_CRASHED, error=f"{type(exc).__name__}: {exc}")
+        )
         return 1
     return 0
 
@@ -89,7 +92,7 @@ class Supervisor:
         meta = self._read()
         attempts = int(meta.get("retries", 0)) + 1
         exit_code: Optional[int] = None
-        note: Optional[str] = None
+        note: Dict[str, Any] = {}
         outcome = "failed"
         with _Sampler(self) as sampler:
             for attempt in range(1, attempts + 1):
@@ -104,14 +107,15 @@ class Supervisor:
         state = {"cancelled": "cancelled", "succeeded": "succeeded"}.get(outcome, "failed")
         self._finish(state, exit_code, note)
 
-    def fail(self, note: str) -> None:
-        """Record the job as failed after an internal error (best effort)."""
+    def fail(self, note: Mapping[str, Any]) -> None:
+        """Record the job as failed after an internal error (best effort); ``note`` is
+        :func:`agents.runner.note_fields`."""
         try:
             with self.store.locked():
                 meta = self.store.read(self.job_id)
                 if meta.get("state") in FINAL_JOB_STATES:
                     return
-                meta.update(state="failed", finished_at=iso_now(), note=note)
+                meta.update(state="failed", finished_at=iso_now(), **note)
                 self.store.finish(meta)
         except Exception:  # noqa: BLE001 - nothing more can be done
             traceback.print_exc()
@@ -130,7 +134,7 @@ class Supervisor:
         try:
             watch = GpuWatch().__enter__()
         except nvml.NvmlUnavailable as exc:
-            self.fail(f"no GPU is visible to the job's supervisor ({exc.error.message})")
+            self.fail(note_fields(messages.NOTE_NO_GPU_VISIBLE, error=exc.error.message))
             return None
         try:
             return self._wait_with(watch)
@@ -144,7 +148,7 @@ class Supervisor:
             if watch is not None:
                 inventory, in_use = watch.look()  # outside the lock: NVML can be slow
                 if not inventory:
-                    self.fail("no GPU is visible to the job's supervisor (NVML lists none)")
+                    self.fail(note_fields(messages.NOTE_NO_GPU_LISTED))
                     return None
             with self.store.locked():
                 meta = self.store.read(self.job_id)
@@ -167,7 +171,9 @@ class Supervisor:
 
     # --- one attempt ---------------------------------------------------------------------
 
-    def _attempt(self, attempt: int, sampler: _Sampler) -> Tuple[Optional[int], Optional[str], str]:
+    def _attempt(
+        self, attempt: int, sampler: _Sampler
+    ) -> Tuple[Optional[int], Dict[str, Any], str]:
         """Run the command once: (exit code, note, outcome) with outcome one of succeeded,
         failed, cancelled, not_started."""
         meta = self._read()
@@ -175,7 +181,7 @@ class Supervisor:
         with self.store.locked():
             meta = self.store.read(self.job_id)
             if meta.get("cancel_requested_at"):
-                return None, "cancelled before it started", "cancelled"
+                return None, note_fields(messages.NOTE_CANCELLED_BEFORE_START), "cancelled"
             try:
                 with open(self.store.log_path(self.job_id), "ab") as log:
                     proc = subprocess.Popen(
@@ -189,8 +195,12 @@ class Supervisor:
                         start_new_session=True,
                     )
             except OSError as exc:
-                note = f"could not start {meta['command'][0]!r}: {exc.strerror or exc}"
-                self._log_line(f"gpu-agent: {note}")
+                note = note_fields(
+                    messages.NOTE_NOT_STARTED,
+                    program=repr(meta["command"][0]),
+                    error=exc.strerror or exc,
+                )
+                self._log_line(f"gpu-agent: {note['note']}")
                 return (127 if isinstance(exc, FileNotFoundError) else 126), note, "not_started"
             stat = proc_stat(proc.pid)
             start = stat.start_ticks if stat is not None else None
@@ -201,7 +211,7 @@ class Supervisor:
         stop_session(proc.pid, start, self.grace_s, reap=True)
         self._collect(reap_children(), proc.pid)
         if self._read().get("cancel_requested_at"):
-            return _exit_code(status), "cancelled", "cancelled"
+            return _exit_code(status), note_fields(messages.NOTE_CANCELLED), "cancelled"
         code = _exit_code(status)
         return code, _signal_note(status), "succeeded" if code == 0 else "failed"
 
@@ -236,7 +246,7 @@ class Supervisor:
 
     # --- the end -------------------------------------------------------------------------
 
-    def _finish(self, state: str, exit_code: Optional[int], note: Optional[str]) -> None:
+    def _finish(self, state: str, exit_code: Optional[int], note: Mapping[str, Any]) -> None:
         summary = self._summary()
         with self.store.locked():
             meta = self.store.read(self.job_id)
@@ -246,7 +256,7 @@ class Supervisor:
                 state=state,
                 exit_code=exit_code,
                 finished_at=iso_now(),
-                note=note,
+                **(note or {"note": None}),
                 summary=to_dict(summary),
             )
             self.store.finish(meta)
@@ -364,15 +374,16 @@ def _exit_code(status: int) -> int:
     return 255
 
 
-def _signal_note(status: int) -> Optional[str]:
+def _signal_note(status: int) -> Dict[str, Any]:
+    """The note of a job killed by a signal (:func:`agents.runner.note_fields`); {} else."""
     if not os.WIFSIGNALED(status):
-        return None
+        return {}
     signum = os.WTERMSIG(status)
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    return f"killed by {name}"
+    return note_fields(messages.NOTE_KILLED_BY, signal=name)
 
 
 def _become_subreaper() -> None:

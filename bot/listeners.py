@@ -813,6 +813,8 @@ def _run_command(
     remember_caller(rt, caller)
     with speaking(homes.languages.read(caller.user_id)):
         send_reply(respond, execute_command(rt, registry, caller, text))
+    if text.split()[:1] == ["lang"]:
+        homes.languages.read(caller.user_id)  # the answers given on the acking thread follow
     homes.changed(caller.user_id)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Message, Parts, Text, make
 from agents.nvml import bus_key
 from agents.protocol import GpuSnapshot, HealthCheck
 from agents.system import KernelLogFacts
@@ -27,12 +27,20 @@ HARDWARE = "hardware"
 PROGRAM = "program"
 DRIVER = "driver"
 
-_RESET = "Stop the jobs on it and reset the GPU (`sudo nvidia-smi -r -i INDEX`) or reboot"
-_REPLACE = "if it happens again, ask the provider to replace the GPU (or move you to another host)"
-_DEBUG = (
+_RESET = N_("Stop the jobs on it and reset the GPU (`sudo nvidia-smi -r -i INDEX`) or reboot")
+_REPLACE = N_(
+    "if it happens again, ask the provider to replace the GPU (or move you to another host)"
+)
+_UPDATE = N_("update the driver")
+_DEBUG = N_(
     "Usually a bug in the program that ran (an out-of-bounds access): run it under "
     "`compute-sanitizer`; if different programs hit it, the GPU may be failing"
 )
+
+
+def _then(first: Text, then: Text) -> Text:
+    """Two things to do, one after the other."""
+    return N_("{first}; {then}", first=first, then=then)
 
 
 @dataclass(frozen=True)
@@ -42,92 +50,103 @@ class XidInfo:
 
     kind: str
     status: str
-    meaning: str
-    action: str
+    meaning: Text
+    action: Text
 
 
 #: The Xids that matter on rented GPUs.
 XID_CATALOGUE: Mapping[int, XidInfo] = {
-    8: XidInfo(DRIVER, WARN, "GPU stopped responding: a kernel ran too long", _RESET),
-    13: XidInfo(PROGRAM, WARN, "graphics engine exception", _DEBUG),
-    31: XidInfo(PROGRAM, WARN, "GPU memory page fault: an invalid address", _DEBUG),
+    8: XidInfo(DRIVER, WARN, N_("GPU stopped responding: a kernel ran too long"), _RESET),
+    13: XidInfo(PROGRAM, WARN, N_("graphics engine exception"), _DEBUG),
+    31: XidInfo(PROGRAM, WARN, N_("GPU memory page fault: an invalid address"), _DEBUG),
     32: XidInfo(
         HARDWARE,
         WARN,
-        "corrupted command stream, often PCIe errors",
-        f"See the pcie check; {_REPLACE}",
+        N_("corrupted command stream, often PCIe errors"),
+        N_("See the pcie check; {replace}", replace=_REPLACE),
     ),
-    38: XidInfo(DRIVER, WARN, "driver firmware error", f"{_RESET}; update the driver"),
-    43: XidInfo(PROGRAM, WARN, "GPU stopped a program that faulted", _DEBUG),
+    38: XidInfo(DRIVER, WARN, N_("driver firmware error"), _then(_RESET, _UPDATE)),
+    43: XidInfo(PROGRAM, WARN, N_("GPU stopped a program that faulted"), _DEBUG),
     45: XidInfo(
-        PROGRAM, WARN, "processes stopped after an earlier error", "Look at the Xid before it"
+        PROGRAM,
+        WARN,
+        N_("processes stopped after an earlier error"),
+        N_("Look at the Xid before it"),
     ),
     48: XidInfo(
-        HARDWARE, FAIL, "double-bit ECC error: uncorrectable memory", f"{_RESET}; {_REPLACE}"
+        HARDWARE, FAIL, N_("double-bit ECC error: uncorrectable memory"), _then(_RESET, _REPLACE)
     ),
-    61: XidInfo(
-        DRIVER, FAIL, "internal micro-controller breakpoint", f"{_RESET}; update the driver"
-    ),
-    62: XidInfo(DRIVER, FAIL, "internal micro-controller halt", f"{_RESET}; update the driver"),
+    61: XidInfo(DRIVER, FAIL, N_("internal micro-controller breakpoint"), _then(_RESET, _UPDATE)),
+    62: XidInfo(DRIVER, FAIL, N_("internal micro-controller halt"), _then(_RESET, _UPDATE)),
     63: XidInfo(
         HARDWARE,
         WARN,
-        "memory row remapping or page retirement recorded",
-        "Reset the GPU when convenient so the repair takes effect (see row_remap)",
+        N_("memory row remapping or page retirement recorded"),
+        N_("Reset the GPU when convenient so the repair takes effect (see row_remap)"),
     ),
     64: XidInfo(
-        HARDWARE, FAIL, "memory row remapping or page retirement failed", f"{_RESET}; {_REPLACE}"
+        HARDWARE,
+        FAIL,
+        N_("memory row remapping or page retirement failed"),
+        _then(_RESET, _REPLACE),
     ),
-    69: XidInfo(PROGRAM, WARN, "graphics engine class error", _DEBUG),
+    69: XidInfo(PROGRAM, WARN, N_("graphics engine class error"), _DEBUG),
     74: XidInfo(
         HARDWARE,
         FAIL,
-        "NVLink error",
-        "Multi-GPU jobs will hang or crash: reset the GPUs; check `nvidia-smi nvlink -s`; "
-        + _REPLACE,
+        N_("NVLink error"),
+        N_(
+            "Multi-GPU jobs will hang or crash: reset the GPUs; check `nvidia-smi nvlink -s`; "
+            "{replace}",
+            replace=_REPLACE,
+        ),
     ),
     79: XidInfo(
         HARDWARE,
         FAIL,
-        "GPU has fallen off the bus",
-        "Reboot the instance; " + _REPLACE + ", and stop paying for this one",
+        N_("GPU has fallen off the bus"),
+        N_("Reboot the instance; {replace}, and stop paying for this one", replace=_REPLACE),
     ),
     92: XidInfo(
-        HARDWARE, WARN, "high single-bit ECC error rate", f"Watch the ecc check; {_REPLACE}"
+        HARDWARE,
+        WARN,
+        N_("high single-bit ECC error rate"),
+        N_("Watch the ecc check; {replace}", replace=_REPLACE),
     ),
     94: XidInfo(
         HARDWARE,
         WARN,
-        "contained ECC error: one program was stopped",
-        "Restart the affected job; reset the GPU when convenient; repeats mean failing memory",
+        N_("contained ECC error: one program was stopped"),
+        N_("Restart the affected job; reset the GPU when convenient; repeats mean failing memory"),
     ),
     95: XidInfo(
-        HARDWARE, FAIL, "uncontained ECC error: every program on the GPU", f"{_RESET}; {_REPLACE}"
+        HARDWARE,
+        FAIL,
+        N_("uncontained ECC error: every program on the GPU"),
+        _then(_RESET, _REPLACE),
     ),
-    109: XidInfo(PROGRAM, WARN, "context switch timeout", _DEBUG),
+    109: XidInfo(PROGRAM, WARN, N_("context switch timeout"), _DEBUG),
     119: XidInfo(
         DRIVER,
         FAIL,
-        "GSP timeout: the GPU system processor stopped answering",
-        f"{_RESET}; update the driver; {_REPLACE}",
+        N_("GSP timeout: the GPU system processor stopped answering"),
+        _then(_then(_RESET, _UPDATE), _REPLACE),
     ),
-    120: XidInfo(
-        DRIVER, FAIL, "GSP error in the GPU system processor", f"{_RESET}; update the driver"
-    ),
-    121: XidInfo(HARDWARE, FAIL, "chip-to-chip link error", f"{_RESET}; {_REPLACE}"),
-    140: XidInfo(HARDWARE, FAIL, "unrecovered ECC error", f"{_RESET}; {_REPLACE}"),
+    120: XidInfo(DRIVER, FAIL, N_("GSP error in the GPU system processor"), _then(_RESET, _UPDATE)),
+    121: XidInfo(HARDWARE, FAIL, N_("chip-to-chip link error"), _then(_RESET, _REPLACE)),
+    140: XidInfo(HARDWARE, FAIL, N_("unrecovered ECC error"), _then(_RESET, _REPLACE)),
     154: XidInfo(
         HARDWARE,
         FAIL,
-        "the driver says the GPU needs recovery",
-        "Do what `nvidia-smi -q | grep -i -A1 recovery` asks (reset the GPU or reboot)",
+        N_("the driver says the GPU needs recovery"),
+        N_("Do what `nvidia-smi -q | grep -i -A1 recovery` asks (reset the GPU or reboot)"),
     ),
 }
 _UNKNOWN = XidInfo(
     DRIVER,
     WARN,
-    "an Xid this agent does not know",
-    "Look it up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)",
+    N_("an Xid this agent does not know"),
+    N_("Look it up in NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors)"),
 )
 
 
@@ -201,8 +220,10 @@ def check_xid(
         )
     worst = FAIL if any(status == FAIL for status, _ in shown) else WARN
     findings_shown = [f for _, f in shown]
-    hints = dict.fromkeys(f"Xid {f.xid}: {xid_info(f.xid).action}." for f in findings_shown)
-    return make("xid", worst, _list(findings_shown), " ".join(hints), details)
+    hints = dict.fromkeys(
+        N_("Xid {xid}: {action}.", xid=f.xid, action=xid_info(f.xid).action) for f in findings_shown
+    )
+    return make("xid", worst, _list(findings_shown), Parts(" ", list(hints)), details)
 
 
 def _findings(
@@ -257,32 +278,41 @@ def _sources(kernel: Optional[KernelLogFacts], nvml_watching: bool) -> List[str]
     return sources
 
 
-def _list(findings: Sequence[XidFinding]) -> str:
+def _list(findings: Sequence[XidFinding]) -> Parts:
     """ "Xid 79 on GPU 2 (GPU has fallen off the bus), 3h ago; ..." grouped by Xid and GPU."""
     groups: Dict[Tuple[int, str], List[XidFinding]] = {}
     for f in findings:
         where = f"GPU {f.gpu_index}" if f.gpu_index is not None else f"PCI {f.pci_bus_id or '?'}"
         groups.setdefault((f.xid, where), []).append(f)
-    parts = []
+    parts: List[Message] = []
     for (xid, where), items in groups.items():
         count = f" x{len(items)}" if len(items) > 1 else ""
         newest = min((i.age_s for i in items if i.age_s is not None), default=None)
         if any(i.source == NVML_SOURCE for i in items):
-            when = "during this check"
+            when = N_("during this check")
         else:
-            when = "age unknown" if newest is None else _ago(newest)
-        parts.append(f"Xid {xid} on {where}{count} ({xid_info(xid).meaning}), {when}")
-    return "; ".join(parts)
+            when = N_("age unknown") if newest is None else _ago(newest)
+        parts.append(
+            N_(
+                "Xid {xid} on {where}{count} ({meaning}), {when}",
+                xid=xid,
+                where=where,
+                count=count,
+                meaning=xid_info(xid).meaning,
+                when=when,
+            )
+        )
+    return Parts("; ", parts)
 
 
-def _ago(seconds: float) -> str:
+def _ago(seconds: float) -> Text:
     if seconds < 60:
-        return "just now"
+        return N_("just now")
     if seconds < 3600:
-        return f"{seconds / 60:.0f} min ago"
+        return N_("{minutes} min ago", minutes=f"{seconds / 60:.0f}")
     if seconds < 86400:
-        return f"{seconds / 3600:.1f} h ago"
-    return f"{seconds / 86400:.1f} days ago"
+        return N_("{hours} h ago", hours=f"{seconds / 3600:.1f}")
+    return N_("{days} days ago", days=f"{seconds / 86400:.1f}")
 
 
 def _finding_row(f: XidFinding) -> Dict[str, Any]:
@@ -294,6 +324,6 @@ def _finding_row(f: XidFinding) -> Dict[str, Any]:
         "age_s": f.age_s,
         "source": f.source,
         "kind": info.kind,
-        "meaning": info.meaning,
+        "meaning": str(info.meaning),
         "message": f.message,
     }

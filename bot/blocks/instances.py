@@ -43,7 +43,7 @@ from bot.blocks.money import final_cost_sentence, unverified_rule
 from bot.i18n import N_, nt, placeholders, t
 from bot.notify import Notice
 from bot.providers.names import platform_name
-from bot.services import access, nvml_words
+from bot.services import access, agent_text, nvml_words
 from bot.services.lookup import HostKeyAlert
 from bot.services.outbox import PostFailed
 from bot.services.registration import GpuMismatch
@@ -727,12 +727,10 @@ def _check_lines(checks: Sequence[CheckView]) -> list[str]:
     lines = []
     for check in checks:
         emoji = STATUS_EMOJI.get(check.status, "")
-        summary = _nvml_failed(check) or finding(
-            check.summary, check.summary_template, check.summary_params
-        )
+        summary = _nvml_failed(check) or _finding(check, hint=False)
         line = f"{emoji} *{escape(check.id)}*: {escape(clip(summary, 500))}"
         if check.hint and check.status != "pass":
-            hint = nvml_words.hint(finding(check.hint, check.hint_template, check.hint_params))
+            hint = nvml_words.hint(_finding(check, hint=True))
             line += f"\n      _{escape(clip(hint, 500))}_"
         lines.append(line)
     return lines
@@ -746,6 +744,18 @@ def _nvml_failed(check: CheckView) -> str | None:
         return None
     problem = nvml_words.described(params["code"], params.get("message", ""))
     return t("NVML failed: {problem}", problem=problem)
+
+
+def _finding(check: CheckView, *, hint: bool) -> str:
+    """A check's summary (or hint) in the reader's language: from its parts when the agent
+    sent parts, else from its template."""
+    if hint:
+        if check.hint_parts:
+            return agent_text.parts(check.hint, check.hint_parts, sentences=True)
+        return finding(check.hint, check.hint_template, check.hint_params)
+    if check.summary_parts:
+        return agent_text.parts(check.summary, check.summary_parts, sentences=False)
+    return finding(check.summary, check.summary_template, check.summary_params)
 
 
 def finding(english: str, template: str | None, params: Mapping[str, str]) -> str:

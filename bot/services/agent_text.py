@@ -11,7 +11,7 @@ tells in English only) is shown as the agent wrote it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from agents.protocol import Diagnosis, shown_value
 from bot.i18n import active_language, placeholders, t
@@ -57,3 +57,59 @@ def _shown(key: str, value: object, params: Mapping[str, object]) -> str:
     if key in ("error", "why"):
         return str(value).replace("`", "'")
     return shown_value(key, value)
+
+
+#: How deep parts may nest (a part's parameter is a part, ...); deeper is shown in English.
+_MOST_NESTED = 8
+#: Full-width stop, exclamation and question marks, colon and closing parenthesis.
+_SENTENCE_ENDS = ("\u3002", "\uff01", "\uff1f", "\uff1a", "\uff09")
+#: The full-width semicolon that joins Chinese clauses.
+_CLAUSES = "\uff1b"
+
+
+class _Untold(Exception):
+    """A part the catalogue cannot show in the active language."""
+
+
+def parts(english: str, items: Sequence[object], *, sentences: bool) -> str:
+    """A finding of several parts (``HealthCheck.summary_parts``/``hint_parts``) in the
+    active language: each part translated and filled, clauses joined with a full-width
+    semicolon, sentences with nothing after a full stop (else a space). ``english`` as sent
+    in English, and when a part has a template the catalogue does not know, parameters that
+    do not fit it, or a shape the agent does not send."""
+    if active_language() == "en":
+        return english
+    try:
+        shown = [_part(item, 0) for item in items]
+    except _Untold:
+        return english
+    if not shown:
+        return english
+    if not sentences:
+        return _CLAUSES.join(shown)
+    text = shown[0]
+    for part in shown[1:]:
+        text += part if text.endswith(_SENTENCE_ENDS) else " " + part
+    return text
+
+
+def _part(value: object, depth: int) -> str:
+    if depth > _MOST_NESTED:
+        raise _Untold
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)):
+        listed = [_part(item, depth + 1) for item in value]
+        return (", " if active_language() == "en" else "、").join(listed)
+    if not isinstance(value, Mapping):
+        raise _Untold
+    template, params = value.get("template"), value.get("params", {})
+    if not isinstance(template, str) or not isinstance(params, Mapping):
+        raise _Untold
+    text = t(template)
+    if text == template and active_language() != "en":
+        raise _Untold
+    wanted = placeholders(text)
+    if not wanted <= params.keys():
+        raise _Untold
+    return text.format(**{key: _part(params[key], depth + 1) for key in wanted})

@@ -280,6 +280,7 @@ def test_report_json_round_trips(healthy_paths):
     assert {c["status"] for c in doc["checks"]} <= {"pass", "warn", "fail", "skip"}
     keys = {"id", "status", "summary", "hint", "details"}
     translatable = {"summary_template", "summary_params", "hint_template", "hint_params"}
+    translatable |= {"summary_parts", "hint_parts"}
     assert all(set(c) == keys | translatable for c in doc["checks"])
     assert protocol.loads(HealthReport, text) == report
 
@@ -403,12 +404,27 @@ def test_health_full_on_a_real_gpu():
             assert checks[check_id].details["gpus"]["0"]["measured"] > 0
 
 
-def test_one_joined_finding_keeps_its_template_and_several_are_english():
+def test_one_joined_finding_keeps_its_template_and_several_travel_as_parts():
     one = common.joined("; ", [common.N_("{where} is read-only", where="/data")])
     assert isinstance(one, common.Text)
     assert str(one) == "/data is read-only"
     two = common.joined(
         "; ", [common.N_("{where} is read-only", where="/a"), "/b has 1.0 GiB free"]
     )
-    assert two == "/a is read-only; /b has 1.0 GiB free"
-    assert common.joined(" ", []) == ""
+    assert str(two) == "/a is read-only; /b has 1.0 GiB free"
+    check = common.make("disk", "warn", two, common.joined(" ", []))
+    assert (check.summary, check.summary_template) == ("/a is read-only; /b has 1.0 GiB free", None)
+    assert check.summary_parts == (
+        {"template": "{where} is read-only", "params": {"where": "/a"}},
+        "/b has 1.0 GiB free",
+    )
+    assert (check.hint, check.hint_parts) == ("", ())
+    nested = common.N_("Xid {xid} ({meaning})", xid=79, meaning=common.N_("fell off"))
+    check = common.make("xid", "fail", nested)
+    assert (check.summary, check.summary_template) == ("Xid 79 (fell off)", None)
+    assert check.summary_parts == (
+        {
+            "template": "Xid {xid} ({meaning})",
+            "params": {"xid": "79", "meaning": {"template": "fell off", "params": {}}},
+        },
+    )

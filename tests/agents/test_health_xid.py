@@ -101,9 +101,9 @@ def test_an_unreadable_kernel_log_still_reports_nvml_events():
 
 def test_every_catalogue_entry_says_what_to_do():
     for number, info in XID_CATALOGUE.items():
-        assert "(" not in info.meaning, number  # it is shown in parentheses
+        assert "(" not in str(info.meaning), number  # it is shown in parentheses
         assert info.kind in ("hardware", "program", "driver"), number
         assert info.status in ("fail", "warn"), number
         assert info.meaning
         assert info.action
-        assert not info.action.endswith(".")
+        assert not str(info.action).endswith(".")
