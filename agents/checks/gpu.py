@@ -15,6 +15,7 @@ from agents.checks.common import (
     SKIP,
     WARN,
     Message,
+    Text,
     gib,
     gpu_list,
     joined,
@@ -331,14 +332,15 @@ def check_leftover_memory(status: StatusSnapshot) -> HealthCheck:
     found: List[Message] = []
     hints: List[Message] = []
     if foreign:
-        listed = "; ".join(_describe_process(p) for p in foreign[:5])
-        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        described = [_describe_process(p) for p in foreign[:5]]
+        if len(foreign) > 5:
+            described.append(N_("and {n} more", n=len(foreign) - 5))
         found.append(
             N_(
                 "{n_foreign} process(es) already use the GPUs: {listed}{more}",
                 n_foreign=len(foreign),
-                listed=listed,
-                more=more,
+                listed=joined("; ", described),
+                more="",
             )
         )
         hints.append(
@@ -364,11 +366,15 @@ def check_leftover_memory(status: StatusSnapshot) -> HealthCheck:
     )
 
 
-def _describe_process(proc: ProcessSnapshot) -> str:
-    who = proc.user or "?"
-    command = (proc.command or "?")[:60]
-    held = gib(proc.used_mem_bytes)
-    return f"pid {proc.pid} ({who}: {command}) on GPU {proc.gpu_index} holding {held}"
+def _describe_process(proc: ProcessSnapshot) -> Text:
+    return N_(
+        "pid {pid} ({user}: {command}) on GPU {gpu} holding {held}",
+        pid=proc.pid,
+        user=proc.user or "?",
+        command=(proc.command or "?")[:60],
+        gpu=proc.gpu_index,
+        held=gib(proc.used_mem_bytes),
+    )
 
 
 def _process_details(proc: ProcessSnapshot) -> Dict[str, object]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from agents.checks.common import N_, PASS, SKIP, WARN, make
+from agents.checks.common import N_, PASS, SKIP, WARN, Text, joined, make
 from agents.protocol import HealthCheck
 from agents.system import ListeningSocket, SshdConfig
 
@@ -69,7 +69,7 @@ def check_ssh_password_login(config: SshdConfig) -> HealthCheck:
         "password_login_via": [name for name, _ in enabled],
     }
     if enabled:
-        where = "; ".join(f"{name} ({source})" for name, source in enabled)
+        where = joined("; ", [_setting_from(name, source) for name, source in enabled])
         files = sorted({source for _, source in enabled if source != DEFAULT_SOURCE})
         if files:
             hint = N_(
@@ -145,6 +145,13 @@ def _yes(value: Optional[str], *, default: bool) -> bool:
     if value is None:
         return default
     return value.strip().lower() == "yes"
+
+
+def _setting_from(setting: str, source: str) -> Text:
+    """``setting`` and where it comes from: a file, or sshd's default."""
+    if source == DEFAULT_SOURCE:
+        return N_("{setting} (sshd's default)", setting=setting)
+    return N_("{setting} ({file})", setting=setting, file=source)
 
 
 def _source(config: SshdConfig, keyword: str) -> str:

@@ -108,7 +108,7 @@ def test_the_guides_cases_in_chinese_run_as_written(tmp_path: Path, fake_gpu_zip
     turns = result.stdout.split("console-user> ")[1:]
     assert len(turns) == len(script)
     replies = [turn.removeprefix(line) for line, turn in zip(script, turns, strict=True)]
-    for reply in replies[1:]:  # the registration's health findings name files and versions
+    for reply in replies:
         # The job's own command and log lines are the person's text, not the bot's.
         assert_chinese("\n".join(x for x in reply.splitlines() if "RuntimeError" not in x))
     registered, who, _queued, done, fit7, fit70, warned = replies
