@@ -57,7 +57,7 @@ from slack_sdk import WebClient
 from bot.blocks import home as home_blocks
 from bot.blocks.forms import REGISTER_FORM
 from bot.commands import forms as form_commands
-from bot.commands.help import usage_text
+from bot.commands.help import in_currency, usage_text
 from bot.commands.parser import cut_echoes, parse
 from bot.commands.registry import Registry, Reply, button_id
 from bot.errors import GpubotError, UsageError
@@ -697,7 +697,7 @@ def execute_command(rt: Runtime, registry: Registry, caller: Caller, text: str) 
         spec, args = parse(text, registry)
         return spec.handler(rt, caller, args)
     except GpubotError as exc:
-        return error_reply(exc, typed=text)
+        return error_reply(exc, typed=text, currency=rt.settings.currency)
     except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
         return crash_reply(f"/gpu {text[:200]!r}", caller)
 
@@ -717,17 +717,18 @@ def execute_action(
     try:
         return spec.handler(rt, caller, value)
     except GpubotError as exc:
-        return error_reply(exc)
+        return error_reply(exc, currency=rt.settings.currency)
     except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
         return crash_reply(f"button {action_id}={value[:100]!r}", caller)
 
 
-def error_reply(exc: GpubotError, *, typed: str = "") -> Reply:
-    """An ephemeral message for an error the bot expects: message, hint, usage line; long
-    words of the command the user ``typed`` are echoed cut."""
+def error_reply(exc: GpubotError, *, typed: str = "", currency: str = "USD") -> Reply:
+    """An ephemeral message for an error the bot expects: message, hint, usage line (its
+    amounts as ``currency`` writes them); long words of the command the user ``typed`` are
+    echoed cut."""
     lines = [t(":warning: {problem}", problem=cut_echoes(exc.user_text(), typed))]
     if isinstance(exc, UsageError) and exc.usage:
-        lines.append(usage_text(exc.usage))
+        lines.append(in_currency(usage_text(exc.usage), currency))
     return Reply(text="\n".join(lines))
 
 
@@ -927,7 +928,7 @@ def _form_outcome(
     try:
         outcome = forms.submit_form(rt, caller, callback_id, values)
     except GpubotError as exc:
-        return {}, error_reply(exc)
+        return {}, error_reply(exc, currency=rt.settings.currency)
     except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
         return {}, crash_reply(f"form {callback_id}", caller)
     return dict(outcome.errors), outcome.reply

@@ -9,7 +9,7 @@ import re
 import shlex
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Text, make
+from agents.checks.common import FAIL, N_, PASS, SKIP, WARN, Message, Text, make
 from agents.probe import BAD_OUTPUT, CRASHED, PYTHON_NOT_FOUND, TIMEOUT, ProbeOutcome, TorchFacts
 from agents.protocol import HealthCheck, HostInfo, StatusSnapshot
 from agents.system import DevNodeFacts
@@ -391,34 +391,33 @@ def _driver_too_old(
     command = install_command(facts.python_executable, status, reinstall=True)
     older = f"{driver_cuda[0]}.{driver_cuda[1]}"
     needs_major = torch_cuda[0] > driver_cuda[0] or major_min is None
-    if needs_major or _older(have, major_min):
-        need = major_min or f"a driver for CUDA {torch_text}"
-        if have is None or _older(have, need):
-            return (
-                N_(
-                    "torch needs CUDA {torch_cuda}; driver {driver} runs CUDA {driver_cuda} "
-                    "at most",
-                    torch_cuda=torch_text,
-                    driver=version or "?",
-                    driver_cuda=older,
-                ),
-                N_(
-                    "Upgrade the NVIDIA driver to {need} or newer (then reboot), or install a "
-                    "torch built for CUDA {driver_cuda} or older: `{command}`.",
-                    need=need,
-                    driver_cuda=older,
-                    command=command,
-                ),
-            )
+    if (needs_major or _older(have, major_min)) and (have is None or _older(have, major_min)):
+        return (
+            N_(
+                "torch needs CUDA {torch_cuda}; driver {driver} runs CUDA {driver_cuda} at most",
+                torch_cuda=torch_text,
+                driver=version or "?",
+                driver_cuda=older,
+            ),
+            N_(
+                "Upgrade the NVIDIA driver to {need} or newer (then reboot), or install a "
+                "torch built for CUDA {driver_cuda} or older: `{command}`.",
+                need=major_min or N_("a driver for CUDA {cuda}", cuda=torch_text),
+                driver_cuda=older,
+                command=command,
+            ),
+        )
     if torch_cuda > driver_cuda and (own_min is None or have is None or _older(have, own_min)):
-        target = own_min or f"a driver for CUDA {torch_text} (nvidia-smi's CUDA Version)"
+        target: Message = own_min or N_(
+            "a driver for CUDA {cuda} (nvidia-smi's CUDA Version)", cuda=torch_text
+        )
         return (
             N_(
                 "torch (CUDA {torch_cuda}) cannot start CUDA on driver {driver}: CUDA "
                 "{torch_cuda}'s own minimum driver is {minimum}",
                 torch_cuda=torch_text,
                 driver=driver_text,
-                minimum=own_min or "newer",
+                minimum=own_min or N_("newer"),
             ),
             N_(
                 "Driver {version} runs CUDA {major}.x builds only through minor-version "

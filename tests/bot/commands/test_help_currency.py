@@ -11,6 +11,7 @@ from bot.commands import build_registry
 from bot.commands.help import YUAN_AMOUNTS, in_currency, render_command
 from bot.commands.parser import parse
 from bot.i18n import speaking
+from bot.listeners import execute_command
 from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.values import parse_money, parse_price, parse_storage_price
@@ -122,3 +123,13 @@ def test_the_forms_price_examples_follow_the_workspace_s_currency() -> None:
     rent = placeholders(forms.rent_form([], ["aws"], currency="CNY"))
     assert parse_price(rent["price"], "CNY") > 0
     assert "元" in rent["price"]
+
+
+def test_the_usage_line_after_a_mistake_follows_the_workspace_s_currency(rt: Runtime) -> None:
+    typo = "register box root@203.0.113.7 --gpu h100 --storage 0.1/GB-month"
+    assert "--price 2.10/h" in execute_command(rt, REGISTRY, CALLER, typo).text
+    object.__setattr__(rt, "settings", rt.settings.with_(currency="CNY"))
+    with speaking("zh"):
+        shown = execute_command(rt, REGISTRY, CALLER, typo).text
+    assert "--price ¥3.5/小时" in shown
+    assert "2.10/h" not in shown
