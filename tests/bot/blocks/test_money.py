@@ -156,7 +156,7 @@ def test_fit_message() -> None:
     assert "0.5 GiB for the CUDA context and 5% for fragmentation" in shown
     small = validate(money.fit_message(advice.fit("llama-3.1-8b", "inference")))
     assert "KV cache" in small
-    assert "/h on runpod" in small
+    assert "/h on RunPod" in small
 
 
 @pytest.mark.parametrize(("hours", "months"), [(Decimal("1.5"), "2,400"), (Decimal(500), "7.2")])

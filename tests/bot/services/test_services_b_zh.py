@@ -227,7 +227,7 @@ def test_a_machine_held_by_someone_else_is_refused_in_chinese(rt: Runtime) -> No
 
 def test_adopting_what_the_bot_cannot_ask_about_is_refused_in_chinese(rt: Runtime) -> None:
     request = reconcile.AdoptRequest(provider="manual", provider_id="i-9", name="box")
-    chinese_error(lambda: reconcile.adopt(rt, ADMIN, request), "manual", "--price 2.10/h")
+    chinese_error(lambda: reconcile.adopt(rt, ADMIN, request), "手动登记", "--price 2.10/h")
     # A member hears first that adopting is an admin's act, and whom to ask.
     chinese_error(lambda: reconcile.adopt(rt, OWNER, request), "manual i-9")
 
