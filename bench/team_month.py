@@ -1148,9 +1148,10 @@ def _box(provider_id: str) -> str:
 
 
 def _first_trace(trace: Sequence[str], violations: Sequence[str], limit: int) -> list[str]:
-    """The events that lead to the first violation: its instance's own, and the faults of the
-    world (untagged lines) before its last one."""
-    first = violations[0]
+    """The events that lead to the first violation that names an instance (else the first):
+    its instance's own, and the faults of the world (untagged lines) before its last one."""
+    named = [v for v in violations if v.startswith("box")]
+    first = (named or list(violations))[0]
     name = first.split(":", 1)[0]
     own = [i for i, line in enumerate(trace) if f"[{name}]" in line]
     if not own:

@@ -108,11 +108,6 @@ def test_a_run_across_a_month_end_checks_the_closed_months_digest() -> None:
     assert report["per_owner_vs_platform_micros"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ledger keeps an hour's charge written before the platform's earlier end of "
-    "the machine was learned: spend exceeds status and the platform's bill",
-)
 def test_a_machine_ended_behind_the_bots_back_is_not_charged_past_its_end(
     tmp_path: Path,
 ) -> None:

@@ -965,16 +965,19 @@ def _plan_kind(
         cursor = bucket_end
     if ended and end is not None:
         # The session ended where a bucket had already been charged as running: the rest of
-        # the session's rounding goes into a zero-length adjustment at the ledger's end.
+        # the session's rounding goes into a zero-length adjustment at the ledger's end. When
+        # the platform said only later that it ended earlier than what was charged (a machine
+        # ended behind the bot's back, learned at the next reconcile), the adjustment is
+        # negative: the ledger owes what the platform bills, never more.
         total_billed, total_micros = final(billing.elapsed_seconds(start, end))
-        if total_micros > charged or total_billed > billed:
+        if (total_micros, total_billed) != (charged, billed):
             planned.append(
                 PlannedCharge(
                     kind=kind,
                     start_at=cursor,
                     end_at=cursor,
-                    billed_s=max(0, total_billed - billed),
-                    amount_micros=max(0, total_micros - charged),
+                    billed_s=total_billed - billed,
+                    amount_micros=total_micros - charged,
                 )
             )
     return planned, False
