@@ -119,9 +119,10 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 @contextmanager
 def gpubot(tmp_path: Path, *args: str, env: dict[str, str], umask: int = -1) -> Iterator[_Process]:
     """Run `python -m bot.cli ARGS` with a clean environment plus ``env`` (and ``umask`` when
-    given); killed at the end if still running."""
+    given); killed at the end if still running. The metrics port is a free one unless ``env``
+    names one (tests run side by side)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
-    full.update({"GPUBOT_DATA_DIR": str(tmp_path / "data"), **env})
+    full.update({"GPUBOT_DATA_DIR": str(tmp_path / "data"), "GPUBOT_METRICS_PORT": "0", **env})
     child = subprocess.Popen(
         [sys.executable, "-m", "bot.cli", *args],
         cwd=ROOT,
