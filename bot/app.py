@@ -49,6 +49,7 @@ from bot.providers.registry import ProviderRegistry
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle, TickWatch, start_scheduler
+from bot.services import fleet_views
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store import stats
@@ -88,8 +89,15 @@ T = TypeVar("T")
 def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle:
     """Start the scheduler that ticks deadlines, releases, polls and digests; each tick is
     measured into the process's metrics and, given ``health``, reported to it; after each
-    tick the store's gauges for ``/metrics`` are read (:func:`store_gauges`)."""
-    return start_scheduler(rt, watch=TickWatch(health=health, after_tick=store_gauges(rt).refresh))
+    tick the store's gauges for ``/metrics`` are read (:func:`store_gauges`), and the team's
+    figures every person's Home and list show (bot.services.fleet_views.refresh_summary)."""
+    gauges = store_gauges(rt)
+
+    def after_tick() -> None:
+        gauges.refresh()
+        fleet_views.refresh_summary(rt)
+
+    return start_scheduler(rt, watch=TickWatch(health=health, after_tick=after_tick))
 
 
 #: The store's gauges of each runtime, read by its clock (by ``id``, dropped with it).

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -27,7 +31,7 @@ from sqlmodel import Session, col, select
 
 from agents.protocol import HealthCheck, HealthReport, StatusSnapshot
 from bot import billing
-from bot.errors import FleetError, HostKeyNotPinned
+from bot.errors import FleetError, GpubotError, HostKeyNotPinned
 from bot.fleet.base import Target
 from bot.i18n import t
 from bot.runtime import Runtime
@@ -73,6 +77,12 @@ log = logging.getLogger(__name__)
 
 #: How many of the nearest deadlines a fleet summary holds.
 NEAREST_DEADLINES = 10
+#: A summary the clock read is served for this many tick intervals (then read afresh).
+SUMMARY_MAX_AGE_TICKS = 2
+#: The team's figures as the clock last read them, by runtime (``id``; dropped with it):
+#: (monotonic seconds when read, the summary).
+_SUMMARIES: dict[int, tuple[float, FleetSummary]] = {}
+_SUMMARIES_LOCK = threading.Lock()
 #: The others' instances on one page of `/gpu list --all`.
 LIST_PAGE_SIZE = 50
 #: The team's nearest deadlines `/gpu list` shows.
@@ -241,9 +251,43 @@ def jobs_requested_by(rt: Runtime, user_id: str) -> tuple[tuple[str, JobBrief], 
 
 def fleet_summary(rt: Runtime, nearest: int = NEAREST_DEADLINES) -> FleetSummary:
     """The team's unreleased instances in figures (:class:`FleetSummary`), with the
-    ``nearest`` deadlines: an aggregate and a limited query, read from the live rows' index
-    entries (no row, no status), whose answers are bounded by the states and distinct prices
-    and by ``nearest``, not by the instances."""
+    ``nearest`` deadlines (at most :data:`NEAREST_DEADLINES`): as the clock last read them
+    (:func:`refresh_summary`, after each tick of a running bot) while that reading is at most
+    :data:`SUMMARY_MAX_AGE_TICKS` tick intervals old, else read now (:func:`read_summary`).
+    Raises StoreError when it must be read and the database fails."""
+    with _SUMMARIES_LOCK:
+        kept = _SUMMARIES.get(id(rt))
+    max_age_s = SUMMARY_MAX_AGE_TICKS * rt.settings.tick_interval_s
+    if kept is not None and time.monotonic() - kept[0] <= max_age_s:
+        summary = kept[1]
+        return replace(summary, nearest=summary.nearest[: max(0, nearest)])
+    return read_summary(rt, nearest)
+
+
+def refresh_summary(rt: Runtime) -> None:
+    """Read the team's figures for :func:`fleet_summary` now (the clock, after a tick), so
+    that a person's view reads no more of the team than its own instances. A failure is
+    logged and the last reading ages out."""
+    try:
+        summary = read_summary(rt, NEAREST_DEADLINES)
+    except GpubotError as exc:
+        log.warning("the fleet's summary could not be read: %s", exc)
+        return
+    with _SUMMARIES_LOCK:
+        if id(rt) not in _SUMMARIES:
+            weakref.finalize(rt, _forget_summary, id(rt))
+        _SUMMARIES[id(rt)] = (time.monotonic(), summary)
+
+
+def _forget_summary(key: int) -> None:
+    with _SUMMARIES_LOCK:
+        _SUMMARIES.pop(key, None)
+
+
+def read_summary(rt: Runtime, nearest: int = NEAREST_DEADLINES) -> FleetSummary:
+    """The team's figures read now: an aggregate and a limited query, read from the live
+    rows' index entries (no row, no status), whose answers are bounded by the states and
+    distinct prices and by ``nearest``, not by the instances."""
     now = rt.now()
     live = _unreleased_clause(rt)
     priced = [col(getattr(Instance, name)) for name in LIVE_PRICE_COLUMNS if name != "host"]
