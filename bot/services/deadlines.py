@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, or_, update
 from sqlmodel import Session, col, func, select
@@ -228,6 +229,18 @@ def notice_s(rt: Runtime) -> int:
 DEADLINE_STATES = ("active", "stopped")
 
 
+def deadlines_due_clause(rt: Runtime, now: datetime) -> Any:
+    """The instances :func:`check_deadlines` looks at, at ``now`` (naive UTC): watched, with
+    a deadline or a lifetime cap within the earliest warning (each an indexed range)."""
+    horizon = now + timedelta(seconds=max((*rt.settings.warning_offsets_s, 0)))
+    visible = access.visible_clause(rt)
+    watched = col(Instance.state).in_(DEADLINE_STATES)
+    return or_(
+        and_(visible, watched, col(Instance.deadline_at) <= horizon),
+        and_(visible, watched, col(Instance.lifetime_cap_at) <= horizon),
+    )
+
+
 def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
     """Create due warnings and request the releases that came due, for running and for stopped
     instances (a stopped one still bills its disk: at its deadline it is released for good);
@@ -235,23 +248,8 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
     due: list[tuple[int, str, str, Deadline, tuple[datetime | None, datetime | None]]] = []
     # Only deadlines close enough to need a warning or a release (indexed ranges): the cost
     # follows what is due, not the size of the fleet.
-    horizon = now + timedelta(seconds=max((*rt.settings.warning_offsets_s, 0)))
     with rt.db.session() as session:
-        instances = session.exec(
-            select(Instance).where(
-                access.visible_clause(rt),
-                or_(
-                    and_(
-                        col(Instance.state).in_(DEADLINE_STATES),
-                        col(Instance.deadline_at) <= horizon,
-                    ),
-                    and_(
-                        col(Instance.state).in_(DEADLINE_STATES),
-                        col(Instance.lifetime_cap_at) <= horizon,
-                    ),
-                ),
-            )
-        ).all()
+        instances = session.exec(select(Instance).where(deadlines_due_clause(rt, now))).all()
         for inst in instances:
             reason = _deadline_step(rt, session, inst, now)
             deadline = effective_deadline(inst)
@@ -448,19 +446,23 @@ def _request(
 # --- stopped instances -------------------------------------------------------------------------
 
 
+def stopped_due_clause(rt: Runtime, now: datetime) -> Any:
+    """The instances :func:`check_stopped` reminds about at ``now`` (naive UTC): stopped, with
+    a reminder due."""
+    return and_(
+        access.visible_clause(rt),
+        col(Instance.state) == releases.STOPPED,
+        col(Instance.stopped_remind_at) <= now,
+    )
+
+
 def check_stopped(rt: Runtime, now: datetime) -> list[int]:
     """Remind the owners of stopped instances whose reminder is due that the disk still bills
     (one Prompt per reminder of releases.STOPPED_REMINDERS_S, the latest due one only when the
     bot was down through several; none after the last). Returns the instance ids reminded."""
     reminded: list[int] = []
     with rt.db.session() as session:
-        instances = session.exec(
-            select(Instance).where(
-                access.visible_clause(rt),
-                Instance.state == releases.STOPPED,
-                col(Instance.stopped_remind_at) <= now,
-            )
-        ).all()
+        instances = session.exec(select(Instance).where(stopped_due_clause(rt, now))).all()
         for inst in instances:
             assert inst.id is not None
             stopped_at = inst.stopped_at or now
@@ -511,6 +513,17 @@ def _stopped_reminder(
 # --- idle ----------------------------------------------------------------------------------------
 
 
+def idle_due_clause(rt: Runtime, now: datetime) -> Any:
+    """The instances :func:`check_idle` looks at, at ``now`` (naive UTC): running and idle
+    for ``settings.idle_window_s``."""
+    return and_(
+        col(Instance.state) == "active",
+        access.visible_clause(rt),
+        col(Instance.idle_since).is_not(None),
+        col(Instance.idle_since) <= now - timedelta(seconds=rt.settings.idle_window_s),
+    )
+
+
 def check_idle(rt: Runtime, now: datetime) -> list[int]:
     """Prompt owners of instances idle for ``settings.idle_window_s``; release those with
     ``idle_release_after_s`` once that long passed since the prompt with no answer and no
@@ -518,14 +531,7 @@ def check_idle(rt: Runtime, now: datetime) -> list[int]:
     window = timedelta(seconds=rt.settings.idle_window_s)
     due: list[int] = []
     with rt.db.session() as session:
-        instances = session.exec(
-            select(Instance).where(
-                Instance.state == "active",
-                access.visible_clause(rt),
-                col(Instance.idle_since).is_not(None),
-                col(Instance.idle_since) <= now - window,
-            )
-        ).all()
+        instances = session.exec(select(Instance).where(idle_due_clause(rt, now))).all()
         for inst in instances:
             assert inst.id is not None
             assert inst.idle_since is not None
@@ -552,6 +558,18 @@ def _grace_over(prompt: Prompt, grace_s: int | None, now: datetime) -> bool:
 # --- release when done ----------------------------------------------------------------------------
 
 
+def jobs_done_due_clause(rt: Runtime, now: datetime) -> Any:
+    """The instances :func:`check_jobs_done` looks at (``now`` is not needed): running, and
+    asked to be released when done, by their flag or a job's."""
+    visible = access.visible_clause(rt)
+    active = col(Instance.state) == "active"
+    flagged_jobs = select(Job.instance_id).where(col(Job.release_when_done).is_(True))
+    return or_(
+        and_(visible, active, col(Instance.release_when_done).is_(True)),
+        and_(visible, active, col(Instance.id).in_(flagged_jobs)),
+    )
+
+
 def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
     """Instances to release when their job queue drains (the instance's flag, or its latest
     job's): prompt once the queue is empty, release ``JOBS_DONE_GRACE_S`` after the prompt.
@@ -560,17 +578,7 @@ def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
     with rt.db.session() as session:
         # Only instances that asked to be released when done, or have a job that asked: one
         # query, whatever the fleet's size.
-        flagged_jobs = select(Job.instance_id).where(col(Job.release_when_done).is_(True))
-        active = col(Instance.state) == "active"
-        instances = session.exec(
-            select(Instance).where(
-                access.visible_clause(rt),
-                or_(
-                    and_(active, col(Instance.release_when_done).is_(True)),
-                    and_(active, col(Instance.id).in_(flagged_jobs)),
-                ),
-            )
-        ).all()
+        instances = session.exec(select(Instance).where(jobs_done_due_clause(rt, now))).all()
         for inst in instances:
             assert inst.id is not None
             latest = session.exec(
@@ -596,6 +604,16 @@ def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
 # --- superseded prompts ---------------------------------------------------------------------------
 
 
+def refresh_due_clause(rt: Runtime, now: datetime) -> Any:
+    """The prompts :func:`refresh_prompts` looks at (neither argument is needed): posted,
+    still open, of a kind that can go stale."""
+    return and_(
+        col(Prompt.kind).in_((KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE)),
+        col(Prompt.resolved_at).is_(None),
+        col(Prompt.message_ts).is_not(None),
+    )
+
+
 def refresh_prompts(rt: Runtime, now: datetime) -> int:
     """Close posted prompts that no longer apply (deadline moved, instance released, idle
     instance busy again, new jobs started) and edit their messages so their buttons are gone.
@@ -603,13 +621,7 @@ def refresh_prompts(rt: Runtime, now: datetime) -> int:
     edits: list[tuple[Prompt, Notice]] = []
     tz_name = rt.settings.timezone
     with rt.db.session() as session:
-        open_prompts = session.exec(
-            select(Prompt).where(
-                col(Prompt.kind).in_((KIND_WARNING, KIND_IDLE, KIND_JOBS_DONE)),
-                col(Prompt.resolved_at).is_(None),
-                col(Prompt.message_ts).is_not(None),
-            )
-        ).all()
+        open_prompts = session.exec(select(Prompt).where(refresh_due_clause(rt, now))).all()
         for prompt in open_prompts:
             inst = session.get(Instance, prompt.instance_id)
             assert inst is not None
@@ -697,7 +709,7 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
 # --- what the prompts say -------------------------------------------------------------------------
 
 
-def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
+def notice_for(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
     """What a prompt of this module's kinds says, from the current rows; None when the prompt
     no longer applies."""
     assert prompt.id is not None
@@ -724,9 +736,10 @@ def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Not
     return None
 
 
-#: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).
-KINDS: dict[str, prompts.PromptRenderer] = {
-    kind: render
+#: This module's prompt kinds and what they say (joined in
+#: bot.services.prompt_kinds.PROMPT_NOTICES).
+PROMPT_NOTICES: dict[str, prompts.PromptNotice] = {
+    kind: notice_for
     for kind in (
         KIND_WARNING,
         KIND_IDLE,

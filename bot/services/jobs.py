@@ -37,8 +37,9 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import CursorResult, or_, update
+from sqlalchemy import CursorResult, and_, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import (
@@ -510,6 +511,27 @@ def _gpus_in_use(rt: Runtime, inst: Instance, record: JobRecord) -> tuple[WhoGpu
 # --- polling and replies ------------------------------------------------------------------
 
 
+def poll_clause() -> Any:
+    """The jobs :func:`poll_all` brings up to date: the unfinished ones."""
+    return col(Job.state).in_(ACTIVE_STATES)
+
+
+def reply_clause(now: datetime) -> Any:
+    """The jobs :func:`send_replies` answers at ``now`` (naive UTC): finished, without their
+    reply, and not claimed by a poster within ``CLAIM_TIMEOUT``."""
+    cutoff = now - CLAIM_TIMEOUT
+    return and_(
+        col(Job.state).in_(FINAL_STATES),
+        col(Job.replied_at).is_(None),
+        or_(col(Job.reply_claimed_at).is_(None), col(Job.reply_claimed_at) < cutoff),
+    )
+
+
+def due_clause(now: datetime) -> Any:
+    """The jobs :func:`poll_all` has work for at ``now``: to poll, or to answer."""
+    return or_(poll_clause(), reply_clause(now))
+
+
 def poll_all(rt: Runtime, now: datetime | None = None) -> PollReport:
     """Bring every unfinished job up to date from its instance's agent, then post the
     completion replies due. For the scheduler's tick; safe to run late, twice, or from two
@@ -527,13 +549,8 @@ def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | No
     """Post the completion reply of every finished job that has none, each in the language of
     the person who ran the job; returns how many."""
     now = now or rt.now()
-    cutoff = now - CLAIM_TIMEOUT
     with rt.db.session() as session:
-        query = select(Job.id, Job.requested_by).where(
-            col(Job.state).in_(FINAL_STATES),
-            col(Job.replied_at).is_(None),
-            or_(col(Job.reply_claimed_at).is_(None), col(Job.reply_claimed_at) < cutoff),
-        )
+        query = select(Job.id, Job.requested_by).where(reply_clause(now))
         if instance_id is not None:
             query = query.where(Job.instance_id == instance_id)
         rows = session.exec(query.order_by(col(Job.id))).all()
@@ -675,7 +692,7 @@ def _refresh(
     plans: dict[str, tuple[int, Target, str]] = {}
     updated = 0
     with rt.db.session() as session:
-        query = select(Job).where(col(Job.state).in_(ACTIVE_STATES))
+        query = select(Job).where(poll_clause())
         if instance_ids is not None:
             query = query.where(col(Job.instance_id).in_(instance_ids))
         rows = session.exec(query).all()

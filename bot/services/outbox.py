@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import and_, func, or_, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError, SlackError
@@ -205,18 +205,24 @@ def send(
     return deliver(rt, message_id)
 
 
+def due_clause(now: datetime) -> Any:
+    """The rows :func:`deliver_due` posts at ``now`` (naive UTC): not delivered, due, and not
+    claimed by a poster within ``CLAIM_LEASE_S``."""
+    stale = now - timedelta(seconds=CLAIM_LEASE_S)
+    return and_(
+        col(OutboxMessage.delivery).is_(None),
+        col(OutboxMessage.due_at) <= now,
+        or_(col(OutboxMessage.claimed_at).is_(None), col(OutboxMessage.claimed_at) < stale),
+    )
+
+
 def deliver_due(rt: Runtime, now: datetime, *, limit: int = DELIVER_BATCH) -> int:
     """Post up to ``limit`` due rows, oldest first (one indexed query to find them); returns
     how many were posted. Files wait for the message they belong to."""
-    stale = now - timedelta(seconds=CLAIM_LEASE_S)
     with rt.db.session() as session:
         ids = session.exec(
             select(OutboxMessage.id)
-            .where(
-                col(OutboxMessage.delivery).is_(None),
-                col(OutboxMessage.due_at) <= now,
-                or_(col(OutboxMessage.claimed_at).is_(None), col(OutboxMessage.claimed_at) < stale),
-            )
+            .where(due_clause(now))
             .order_by(col(OutboxMessage.due_at), col(OutboxMessage.id))
             .limit(limit)
         ).all()

@@ -5,8 +5,9 @@ UPDATE (``sent_at`` set while ``message_ts`` is empty; ``first_attempt_at`` set 
 try), commits, posts outside any transaction and records the message after. A claim left behind
 by a crash expires after ``CLAIM_LEASE_S``, so a prompt is never lost; two processes never both
 post it. What a prompt says is decided when it is posted, from the current rows, by the
-renderer of its kind in the table the caller passes (the bot's: bot.services.prompt_kinds.KINDS);
-the renderer returns a :class:`bot.notify.Notice` and the runtime puts it into words.
+``notice_for`` of its kind in the table the caller passes (the bot's:
+bot.services.prompt_kinds.PROMPT_NOTICES); it returns a :class:`bot.notify.Notice` and the
+runtime puts it into words (Block Kit is rendered only by the presentation floor, bot.blocks).
 
 Prompts carry buttons and answers, so their state stays on their own rows, but they are posted
 and judged by the outbox's rules (:mod:`bot.services.outbox`): an unknown outcome (Slack's
@@ -23,12 +24,12 @@ duplicate needs the process to die mid-post and Slack's history to miss the mess
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import and_, func, or_, update
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func, or_, update
 from sqlmodel import Session, col, select
 
 from bot.errors import GpubotError
@@ -51,9 +52,9 @@ FAILED = "failed"
 
 #: Says what a prompt of some kind says at posting time, from the current rows; None means the
 #: prompt no longer applies (it is then closed as "skipped" without being posted).
-PromptRenderer = Callable[[Runtime, Session, Prompt, Instance], Notice | None]
-#: Prompt renderers by prompt kind (the whole bot's: bot.services.prompt_kinds.KINDS).
-PromptKinds = Mapping[str, PromptRenderer]
+PromptNotice = Callable[[Runtime, Session, Prompt, Instance], Notice | None]
+#: What prompts say, by prompt kind (the whole bot's: bot.services.prompt_kinds.PROMPT_NOTICES).
+PromptNotices = Mapping[str, PromptNotice]
 
 
 def ensure_prompt(
@@ -202,23 +203,29 @@ def _record_failure(
             )
 
 
+def due_clause(now: datetime, kinds: Iterable[str]) -> Any:
+    """The prompts :func:`deliver_pending` posts at ``now`` (naive UTC): unposted, unanswered,
+    due, of a kind in ``kinds``, and not claimed by a poster within ``CLAIM_LEASE_S``."""
+    stale = now - timedelta(seconds=CLAIM_LEASE_S)
+    return and_(
+        col(Prompt.message_ts).is_(None),
+        col(Prompt.delivery).is_(None),
+        col(Prompt.resolved_at).is_(None),
+        col(Prompt.due_at) <= now,
+        col(Prompt.kind).in_(list(kinds)),
+        or_(col(Prompt.sent_at).is_(None), col(Prompt.sent_at) < stale),
+    )
+
+
 def deliver_pending(
-    rt: Runtime, now: datetime, kinds: PromptKinds, *, instance_id: int | None = None
+    rt: Runtime, now: datetime, kinds: PromptNotices, *, instance_id: int | None = None
 ) -> int:
     """Post every due, unposted, unanswered prompt of a kind in ``kinds`` (optionally of one
-    instance), each saying what its renderer returns, in the runtime's words and in its
+    instance), each saying what the notice of its kind returns, in the runtime's words and in its
     recipient's language. Returns how many were posted."""
-    stale = now - timedelta(seconds=CLAIM_LEASE_S)
     todo: list[tuple[int, str, Notice]] = []
     with rt.db.session() as session:
-        query = select(Prompt).where(
-            col(Prompt.message_ts).is_(None),
-            col(Prompt.delivery).is_(None),
-            col(Prompt.resolved_at).is_(None),
-            col(Prompt.due_at) <= now,
-            col(Prompt.kind).in_(list(kinds)),
-            or_(col(Prompt.sent_at).is_(None), col(Prompt.sent_at) < stale),
-        )
+        query = select(Prompt).where(due_clause(now, kinds))
         if instance_id is not None:
             query = query.where(Prompt.instance_id == instance_id)
         for prompt in session.exec(query.order_by(col(Prompt.id))).all():

@@ -28,7 +28,7 @@ Release states: pending, in_progress (claimed), escalated (failing, still retrie
 awaiting_owner (manual), awaiting_owner_quiet (manual, reminders done), confirmed. Every
 message goes out as a Prompt row (see bot.services.prompts), so none is lost or doubled by a
 crash; what each says is a notice of this module (:class:`ManualReleaseRequest`,
-:class:`ReleasedNotice`, ...), listed in ``KINDS``.
+:class:`ReleasedNotice`, ...), listed in ``PROMPT_NOTICES``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, update
+from sqlalchemy import and_, func, or_, update
 from sqlmodel import Session, col, select
 
 from bot import billing
@@ -344,6 +344,16 @@ def process_release(rt: Runtime, release_id: int, *, now: datetime | None = None
     return load_release(rt, release_id)
 
 
+def due_clause(now: datetime) -> Any:
+    """The Releases :func:`process_due_releases` works on at ``now`` (naive UTC): open, and
+    never tried or due again (each an indexed range)."""
+    open_ = col(Release.state).in_(OPEN_STATES)
+    return or_(
+        and_(open_, col(Release.next_attempt_at).is_(None)),
+        and_(open_, col(Release.next_attempt_at) <= now),
+    )
+
+
 def process_due_releases(
     rt: Runtime, now: datetime, *, timebox: Timebox | None = None
 ) -> list[int]:
@@ -361,11 +371,7 @@ def process_due_releases(
             session.exec(
                 select(Release.id, Instance.provider)
                 .join(Instance, col(Instance.id) == col(Release.instance_id))
-                .where(
-                    col(Release.state).in_(OPEN_STATES),
-                    (col(Release.next_attempt_at).is_(None))
-                    | (col(Release.next_attempt_at) <= now),
-                )
+                .where(due_clause(now))
                 .order_by(
                     func.coalesce(col(Release.next_attempt_at), col(Release.requested_at)),
                     col(Release.id),
@@ -1166,7 +1172,7 @@ def backoff_s(attempts: int, *, key: int = 0) -> int:
 # --- what the prompts say ----------------------------------------------------------------------
 
 
-def render(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
+def notice_for(rt: Runtime, session: Session, prompt: Prompt, inst: Instance) -> Notice | None:
     """What a prompt of this module's kinds says, from the current rows (None: nothing to send
     any more)."""
     view = instance_view(inst)
@@ -1245,9 +1251,11 @@ def _stop_policy_release_at(inst: Instance, release: Release) -> datetime | None
     return at if cap is None else min(at, cap)
 
 
-#: This module's prompt kinds and what they say (joined in bot.services.prompt_kinds.KINDS).
-KINDS: dict[str, prompts.PromptRenderer] = {
-    kind: render for kind in (KIND_MANUAL_ASK, KIND_MANUAL_REMINDER, KIND_ESCALATION, KIND_RELEASED)
+#: This module's prompt kinds and what they say (joined in
+#: bot.services.prompt_kinds.PROMPT_NOTICES).
+PROMPT_NOTICES: dict[str, prompts.PromptNotice] = {
+    kind: notice_for
+    for kind in (KIND_MANUAL_ASK, KIND_MANUAL_REMINDER, KIND_ESCALATION, KIND_RELEASED)
 }
 
 
@@ -1259,4 +1267,4 @@ def _deliver_for_release(rt: Runtime, release_id: int) -> None:
         if release is None:
             return
         instance_id = release.instance_id
-    prompts.deliver_pending(rt, rt.now(), KINDS, instance_id=instance_id)
+    prompts.deliver_pending(rt, rt.now(), PROMPT_NOTICES, instance_id=instance_id)

@@ -27,13 +27,14 @@ theirs in slices of rows, each resuming from the store where the last one stoppe
 slice that would not fit. The other steps are measured only: the rules and ``TICK_STEPS`` work on
 rows, and posting takes every due message, each bounded by Slack's timeout.
 
-What is due is looked up first: one statement (``DUE_CHECKS``, an indexed ``EXISTS`` per step)
-says which steps may have work, and the others are skipped (named in ``TickReport.skipped``,
-measured as 0 s), so a tick with nothing due costs about one query. Each check selects at least
-what its step would (a superset); after a step that had work the checks are made again, since
-it may have made work for the steps after it (a warning to post, a release to work on). Steps
-without a check always run, and the first tick of every ``FULL_TICK_EVERY_S`` slot of the clock
-runs every step whatever the checks say.
+What is due is looked up first: one statement says which steps have work, and the others are
+skipped (named in ``TickReport.skipped``, measured as 0 s), so a tick with nothing due costs
+about one query. Each step's module exports the clause its own query selects by
+(``DUE_CLAUSES``), and the check is that clause as an indexed ``EXISTS`` per term of its OR: true
+exactly when the step would select a row. After a step that had work the checks are made again,
+since it may have made work for the steps after it (a warning to post, a release to work on).
+Steps without a check always run, and the first tick of every ``FULL_TICK_EVERY_S`` slot of the
+clock runs every step whatever the checks say.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
-from sqlalchemy import DateTime, bindparam, exists, or_
 from sqlalchemy import exc as sa_exc
-from sqlmodel import col, select
+from sqlalchemy import exists, literal_column, or_, true
+from sqlalchemy.sql import operators
+from sqlalchemy.sql.elements import BooleanClauseList
+from sqlmodel import select
 
 from bot.errors import GpubotError
 from bot.logging_setup import RepeatLimiter, request_context
@@ -69,7 +72,6 @@ from bot.services import (
     rent,
     samples,
 )
-from bot.services.job_views import FINAL_STATES
 from bot.store.models import Budget, Instance, Job, OutboxMessage, Prompt, Release, StepClaim
 from bot.timebox import Timebox
 
@@ -99,7 +101,7 @@ RECONCILE_EVERY_S = 300
 PRUNE_EVERY_S = 300
 #: The pool (and the work's key) of reconciling, with the platform pools.
 RECONCILE = "reconcile"
-#: Every step runs on the first tick of each slot this long, whatever ``DUE_CHECKS`` say.
+#: Every step runs on the first tick of each slot this long, whatever the due checks say.
 FULL_TICK_EVERY_S = 300
 
 #: A step's time budget as a share of the tick interval, by step name.
@@ -174,7 +176,7 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     run("stopped", partial(deadlines.check_stopped, rt, now))
     # What people must hear goes out before the platforms are asked anything.
     report.prompts_closed = run("refresh", lambda: deadlines.refresh_prompts(rt, now)) or 0
-    post = partial(prompts.deliver_pending, rt, now, prompt_kinds.KINDS)
+    post = partial(prompts.deliver_pending, rt, now, prompt_kinds.PROMPT_NOTICES)
     report.prompts_posted = run("prompts", post) or 0
     report.outbox_posted = run("outbox", lambda: outbox.deliver_due(rt, now)) or 0
     due = partial(releases.process_due_releases, rt, now)
@@ -208,171 +210,74 @@ def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
         _run(into, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
     )
     # What reconciling found out (stopped or released outside the bot) is said at once.
-    _run(into, "prompts", lambda: prompts.deliver_pending(rt, now, prompt_kinds.KINDS))
+    _run(into, "prompts", lambda: prompts.deliver_pending(rt, now, prompt_kinds.PROMPT_NOTICES))
     _run(into, "outbox", lambda: outbox.deliver_due(rt, now))
 
 
 # --- what is due -------------------------------------------------------------------------------
 
-#: A step's check: a clause true when the step may have work (never false when it has), over
-#: the bound parameters of :func:`_due_params` (``now`` and the times derived from it).
-DueCheck = Callable[[Runtime], Any]
-
-_NOW = bindparam("now", type_=DateTime())
+#: A step's due clause: ``clause(rt, now)`` is the WHERE its own query selects by at ``now``
+#: (naive UTC), exported by the step's module.
+DueClause = Callable[[Runtime, datetime], Any]
 
 
-def _param(name: str) -> Any:
-    return bindparam(name, type_=DateTime())
+def _now_only(clause: Callable[[datetime], Any]) -> DueClause:
+    return lambda _rt, now: clause(now)
 
 
-def _any(*queries: Any) -> Any:
-    """True when any of ``queries`` finds a row: one indexed EXISTS each."""
-    return or_(*(exists(query) for query in queries))
+def _every_row(_rt: Runtime, _now: datetime) -> Any:
+    """Every row: the step reads them all."""
+    return true()
 
 
-def _poll_due(rt: Runtime) -> Any:
-    branches = polling.due_branches(
-        rt,
-        now=_NOW,
-        unplaced_before=_param("unplaced_before"),
-        overdue_before=_param("overdue_before"),
-    )
-    return _any(*(select(Instance.id).where(branch) for branch in branches))
+def _prompts_due(_rt: Runtime, now: datetime) -> Any:
+    return prompts.due_clause(now, prompt_kinds.PROMPT_NOTICES)
 
 
-def _jobs_due(rt: Runtime) -> Any:
-    """Unfinished jobs to bring up to date, or finished ones without their reply."""
-    return _any(
-        select(Job.id).where(col(Job.state).in_(jobs.ACTIVE_STATES)),
-        select(Job.id).where(col(Job.state).in_(FINAL_STATES), col(Job.replied_at).is_(None)),
-    )
-
-
-def _ledger_due(rt: Runtime) -> Any:
-    # The step's own clause (an OR of indexed ranges), one EXISTS per range.
-    clause = ledger.due_clause(cast(datetime, _NOW))
-    branches = getattr(clause, "clauses", None) or [clause]
-    return _any(*(select(Instance.id).where(branch) for branch in branches))
-
-
-def _budgets_due(rt: Runtime) -> Any:
-    return _any(select(Budget.id))
-
-
-def _deadlines_due(rt: Runtime) -> Any:
-    """A deadline or a cap within the earliest warning (as check_deadlines selects)."""
-    horizon = _param("horizon")
-    watched = col(Instance.state).in_(deadlines.DEADLINE_STATES)
-    return _any(
-        select(Instance.id).where(watched, col(Instance.deadline_at) <= horizon),
-        select(Instance.id).where(watched, col(Instance.lifetime_cap_at) <= horizon),
-    )
-
-
-def _stopped_due(rt: Runtime) -> Any:
-    """A stopped instance whose owner is due a reminder."""
-    return _any(
-        select(Instance.id).where(
-            col(Instance.state) == releases.STOPPED, col(Instance.stopped_remind_at) <= _NOW
-        )
-    )
-
-
-def _idle_due(rt: Runtime) -> Any:
-    return _any(
-        select(Instance.id).where(
-            col(Instance.state) == "active", col(Instance.idle_since) <= _param("idle_before")
-        )
-    )
-
-
-def _jobs_done_due(rt: Runtime) -> Any:
-    """An active instance to release when done, by its flag or a job's."""
-    active = col(Instance.state) == "active"
-    return _any(
-        select(Instance.id).where(active, col(Instance.release_when_done).is_(True)),
-        select(Job.id)
-        .join(Instance, col(Instance.id) == col(Job.instance_id))
-        .where(col(Job.release_when_done).is_(True), active),
-    )
-
-
-def _refresh_due(rt: Runtime) -> Any:
-    """A posted prompt still open (of any kind)."""
-    return _any(
-        select(Prompt.id).where(
-            col(Prompt.resolved_at).is_(None), col(Prompt.message_ts).is_not(None)
-        )
-    )
-
-
-def _prompts_due(rt: Runtime) -> Any:
-    """An open prompt not posted yet whose time came (whatever its claim)."""
-    return _any(
-        select(Prompt.id).where(
-            col(Prompt.resolved_at).is_(None),
-            col(Prompt.due_at) <= _NOW,
-            col(Prompt.message_ts).is_(None),
-            col(Prompt.delivery).is_(None),
-        )
-    )
-
-
-def _outbox_due(rt: Runtime) -> Any:
-    """A message to post whose time came (whatever its claim)."""
-    return _any(
-        select(OutboxMessage.id).where(
-            col(OutboxMessage.delivery).is_(None), col(OutboxMessage.due_at) <= _NOW
-        )
-    )
-
-
-def _releases_due(rt: Runtime) -> Any:
-    open_ = col(Release.state).in_(releases.OPEN_STATES)
-    return _any(
-        select(Release.id).where(open_, col(Release.next_attempt_at).is_(None)),
-        select(Release.id).where(open_, col(Release.next_attempt_at) <= _NOW),
-    )
-
-
-#: The steps that are skipped when their check finds nothing due, by step name.
-DUE_CHECKS: dict[str, DueCheck] = {
-    "poll": _poll_due,
-    "jobs": _jobs_due,
-    "ledger": _ledger_due,
-    "budgets": _budgets_due,
-    "deadlines": _deadlines_due,
-    "idle": _idle_due,
-    "jobs_done": _jobs_done_due,
-    "stopped": _stopped_due,
-    "refresh": _refresh_due,
-    "prompts": _prompts_due,
-    "outbox": _outbox_due,
-    "releases": _releases_due,
+#: The steps skipped when their own query would find nothing, by step name: the table that
+#: query reads and the clause it selects by.
+DUE_CLAUSES: dict[str, tuple[Any, DueClause]] = {
+    "poll": (Instance, polling.due_clause),
+    "jobs": (Job, _now_only(jobs.due_clause)),
+    "ledger": (Instance, _now_only(ledger.due_clause)),
+    "budgets": (Budget, _every_row),
+    "deadlines": (Instance, deadlines.deadlines_due_clause),
+    "idle": (Instance, deadlines.idle_due_clause),
+    "jobs_done": (Instance, deadlines.jobs_done_due_clause),
+    "stopped": (Instance, deadlines.stopped_due_clause),
+    "refresh": (Prompt, deadlines.refresh_due_clause),
+    "prompts": (Prompt, _prompts_due),
+    "outbox": (OutboxMessage, _now_only(outbox.due_clause)),
+    "releases": (Release, _now_only(releases.due_clause)),
 }
 
-#: The statement of every check, by what its shape depends on (built once per process).
-_PROBES: dict[tuple[object, ...], Any] = {}
+
+def _branches(clause: Any) -> list[Any]:
+    """The terms of a clause that is an OR (each an indexed range), else the clause itself."""
+    if isinstance(clause, BooleanClauseList) and clause.operator is operators.or_:
+        return list(clause.clauses)
+    return [clause]
 
 
-def _probe(rt: Runtime) -> Any:
-    """The one SELECT of every check, each as a column named after its step."""
-    key = (rt.console, tuple(DUE_CHECKS.items()))
-    probe = _PROBES.get(key)
-    if probe is None:
-        probe = select(*(check(rt).label(name) for name, check in DUE_CHECKS.items()))
-        _PROBES[key] = probe
-    return probe
+def due_check(model: Any, clause: Any) -> Any:
+    """True when a row of ``model`` meets ``clause``: one EXISTS per term of its OR."""
+    return or_(
+        *(
+            exists(select(literal_column("1")).select_from(model).where(branch))
+            for branch in _branches(clause)
+        )
+    )
 
 
-def _due_params(rt: Runtime, now: datetime) -> dict[str, datetime]:
-    """The values of the checks' bound parameters at ``now``."""
-    offsets = rt.settings.warning_offsets_s
-    return {
-        **polling.due_times(rt, now),
-        "horizon": now + timedelta(seconds=max((*offsets, 0))),
-        "idle_before": now - timedelta(seconds=rt.settings.idle_window_s),
-    }
+def _probe(rt: Runtime, now: datetime) -> Any:
+    """The one SELECT of every step's due check at ``now``, each as a column named after its
+    step."""
+    return select(
+        *(
+            due_check(model, clause(rt, now)).label(name)
+            for name, (model, clause) in DUE_CLAUSES.items()
+        )
+    )
 
 
 class _Due:
@@ -384,7 +289,7 @@ class _Due:
         self.known: dict[str, bool] | None = None
 
     def __call__(self, name: str) -> bool:
-        if self.full or name not in DUE_CHECKS:
+        if self.full or name not in DUE_CLAUSES:
             return True
         if self.known is None:
             self.known = self._look()
@@ -395,9 +300,9 @@ class _Due:
 
     def _look(self) -> dict[str, bool]:
         try:
-            probe = _probe(self.rt)
+            probe = _probe(self.rt, self.now)
             with self.rt.db.session() as session:
-                row = session.execute(probe, _due_params(self.rt, self.now)).one()
+                row = session.execute(probe).one()
         except Exception as exc:  # noqa: BLE001 - logged; a failed check holds no step back
             _log_failure(self.now, "due", exc)
             self.full = True

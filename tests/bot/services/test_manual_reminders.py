@@ -188,7 +188,7 @@ def test_the_last_reminder_and_the_stop_read_in_chinese(rt, clock):
     with rt.db.session() as session:
         inst = session.get(Instance, iid)
         assert inst is not None
-        kinds = prompt_kinds.KINDS
+        kinds = prompt_kinds.PROMPT_NOTICES
         rows = session.exec(select(Prompt).order_by(Prompt.id)).all()
         last = [p for p in rows if p.kind == releases.KIND_MANUAL_REMINDER][-1]
         quiet = [p for p in rows if p.key.endswith(":quiet")]

@@ -94,7 +94,7 @@ def test_a_catch_all_404_is_retried_escalated_once_and_keeps_the_meter_running(
     ]
     with rt.db.session() as session:
         inst = get_instance(rt.db, iid)
-        notice = releases.render(rt, session, sent[0], inst)
+        notice = releases.notice_for(rt, session, sent[0], inst)
         released = session.exec(select(Prompt).where(Prompt.kind == releases.KIND_RELEASED)).all()
     assert isinstance(notice, releases.ReleaseEscalation)
     assert notice.last_error is not None

@@ -287,8 +287,8 @@ def test_slack_down_does_not_lose_the_manual_ask(rt, clock):
     releases.process_release(rt, rel.id)
     assert rt.notifier.posts == []
     rt.notifier.fail_posts = False
-    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.KINDS) == 1
-    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.KINDS) == 0
+    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.PROMPT_NOTICES) == 1
+    assert prompts.deliver_pending(rt, clock.now, prompt_kinds.PROMPT_NOTICES) == 0
     assert len(rt.notifier.to("UOWNER")) == 1
 
 

@@ -328,7 +328,7 @@ def test_a_deadline_warning_goes_to_each_owner_in_their_language(
     add_instance(rt.db, name="zhbox", owner_id=ZH, provider="scripted", deadline_at=deadline)
     add_instance(rt.db, name="enbox", owner_id=EN, provider="scripted", deadline_at=deadline)
     deadlines.check_deadlines(rt, clock.now)
-    prompts.deliver_pending(rt, clock.now, prompt_kinds.KINDS)
+    prompts.deliver_pending(rt, clock.now, prompt_kinds.PROMPT_NOTICES)
 
     assert sorted(lang for kind, lang in rendered if kind == "DeadlineWarning") == ["en", "zh"]
     (chinese,) = notifier.to(ZH)
