@@ -666,8 +666,10 @@ def _live_line(row: InstanceRow, now: datetime) -> str:
     if row.problem is not None:
         message = escape(clip(row.problem.message, _PROBLEM_TEXT_MAX))
         hint = f" {escape(clip(row.problem.hint, _PROBLEM_TEXT_MAX))}" if row.problem.hint else ""
-        kind = problem_kind(row.problem.kind)
-        parts.append(f":red_circle: *{kind}*: {message}{hint}")
+        # A kind the bot names is bold; any other is the fleet's own word, shown as it is.
+        known = row.problem.kind in PROBLEM_KINDS
+        kind = f"*{problem_kind(row.problem.kind)}*" if known else escape(row.problem.kind)
+        parts.append(f":red_circle: {kind}: {message}{hint}")
     if row.nvml_problem:
         problem = escape(nvml_words.described(row.nvml_code or "unknown", row.nvml_problem))
         parts.append(t(":warning: GPUs not readable: {problem}", problem=problem))

@@ -28,16 +28,15 @@ def walkthrough() -> list[str]:
     return [line[2:] for line in block.splitlines() if line.startswith("> ")]
 
 
-@pytest.mark.integration
-def test_the_readme_walkthrough_in_chinese_runs_as_written(
-    tmp_path: Path, fake_gpu_zipapp: Path
-) -> None:
-    script = walkthrough()
-    assert script[0] == "/gpu help"
+def _console_in_chinese(
+    script: list[str], config: dict[str, object], tmp_path: Path, zipapp: Path
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Type ``script`` into `gpubot console` in Chinese and yuan, on the fake GPUs of
+    ``config``; the finished process and its turns, one per line typed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
-    env |= fake_nvml_env(build_config(1, RTX_4090, per_gpu={0: {"util_gpu": 90}}), tmp_path)
+    env |= fake_nvml_env(config, tmp_path)
     env |= {
-        "GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp),
+        "GPUBOT_AGENT_ZIPAPP": str(zipapp),
         "GPUBOT_DATA_DIR": str(tmp_path / "data"),
         "GPUBOT_LANGUAGE": "zh",
         "GPUBOT_CURRENCY": "CNY",
@@ -55,6 +54,17 @@ def test_the_readme_walkthrough_in_chinese_runs_as_written(
     assert result.returncode == 0, result.stderr
     turns = result.stdout.split("console-user> ")[1:]
     assert len(turns) == len(script)
+    return result, turns
+
+
+@pytest.mark.integration
+def test_the_readme_walkthrough_in_chinese_runs_as_written(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    script = walkthrough()
+    assert script[0] == "/gpu help"
+    config = build_config(1, RTX_4090, per_gpu={0: {"util_gpu": 90}})
+    result, turns = _console_in_chinese(script, config, tmp_path, fake_gpu_zipapp)
     for line, turn in zip(script, turns, strict=True):
         reply = turn.removeprefix(line)
         assert reply.strip(), f"no reply to {line!r}"
@@ -83,30 +93,10 @@ def test_the_guides_cases_in_chinese_run_as_written(tmp_path: Path, fake_gpu_zip
     runs out of memory and the reply diagnoses it in Chinese; fit follows the guides' figures;
     the hourly-billed instance's warning offers the rest of the hour already paid for."""
     script = guides_walk()
-    held = {"util_gpu": 97, "memory_used": 20 * 1024**3}
+    held: dict[str, object] = {"util_gpu": 97, "memory_used": 20 * 1024**3}
     held["processes"] = [{"pid": 4242, "used_gpu_memory": 20 * 1024**3}]
     config = build_config(2, RTX_4090, per_gpu={0: held})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
-    env |= fake_nvml_env(config, tmp_path)
-    env |= {
-        "GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp),
-        "GPUBOT_DATA_DIR": str(tmp_path / "data"),
-        "GPUBOT_LANGUAGE": "zh",
-        "GPUBOT_CURRENCY": "CNY",
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "bot.cli", "console"],
-        input="\n".join(script) + "\n",
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    turns = result.stdout.split("console-user> ")[1:]
-    assert len(turns) == len(script)
+    _, turns = _console_in_chinese(script, config, tmp_path, fake_gpu_zipapp)
     replies = [turn.removeprefix(line) for line, turn in zip(script, turns, strict=True)]
     for reply in replies:
         # The job's own command and log lines are the person's text, not the bot's.
