@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func
@@ -16,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from bot.errors import UsageError
 from bot.i18n import LANGUAGE_NAMES, N_, Language, language_of, t
+from bot.logging_setup import RepeatLimiter
 from bot.services import access
 from bot.services.access import Caller
 from bot.store.models import Person
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
     from bot.runtime import Runtime
 
 log = logging.getLogger(__name__)
+#: Failed reads of a person's language, logged at most once a minute.
+LANGUAGE_READS = RepeatLimiter()
+LANGUAGE_KEY = "language"
 
 #: A display name after ``@``, as people type it.
 _NAME = re.compile(r"@([\w.\-]{1,200})")
@@ -69,10 +74,28 @@ def language_for(rt: Runtime, slack_id: str | None) -> Language:
         with rt.db.session() as session:
             person = session.get(Person, slack_id)
             chosen = None if person is None else person.language
-    except Exception:  # the language must never cost the message
-        log.warning("could not read the language of %s", slack_id, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - the language must never cost the message
+        _language_unread(exc)
         return default
+    LANGUAGE_READS.settle(LANGUAGE_KEY, time.monotonic())
     return language_of(chosen) or default
+
+
+def _language_unread(exc: Exception) -> None:
+    """Log that a language could not be read: in full when it starts, then at most once a
+    minute with a count (the store down fails every message's read)."""
+    shown = LANGUAGE_READS.admit(LANGUAGE_KEY, time.monotonic())
+    if shown is None:
+        return
+    if shown.first:
+        log.warning("could not read a person's language", exc_info=exc)
+        return
+    log.warning(
+        "could not read a person's language %d times in the last %.0f s (latest: %s)",
+        shown.count,
+        shown.window_s,
+        type(exc).__name__,
+    )
 
 
 def set_language(rt: Runtime, caller: Caller, text: str) -> Language:

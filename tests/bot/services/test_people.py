@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from bot.errors import UsageError
+from bot.errors import StoreError, UsageError
 from bot.i18n import speaking
-from bot.services import access, budgets
+from bot.logging_setup import RepeatLimiter
+from bot.services import access, budgets, people
 from bot.services.access import Caller, parse_member_id
 from bot.services.people import resolve_person
 from bot.store.db import Database
 from bot.store.models import Person
+from tests.bot.services.support import Clock, make_runtime
 from tests.chinese import assert_chinese
 
 
@@ -103,3 +107,22 @@ def test_the_member_id_rule() -> None:
     assert parse_member_id("W0ADMIN") == "W0ADMIN"
     for wrong in ("U1", "UA", "u012ab3cd", "@alice", "C0123ABC", "U0Ä", "U" + "A" * 64, "U0 A"):
         assert parse_member_id(wrong) is None, wrong
+
+
+def test_a_store_that_fails_logs_the_language_reads_once_a_minute(
+    sqlite_db: Database, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = make_runtime(sqlite_db, Clock(), language="zh")
+    monkeypatch.setattr(people, "LANGUAGE_READS", RepeatLimiter())
+    seconds = iter([0.0, 1.0, 2.0, 61.0, 62.0])
+    monkeypatch.setattr(people.time, "monotonic", lambda: next(seconds))
+
+    def broken() -> object:
+        raise StoreError("the store is down")
+
+    monkeypatch.setattr(rt.db, "session", broken)
+    caplog.set_level(logging.WARNING, logger=people.__name__)
+    assert [people.language_for(rt, f"U{n}") for n in range(5)] == ["zh"] * 5
+    lines = [r for r in caplog.records if r.name == people.__name__]
+    assert [bool(r.exc_info) for r in lines] == [True, False]  # a traceback once, then a count
+    assert "3 times in the last 61 s" in lines[1].getMessage()
