@@ -19,6 +19,10 @@ peer-to-peer support between every pair), :class:`XidWatch` (Xid errors NVML rep
 is open) and :meth:`GpuSampler.sample_load` (clocks, temperature, power under load).
 
 Units: memory in bytes, power in W (NVML reports mW), clocks in MHz, temperature in °C.
+
+Why one module of this size: it is the agent's only importer of pynvml (one module per
+outside thing): every NVML call, its error translation and the fallbacks for what a driver
+does not support sit at that one boundary.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ sys.path.insert(0, os.environ.get("GPUBOT_BENCH_TREE") or str(ROOT))
 from slack_bolt import Ack, App, Respond  # noqa: E402
 from slack_sdk import WebClient  # noqa: E402
 
-from bot.local_slack import LocalSlack, signed_headers, slash_command_body  # noqa: E402
+from bot.local_slack import LocalSlack  # noqa: E402
+from bot.slack_requests import signed_headers, slash_command_body  # noqa: E402
 
 TOKEN = "xoxb-bench"
 SECRET = "bench-signing-secret"

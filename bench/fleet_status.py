@@ -13,8 +13,8 @@ SQLite store; the output says whether the instances' Python has torch (when it h
 health check's torch probe ends at its ImportError). Instance-side CPU is summed over all 20
 servers' process trees. Then, in interleaved rounds of the same run:
 
-  (a) bot.services.fleet_views.fleet_overview: what `/gpu status` runs (store read, concurrent
-      status over pooled, kept-alive connections, results recorded);
+  (a) bot.services.instances.fleet_views.fleet_overview: what `/gpu status` runs (store
+      read, concurrent status over pooled, kept-alive connections, results recorded);
   (b) a loop of OpenSSH client calls, one after another, each running the same agent command
       with its pinned host key (`ssh -p PORT -i KEY USER@HOST env GPU_AGENT_HOME=... python3 ...`)
       and OpenSSH's default algorithms, whose key exchange is most of (e)'s client CPU;
@@ -69,8 +69,8 @@ from bot.fleet.base import Target  # noqa: E402
 from bot.fleet.fleet import Fleet  # noqa: E402
 from bot.notify import MessageRef  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import fleet_views, instance_trust, lookup, registration  # noqa: E402
 from bot.services.access import Caller  # noqa: E402
+from bot.services.instances import fleet_views, instance_trust, lookup, registration  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.models import Instance  # noqa: E402
 from tests.fixtures.sshd import SshServer, start_sshd  # noqa: E402

@@ -5,13 +5,14 @@ Two fresh SQLite stores (in files) are filled the same way but for their size: t
 (``UVIEWER``) holds 50 active instances, two running jobs and a budget; everyone else holds 5
 instances each (a tenth of them stopped, every one with a deadline). Every active instance is
 stored as a poll stores it: an 8-GPU status snapshot of about 6 KB with its processes, and the
-facts views read of it (bot.services.lookup.status_columns). The clock has run: the ledger is
-accrued up to now. Then, in interleaved rounds of the same run:
+facts views read of it (bot.services.instances.lookup.status_columns). The clock has run: the
+ledger is accrued up to now. Then, in interleaved rounds of the same run:
 
   (a) the Home: bot.services.home.home_view for the person, rendered to Block Kit
       (bot.blocks.home), what each publish of their Home runs;
   (b) `/gpu list` for the person, through the real parser and handler: their instances in
-      full, the team's figures and nearest deadlines (bot.services.fleet_views.viewer_list,
+      full, the team's figures and nearest deadlines
+      (bot.services.instances.fleet_views.viewer_list,
       rendered by bot.blocks.instance_list).
 
 Printed per size: the median milliseconds of (a) and (b) and the ratio of the large team to
@@ -44,9 +45,10 @@ from bot.blocks import home as home_blocks  # noqa: E402
 from bot.commands import build_registry  # noqa: E402
 from bot.commands.parser import parse  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import home, ledger  # noqa: E402
+from bot.services import home  # noqa: E402
 from bot.services.access import Caller  # noqa: E402
-from bot.services.lookup import status_columns  # noqa: E402
+from bot.services.instances.lookup import status_columns  # noqa: E402
+from bot.services.money import ledger  # noqa: E402
 from bot.store.db import Database  # noqa: E402
 from bot.store.models import Budget, Instance, Job, Person  # noqa: E402
 from tests.agents.factories import make_process, make_status  # noqa: E402

@@ -47,7 +47,7 @@ from agents.protocol import dumps  # noqa: E402
 from bot.fleet.base import ExecResult, Target, Transport  # noqa: E402
 from bot.fleet.fleet import FAN_OUT_WORKERS, Fleet, polling  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
-from bot.services import polling as poll_step  # noqa: E402
+from bot.services.instances import polling as poll_step  # noqa: E402
 from bot.services.tick import step_budget_s  # noqa: E402
 from bot.settings import Settings  # noqa: E402
 from bot.store.db import Database  # noqa: E402

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import func, insert, select  # noqa: E402
 from sqlmodel import col  # noqa: E402
 
-from bot.services import digest, ledger, spend  # noqa: E402
+from bot.services.money import digest, ledger, spend  # noqa: E402
 from bot.services.tick import tick  # noqa: E402
 from bot.store.db import Database  # noqa: E402
 from bot.store.models import AuditLog, Charge, Instance, LedgerState, Person  # noqa: E402

@@ -49,8 +49,9 @@ from agents.zipapp import build  # noqa: E402
 from bot.app import build_app, build_runtime  # noqa: E402
 from bot.fleet.hostkeys import host_key_from_blob  # noqa: E402
 from bot.http_server import SlackHttpServer  # noqa: E402
-from bot.local_slack import LocalSlack, signed_headers, slash_command_body  # noqa: E402
+from bot.local_slack import LocalSlack  # noqa: E402
 from bot.settings import Settings  # noqa: E402
+from bot.slack_requests import signed_headers, slash_command_body  # noqa: E402
 from bot.store.db import Database  # noqa: E402
 from tests.bot.services.support import add_instance  # noqa: E402
 

@@ -23,6 +23,7 @@ from slack_sdk.webhook import WebhookClient
 from sqlmodel import select
 
 from bot import charts
+from bot.ack_path import CHECK_BEFORE_RUNNING, Languages, store_hung_text
 from bot.blocks import render, render_files
 from bot.commands import build_registry
 from bot.commands import home as home_commands
@@ -34,22 +35,16 @@ from bot.fleet.local import LocalTransport
 from bot.health import Health
 from bot.http_server import OpsEndpoints
 from bot.i18n import language_of, set_default_language, speaking
-from bot.listeners import (
-    CHECK_BEFORE_RUNNING,
-    Forms,
-    Languages,
-    register_listeners,
-    store_hung_text,
-)
+from bot.listeners import Forms, register_listeners
 from bot.logging_setup import RepeatLimiter
-from bot.metrics import METRICS, Metrics, StoreStats
+from bot.metrics import Metrics, StoreStats
 from bot.notify import Notifier
 from bot.platform_work import PlatformWork
 from bot.providers.registry import ProviderRegistry
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle, TickWatch, start_scheduler
-from bot.services import fleet_views
+from bot.services.instances import fleet_views
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store import stats
@@ -90,14 +85,17 @@ def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle
     """Start the scheduler that ticks deadlines, releases, polls and digests; each tick is
     measured into the process's metrics and, given ``health``, reported to it; after each
     tick the store's gauges for ``/metrics`` are read (:func:`store_gauges`), and the team's
-    figures every person's Home and list show (bot.services.fleet_views.refresh_summary)."""
+    figures every person's Home and list show
+    (bot.services.instances.fleet_views.refresh_summary)."""
     gauges = store_gauges(rt)
 
     def after_tick() -> None:
         gauges.refresh()
         fleet_views.refresh_summary(rt)
 
-    return start_scheduler(rt, watch=TickWatch(health=health, after_tick=after_tick))
+    return start_scheduler(
+        rt, watch=TickWatch(metrics=rt.metrics, health=health, after_tick=after_tick)
+    )
 
 
 #: The store's gauges of each runtime, read by its clock (by ``id``, dropped with it).
@@ -168,22 +166,22 @@ def _chinese_in_use(rt: Runtime) -> bool:
         return True
 
 
-def build_ops(rt: Runtime, health: Health, metrics: Metrics = METRICS) -> OpsEndpoints:
+def build_ops(rt: Runtime, health: Health) -> OpsEndpoints:
     """``/healthz``, ``/readyz`` and ``/metrics`` of ``rt``: the process's metrics and the
     store's gauges as the clock last read them (a hung database holds no scrape)."""
     gauges = store_gauges(rt)
-    return OpsEndpoints(health=health, metrics=lambda: metrics.exposition(gauges.stats))
+    return OpsEndpoints(health=health, metrics=lambda: rt.metrics.exposition(gauges.stats))
 
 
 class BoundedReplayGuard(ReplayGuard):
     """The replay guard on the store, kept from holding the threads that ack.
 
     A slash command's signature is checked against this process's memory at once, and in the
-    store on the executor before the command runs (bot.listeners.CHECK_BEFORE_RUNNING): its ack
+    store on the executor before the command runs (bot.ack_path.CHECK_BEFORE_RUNNING): its ack
     waits for no store and a replay is dropped unrun; when the store fails that check, the
     command's response URL is told that the store is not answering and nothing was run (in its
     caller's language as last known, ``languages``); a store that does not answer leaves the
-    command waiting for it (bot.listeners.StoreWatch tells its caller). Any other signed request
+    command waiting for it (bot.ack_path.StoreWatch tells its caller). Any other signed request
     is checked before its listener runs, waiting for the store at most ``deadline``'s seconds;
     past that, or when the store fails, it is answered 503 and nothing runs. Either way nothing
     runs twice, and a check that ends late only records the signature. Failures are logged once
@@ -343,7 +341,7 @@ def with_home_buttons(registry: Registry) -> Registry:
     return both
 
 
-def timed_registry(registry: Registry, metrics: Metrics = METRICS) -> Registry:
+def timed_registry(registry: Registry, metrics: Metrics) -> Registry:
     """A copy of ``registry`` whose handlers record how long they run: commands by name,
     buttons as ``button:ACTION_ID``."""
     timed = Registry()
@@ -386,12 +384,14 @@ def build_runtime(
     providers: ProviderRegistry | None = None,
     db: Database | None = None,
     console: bool = False,
+    metrics: Metrics | None = None,
 ) -> Runtime:
     """The bot's parts: the store (migrated to the newest schema), fleet, providers, a Slack
     notifier, a naive-UTC clock and the executor for users' commands (bounded by
     ``settings.command_queue_max`` and ``settings.commands_per_user``). ``console`` serves the
     local console, the only runtime whose fleet reaches the bot's own machine. Raises
     ConfigError, StoreError."""
+    metrics = metrics if metrics is not None else Metrics()
     database = db if db is not None else Database(settings.effective_database_url)
     if db is None:
         database.migrate()
@@ -399,9 +399,11 @@ def build_runtime(
     return Runtime(
         settings=settings,
         db=database,
-        fleet=fleet if fleet is not None else _fleet(settings, console=console),
+        fleet=fleet if fleet is not None else _fleet(settings, console=console, metrics=metrics),
         providers=providers if providers is not None else ProviderRegistry.from_settings(settings),
-        notifier=notifier if notifier is not None else SlackNotifier(make_client(settings)),
+        notifier=notifier
+        if notifier is not None
+        else SlackNotifier(make_client(settings), metrics=metrics),
         clock=clock if clock is not None else utcnow,
         render=render,
         render_files=render_files,
@@ -414,11 +416,18 @@ def build_runtime(
         console=console,
         # The console's clock waits for what it asks the platforms: one person, one terminal.
         platform_work=None if console else PlatformWork(),
+        metrics=metrics,
     )
 
 
-def _fleet(settings: Settings, *, console: bool) -> Fleet:
-    return Fleet(settings, local_transport=LocalTransport() if console else None)
+def _slack_runtime(settings: Settings, client: WebClient) -> Runtime:
+    """A runtime whose Slack notifier counts into the runtime's metrics."""
+    metrics = Metrics()
+    return build_runtime(settings, notifier=SlackNotifier(client, metrics=metrics), metrics=metrics)
+
+
+def _fleet(settings: Settings, *, console: bool, metrics: Metrics) -> Fleet:
+    return Fleet(settings, local_transport=LocalTransport() if console else None, metrics=metrics)
 
 
 def build_app(
@@ -445,7 +454,7 @@ def build_app(
     web = client if client is not None else make_client(settings)
     if not web.token:
         raise ConfigError("The Slack client has no token.", hint="Give WebClient the bot token.")
-    rt = runtime if runtime is not None else build_runtime(settings, notifier=SlackNotifier(web))
+    rt = runtime if runtime is not None else _slack_runtime(settings, web)
     app = App(
         # Bolt takes the token from the client (giving both only logs a warning).
         token=None,
@@ -469,6 +478,10 @@ def build_app(
     )
     app.use(guard)
     register_listeners(
-        app, rt, timed_registry(with_home_buttons(commands)), forms=forms, languages=languages
+        app,
+        rt,
+        timed_registry(with_home_buttons(commands), rt.metrics),
+        forms=forms,
+        languages=languages,
     )
     return app

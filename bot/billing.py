@@ -34,10 +34,12 @@ Rules:
   (:func:`egress_cost`). Nothing measures an instance's traffic, so the ledger records no egress
   charges and the spend report and digest say that egress is not metered.
 
-Provider defaults, used for a field the instance left at the table's default value:
-AWS EC2 bills per second with a 60-second minimum per start; Lambda per minute from passing health
-checks; RunPod and Vast.ai per second; Compshare by the hour (unverified, see
-``PROVIDER_BILLING``); ``manual`` instances bill exactly as typed.
+Platform rules: a rule the instance's row does not say (NULL) is its platform's, a
+:class:`ProviderBilling` that the platform's provider module declares (its capabilities'
+``billing``; ``bot.providers.registry.platform_billing`` finds it by name) and that callers pass
+to every function here that needs it. AWS EC2 bills per second with a 60-second minimum per
+start; Lambda per minute from passing health checks; RunPod and Vast.ai per second; Compshare by
+the hour (unverified: a setting decides); ``manual`` instances bill exactly as typed.
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ BILLING_FROM = ("created", "ssh_ready")
 
 @dataclass(frozen=True)
 class ProviderBilling:
-    """A platform's documented billing: increment, minimum per start, and when billing starts.
-    ``verified`` is False where no document of the platform states the rule and a setting
-    decides it (said wherever a cost is quoted)."""
+    """A platform's documented billing: ``increment`` (second, minute or hour), the minimum
+    charge per start in seconds, when billing starts (``created`` or ``ssh_ready``) and the
+    document that says so. ``verified`` is False where no document of the platform states the
+    rule and a setting decides it (said wherever a cost is quoted).
+
+    Raises UsageError when a rule has a value no platform uses."""
 
     increment: str
     min_charge_s: int
@@ -77,31 +82,13 @@ class ProviderBilling:
     source: str
     verified: bool = True
 
-
-#: Each platform's documented rules (see the module docstring); ``manual`` is as typed.
-PROVIDER_BILLING: dict[str, ProviderBilling] = {
-    "aws": ProviderBilling(
-        "second", 60, "created", "EC2 On-Demand: per-second billing, 60-second minimum per start"
-    ),
-    "lambda": ProviderBilling(
-        "minute", 0, "ssh_ready", "Lambda Cloud: per minute from passing health checks"
-    ),
-    "runpod": ProviderBilling("second", 0, "created", "RunPod: compute and storage per second"),
-    "vast": ProviderBilling("second", 0, "created", "Vast.ai: per second; storage while stopped"),
-    "compshare": ProviderBilling(
-        "hour",
-        0,
-        "created",
-        "Compshare (UCloud), unverified: the official SDK's (ucloud-sdk-python3, ucompshare) "
-        "ChargeType docstrings: Dynamic 按小时预付费, Postpay 按小时后付费 (支持关机不收费, some "
-        "zones only); PostPayPowerOffBillingResource lists the disks billed while powered off. "
-        "A 2026 price guide says per second; no Compshare page states the increment, so "
-        "GPUBOT_COMPSHARE_BILLING (second|hour, default hour) decides: a registration through "
-        "the provider stores the setting's increment. Prices in CNY.",
-        verified=False,
-    ),
-    "manual": ProviderBilling("second", 0, "created", "as typed at registration"),
-}
+    def __post_init__(self) -> None:
+        BillingRules(
+            price_micros_per_hour=0,
+            increment=self.increment,
+            min_charge_s=self.min_charge_s,
+            billing_from=self.billing_from,
+        )
 
 
 @dataclass(frozen=True)
@@ -241,17 +228,13 @@ class CostBreakdown:
         return self.compute_micros + self.storage_micros
 
 
-def provider_billing(provider: str) -> ProviderBilling:
-    """The platform's documented rules; an unknown provider bills as typed (like ``manual``)."""
-    return PROVIDER_BILLING.get(provider, PROVIDER_BILLING["manual"])
-
-
-def unverified_increment(instance: BilledInstance) -> str | None:
-    """The increment the instance is billed by when no platform document states it (a setting
-    decides, e.g. GPUBOT_COMPSHARE_BILLING); None when the rule is documented or typed."""
-    if provider_billing(instance.provider).verified:
+def unverified_increment(instance: BilledInstance, platform: ProviderBilling) -> str | None:
+    """The increment the instance is billed by when no document of its platform (``platform``)
+    states it (a setting decides, e.g. GPUBOT_COMPSHARE_BILLING); None when the rule is
+    documented or typed."""
+    if platform.verified:
         return None
-    return rules_for(instance).increment
+    return rules_for(instance, platform).increment
 
 
 def billed_gpu_count(instance: BilledInstance) -> int:
@@ -274,10 +257,9 @@ def hourly_cost_micros(instance: BilledInstance) -> int:
     return hourly_micros(instance.price_micros, instance.price_per, billed_gpu_count(instance))
 
 
-def rules_for(instance: BilledInstance) -> BillingRules:
-    """The instance's billing rules; a rule the registration did not give (None) is the
-    provider's."""
-    platform = provider_billing(instance.provider)
+def rules_for(instance: BilledInstance, platform: ProviderBilling) -> BillingRules:
+    """The instance's billing rules; a rule its row does not say (None) is its platform's
+    (``platform``, the documented rules of ``instance.provider``)."""
     increment = instance.billing_increment or platform.increment
     min_charge_s = platform.min_charge_s if instance.min_charge_s is None else instance.min_charge_s
     billing_from = instance.billing_from or platform.billing_from
@@ -344,14 +326,17 @@ def _storage_exact(rules: BillingRules, seconds: int) -> int:
     return rules.disk_mb * rules.storage_micros_per_gb_month * seconds
 
 
-def compute_totals(instance: BilledInstance, seconds: int, *, final: bool) -> tuple[int, int]:
+def compute_totals(
+    instance: BilledInstance, platform: ProviderBilling, seconds: int, *, final: bool
+) -> tuple[int, int]:
     """(billed seconds, micros) the instance's compute owes ``seconds`` after billing started:
     the sessions closed at earlier stops, what the current session carried from earlier rules,
     and the rest of the current session under the current rules. ``final`` applies the
     increment and the minimum charge to the current session (it ends there). Moments before
-    the current session began owe what the closed sessions owe."""
-    rules = rules_for(instance)
-    offset = session_offset_s(instance)
+    the current session began owe what the closed sessions owe. ``platform``: the rules of
+    the instance's platform (see :func:`rules_for`)."""
+    rules = rules_for(instance, platform)
+    offset = session_offset_s(instance, platform)
     session_s = max(0, seconds - offset)
     billed = billed_seconds(rules, session_s) if final else session_s
     carried_s = min(max(0, instance.compute_carried_s - offset), billed)
@@ -361,28 +346,28 @@ def compute_totals(instance: BilledInstance, seconds: int, *, final: bool) -> tu
     )
 
 
-def session_offset_s(instance: BilledInstance) -> int:
+def session_offset_s(instance: BilledInstance, platform: ProviderBilling) -> int:
     """Seconds from the billing start to the start of the current billing session (the last
     restart); 0 when the instance never ran again after a stop."""
-    start = billing_start(instance)
+    start = billing_start(instance, platform)
     if start is None or instance.compute_session_at is None:
         return 0
     return elapsed_seconds(start, instance.compute_session_at)
 
 
-def used_seconds(instance: BilledInstance, seconds: int) -> int:
+def used_seconds(instance: BilledInstance, platform: ProviderBilling, seconds: int) -> int:
     """The seconds the instance ran (every session, stopped time left out) ``seconds`` after
     billing started."""
-    return instance.compute_closed_used_s + max(0, seconds - session_offset_s(instance))
+    return instance.compute_closed_used_s + max(0, seconds - session_offset_s(instance, platform))
 
 
-def at_one_price(instance: BilledInstance) -> bool:
+def at_one_price(instance: BilledInstance, platform: ProviderBilling) -> bool:
     """Whether every compute second carried so far (closed sessions, and stretches before a
     change of rules) cost what the current price makes of it, within :data:`PRICE_SLACK_MICROS`
     of rounding; False when an earlier stretch had another price (or none)."""
-    rules = rules_for(instance)
+    rules = rules_for(instance, platform)
     carried_s = instance.compute_closed_s + max(
-        0, instance.compute_carried_s - session_offset_s(instance)
+        0, instance.compute_carried_s - session_offset_s(instance, platform)
     )
     expected = metered_cost(rules, carried_s)
     return abs(expected - instance.compute_carried_micros) <= PRICE_SLACK_MICROS
@@ -392,8 +377,8 @@ def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
     """(seconds, micros) the disk owes after ``seconds`` of storage, carried part included:
     the stretches at earlier sizes and prices and the current one summed exactly, rounded up
     to a micro once (so a disk that changed price owes what its platform's per-second rates
-    make of the whole, not a micro more per stretch)."""
-    rules = rules_for(instance)
+    make of the whole, not a micro more per stretch). Storage bills alike on every platform."""
+    rules = _storage_rules(instance)
     carried_s = min(instance.storage_carried_s, max(0, seconds))
     rest = _storage_exact(rules, seconds - carried_s) - instance.storage_carried_excess
     return seconds, instance.storage_carried_micros + max(
@@ -401,7 +386,7 @@ def storage_totals(instance: BilledInstance, seconds: int) -> tuple[int, int]:
     )
 
 
-def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
+def carry(instance: BilledInstance, platform: ProviderBilling, at: datetime) -> dict[str, int]:
     """The carried fields to store before the instance's billing rules change at ``at``: what
     its sessions owe up to ``at`` under the rules in force (no increment rounding: the session
     goes on). Apply them together with the new rules.
@@ -415,13 +400,13 @@ def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
         "compute_carried_s": instance.compute_carried_s,
         "compute_carried_micros": instance.compute_carried_micros,
     }
-    start = billing_start(instance)
+    start = billing_start(instance, platform)
     if start is not None:
         end = _earlier(compute_end(instance), at)
         seconds = elapsed_seconds(start, end)
         fresh = instance.compute_carried_s == 0 and instance.compute_session_at is None
         if seconds > 0 and not (fresh and _same_moment(start, end)):
-            _, micros = compute_totals(instance, seconds, final=False)
+            _, micros = compute_totals(instance, platform, seconds, final=False)
             values.update(compute_carried_s=seconds, compute_carried_micros=micros)
     storage_at = _earlier(storage_end(instance), at)
     if instance.storage_carried_s == 0 and _same_moment(instance.created_at, storage_at):
@@ -436,7 +421,7 @@ def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
     exact = (
         instance.storage_carried_micros * STORAGE_EXACT_PER_MICRO
         - instance.storage_carried_excess
-        + _storage_exact(rules_for(instance), storage_s - carried_s)
+        + _storage_exact(_storage_rules(instance), storage_s - carried_s)
     )
     values.update(
         storage_carried_s=storage_s,
@@ -449,10 +434,10 @@ def carry(instance: BilledInstance, at: datetime) -> dict[str, int]:
 def storage_micros_per_hour(instance: BilledInstance) -> int:
     """What the instance's disk costs per hour, in micros (rounded up): what a stopped
     instance still costs."""
-    return storage_cost_s(rules_for(instance), SECONDS_PER_HOUR)
+    return storage_cost_s(_storage_rules(instance), SECONDS_PER_HOUR)
 
 
-def restart(instance: BilledInstance, at: datetime) -> dict[str, object]:
+def restart(instance: BilledInstance, platform: ProviderBilling, at: datetime) -> dict[str, object]:
     """The fields to store when a stopped instance runs again from ``at``: the session before
     it is closed (its increment and minimum applied) and what every closed session owes is
     carried (``compute_carried_*``, the seconds counted from the billing start up to ``at``),
@@ -460,19 +445,19 @@ def restart(instance: BilledInstance, at: datetime) -> dict[str, object]:
     ``at`` (``compute_session_at``), with the increment and the minimum of its own. The time it
     stood stopped costs nothing and is billed for no seconds. Charges already written stay
     right: what is owed just before ``at`` and just after it is the same."""
-    start = billing_start(instance)
+    start = billing_start(instance, platform)
     end = compute_end(instance)
     values: dict[str, object] = {"stopped_at": None}
     if start is None or end is None:
         return values
     seconds = elapsed_seconds(start, end)
-    billed, owed = compute_totals(instance, seconds, final=True)
+    billed, owed = compute_totals(instance, platform, seconds, final=True)
     values.update(
         compute_carried_s=elapsed_seconds(start, at),
         compute_carried_micros=owed,
         compute_session_at=at,
         compute_closed_s=billed,
-        compute_closed_used_s=used_seconds(instance, seconds),
+        compute_closed_used_s=used_seconds(instance, platform, seconds),
     )
     return values
 
@@ -484,9 +469,9 @@ def egress_cost(rules: BillingRules, egress_bytes: int) -> int:
     return _ceil_div(egress_bytes * rules.egress_micros_per_gb, BYTES_PER_GB)
 
 
-def billing_start(instance: BilledInstance) -> datetime | None:
+def billing_start(instance: BilledInstance, platform: ProviderBilling) -> datetime | None:
     """When compute billing starts; None while an ``ssh_ready`` instance has not been reached."""
-    if rules_for(instance).billing_from == "ssh_ready":
+    if (instance.billing_from or platform.billing_from) == "ssh_ready":
         return instance.ssh_ready_at
     return instance.created_at
 
@@ -506,41 +491,47 @@ def storage_end(instance: BilledInstance) -> datetime | None:
     return None
 
 
-def cost_breakdown(instance: BilledInstance, at: datetime) -> CostBreakdown:
+def cost_breakdown(
+    instance: BilledInstance, platform: ProviderBilling, at: datetime
+) -> CostBreakdown:
     """What the instance costs up to ``at``: the session cut at ``at`` if it still runs then.
 
     A session cut short is billed as if it ended at ``at`` (increment and minimum applied), which
     is what releasing it at ``at`` would cost.
     """
     compute = 0
-    start = billing_start(instance)
+    start = billing_start(instance, platform)
     if start is not None:
         seconds = elapsed_seconds(start, _earlier(compute_end(instance), at))
         if seconds > 0:
-            compute = compute_totals(instance, seconds, final=True)[1]
+            compute = compute_totals(instance, platform, seconds, final=True)[1]
     storage_s = elapsed_seconds(instance.created_at, _earlier(storage_end(instance), at))
     storage = storage_totals(instance, storage_s)[1]
     return CostBreakdown(compute_micros=compute, storage_micros=storage)
 
 
-def cost_so_far(instance: BilledInstance, now: datetime) -> int:
+def cost_so_far(instance: BilledInstance, platform: ProviderBilling, now: datetime) -> int:
     """Compute and storage cost in micros up to ``now`` (what releasing it now would cost)."""
-    return cost_breakdown(instance, now).total_micros
+    return cost_breakdown(instance, platform, now).total_micros
 
 
-def projected_cost(instance: BilledInstance, until: datetime) -> int:
+def projected_cost(instance: BilledInstance, platform: ProviderBilling, until: datetime) -> int:
     """Compute and storage cost in micros if the instance keeps running until ``until`` (its
     deadline, say); an instance already stopped or released costs what it cost."""
-    return cost_breakdown(instance, until).total_micros
+    return cost_breakdown(instance, platform, until).total_micros
 
 
 def job_cost(
-    instance: BilledInstance, job_start: datetime, job_end: datetime, gpu_count: int | None
+    instance: BilledInstance,
+    platform: ProviderBilling,
+    job_start: datetime,
+    job_end: datetime,
+    gpu_count: int | None,
 ) -> int:
     """A job's share in micros: its run time at the instance's hourly price, times the share of
     the instance's GPUs it held (``gpu_count`` of 0 or None means all of them). No increments:
     the session's rounding belongs to the instance, not to a job."""
-    rules = rules_for(instance)
+    rules = rules_for(instance, platform)
     seconds = elapsed_seconds(job_start, job_end)
     if seconds == 0:
         return 0
@@ -574,6 +565,18 @@ def parse_increment(text: str) -> str:
 
 
 _PRICE_PER_HINT = N_("Prices are per instance-hour or per GPU-hour.")
+
+
+def _storage_rules(instance: BilledInstance) -> BillingRules:
+    """The rules storage is billed by: the instance's disk and its price (the same on every
+    platform, per second)."""
+    return BillingRules(
+        price_micros_per_hour=instance.price_micros,
+        price_per=instance.price_per,
+        storage_micros_per_gb_month=instance.storage_micros_per_gb_month,
+        disk_mb=round((instance.disk_gb or 0) * MB_PER_GB),
+        currency=instance.currency,
+    )
 
 
 def _ceil_div(numerator: int, denominator: int) -> int:

@@ -40,6 +40,7 @@ from bot.http_server import (
     ops_server,
 )
 from bot.logging_setup import LEVELS, configure_logging
+from bot.metrics import Metrics
 from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle
 from bot.settings import Settings
@@ -135,6 +136,35 @@ def cli_parser() -> argparse.ArgumentParser:
         f"manager's stop timeout (default {DRAIN_TIMEOUT_S:g})",
     )
     sub.add_parser("socket", help="connect to Slack in Socket Mode")
+    feishu = sub.add_parser(
+        "feishu",
+        help="connect to Feishu (Lark): the SDK's long connection, or --http for the request URL",
+    )
+    feishu.add_argument(
+        "--http", action="store_true", help="serve Feishu's requests at /feishu/events instead"
+    )
+    feishu.add_argument("--port", type=int, default=3000, help="port (default 3000)")
+    feishu.add_argument("--host", default="127.0.0.1", help="address (default 127.0.0.1)")
+    feishu.add_argument(
+        "--threads",
+        type=_positive(int),
+        default=THREADS,
+        help=f"worker threads (default {THREADS})",
+    )
+    feishu.add_argument(
+        "--request-timeout",
+        type=_positive(float),
+        default=REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"time a request may take to arrive whole (default {REQUEST_TIMEOUT_S:g})",
+    )
+    feishu.add_argument(
+        "--drain-timeout",
+        type=_positive(float),
+        default=DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"on SIGTERM, time requests in flight get to finish (default {DRAIN_TIMEOUT_S:g})",
+    )
     sub.add_parser("migrate", help="bring the database to the newest schema")
     sub.add_parser(
         "check",
@@ -248,6 +278,59 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
         ops.shutdown()
 
 
+def _feishu(settings: Settings, args: argparse.Namespace) -> int:
+    """Serve Feishu: the long connection, or (``--http``) the request URL /feishu/events on the
+    production HTTP server. The ops group (GPUBOT_FEISHU_CHAT) is where the bot posts."""
+    from bot.feishu.client import FeishuClient
+    from bot.feishu.notifier import FeishuNotifier
+    from bot.feishu.serve import EventGate, FeishuEndpoint, LongConnection, build_gate, verifier_of
+    from bot.store.models import utcnow
+
+    _require(settings.feishu_app_id, "FEISHU_APP_ID", "the app's App ID (cli_...)")
+    _require(settings.feishu_app_secret, "FEISHU_APP_SECRET", "the app's App Secret")
+    if args.http:
+        where = "the app's Events and Callbacks > Encryption Strategy"
+        _require(settings.feishu_verification_token, "FEISHU_VERIFICATION_TOKEN", where)
+        _require(settings.feishu_encrypt_key, "FEISHU_ENCRYPT_KEY", where)
+    _configure_logging(settings, args)
+    settings = settings.with_(channel=settings.feishu_chat)
+    app_id, secret = settings.feishu_app_id or "", settings.feishu_app_secret or ""
+    client = FeishuClient(
+        app_id, secret, api_url=settings.feishu_api_url, timeout_s=settings.slack_timeout_s
+    )
+    rt = build_runtime(settings, notifier=FeishuNotifier(client, now=utcnow))
+    gate: EventGate = build_gate(rt, client)
+    health = build_health(rt)
+    if args.http:
+        server = SlackHttpServer(
+            None,
+            chat=FeishuEndpoint(verifier_of(settings), gate),
+            host=args.host,
+            port=args.port,
+            threads=args.threads,
+            request_timeout_s=args.request_timeout,
+            drain_timeout_s=args.drain_timeout,
+        )
+        start, stop = server.serve_forever, server.shutdown
+        log.info("serving Feishu requests at %s/feishu/events", server.base_url)
+    else:
+        connection = LongConnection(
+            gate, app_id=app_id, app_secret=secret, domain=settings.feishu_api_url
+        )
+        start, stop = connection.run, connection.stop
+        log.info("connecting to Feishu over the long connection")
+    try:
+        ops = _ops_server(settings, build_ops(rt, health))
+    except ConfigError:
+        stop()
+        raise
+    try:
+        return _run_until_signal(rt, start=start, stop=stop, health=health)
+    finally:
+        ops.shutdown()
+        gate.front.close()
+
+
 def _ops_server(settings: Settings, ops: OpsEndpoints) -> SlackHttpServer:
     """/metrics, /healthz and /readyz on GPUBOT_METRICS_HOST:PORT (both modes), serving in the
     background. Raises ConfigError when that address cannot be bound."""
@@ -287,7 +370,9 @@ def _check(settings: Settings, args: argparse.Namespace) -> int:
 
 def _runtime(settings: Settings) -> tuple[Runtime, WebClient]:
     client = make_client(settings)
-    return build_runtime(settings, notifier=SlackNotifier(client)), client
+    metrics = Metrics()
+    notifier = SlackNotifier(client, metrics=metrics)
+    return build_runtime(settings, notifier=notifier, metrics=metrics), client
 
 
 def _configure_logging(
@@ -393,6 +478,7 @@ _MODES: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
     "console": _console,
     "serve": _serve,
     "socket": _socket,
+    "feishu": _feishu,
     "migrate": _migrate,
 }
 

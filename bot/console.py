@@ -11,6 +11,10 @@ given). A command that opens a form prints it and asks for its fields on the nex
 empty line leaves a field as it is), then submits it; mistakes are printed by their fields,
 which are asked again. A button that asks first (a Block Kit confirm) asks ``y/N`` on the next
 line. The console speaks the language of whoever is typing (`/gpu lang`).
+
+Why one module of this size: the console is a front end of its own (the typed line, the form's
+field-by-field questions, confirms, the printer of Block Kit as text), used by people and by the
+README's walks; its parts change together with what a person sees at the terminal.
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ from bot.commands.registry import Registry
 from bot.errors import GpubotError, UsageError
 from bot.i18n import N_, Language, default_language, speaking, t
 from bot.listeners import Forms
-from bot.local_slack import (
-    Event,
-    LocalSlack,
-    Message,
-    SharedFile,
-    StoredView,
+from bot.local_slack import Event, LocalSlack, Message, SharedFile, StoredView
+from bot.runtime import Runtime
+from bot.scheduler import SchedulerHandle
+from bot.services.access import parse_member_id
+from bot.services.instances.registration import ensure_local_instance
+from bot.services.speaking.people import language_for
+from bot.services.tick import tick
+from bot.settings import Settings
+from bot.slack_requests import (
     app_home_opened_body,
     block_actions_body,
     element_options,
@@ -49,13 +56,6 @@ from bot.local_slack import (
     state_value,
     view_submission_body,
 )
-from bot.runtime import Runtime
-from bot.scheduler import SchedulerHandle
-from bot.services.access import parse_member_id
-from bot.services.people import language_for
-from bot.services.registration import ensure_local_instance
-from bot.services.tick import tick
-from bot.settings import Settings
 from bot.store.models import utcnow
 from bot.values import format_duration, format_when, parse_duration
 

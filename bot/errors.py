@@ -264,3 +264,26 @@ class SlackError(GpubotError):
         super().__init__(message, hint=hint)
         self.error = error
         self.outcome_unknown = outcome_unknown
+
+
+class FeishuError(SlackError):
+    """Feishu's OpenAPI refused a call or could not be reached (bot.feishu.client). A chat
+    error like SlackError, so the outbox's rules hold for both: ``error`` is the word the
+    outbox knows where Feishu's ``code`` means the same (``not_in_channel``, ``ratelimited``,
+    ``invalid_blocks`` ...), else ``feishu_<code>``, ``unreachable`` or ``unknown_answer``;
+    ``code`` is Feishu's code (0 when none came), ``retry_after_s`` Feishu's wait after a
+    rate limit (None when it named none)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error: str = "",
+        code: int = 0,
+        hint: str | None = None,
+        outcome_unknown: bool = False,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message, error=error, hint=hint, outcome_unknown=outcome_unknown)
+        self.code = code
+        self.retry_after_s = retry_after_s

@@ -161,17 +161,19 @@ class OpsEndpoints:
 
 class SlackHttpServer:
     """Serves ``app`` at ``/slack/events`` on ``host:port`` (port 0 picks a free one; a name
-    binds its first address), and nothing else; with ``app`` None, the ``ops`` endpoints
-    instead (without ``ops``, ``/healthz`` alone answers ``ok``). The socket is bound and
+    binds its first address), and nothing else; with ``app`` None, ``chat`` instead (a WSGI
+    app that answers its own path: bot.feishu.serve's ``/feishu/events``), or the ``ops``
+    endpoints (without ``ops``, ``/healthz`` alone answers ``ok``). The socket is bound and
     listening once constructed. Raises OSError when the address cannot be bound, ValueError
-    when a limit is not positive or both ``app`` and ``ops`` are given (the ops endpoints have
-    their own listener: :func:`ops_server`)."""
+    when a limit is not positive or more than one of ``app``, ``chat`` and ``ops`` is given
+    (the ops endpoints have their own listener: :func:`ops_server`)."""
 
     def __init__(
         self,
         app: App | None,
         *,
         ops: OpsEndpoints | None = None,
+        chat: Callable[[WSGIEnvironment, StartResponse], Iterable[bytes]] | None = None,
         host: str = "127.0.0.1",
         port: int = 3000,
         threads: int = THREADS,
@@ -185,11 +187,13 @@ class SlackHttpServer:
             raise ValueError(
                 "threads, connection_limit, peer_limit and max_body_bytes must be at least 1"
             )
-        if app is not None and ops is not None:
+        if sum(part is not None for part in (app, ops, chat)) > 1:
             raise ValueError("the Slack port serves /slack/events alone; use ops_server")
         if min(request_timeout_s, drain_timeout_s) <= 0:
             raise ValueError("request_timeout_s and drain_timeout_s must be positive")
         self.app = app
+        #: Whether this port answers a chat platform (its acks then get the lock sooner).
+        self.serves_chat = app is not None or chat is not None
         self.threads = threads
         self.request_timeout_s = request_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -200,6 +204,8 @@ class SlackHttpServer:
         if app is not None:
             keep_bodies_out_of_logs(app)
             wsgi = _BoltWsgi(app, path=EVENTS_PATH)
+        elif chat is not None:
+            wsgi = chat
         adj = Adjustments(
             host=host,
             port=port,
@@ -254,7 +260,7 @@ class SlackHttpServer:
             if self._state != "new":
                 return
             self._state = "serving"
-        if self.app is not None:
+        if self.serves_chat:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._dispatcher.set_thread_count(self.threads)
         try:

@@ -2,9 +2,10 @@
 
 Two kinds of figures:
 
-- the process's own counters, histograms and gauges (:class:`Metrics`, one per process in
-  :data:`METRICS`): SSH errors by kind, Slack API errors and rate limits, command latency, and
-  the clock's ticks (duration and overrun per step, lag, failures);
+- the process's own counters, histograms and gauges (:class:`Metrics`, one per runtime:
+  ``Runtime.metrics``, handed to its SSH transports, Slack notifier and clock): SSH errors by
+  kind, Slack API errors and rate limits, command latency, and the clock's ticks (duration
+  and overrun per step, lag, failures);
 - gauges read from the store when scraped (:class:`StoreStats`, read by
   ``bot.store.stats.read_stats`` in a fixed handful of aggregate queries, whatever the fleet's
   size): instances by state and provider, GPUs and idle GPUs, the spend rate, the month's
@@ -334,9 +335,6 @@ def error_kind(exc: BaseException) -> str:
     ``command_timeout``)."""
     return _CAMEL.sub("_", type(exc).__name__).lower()
 
-
-#: The process's metrics.
-METRICS = Metrics()
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 

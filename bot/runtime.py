@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from bot.metrics import Metrics
 from bot.settings import Settings
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ class Runtime:
     console: bool = False
     #: Pools for the platforms' API calls off the clock; None runs them in the caller.
     platform_work: PlatformWork | None = None
+    #: The process's metrics (``/metrics``): its transports, notifier, clock and commands count
+    #: into these.
+    metrics: Metrics = field(default_factory=Metrics)
 
     def message(self, notice: Notice) -> Message:
         """``notice`` in words and Block Kit, as the presentation floor renders it."""

@@ -26,7 +26,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.fleet.fleet import polling
 from bot.health import Health
-from bot.metrics import METRICS, Metrics
+from bot.metrics import Metrics
 from bot.runtime import Runtime
 from bot.services.tick import TickReport, step_budget_s, tick
 
@@ -57,7 +57,7 @@ class TickWatch:
     """What the clock reports each tick to: the metrics, and the readiness check (None: no
     health is served). ``clock`` is monotonic seconds."""
 
-    metrics: Metrics = field(default_factory=lambda: METRICS)
+    metrics: Metrics = field(default_factory=Metrics)
     health: Health | None = None
     clock: Callable[[], float] = time.monotonic
     #: Called after each tick that ran (the store's gauges are read then); never raises.

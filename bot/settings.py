@@ -18,6 +18,8 @@ from bot.i18n import language_of
 from bot.logging_setup import FORMATS, LEVELS
 
 DEFAULT_SLACK_API_URL = "https://slack.com/api/"
+#: Feishu's OpenAPI (``https://open.larksuite.com`` for Lark).
+DEFAULT_FEISHU_API_URL = "https://open.feishu.cn"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,15 @@ class Settings:
     database_url: str | None = None
     admins: frozenset[str] = frozenset()
     channel: str | None = None
+    #: The Feishu (Lark) app: its credentials, the OpenAPI's address, the ops group's chat_id
+    #: (``oc_...``) and the admins among Feishu people, by open_id (``ou_...``).
+    feishu_app_id: str | None = None
+    feishu_app_secret: str | None = None
+    feishu_verification_token: str | None = None
+    feishu_encrypt_key: str | None = None
+    feishu_api_url: str = DEFAULT_FEISHU_API_URL
+    feishu_chat: str | None = None
+    feishu_admins: frozenset[str] = frozenset()
     timezone: str = "UTC"
     currency: str = "USD"
     #: The workspace's language: ``en`` or ``zh`` (each person may choose with `/gpu lang`).
@@ -117,6 +128,7 @@ class Settings:
                 check_http_url(var, url)
         if self.database_url is not None:
             check_database_url(self.database_url)
+        _check_feishu_ids(self)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -138,6 +150,14 @@ class Settings:
             ),
         )
         _put(values, "channel", env.get("GPUBOT_CHANNEL"))
+        _put(values, "feishu_app_id", env.get("FEISHU_APP_ID"))
+        _put(values, "feishu_app_secret", env.get("FEISHU_APP_SECRET"))
+        _put(values, "feishu_verification_token", env.get("FEISHU_VERIFICATION_TOKEN"))
+        _put(values, "feishu_encrypt_key", env.get("FEISHU_ENCRYPT_KEY"))
+        _put(values, "feishu_api_url", env.get("GPUBOT_FEISHU_API_URL"))
+        _put(values, "feishu_chat", env.get("GPUBOT_FEISHU_CHAT"))
+        if env.get("GPUBOT_FEISHU_ADMINS"):
+            values["feishu_admins"] = frozenset(env["GPUBOT_FEISHU_ADMINS"].split(","))
         _put(values, "currency", env.get("GPUBOT_CURRENCY"))
         _put(values, "language", env.get("GPUBOT_LANGUAGE"))
         _put(values, "aws_endpoint_url", env.get("GPUBOT_AWS_ENDPOINT_URL"))
@@ -208,7 +228,10 @@ class Settings:
             ) from exc
 
     def is_admin(self, user_id: str) -> bool:
-        """Whether a Slack user ID is listed in GPUBOT_ADMINS."""
+        """Whether a Slack user ID is listed in GPUBOT_ADMINS, or a Feishu person
+        (``feishu:ou_...``) in GPUBOT_FEISHU_ADMINS."""
+        if user_id.startswith(FEISHU_USER_PREFIX):
+            return user_id.removeprefix(FEISHU_USER_PREFIX) in self.feishu_admins
         return user_id in self.admins
 
     def __repr__(self) -> str:
@@ -231,12 +254,19 @@ class Settings:
 
 #: What a secret shows as in the repr of Settings.
 MASK = "***"
-_SECRET_SUFFIXES = ("_token", "_secret", "_api_key", "_private_key", "_password")
+_SECRET_SUFFIXES = (
+    "_token",
+    "_secret",
+    "_api_key",
+    "_private_key",
+    "_password",
+    "_encrypt_key",
+)
 
 
 def is_secret_field(name: str) -> bool:
     """Whether a Settings field holds a secret, by its name (``*_token``, ``*_secret``,
-    ``*_api_key``, ``*_private_key``, ``*_password``)."""
+    ``*_api_key``, ``*_private_key``, ``*_password``, ``*_encrypt_key``)."""
     return name.endswith(_SECRET_SUFFIXES)
 
 
@@ -254,6 +284,7 @@ _QUERY_PASSWORD = re.compile(r"(?P<head>[?&](?:password|passwd)=)[^&#]*", re.IGN
 #: Settings that hold the URL of an HTTP API: field and variable.
 URL_SETTINGS = (
     ("slack_api_url", "GPUBOT_SLACK_API_URL"),
+    ("feishu_api_url", "GPUBOT_FEISHU_API_URL"),
     ("aws_endpoint_url", "GPUBOT_AWS_ENDPOINT_URL"),
     ("lambda_api_url", "GPUBOT_LAMBDA_API_URL"),
     ("runpod_api_url", "GPUBOT_RUNPOD_API_URL"),
@@ -493,6 +524,35 @@ _CHOICES: tuple[tuple[str, str, frozenset[str], str], ...] = (
         "Use second or hour.",
     ),
 )
+
+
+#: How a Feishu person's user id starts in the bot (``feishu:ou_...``).
+FEISHU_USER_PREFIX = "feishu:"
+_FEISHU_OPEN_ID = re.compile(r"ou_[A-Za-z0-9]{1,60}")
+_FEISHU_CHAT_ID = re.compile(r"oc_[A-Za-z0-9]{1,60}")
+
+
+def _check_feishu_ids(settings: Settings) -> None:
+    """GPUBOT_FEISHU_ADMINS as open_ids (a ``feishu:`` before one allowed, and dropped) and
+    GPUBOT_FEISHU_CHAT as a chat_id. Raises ConfigError naming the one that is not."""
+    admins: set[str] = set()
+    for raw in settings.feishu_admins:
+        item = raw.strip().removeprefix(FEISHU_USER_PREFIX)
+        if not item:
+            continue
+        if not _FEISHU_OPEN_ID.fullmatch(item):
+            raise ConfigError(
+                f"GPUBOT_FEISHU_ADMINS: {raw.strip()!r} is not a Feishu open_id.",
+                hint="Give open_ids (ou_...), separated by commas.",
+            )
+        admins.add(item)
+    object.__setattr__(settings, "feishu_admins", frozenset(admins))
+    chat = settings.feishu_chat
+    if chat is not None and not _FEISHU_CHAT_ID.fullmatch(chat):
+        raise ConfigError(
+            f"GPUBOT_FEISHU_CHAT={chat!r} is not a Feishu chat_id.",
+            hint="Give the ops group's chat_id (oc_...), not its name.",
+        )
 
 
 def _check_offsets(offsets: tuple[int, ...]) -> None:

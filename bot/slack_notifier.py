@@ -27,7 +27,7 @@ from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.http_retry.state import RetryState
 
 from bot.errors import SlackError
-from bot.metrics import METRICS
+from bot.metrics import Metrics
 from bot.notify import MessageRef
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,16 @@ class SlackNotifier:
     call whose answer was lost is not (SlackError.outcome_unknown says so); every failure raises
     bot.errors.SlackError."""
 
-    def __init__(self, client: WebClient, *, max_rate_limit_retries: int = 2) -> None:
+    def __init__(
+        self,
+        client: WebClient,
+        *,
+        max_rate_limit_retries: int = 2,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.client = client
+        #: Where Slack's errors and rate limits are counted (the runtime's).
+        self.metrics = metrics if metrics is not None else Metrics()
         # slack_sdk retries a call whose connection dropped: for a post that may have landed
         # that is a blind repeat. Such an outcome is reported as unknown instead.
         client.retry_handlers[:] = [
@@ -130,7 +138,7 @@ class SlackNotifier:
         ]
         if not any(isinstance(h, RateLimitErrorRetryHandler) for h in client.retry_handlers):
             client.retry_handlers.append(
-                CountedRateLimitRetryHandler(max_retry_count=max_rate_limit_retries)
+                CountedRateLimitRetryHandler(self.metrics, max_retry_count=max_rate_limit_retries)
             )
 
     def post(
@@ -224,14 +232,14 @@ class SlackNotifier:
         except SlackApiError as exc:
             code = str(exc.response.get("error", "unknown_error"))
             status = getattr(exc.response, "status_code", None)
-            METRICS.slack_error(
+            self.metrics.slack_error(
                 method, error_label(code, status if isinstance(status, int) else None)
             )
             raise SlackError(
                 f"Slack refused {method}: {code}", error=code, hint=_HINTS.get(code, "")
             ) from exc
         except (SlackClientError, urllib.error.URLError, OSError) as exc:
-            METRICS.slack_error(method, UNREACHABLE)
+            self.metrics.slack_error(method, UNREACHABLE)
             raise SlackError(
                 f"Could not reach Slack for {method}: {exc}",
                 error="unreachable",
@@ -242,7 +250,11 @@ class SlackNotifier:
 
 class CountedRateLimitRetryHandler(RateLimitErrorRetryHandler):
     """slack_sdk's retry after HTTP 429, counting every 429 answer (the last one, no longer
-    retried, too) in bot.metrics by API method."""
+    retried, too) in ``metrics`` by API method."""
+
+    def __init__(self, metrics: Metrics, *, max_retry_count: int = 1) -> None:
+        super().__init__(max_retry_count=max_retry_count)
+        self.metrics = metrics
 
     def can_retry(
         self,
@@ -253,5 +265,5 @@ class CountedRateLimitRetryHandler(RateLimitErrorRetryHandler):
         error: Exception | None = None,
     ) -> bool:
         if response is not None and response.status_code == 429:
-            METRICS.slack_rate_limited(request.url.rstrip("/").rsplit("/", 1)[-1] or "unknown")
+            self.metrics.slack_rate_limited(request.url.rstrip("/").rsplit("/", 1)[-1] or "unknown")
         return super().can_retry(state=state, request=request, response=response, error=error)

@@ -429,7 +429,8 @@ def format_money(micros: int, currency: str = "USD", *, digits: int | None = Non
     Small amounts: English keeps 4 decimals under 0.10 so small per-second prices stay readable
     (``$0.0350``); Chinese shows at most 2 decimals, rounded half up as 四舍五入 does
     (``¥0.05``), and a positive amount under the smallest shown unit as ``不到 ¥0.01`` (a
-    negative one as ``-不到 ¥0.01``). The exact figure is the spreadsheet's (bot.services.spend).
+    negative one as ``-不到 ¥0.01``). The exact figure is the spreadsheet's
+    (bot.services.money.spend).
     ``digits`` (0 to 6) sets the decimals instead, for figures shown side by side (a chart's
     axis)."""
     code = currency.upper()

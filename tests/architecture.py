@@ -30,14 +30,17 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "bot.cli",
         "bot.console",
         "bot.listeners",
+        "bot.ack_path",
         "bot.commands",
         "bot.http_server",
         "bot.health",
         "bot.scheduler",
         "bot.replay",
         "bot.local_slack",
+        "bot.slack_requests",
+        "bot.feishu",
     ),
-    "presentation": ("bot.blocks", "bot.charts"),
+    "presentation": ("bot.blocks", "bot.charts", "bot.feishu.cards"),
     "services": ("bot.services",),
     "lower": (
         "bot.store",
@@ -51,6 +54,7 @@ FLOORS: dict[str, tuple[str, ...]] = {
         "bot.platform_work",
         "bot.metrics",
         "bot.timebox",
+        "bot.feishu.client",
     ),
     "values": (
         "bot.values",
@@ -64,6 +68,18 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "agent": ("agents",),
 }
 ORDER = ("surface", "presentation", "services", "lower", "values")
+
+#: The services' own floors, top to bottom: compositions (the clock's tick, Home, the prompt
+#: kinds), then jobs, an instance's life, money, speaking, and access under everything.
+SERVICE_FLOORS: dict[str, tuple[str, ...]] = {
+    "compositions": ("bot.services.tick", "bot.services.home", "bot.services.prompt_kinds"),
+    "jobs": ("bot.services.jobs",),
+    "instances": ("bot.services.instances",),
+    "money": ("bot.services.money",),
+    "speaking": ("bot.services.speaking",),
+    "access": ("bot.services.access", "bot.services"),
+}
+SERVICE_ORDER = tuple(SERVICE_FLOORS)
 
 
 @dataclass(frozen=True)
@@ -102,8 +118,31 @@ def edges(root: Path = ROOT) -> list[Edge]:
 
 def floor_of(module: str) -> str:
     """The floor a module stands on (by the longest matching prefix)."""
-    best, best_len = "values", -1
-    for floor, prefixes in FLOORS.items():
+    return _longest_prefix(module, FLOORS, "values")
+
+
+def service_floor_of(module: str) -> str | None:
+    """The services' floor a module of bot.services stands on; None outside bot.services."""
+    if not module.startswith("bot.services"):
+        return None
+    return _longest_prefix(module, SERVICE_FLOORS, "access")
+
+
+def upward_in_services(found: Iterable[Edge]) -> list[Edge]:
+    """Imports between modules of bot.services that point up the services' floors."""
+    wrong: list[Edge] = []
+    for edge in found:
+        source, target = service_floor_of(edge.source), service_floor_of(edge.target)
+        if source is None or target is None:
+            continue
+        if SERVICE_ORDER.index(target) < SERVICE_ORDER.index(source):
+            wrong.append(edge)
+    return wrong
+
+
+def _longest_prefix(module: str, floors: dict[str, tuple[str, ...]], default: str) -> str:
+    best, best_len = default, -1
+    for floor, prefixes in floors.items():
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = floor, len(prefix)

@@ -5,11 +5,69 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.architecture import ROOT, Edge, cycles, edges, floor_of, modules, upward
+from tests.architecture import (
+    ROOT,
+    Edge,
+    cycles,
+    edges,
+    floor_of,
+    modules,
+    service_floor_of,
+    upward,
+    upward_in_services,
+)
 
 
 def test_no_import_points_up_a_floor() -> None:
     assert [_show(e) for e in upward(edges())] == []
+
+
+def test_no_service_imports_up_the_services_floors() -> None:
+    """Compositions over jobs over an instance's life over money over speaking over access."""
+    assert [_show(e) for e in upward_in_services(edges())] == []
+
+
+def test_every_service_module_sits_in_a_domain() -> None:
+    """bot/services holds the domain packages and the compositions; a new flat module must
+    choose its domain."""
+    flat = [
+        name
+        for name in modules()
+        if name.startswith("bot.services.")
+        and name.count(".") == 2
+        and name
+        not in (
+            "bot.services.access",
+            "bot.services.tick",
+            "bot.services.home",
+            "bot.services.prompt_kinds",
+            "bot.services.speaking",
+            "bot.services.money",
+            "bot.services.instances",
+            "bot.services.jobs",
+        )
+    ]
+    assert flat == []
+
+
+def test_the_services_check_catches_an_upward_import(tmp_path: Path) -> None:
+    for path in (
+        "bot/__init__.py",
+        "bot/services/__init__.py",
+        "bot/services/money/__init__.py",
+        "bot/services/jobs/__init__.py",
+    ):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "bot/services/money/ledger.py").write_text("from bot.services.jobs import runs\n")
+    (tmp_path / "bot/services/jobs/runs.py").write_text("from bot.services.money import ledger\n")
+    found = edges(tmp_path)
+    assert [_show(e) for e in upward_in_services(found)] == [
+        "bot.services.money.ledger -> bot.services.jobs.runs (line 1)"
+    ]
+    assert service_floor_of("bot.services.jobs.runs") == "jobs"
+    assert service_floor_of("bot.blocks.kit") is None
 
 
 def test_no_service_imports_the_presentation_or_command_floors() -> None:
@@ -80,7 +138,7 @@ def test_no_block_kit_is_built_outside_the_presentation_floor() -> None:
 
 def test_every_block_kit_block_comes_from_the_kit() -> None:
     """Blocks, their elements and views are built by bot.blocks.kit alone, which keeps Slack's
-    limits; the Slack stand-in builds only what Slack itself sends (the payload of a click)."""
+    limits; bot.slack_requests builds only what Slack itself sends (the payload of a click)."""
     kinds = {
         "section",
         "actions",
@@ -100,7 +158,7 @@ def test_every_block_kit_block_comes_from_the_kit() -> None:
     }
     wrong = []
     for name, path in modules().items():
-        if name in ("bot.blocks.kit", "bot.local_slack") or not name.startswith("bot"):
+        if name in ("bot.blocks.kit", "bot.slack_requests") or not name.startswith("bot"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Dict) and _builds_block(node, kinds):
@@ -126,5 +184,23 @@ def _show(edge: Edge) -> str:
 
 def test_the_graph_reads_the_whole_tree() -> None:
     found = modules()
-    assert {"bot.services.tick", "bot.blocks.kit", "agents.protocol"} <= set(found)
+    assert {"bot.services.tick", "bot.services.jobs.runs", "bot.blocks.kit"} <= set(found)
     assert all(path.is_relative_to(ROOT) for path in found.values())
+
+
+#: The size past which a module says in its docstring why it is one module.
+LONG_MODULE_LINES = 800
+
+
+def test_a_long_module_says_why_it_is_one() -> None:
+    unexplained = [
+        f"{name} ({lines} lines)"
+        for name, path in modules().items()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > LONG_MODULE_LINES
+        and "Why one module of this size" not in (_docstring(path) or "")
+    ]
+    assert unexplained == []
+
+
+def _docstring(path: Path) -> str | None:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))

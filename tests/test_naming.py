@@ -11,7 +11,8 @@ import ast
 from pathlib import Path
 
 from bot.blocks import render
-from bot.services import deadlines, prompt_kinds, releases
+from bot.services import prompt_kinds
+from bot.services.instances import deadlines, releases
 from tests.architecture import ROOT, modules
 
 

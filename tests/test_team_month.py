@@ -1,7 +1,10 @@
 """The team-month simulation (bench/team_month.py): the same seed gives the same report, a
-build broken on purpose (a warning skipped, a post doubled, a charge dropped) is caught by the
-invariant that guards it, every kind of fault fires in a day, the closed month's digest is
-checked when a run crosses a month's end, and what the simulation found stays reproduced."""
+build broken on purpose (a warning skipped, a post doubled, a charge dropped, a job's reply
+dropped) is caught by the invariant that guards it, every kind of fault fires in a day, jobs
+run through the real job service and each ending gets one reply, Home and `/gpu bills` agree
+with spend and the platform, the closed month's digest is checked when a run crosses a month's
+end, the stand-in agent runs its queue as gpu-agent does, and what the simulation found stays
+reproduced."""
 
 from __future__ import annotations
 
@@ -14,12 +17,16 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from sqlmodel import select
 
-from bot.services import costs, ledger, releases, spend
+from agents.protocol import parse_gpus
+from bot.services.instances import releases
+from bot.services.money import costs, ledger, spend
 from bot.store.db import Database
-from bot.store.models import Instance, Person
+from bot.store.models import Charge, Instance, Person
 
 ROOT = Path(__file__).resolve().parents[1]
+ACTIVE = ("queued", "running")
 
 
 def _harness() -> ModuleType:
@@ -40,7 +47,7 @@ def _month(
 ) -> dict[str, Any]:
     args = HARNESS.parse_args(
         [
-            *("--seed", str(seed), "--days", str(days)),
+            *("--seed", str(seed), "--days", str(days), "--jobs", "20"),
             *("--people", str(people), "--instances", str(instances)),
             *extra,
         ]
@@ -61,6 +68,28 @@ def test_a_clean_run_keeps_every_promise(clean: dict[str, Any]) -> None:
     assert sum(clean["faults"].values()) > 0
 
 
+def test_jobs_run_through_the_job_service_and_each_ending_gets_one_reply(
+    clean: dict[str, Any],
+) -> None:
+    asked = clean["jobs_asked"]
+    # A job the agent did not confirm is kept for the poll to find; one refused is not.
+    most = asked.get("taken", 0) + asked.get("Unreachable", 0) + asked.get("through_slack", 0)
+    assert asked.get("taken", 0) <= clean["jobs"] <= most
+    finished = sum(n for state, n in clean["jobs_by_state"].items() if state not in ACTIVE)
+    assert finished >= 5
+    assert clean["jobs_without_one_reply"] == 0
+    assert clean["home_vs_spend_micros"] == clean["home_vs_platform_micros"] == 0
+
+
+def test_people_also_ask_through_the_bolt_app_with_signed_requests(
+    clean: dict[str, Any],
+) -> None:
+    sent = clean["slack_requests"]
+    assert sent.get("command_200", 0) > 0
+    assert sent.get("click_200", 0) > 0
+    assert set(sent) <= {"command_200", "click_200", "double_click"}  # none refused
+
+
 def test_the_same_seed_gives_the_same_report(clean: dict[str, Any]) -> None:
     again = _month()
     assert {k: v for k, v in again.items() if k != "wall_s"} == {
@@ -74,6 +103,7 @@ def test_the_same_seed_gives_the_same_report(clean: dict[str, Any]) -> None:
         ("double_post", "doubled_messages"),
         ("drop_charge", "digest_vs_platform_micros"),
         ("skip_warning", "unwarned_releases"),
+        ("drop_reply", "jobs_without_one_reply"),
     ],
 )
 def test_a_build_broken_on_purpose_is_caught(broken: str, figure: str) -> None:
@@ -82,10 +112,14 @@ def test_a_build_broken_on_purpose_is_caught(broken: str, figure: str) -> None:
     assert report["violations"]
 
 
-def test_every_fault_kind_fires_in_a_day() -> None:
+def test_every_fault_kind_fires_in_a_day_and_the_bills_agree() -> None:
     report = _month(seed=5, days=1.0, people=6, instances=10)
     missing = [kind for kind in HARNESS.FAULT_KINDS if report["faults"].get(kind, 0) == 0]
     assert missing == []
+    # The platform publishes its bills to the start of today: the first day is on them.
+    assert report["bill_lines"] > 0
+    assert report["bills_vs_platform_micros"] == 0
+    assert report["violations"] == []
 
 
 def test_the_admin_and_strangers_act_and_nobody_acts_on_what_is_not_theirs(
@@ -163,3 +197,123 @@ def test_a_machine_ended_behind_the_bots_back_is_not_charged_past_its_end(
         assert spend.month_total_micros(db, "2027-03", tz=tz, now=now) == billed
     finally:
         db.dispose()
+
+
+def _sim_job(
+    agents: Any, job_id: str, fate: str, run_s: int, gpus: str | None, retries: int = 0
+) -> Any:
+    at = datetime(2027, 3, 1, 12, 0)
+    return agents.SimJob(
+        id=job_id,
+        name=None,
+        command=("python", "train.py", f"--sim={fate}:{run_s}"),
+        request=parse_gpus(gpus),
+        retries=retries,
+        fate=fate,
+        run_s=run_s,
+        created_at=at,
+        updated_at=at,
+    )
+
+
+def test_the_stand_in_agent_runs_its_queue_as_gpu_agent_does() -> None:
+    agents = sys.modules["bench.sim.agents"]
+    host = agents.SimHost("box0", "sim-00000", gpu_count=2)
+    at = datetime(2027, 3, 1, 12, 0)
+    host.submit(_sim_job(agents, "1", "ok", 600, "all"), at)
+    host.submit(_sim_job(agents, "2", "flaky", 300, "any:1", retries=1), at)
+    host.submit(_sim_job(agents, "3", "oom", 300, "0", retries=2), at)
+    host.submit(_sim_job(agents, "4", "hang", 60, None), at)
+    assert [j.state for j in host.jobs.values()] == ["running", "queued", "queued", "queued"]
+    host.advance(at + timedelta(seconds=600))  # 1 ends; 2 and 3 take a GPU each
+    assert host.jobs["1"].state == "succeeded"
+    assert host.jobs["2"].assigned == (0,)
+    assert host.jobs["2"].state == "running"
+    assert host.jobs["3"].state == "queued"  # it wants GPU 0, which 2 holds
+    assert host.jobs["4"].assigned == ()  # first come, first served: behind 3
+    host.advance(at + timedelta(seconds=1_500))
+    # 2 failed once and was retried; 3 failed at each of its three attempts.
+    assert (host.jobs["2"].state, host.jobs["2"].attempt, host.jobs["2"].exit_code) == (
+        "succeeded",
+        1,
+        0,
+    )
+    assert host.jobs["3"].state == "running"
+    assert host.jobs["3"].attempt == 1
+    host.advance(at + timedelta(hours=5))
+    assert (host.jobs["3"].state, host.jobs["3"].attempt, host.jobs["3"].exit_code) == (
+        "failed",
+        2,
+        1,
+    )
+    assert host.jobs["4"].state == "running"  # a hang never ends on its own
+    record = agents.record_of(host.jobs["3"])
+    assert record.summary is not None
+    assert record.summary.diagnoses[0].code == "cuda_oom"
+
+
+def test_a_process_killed_mid_post_leaves_the_post_landed_and_dies() -> None:
+    processes = sys.modules["bench.sim.processes"]
+    world_module = sys.modules["bench.sim.world"]
+    world = world_module.World(rng=__import__("random").Random(1))
+    clock = world_module.SimClock(datetime(2027, 3, 1))
+    slack = world_module.SimSlack(world, clock)
+    doom = processes.Doom(at="post", after=True)
+    handle = processes.ProcessSlack(slack, doom)
+    with pytest.raises(processes.Killed):
+        handle.post("CTEAM", "hello", key="outbox:1")
+    assert [p.key for p in slack.posts] == ["outbox:1"]
+    assert doom.fired
+    assert doom.at is None
+    handle.post("CTEAM", "again", key="outbox:2")  # a doom fires once
+    assert len(slack.posts) == 2
+
+
+def test_the_stores_own_check_finds_what_no_run_may_leave(tmp_path: Path) -> None:
+    processes = sys.modules["bench.sim.processes"]
+    db = Database(f"sqlite:///{tmp_path}/gpubot.db")
+    db.migrate()
+    at = datetime(2027, 3, 1, 12, 0)
+    try:
+        with db.session() as session:
+            session.add(Person(slack_id="UP001"))
+            session.flush()
+            # The same machine, reached as another user (the store's unique key holds the user).
+            for name, user in (("box1", "root"), ("box2", "ubuntu")):
+                session.add(
+                    Instance(
+                        name=name,
+                        owner_id="UP001",
+                        state="active",
+                        host="127.0.0.1",
+                        port=30_001,
+                        ssh_user=user,
+                        price_micros=3_600,
+                        created_at=at,
+                    )
+                )
+        assert processes.store_consistent(db, at) == ["127.0.0.1:30001: 2 live registrations"]
+        with db.session() as session:
+            box2 = session.exec(select(Instance).where(Instance.name == "box2")).one()
+            box2.state = "released"
+            box1 = session.exec(select(Instance).where(Instance.name == "box1")).one()
+            assert box1.id is not None
+            hour = timedelta(hours=1)
+            for start in (at, at + hour, at + 3 * hour):
+                session.add(
+                    Charge(instance_id=box1.id, kind="compute", start_at=start, end_at=start + hour)
+                )
+        assert processes.store_consistent(db, at) == [
+            f"instance {box1.id}: no charge 2027-03-01 14:00:00-2027-03-01 15:00:00"
+        ]
+    finally:
+        db.dispose()
+
+
+@pytest.mark.integration
+def test_two_processes_on_postgresql_one_killed_keep_every_promise() -> None:
+    report = _month("--store", "postgresql", seed=7, days=0.3)
+    assert report["processes"] == 2
+    assert report["faults"]["process_kill"] >= 1
+    assert report["store_inconsistencies"] == 0
+    assert report["violations"] == []

@@ -2,7 +2,11 @@
 
 Every Block Kit block comes from :mod:`bot.blocks.kit`, which keeps Slack's limits in one place.
 :func:`render` is the one door for what the services say on their own (:class:`bot.notify.Notice`):
-each area's module lists its renderers in its ``RENDERERS`` table, joined here.
+each module lists its renderers in its ``RENDERERS`` table, joined here. The words for a notice
+live in the module named after the service module that defines it (a notice of
+``bot.services.instances.releases`` in :mod:`bot.blocks.releases`), or in its domain's module where
+a service has only a notice or two (``bot.services.money.budgets`` in :mod:`bot.blocks.money`);
+``tests/bot/blocks/test_words_follow_notices.py`` holds the table and keeps it so.
 """
 
 from __future__ import annotations
@@ -10,16 +14,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bot.blocks import bills, deadlines, instances, jobs, money, trust
+from bot.blocks import (
+    answers,
+    bills,
+    deadlines,
+    instances,
+    jobs,
+    money,
+    outbox,
+    reconcile,
+    releases,
+    rent,
+    trust,
+)
 from bot.notify import FileAttachment, Message, Notice
 
 #: Every notice type and the function that renders it.
 RENDERERS: dict[type[Notice], Callable[[Any], Message]] = {
+    **answers.RENDERERS,
     **bills.RENDERERS,
     **deadlines.RENDERERS,
     **instances.RENDERERS,
     **jobs.RENDERERS,
     **money.RENDERERS,
+    **outbox.RENDERERS,
+    **reconcile.RENDERERS,
+    **releases.RENDERERS,
+    **rent.RENDERERS,
     **trust.RENDERERS,
 }
 

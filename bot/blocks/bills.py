@@ -26,7 +26,7 @@ from bot.blocks.kit import (
 from bot.i18n import N_, nt, t
 from bot.notify import Block, Message, Notice
 from bot.providers.names import platform_list, platform_name
-from bot.services.bills import (
+from bot.services.money.bills import (
     DISCOUNT,
     INCREMENT,
     MINIMUM,
@@ -40,7 +40,7 @@ from bot.services.bills import (
     BillsReport,
     PlatformBills,
 )
-from bot.services.digest import BillsDigest, PlatformBillTotals
+from bot.services.money.digest import BillsDigest, PlatformBillTotals
 from bot.values import format_money
 
 #: Blocks kept for the platforms' lines, so the message stays within Slack's 50.

@@ -34,7 +34,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import active_language, nt, t
 from bot.services.home import FLEET_SHOWN, HomeInstance, HomeJob, HomeView, nearest_first
-from bot.services.views import STORAGE_HINT, InstanceBrief
+from bot.services.instances.views import STORAGE_HINT, InstanceBrief
 from bot.values import format_duration, format_money
 
 #: Button action ids: Extend 1h on one of the person's instances (its handler is in

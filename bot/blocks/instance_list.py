@@ -26,7 +26,7 @@ from bot.blocks.kit import (
 )
 from bot.i18n import N_, nt, t
 from bot.services import access
-from bot.services.views import DeadlineBrief, FleetSummary, InstanceLine, ListView
+from bot.services.instances.views import DeadlineBrief, FleetSummary, InstanceLine, ListView
 from bot.values import format_money
 
 #: The command that registers an instance, as the empty list suggests it.

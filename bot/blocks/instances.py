@@ -4,6 +4,11 @@ release. Pure functions: a view in, ``(text, blocks)`` out, within Slack's limit
 Times arrive as naive UTC and are shown in the view's time zone; money arrives in micro-units.
 Words from people and machines (addresses, errors, process names) are escaped for mrkdwn, in
 the fallback text as in the blocks.
+
+Why one module of this size: these are the views of bot.services.instances.views, and the
+registration, overview, detail, health and release messages share its row, GPU, deadline and
+cost phrases. The notices of the instances services that have words of their own live in the
+module named after their service (bot.blocks.deadlines, .releases, .reconcile, .answers, .rent).
 """
 
 from __future__ import annotations
@@ -43,12 +48,11 @@ from bot.blocks.money import final_cost_sentence, unverified_rule
 from bot.i18n import N_, nt, placeholders, t
 from bot.notify import Notice
 from bot.providers.names import platform_name
-from bot.services import access, agent_text, nvml_words
-from bot.services.lookup import HostKeyAlert
-from bot.services.outbox import PostFailed
-from bot.services.registration import GpuMismatch
-from bot.services.starts import StartResult
-from bot.services.views import (
+from bot.services import access
+from bot.services.instances.lookup import HostKeyAlert
+from bot.services.instances.registration import GpuMismatch
+from bot.services.instances.starts import StartResult
+from bot.services.instances.views import (
     STORAGE_HINT,
     CheckView,
     FleetOverview,
@@ -65,8 +69,8 @@ from bot.services.views import (
     ReleaseAsk,
     ReleaseView,
     SettingsView,
-    UnregisteredView,
 )
+from bot.services.speaking import agent_text, nvml_words
 from bot.values import format_duration, format_money, format_rate
 
 RELEASE_ASK = "instance_release_ask"
@@ -499,55 +503,6 @@ def release_result(view: ReleaseView) -> Message:
 def release_cancelled(inst: InstanceView) -> Message:
     """The release question answered with Cancel: nothing changed."""
     text = t("Release of *{name}* cancelled; nothing changed.", name=inst.name)
-    return fallback(text), (section(text),)
-
-
-# --- platform accounts ------------------------------------------------------------------------
-
-
-def unregistered_notice(view: UnregisteredView) -> Message:
-    """For the ops channel: an instance the platform account holds that nobody registered, so
-    nobody is reminded of it; what it costs, how long it runs, whose it may be, and how to take
-    it over."""
-    tz = ZoneInfo(view.timezone)
-    what = f"`{escape(clip(view.provider_id, 100))}`"
-    if view.name:
-        what += f" ({escape(clip(view.name, 80))})"
-    gpus = f"{view.gpu_count or 1}x {view.gpu_model}" if view.gpu_model else t("GPUs not stated")
-    if view.price_micros_per_hour is None:
-        cost = t("its price is not reported")
-    else:
-        price = format_money(view.price_micros_per_hour, view.currency)
-        cost = t("costs {price}/h", price=price)
-    if view.launched_at is None:
-        age = t("running since it was started")
-    else:
-        ran = format_duration(max(view.now - view.launched_at, timedelta(0)))
-        age = t("running for {ran} (since {start})", ran=ran, start=when(view.launched_at, tz))
-    lines = [
-        t(
-            ":warning: *{provider}* instance {what} is {state} on the team's account, "
-            "but nobody registered it: {gpus}, {cost}, {age}.",
-            provider=escape(platform_name(view.provider)),
-            what=what,
-            state=escape(view.raw_state or view.state),
-            gpus=escape(gpus),
-            cost=cost,
-            age=age,
-        ),
-    ]
-    if view.tags:
-        shown = ", ".join(f"{escape(clip(k, 40))}={escape(clip(v, 80))}" for k, v in view.tags[:10])
-        lines.append(t("Tags: {tags}", tags=shown))
-    lines.append(
-        t(
-            "Take it over with `/gpu adopt {provider} {id} NAME` (reminders and a deadline then "
-            "apply), or release it on the platform if nobody needs it.",
-            provider=escape(view.provider),
-            id=escape(clip(view.provider_id, 100)),
-        )
-    )
-    text = "\n".join(lines)
     return fallback(text), (section(text),)
 
 
@@ -1057,29 +1012,10 @@ def _host_key_alert(notice: HostKeyAlert) -> Message:
     return host_key_changed(notice.instance, expected=notice.expected, presented=notice.presented)
 
 
-def post_failed(notice: PostFailed) -> Message:
-    """The ops channel told of a message the bot could not post (text only: it must get
-    through where blocks might not)."""
-    recipient = notice.recipient
-    what = mention(recipient) if recipient[:1] in "UW" else f"<#{recipient}>"
-    text = t(
-        ":warning: A {kind} for {recipient} could not be posted after {attempts} tries since "
-        "{since}: {error}. {hint}",
-        kind=notice.kind.replace("_", " "),
-        recipient=what,
-        attempts=notice.attempts,
-        since=when(notice.since, ZoneInfo(notice.tz_name)),
-        error=escape(clip(notice.error, 300)),
-        hint=notice.hint or t("Check the bot token and the channel."),
-    )
-    return fallback(text), ()
-
-
 #: The notices this module renders (joined in bot.blocks.RENDERERS).
 RENDERERS: dict[type[Notice], _Callable[[Any], Message]] = {
     GpuMismatch: _gpu_mismatch,
     HostKeyAlert: _host_key_alert,
-    PostFailed: post_failed,
 }
 
 

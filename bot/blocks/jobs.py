@@ -33,8 +33,8 @@ from bot.blocks.kit import (
 )
 from bot.i18n import N_, nt, t
 from bot.notify import Notice
-from bot.services import agent_text
-from bot.services.job_views import (
+from bot.services.jobs.runs import JobFinished, JobQueued
+from bot.services.jobs.views import (
     AccessChange,
     JobListView,
     JobView,
@@ -43,10 +43,10 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
-from bot.services.jobs import JobFinished, JobQueued
+from bot.services.speaking import agent_text
 from bot.values import format_duration, format_money
 
-#: Said instead of a job's command to whoever may not read it (bot.services.job_access).
+#: Said instead of a job's command to whoever may not read it (bot.services.jobs.access).
 COMMAND_HIDDEN = N_("command not shown")
 #: The button that asks to release the instance (registered by the instance commands).
 RELEASE_ASK = "instance_release_ask"

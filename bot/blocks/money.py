@@ -2,6 +2,10 @@
 `/gpu estimate`. Pure functions, values in, (fallback text, blocks) out; amounts in micro-units.
 Names people chose (projects, instances, GPU models) are escaped for mrkdwn, in the fallback text
 as in the blocks.
+
+Why one module of this size: the spend report and the digest share its total and group
+lines, and the notices of bot.services.money.budgets and .digest are a message each; `/gpu fit`
+and `/gpu estimate` (the views of bot.services.money.advice) are the part that could stand alone.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from bot.blocks.kit import (
 from bot.i18n import N_, nt, t
 from bot.notify import Block, FileAttachment, Message, Notice
 from bot.providers.names import platform_name
-from bot.services.advice import (
+from bot.services.money.advice import (
     GUIDE_GPUS,
     HOURS_IN_LONGEST_MONTH,
     EstimateReport,
@@ -38,10 +42,10 @@ from bot.services.advice import (
     ModelShape,
     Option,
 )
-from bot.services.budgets import BudgetAlert, BudgetStatus
-from bot.services.costs import FinalCost
-from bot.services.digest import Digest, DigestData
-from bot.services.spend import NO_PROJECT, SpendLine, SpendReport
+from bot.services.money.budgets import BudgetAlert, BudgetStatus
+from bot.services.money.costs import FinalCost
+from bot.services.money.digest import Digest, DigestData
+from bot.services.money.spend import NO_PROJECT, SpendLine, SpendReport
 from bot.values import format_duration, format_money, format_rate
 
 TOP_GROUPS = 10
@@ -741,7 +745,7 @@ def _label(key: str, by: str) -> str:
 
 
 def group_name(key: str, by: str) -> str:
-    """A spend group's key (:func:`bot.services.spend.group_key`) as a reader names it, plain
+    """A spend group's key (:func:`bot.services.money.spend.group_key`) as a reader names it, plain
     text: a platform by its name (优云智算), no project in the active language; user IDs,
     instances, projects and GPUs as they are."""
     if by == "provider":

@@ -10,11 +10,12 @@ from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from bot.blocks.kit import Message, clip, escape, fallback, mention, section, when
+from bot.blocks.kit import Message, clip, escape, mention, when
+from bot.blocks.parts import plain
 from bot.i18n import t
 from bot.notify import Notice
 from bot.providers.names import platform_name
-from bot.services.instance_trust import Adopted, PlatformListedAgain, PlatformUnlisted
+from bot.services.instances.instance_trust import Adopted, PlatformListedAgain, PlatformUnlisted
 from bot.values import format_duration
 
 #: The most characters of a platform's answer shown.
@@ -45,13 +46,13 @@ def adopted(notice: Adopted) -> Message:
             for key, value in notice.tags[:TAGS_MAX]
         )
         lines.append(t("Tags: {tags}", tags=shown))
-    return _plain("\n".join(lines))
+    return plain("\n".join(lines))
 
 
 def platform_unlisted(notice: PlatformUnlisted) -> Message:
     """Reconcile cannot list a platform: what it answered, and what that means."""
     tz = ZoneInfo(notice.timezone)
-    return _plain(
+    return plain(
         t(
             ":warning: The bot cannot list the instances of *{provider}* (since {since}): "
             "{answer}\nUntil it can, instances stopped, started or terminated there outside "
@@ -67,7 +68,7 @@ def platform_unlisted(notice: PlatformUnlisted) -> Message:
 def platform_listed_again(notice: PlatformListedAgain) -> Message:
     """A platform reconcile could not list lists again."""
     lasted = format_duration(max(notice.now - notice.since, timedelta(0)))
-    return _plain(
+    return plain(
         t(
             ":white_check_mark: The bot can list the instances of *{provider}* again (it could "
             "not for {lasted}).",
@@ -75,10 +76,6 @@ def platform_listed_again(notice: PlatformListedAgain) -> Message:
             lasted=lasted,
         )
     )
-
-
-def _plain(text: str) -> Message:
-    return fallback(text), (section(text),)
 
 
 #: Every notice this module renders.

@@ -1,6 +1,6 @@
 """`/gpu bills [YYYY-MM]`: what the platforms billed each instance beside gpubot's charges.
 
-Thin: reads the month, asks bot.services.bills for the stored bills (the store only; the
+Thin: reads the month, asks bot.services.money.bills for the stored bills (the store only; the
 clock reads the platforms) and renders them with bot.blocks.bills.
 """
 
@@ -12,8 +12,8 @@ from bot.blocks import bills as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_
 from bot.runtime import Runtime
-from bot.services import bills
 from bot.services.access import Caller
+from bot.services.money import bills
 
 BILLS_USAGE = "/gpu bills [YYYY-MM]"
 

@@ -1,7 +1,7 @@
 """The buttons of deadline warnings, idle prompts and release-when-done prompts.
 
-A button's value is its prompt's id; bot.services.answers decides what the click does and this
-module shows what it answered.
+A button's value is its prompt's id; bot.services.instances.answers decides what the click does and
+this module shows what it answered.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from bot.blocks import render
 from bot.commands.registry import ActionSpec, Registry, Reply, button_number
 from bot.notify import Notice
 from bot.runtime import Runtime
-from bot.services import answers
 from bot.services.access import Caller
+from bot.services.instances import answers
 
 #: An answer to a prompt's button, given the prompt id.
 Answer = Callable[[Runtime, Caller, int], Notice]

@@ -31,9 +31,10 @@ from bot.errors import ConfigError, Conflict, GpubotError, ProviderError, UsageE
 from bot.fleet import keys
 from bot.i18n import t
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import price_tables, registration
 from bot.services.access import Caller
-from bot.services.lookup import echo
+from bot.services.instances import registration
+from bot.services.instances.lookup import echo
+from bot.services.money import price_tables
 from bot.values import format_duration, parse_price, parse_when
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def _rental_providers(rt: Runtime) -> list[str]:
 
 def _offers(providers: Sequence[str], currency: str) -> list[Offer]:
     """The types of ``providers`` in the price table of ``currency`` (the configured one:
-    bot.services.price_tables), by provider, cheapest first; none without such a table."""
+    bot.services.money.price_tables), by provider, cheapest first; none without such a table."""
     table = price_tables.table_for(currency)
     if table is None:
         return []

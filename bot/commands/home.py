@@ -11,8 +11,8 @@ from bot.blocks import instances as instance_blocks
 from bot.commands.registry import ActionSpec, Registry, Reply, button_number
 from bot.errors import Conflict
 from bot.i18n import t
-from bot.services import lifecycle, lookup
 from bot.services.access import Caller
+from bot.services.instances import lifecycle, lookup
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

@@ -18,8 +18,9 @@ from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, butt
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.providers.base import KNOWN_PROVIDERS
-from bot.services import access, fleet_views, lifecycle, lookup, reconcile, registration, starts
+from bot.services import access
 from bot.services.access import Caller
+from bot.services.instances import fleet_views, lifecycle, lookup, reconcile, registration, starts
 from bot.values import (
     parse_duration,
     parse_price,

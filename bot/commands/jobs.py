@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from bot.blocks import jobs as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_
-from bot.services import job_access
-from bot.services import jobs as service
 from bot.services.access import Caller
+from bot.services.jobs import access as job_access
+from bot.services.jobs import runs as service
 from bot.values import whole_number
 
 if TYPE_CHECKING:

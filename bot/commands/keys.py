@@ -1,6 +1,6 @@
 """`/gpu keys [allow|revoke KEY @person]`: who may use which SSH key (admins only).
 
-The service is bot.services.key_grants; without arguments the command lists the keys of
+The service is bot.services.instances.key_grants; without arguments the command lists the keys of
 GPUBOT_SSH_KEY_DIR and who holds each.
 """
 
@@ -13,8 +13,8 @@ from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.runtime import Runtime
-from bot.services import key_grants
 from bot.services.access import Caller
+from bot.services.instances import key_grants
 
 KEYS_USAGE = "/gpu keys [allow|revoke KEY @person]"
 

@@ -7,8 +7,8 @@ import argparse
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_, active_language, speaking, t
 from bot.runtime import Runtime
-from bot.services import people
 from bot.services.access import Caller
+from bot.services.speaking import people
 
 LANG_USAGE = "/gpu lang [zh|en]"
 

@@ -2,7 +2,7 @@
 
 Handlers are thin: read the arguments, call the money services, render with bot.blocks.money.
 Bad values raise UsageError before anything changes. `fit` and `estimate` quote the price table
-of the configured currency (bot.services.price_tables), and say so where there is none.
+of the configured currency (bot.services.money.price_tables), and say so where there is none.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import GpubotError, UsageError
 from bot.i18n import N_, t
 from bot.runtime import Runtime
-from bot.services import advice, budgets, ledger, price_tables, spend
 from bot.services.access import Caller
+from bot.services.money import advice, budgets, ledger, price_tables, spend
 from bot.values import parse_money, parse_price, whole_number
 
 log = logging.getLogger(__name__)

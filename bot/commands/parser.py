@@ -3,7 +3,7 @@
 Every mistake raises bot.errors.UsageError carrying the command's usage line; nothing else
 escapes :func:`parse`, whatever the text. A value that starts with a minus and a digit (``-1h``,
 ``-5``) is a value, never an option, and is refused as negative. A word of the user's is echoed
-at most :data:`bot.services.lookup.ECHO_MAX` characters long.
+at most :data:`bot.services.instances.lookup.ECHO_MAX` characters long.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from bot.commands.registry import CommandSpec, Registry
 from bot.errors import UsageError
 from bot.i18n import N_, nt, t
-from bot.services.lookup import ECHO_MAX, echo
+from bot.services.instances.lookup import ECHO_MAX, echo
 
 HELP_COMMAND = "help"
 _HELP_FLAGS = frozenset({"-h", "--help"})

@@ -13,9 +13,9 @@ from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import UsageError
 from bot.i18n import N_, t
 from bot.runtime import Runtime
-from bot.services import deadlines, fleet_views, registration
 from bot.services.access import Caller
-from bot.services.lookup import echo
+from bot.services.instances import fleet_views, policies, registration
+from bot.services.instances.lookup import echo
 from bot.values import parse_duration, parse_size_gb
 
 POLICY_USAGE = (
@@ -30,7 +30,7 @@ CAP_USAGE = "/gpu cap NAME 3d|none"
 def _configure_policy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME")
     parser.add_argument(
-        "--at-deadline", choices=deadlines.POLICIES, metavar="release|wait-for-jobs|stop"
+        "--at-deadline", choices=policies.POLICIES, metavar="release|wait-for-jobs|stop"
     )
     parser.add_argument("--release-after", type=parse_duration, metavar="24h")
     parser.add_argument("--max-grace", type=parse_duration, metavar="2h")
@@ -41,7 +41,7 @@ def _configure_policy(parser: argparse.ArgumentParser) -> None:
 
 
 def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
-    change = deadlines.PolicyChange(
+    change = policies.PolicyChange(
         at_deadline=args.at_deadline,
         max_grace_s=int(args.max_grace.total_seconds()) if args.max_grace else None,
         idle_release_after_s=args.idle_release,
@@ -61,13 +61,13 @@ def _policy(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
                 else parse_storage_price(args.storage, rt.settings.currency)
             ),
         )
-        if change == deadlines.PolicyChange():
+        if change == policies.PolicyChange():
             text, body = instance_blocks.instance_settings(settings)
             return Reply(text=text, blocks=body, ephemeral=False)
-    if change == deadlines.PolicyChange():
+    if change == policies.PolicyChange():
         text, body = instance_blocks.instance_settings(fleet_views.instance_settings(rt, args.name))
         return Reply(text=text, blocks=body)
-    return _policy_reply(deadlines.set_policy(rt, caller, args.name, change))
+    return _policy_reply(policies.set_policy(rt, caller, args.name, change))
 
 
 def _configure_cap(parser: argparse.ArgumentParser) -> None:
@@ -77,10 +77,10 @@ def _configure_cap(parser: argparse.ArgumentParser) -> None:
 
 def _cap(rt: Runtime, caller: Caller, args: argparse.Namespace) -> Reply:
     lifetime = None if args.lifetime is None else timedelta(seconds=args.lifetime)
-    return _policy_reply(deadlines.set_lifetime_cap(rt, caller, args.name, lifetime))
+    return _policy_reply(policies.set_lifetime_cap(rt, caller, args.name, lifetime))
 
 
-def _policy_reply(view: deadlines.PolicyView) -> Reply:
+def _policy_reply(view: policies.PolicyView) -> Reply:
     text, body = blocks.policy_summary(view)
     return Reply(text=text, blocks=body, ephemeral=False)
 

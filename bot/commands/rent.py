@@ -1,4 +1,5 @@
-"""`/gpu rent`: check the request, answer at once, rent in the background (bot.services.rent
+"""`/gpu rent`: check the request, answer at once, rent in the background
+(bot.services.instances.rent
 tells the channel what came of it)."""
 
 from __future__ import annotations
@@ -6,13 +7,13 @@ from __future__ import annotations
 import argparse
 
 from bot import text as bot_text
-from bot.blocks import deadlines as blocks
+from bot.blocks import rent as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_
 from bot.providers.base import KNOWN_PROVIDERS
 from bot.runtime import Runtime
-from bot.services import rent as rent_service
 from bot.services.access import Caller
+from bot.services.instances import rent as rent_service
 from bot.values import parse_duration, parse_price, parse_when, whole_number
 
 #: The largest disk `/gpu rent --disk` asks a platform for, in GB.

@@ -29,6 +29,7 @@ from bot.fleet.base import HostKey, Target, Transport
 from bot.fleet.local import LocalTransport
 from bot.fleet.ssh import SshTransport, scan_host_key
 from bot.i18n import t
+from bot.metrics import Metrics
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,11 @@ class Fleet:
         local_transport: LocalTransport | None = None,
         max_workers: int = FAN_OUT_WORKERS,
         poll_workers: int = FAN_OUT_WORKERS,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
+        #: Where the transports count SSH failures.
+        self.metrics = metrics if metrics is not None else Metrics()
         self.zipapp_path = Path(zipapp_path) if zipapp_path is not None else settings.agent_zipapp
         #: The bot's own machine, only where the runtime serves a local console.
         self._local = local_transport
@@ -115,7 +119,7 @@ class Fleet:
                 return entry[1]
             if entry is not None:
                 stale = entry[1]
-            transport = SshTransport(target, settings=self.settings)
+            transport = SshTransport(target, settings=self.settings, metrics=self.metrics)
             self._pool[target.name] = (key, transport)
         if stale is not None:
             stale.close()

@@ -29,7 +29,7 @@ def check_key_name(name: str) -> str:
 def key_path(settings: Settings, name: str, *, names_shown: bool = False) -> Path:
     """The private key called ``name`` in GPUBOT_SSH_KEY_DIR. Raises UsageError when there is
     no key directory or no such key there; the message names the keys that exist only with
-    ``names_shown`` (for admins: bot.services.key_grants), and never says what exists
+    ``names_shown`` (for admins: bot.services.instances.key_grants), and never says what exists
     elsewhere."""
     check_key_name(name)
     directory = settings.ssh_key_dir

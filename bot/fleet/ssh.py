@@ -7,6 +7,10 @@ their output is read up to a cap (OutputTooLarge past it). One call dials at a t
 others wait for it only briefly and never past their own deadline. A dial that fails puts the
 instance in a back-off: until it ends, calls fail at once with Unreachable instead of dialling.
 Every paramiko and socket error leaves this module as a bot.errors.FleetError.
+
+Why one module of this size: it is the one SSH transport (the design keeps one module per
+outside thing): dialling with the pinned key, the kept-alive connection and its back-off,
+bounded reads, uploads and every error translation belong to that one boundary.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from bot.fleet.base import (
 )
 from bot.fleet.hostkeys import algorithms_for, host_key_from_blob
 from bot.i18n import t
-from bot.metrics import METRICS, error_kind
+from bot.metrics import Metrics, error_kind
 from bot.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,8 +109,11 @@ class SshTransport:
         max_stderr_bytes: int = MAX_STDERR_BYTES,
         clock: Callable[[], float] = time.monotonic,
         join_dial_s: float = DIAL_JOIN_S,
+        metrics: Metrics | None = None,
     ) -> None:
         self.target = target
+        #: Where SSH failures are counted (the runtime's; a transport alone counts its own).
+        self.metrics = metrics if metrics is not None else Metrics()
         self._settings = settings
         self._load_key = key_loader or load_private_key
         self.max_stdout_bytes = max_stdout_bytes
@@ -326,7 +333,7 @@ class SshTransport:
         try:
             return dial(self.target, timeout_s=timeout_s, key=key)
         except FleetError as exc:
-            METRICS.ssh_error(error_kind(exc))
+            self.metrics.ssh_error(error_kind(exc))
             if exc.instance is None:
                 exc.instance = self.target.name
             if isinstance(exc, Unreachable):
@@ -473,7 +480,7 @@ class SshTransport:
                 buffer += recv(_READ_CHUNK)
                 if len(buffer) > cap:
                     chan.close()
-                    METRICS.ssh_error("output_too_large")
+                    self.metrics.ssh_error("output_too_large")
                     raise output_too_large(self.target.name, stream, cap)
 
     def _upload(
@@ -494,7 +501,7 @@ class SshTransport:
             sftp.close()
 
     def _timeout(self, timeout_s: float) -> CommandTimeout:
-        METRICS.ssh_error("command_timeout")
+        self.metrics.ssh_error("command_timeout")
         return CommandTimeout(
             f"{self.target.name}: the command did not finish within {timeout_s:g} s",
             instance=self.target.name,
@@ -502,7 +509,9 @@ class SshTransport:
         )
 
     def _lost(self, exc: BaseException) -> Unreachable:
-        METRICS.ssh_error("command_timeout" if isinstance(exc, TimeoutError) else "connection_lost")
+        self.metrics.ssh_error(
+            "command_timeout" if isinstance(exc, TimeoutError) else "connection_lost"
+        )
         if isinstance(exc, TimeoutError):
             return CommandTimeout(
                 f"{self.target.name}: SSH timed out ({exc})", instance=self.target.name

@@ -32,6 +32,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
+from bot.billing import ProviderBilling
 from bot.errors import (
     ProviderAuthError,
     ProviderError,
@@ -110,8 +111,12 @@ class AwsProvider:
         can_stop=True,
         can_start=True,
         storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=60,
+        billing=ProviderBilling(
+            "second",
+            60,
+            "created",
+            "EC2 On-Demand: per-second billing, 60-second minimum per start",
+        ),
         can_launch=True,
         publishes_bills=True,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from bot.billing import ProviderBilling
 from bot.errors import ProviderError
 from bot.i18n import t
 
@@ -38,7 +39,9 @@ RELEASE_MODES = ("terminate", "stop")
 class ProviderCapabilities:
     """What a platform can do and how it bills.
 
-    ``billing_increment`` is second, minute or hour; ``min_charge_s`` the minimum charge per start.
+    ``billing`` is how the platform bills (increment, minimum per start, from when, and the
+    document that says so): the one home of those facts, read by billing for any rule an
+    instance's row does not say (bot.providers.registry.platform_billing).
     ``api_release`` is False where releasing needs a person (the manual provider);
     ``can_list`` False where the platform has no API to list instances;
     ``reports_instance_price`` True where each listed instance carries its own price.
@@ -46,8 +49,7 @@ class ProviderCapabilities:
 
     can_stop: bool
     storage_bills_when_stopped: bool
-    billing_increment: str
-    min_charge_s: int
+    billing: ProviderBilling
     can_launch: bool
     can_list: bool = True
     api_release: bool = True

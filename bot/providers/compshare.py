@@ -62,6 +62,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from bot.billing import ProviderBilling
 from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
 from bot.i18n import N_, t
 from bot.providers.base import (
@@ -204,8 +205,19 @@ class CompshareProvider:
     capabilities = ProviderCapabilities(
         can_stop=True,
         storage_bills_when_stopped=True,
-        billing_increment="hour",
-        min_charge_s=0,
+        billing=ProviderBilling(
+            "hour",
+            0,
+            "created",
+            "Compshare (UCloud), unverified: the official SDK's (ucloud-sdk-python3, ucompshare) "
+            "ChargeType docstrings: Dynamic 按小时预付费, Postpay 按小时后付费 (支持关机不收费, "
+            "some zones only); PostPayPowerOffBillingResource lists the disks billed while "
+            "powered off. A 2026 price guide says per second; no Compshare page states the "
+            "increment, so GPUBOT_COMPSHARE_BILLING (second|hour, default hour) decides: a "
+            "registration through the provider stores the setting's increment where it is not "
+            "this default. Prices in CNY.",
+            verified=False,
+        ),
         can_launch=False,
         reports_instance_price=True,
         can_start=True,
@@ -213,8 +225,9 @@ class CompshareProvider:
 
     def __init__(self, api: CompshareApi, *, billing_increment: str = "hour") -> None:
         self.api = api
+        documented = CompshareProvider.capabilities
         self.capabilities = replace(
-            CompshareProvider.capabilities, billing_increment=billing_increment
+            documented, billing=replace(documented.billing, increment=billing_increment)
         )
 
     @classmethod

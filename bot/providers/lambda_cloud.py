@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.billing import ProviderBilling
 from bot.errors import ProviderError, ProviderNotFound
 from bot.i18n import t
 from bot.providers.base import (
@@ -46,8 +47,9 @@ class LambdaProvider:
     capabilities = ProviderCapabilities(
         can_stop=False,
         storage_bills_when_stopped=False,
-        billing_increment="minute",
-        min_charge_s=0,
+        billing=ProviderBilling(
+            "minute", 0, "ssh_ready", "Lambda Cloud: per minute from passing health checks"
+        ),
         can_launch=True,
         reports_instance_price=True,
     )

@@ -1,10 +1,11 @@
 """The manual provider: any platform, with or without an API. The bot cannot list or release
 these instances itself; releasing (or stopping) means asking the owner to do it on the platform
-and to confirm which they did (see bot.services.releases). A stopped one bills its disk at the
-storage price its owner gave."""
+and to confirm which they did (see bot.services.instances.releases). A stopped one bills its disk at
+the storage price its owner gave."""
 
 from __future__ import annotations
 
+from bot.billing import ProviderBilling
 from bot.errors import ProviderError
 from bot.i18n import t
 from bot.providers.base import (
@@ -24,8 +25,7 @@ class ManualProvider:
     capabilities = ProviderCapabilities(
         can_stop=True,
         storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=0,
+        billing=ProviderBilling("second", 0, "created", "as typed at registration"),
         can_launch=False,
         can_list=False,
         api_release=False,

@@ -1,13 +1,18 @@
-"""The configured GPU platforms by name, built from the settings.
+"""The configured GPU platforms by name, built from the settings, and every platform's billing.
 
 ``ProviderRegistry.from_settings`` builds every provider the settings allow; ``get`` raises
 ConfigError for a platform that needs a key and NotFound for a name no provider has.
+``PLATFORM_BILLING`` holds each platform's documented billing rules as its provider module
+declares them (``capabilities.billing``); ``platform_billing`` is what callers of bot.billing
+pass for an instance's platform, configured or not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
+from bot.billing import ProviderBilling
 from bot.errors import ConfigError, NotFound
 from bot.i18n import t
 from bot.providers.aws import AwsProvider
@@ -18,6 +23,26 @@ from bot.providers.manual import ManualProvider
 from bot.providers.runpod import RunpodProvider
 from bot.providers.vast import VastProvider
 from bot.settings import Settings
+
+#: Each platform's documented billing rules, from its provider class: the rule an instance's
+#: row does not say (NULL) is its platform's. Compshare's class holds the documented default;
+#: a provider built from the settings may bill by another increment, which registration stores.
+PLATFORM_BILLING: Mapping[str, ProviderBilling] = MappingProxyType(
+    {
+        ManualProvider.name: ManualProvider.capabilities.billing,
+        AwsProvider.name: AwsProvider.capabilities.billing,
+        LambdaProvider.name: LambdaProvider.capabilities.billing,
+        RunpodProvider.name: RunpodProvider.capabilities.billing,
+        VastProvider.name: VastProvider.capabilities.billing,
+        CompshareProvider.name: CompshareProvider.capabilities.billing,
+    }
+)
+
+
+def platform_billing(provider: str) -> ProviderBilling:
+    """The billing rules of the platform called ``provider``; a name no platform has (an
+    instance of a platform the bot does not know) bills as typed, like ``manual``."""
+    return PLATFORM_BILLING.get(provider, PLATFORM_BILLING["manual"])
 
 
 class ProviderRegistry:
@@ -30,7 +55,7 @@ class ProviderRegistry:
         missing: dict[str, str] | None = None,
         implicit: Sequence[str] = (),
     ) -> None:
-        self._providers: dict[str, Provider] = {p.name: p for p in providers}
+        self._providers: dict[str, Provider] = {p.name: _billed(p) for p in providers}
         self._missing = dict(missing or {})
         self._implicit = frozenset(implicit)
 
@@ -110,6 +135,27 @@ class ProviderRegistry:
         ]
 
     def add(self, provider: Provider) -> None:
-        """Add or replace a provider (used when building a registry by hand)."""
-        self._providers[provider.name] = provider
+        """Add or replace a provider (used when building a registry by hand). Raises TypeError
+        for a provider that does not say how its platform bills."""
+        self._providers[provider.name] = _billed(provider)
         self._missing.pop(provider.name, None)
+
+
+def _billed(provider: Provider) -> Provider:
+    """The provider, once it is known to bill as billing reads its platform's rules: it declares
+    a :class:`ProviderBilling` (``capabilities.billing``) whose minimum, start and increment are
+    :func:`platform_billing`'s, the increment aside only where no document states it and a
+    setting decides it (registration then stores it). Raises TypeError otherwise."""
+    declared = getattr(provider.capabilities, "billing", None)
+    if not isinstance(declared, ProviderBilling):
+        raise TypeError(f"provider {provider.name!r} does not declare its billing rules")
+    documented = platform_billing(provider.name)
+    same_increment = declared.increment == documented.increment or not documented.verified
+    if not same_increment or (declared.min_charge_s, declared.billing_from) != (
+        documented.min_charge_s,
+        documented.billing_from,
+    ):
+        raise TypeError(
+            f"provider {provider.name!r} declares billing rules other than its platform's"
+        )
+    return provider

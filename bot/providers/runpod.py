@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from bot.billing import ProviderBilling
 from bot.errors import ProviderError, ProviderNotFound
 from bot.i18n import t
 from bot.providers.base import (
@@ -97,8 +98,7 @@ class RunpodProvider:
         can_stop=True,
         can_start=True,
         storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=0,
+        billing=ProviderBilling("second", 0, "created", "RunPod: compute and storage per second"),
         can_launch=True,
         reports_instance_price=True,
         publishes_bills=True,

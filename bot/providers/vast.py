@@ -45,7 +45,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-from bot.billing import STORAGE_MONTH_S
+from bot.billing import STORAGE_MONTH_S, ProviderBilling
 from bot.errors import ProviderError, ProviderNotFound, ProviderRateLimited
 from bot.i18n import t
 from bot.providers.base import (
@@ -110,8 +110,9 @@ class VastProvider:
         can_stop=True,
         can_start=True,
         storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=0,
+        billing=ProviderBilling(
+            "second", 0, "created", "Vast.ai: per second; storage while stopped"
+        ),
         can_launch=False,
         reports_instance_price=True,
         publishes_bills=True,

@@ -6,7 +6,7 @@ nobody is asked, nothing is parsed), and what a Home costs follows the person, n
 their own instances and running jobs (indexed by owner and requester), their month's spend (the
 figure `/gpu spend` and budgets show, summed over their instances only), their budget, the first
 ``FLEET_SHOWN`` of the team's instances by name, and the team's figures from bounded aggregate
-queries (bot.services.fleet_views.fleet_summary).
+queries (bot.services.instances.fleet_views.fleet_summary).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from sqlalchemy import func
 from sqlmodel import col, select
 
 from bot.runtime import Runtime
-from bot.services import costs, deadlines, fleet_views, ledger
-from bot.services.lookup import can_start
-from bot.services.views import FleetSummary, InstanceLine, InstanceRow, Mismatch
+from bot.services.instances import deadlines, fleet_views
+from bot.services.instances.lookup import can_start
+from bot.services.instances.views import FleetSummary, InstanceLine, InstanceRow, Mismatch
+from bot.services.money import costs, ledger
 from bot.store.models import Budget, Charge, Instance, LedgerState
 
 #: What the Home tab's Extend button adds to a deadline, in seconds (one of the warnings' choices).
@@ -164,7 +165,7 @@ def home_view(rt: Runtime, user_id: str) -> HomeView:
 
 def month_spent_micros(rt: Runtime, user_id: str, now: datetime, tz: ZoneInfo) -> int:
     """What ``user_id``'s instances cost this month so far (the month of ``now`` in ``tz``):
-    the figure of :func:`bot.services.budgets.month_to_date` for them, read from their own
+    the figure of :func:`bot.services.money.budgets.month_to_date` for them, read from their own
     instances only (their ledger accrued up to ``now`` first, as there everyone's is).
     Micro-units. Raises StoreError when the database fails."""
     with rt.db.session() as session:

@@ -8,14 +8,14 @@ functions here return notices; Block Kit is rendered only by the presentation fl
 
 from __future__ import annotations
 
-from bot.services import deadlines, releases
-from bot.services.lookup import KIND_HOST_KEY_CHANGED
-from bot.services.prompts import PromptNotice
-from bot.services.registration import host_key_prompt
+from bot.services.instances import deadlines, releases
+from bot.services.instances.lookup import KIND_HOST_KEY_CHANGED
+from bot.services.instances.registration import host_key_prompt
+from bot.services.speaking.prompts import PromptNotice
 
 __all__ = ["PROMPT_NOTICES", "PromptNotice"]
 
-#: What a prompt of each kind says (see bot.services.prompts.PromptNotice).
+#: What a prompt of each kind says (see bot.services.speaking.prompts.PromptNotice).
 PROMPT_NOTICES: dict[str, PromptNotice] = {
     **deadlines.PROMPT_NOTICES,
     **releases.PROMPT_NOTICES,

@@ -2,15 +2,15 @@
 
 ``tick(rt, now)`` polls agents, runs the steps in ``TICK_STEPS`` (jobs, the ledger, budgets,
 the digest), applies the rules (deadlines, idle, release-when-done), works on due releases,
-reconciles with the providers' own lists (and terminates rentals the bot launched but never
-registered because it stopped in between; one process alone does this in each slot, by a
-StepClaim row), closes prompts that no longer apply and posts the prompts and the outbox's
-messages that are due (before any platform is asked anything). Every step reads and writes
-rows, so running it late, twice, or from two processes neither drops nor doubles anything. A
-step that fails is logged and the others still run. Each tick runs under a request id of its
-own, and a step that fails tick after tick is logged once with its traceback, then once a
-minute (by the tick's clock) with how often it failed (``STEP_FAILURES``), and once when it
-works again.
+terminates rentals the bot launched but never registered because it stopped in between (each
+Launch row claimed by one process), reconciles with the providers' own lists (one process alone
+does this in each slot, by a StepClaim row), closes prompts that no longer apply and posts the
+prompts and the outbox's messages that are due (before any platform is asked anything). Every
+step reads and writes rows, so running it late, twice, or from two processes neither drops nor
+doubles anything. A step that fails is logged and the others still run. Each tick runs under
+a request id of its own, and a step that fails tick after tick is logged once with its
+traceback, then once a minute (by the tick's clock) with how often it failed
+(``STEP_FAILURES``), and once when it works again.
 
 Time budgets (seconds): each step may take a share of ``settings.tick_interval_s``
 (``STEP_SHARES``, else ``DEFAULT_STEP_SHARE``, never under ``MIN_STEP_BUDGET_S``). At the default
@@ -19,13 +19,14 @@ tick's shares add up to less than one interval (reconciling, once every ``RECONC
 and then only without platform pools, comes on top). The tick measures every step, failed ones
 too, on ``bot.timebox.monotonic`` into ``TickReport.durations_s``; a step that runs past its
 budget is named in ``TickReport.over_budget`` and in a logged warning, and the steps after it
-still run. Polling and releases also honour their budget: once it is spent they take no new
-instance or release, and what is left stays due for the next tick, first in line; the item in
-hand is finished, so they can overrun by one item (bounded by the SSH command timeout, or the
-platform's HTTP timeout). The ledger (``TIMEBOXED_STEPS``) and the prune of raw samples honour
-theirs in slices of rows, each resuming from the store where the last one stopped, and begin no
-slice that would not fit. The other steps are measured only: the rules and ``TICK_STEPS`` work on
-rows, and posting takes every due message, each bounded by Slack's timeout.
+still run. Polling, releases and orphaned rentals also honour their budget: once it is spent
+they take no new instance, release or rental, and what is left stays due for the next tick,
+first in line; the item in hand is finished, so they can overrun by one item (bounded by the SSH
+command timeout, or the platform's HTTP timeout). The ledger (``TIMEBOXED_STEPS``) and the prune
+of raw samples honour theirs in slices of rows, each resuming from the store where the last one
+stopped, and begin no slice that would not fit. The other steps are measured only: the rules
+and ``TICK_STEPS`` work on rows, and posting takes every due message, each bounded by Slack's
+timeout.
 
 What is due is looked up first: one statement says which steps have work, and the others are
 skipped (named in ``TickReport.skipped``, measured as 0 s), so a tick with nothing due costs
@@ -57,22 +58,21 @@ from sqlmodel import select
 from bot.errors import GpubotError
 from bot.logging_setup import RepeatLimiter, request_context
 from bot.runtime import Runtime
-from bot.services import (
-    bills,
-    budgets,
-    deadlines,
-    digest,
-    jobs,
-    ledger,
-    outbox,
-    polling,
-    prompt_kinds,
-    prompts,
-    releases,
-    rent,
-    samples,
+from bot.services import prompt_kinds
+from bot.services.instances import deadlines, polling, reconcile, releases, rent
+from bot.services.jobs import runs as jobs
+from bot.services.money import bills, budgets, digest, ledger, samples
+from bot.services.speaking import outbox, prompts
+from bot.store.models import (
+    Budget,
+    Instance,
+    Job,
+    Launch,
+    OutboxMessage,
+    Prompt,
+    Release,
+    StepClaim,
 )
-from bot.store.models import Budget, Instance, Job, OutboxMessage, Prompt, Release, StepClaim
 from bot.timebox import Timebox
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,9 @@ def _tick_steps(rt: Runtime, now: datetime) -> TickReport:
     due = partial(releases.process_due_releases, rt, now)
     processed = run("releases", lambda: due(timebox=_box(report, "releases")))
     report.releases_processed = len(processed or ())
+    recover = partial(rent.recover_orphans, rt, now)
+    orphans = run("rent_orphans", lambda: recover(timebox=_box(report, "rent_orphans")))
+    report.orphans_terminated = orphans or []
     if _slot(now, PRUNE_EVERY_S) != _slot(_previous(rt, now), PRUNE_EVERY_S) and _claimed(
         rt, report, "prune", _slot(now, PRUNE_EVERY_S)
     ):
@@ -203,12 +206,9 @@ def _boxed(
 
 
 def _reconcile(rt: Runtime, now: datetime, report: TickReport | None) -> None:
-    """Compare the platforms' lists with the store and recover rentals cut short."""
+    """Compare the platforms' lists with the store."""
     into = report or TickReport(now=now, interval_s=rt.settings.tick_interval_s)
-    into.reconciled = _run(into, "reconcile", lambda: deadlines.reconcile(rt, now)) or []
-    into.orphans_terminated = (
-        _run(into, "rent_orphans", lambda: rent.recover_orphans(rt, now)) or []
-    )
+    into.reconciled = _run(into, "reconcile", lambda: reconcile.reconcile(rt, now)) or []
     # What reconciling found out (stopped or released outside the bot) is said at once.
     _run(into, "prompts", lambda: prompts.deliver_pending(rt, now, prompt_kinds.PROMPT_NOTICES))
     _run(into, "outbox", lambda: outbox.deliver_due(rt, now))
@@ -249,6 +249,7 @@ DUE_CLAUSES: dict[str, tuple[Any, DueClause]] = {
     "prompts": (Prompt, _prompts_due),
     "outbox": (OutboxMessage, _now_only(outbox.due_clause)),
     "releases": (Release, _now_only(releases.due_clause)),
+    "rent_orphans": (Launch, _now_only(rent.due_clause)),
 }
 
 

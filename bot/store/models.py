@@ -106,7 +106,7 @@ class Instance(SQLModel, table=True):
         # One person's instances (the Home, per-person views), and those of theirs the ledger
         # has not settled (their spend), without reading the team's.
         Index("ix_instance_owner_state", "owner_id", "ledger_settled", "state"),
-        # The team's figures (bot.services.fleet_views.fleet_summary) from the live rows'
+        # The team's figures (bot.services.instances.fleet_views.fleet_summary) from the live rows'
         # index entries alone: what each costs per hour, by state, and the nearest deadlines.
         Index(
             "ix_instance_live_prices",
@@ -155,7 +155,8 @@ class Instance(SQLModel, table=True):
     # Billing rules (see bot.billing).
     price_micros: int = Field(default=0, sa_type=BigInteger)
     price_per: str = Field(default="instance_hour", max_length=16)  # or gpu_hour
-    # None: not said at registration, the platform's rule applies (bot.billing.PROVIDER_BILLING).
+    # None: not said at registration, the platform's rule applies (its provider module's
+    # capabilities.billing, bot.providers.registry.platform_billing).
     billing_increment: str | None = Field(default=None, max_length=8)  # second, minute, hour
     min_charge_s: int | None = None
     billing_from: str | None = Field(default=None, max_length=16)  # created, ssh_ready
@@ -187,7 +188,7 @@ class Instance(SQLModel, table=True):
     ssh_ready_at: NaiveDatetime | None = None
     stopped_at: NaiveDatetime | None = None  # compute stopped, storage may still bill
     # When the owner of a stopped instance is next reminded that its disk bills (None: no
-    # more reminders; bot.services.deadlines.STOPPED_REMINDERS_S).
+    # more reminders; bot.services.instances.deadlines.STOPPED_REMINDERS_S).
     stopped_remind_at: NaiveDatetime | None = None
     storage_deleted_at: NaiveDatetime | None = None
     released_at: NaiveDatetime | None = None
@@ -202,11 +203,11 @@ class Instance(SQLModel, table=True):
     idle_release_after_s: int | None = None
     release_when_done: bool = False
 
-    # Last poll of the agent, and when the next is due (bot.services.polling spreads the
+    # Last poll of the agent, and when the next is due (bot.services.instances.polling spreads the
     # polls over the interval; None: a poll interval after the last poll, or at once).
     last_polled_at: NaiveDatetime | None = None
     poll_due_at: NaiveDatetime | None = None
-    # The ledger's schedule (bot.services.ledger): when a charge may next be due (None: look
+    # The ledger's schedule (bot.services.money.ledger): when a charge may next be due (None: look
     # now), when it last looked, and whether every charge of a released instance is written.
     ledger_due_at: NaiveDatetime | None = None
     ledger_checked_at: NaiveDatetime | None = None
@@ -216,7 +217,7 @@ class Instance(SQLModel, table=True):
     last_status_at: NaiveDatetime | None = None  # when last_status_json was taken
     last_error: str | None = Field(default=None, sa_column=Column(Text))
     idle_since: NaiveDatetime | None = None
-    # What views read of last_status_json, derived when it is stored (bot.services.lookup
+    # What views read of last_status_json, derived when it is stored (bot.services.instances.lookup
     # status_columns): the GPUs and the spec each matched, NVML's error; the GPUs' mean
     # utilisation (whole percent) and how many GPUs it saw. None: derived from the snapshot.
     status_facts_json: str | None = Field(default=None, sa_column=Column(Text))
@@ -303,6 +304,46 @@ class Release(SQLModel, table=True):
     escalated_at: NaiveDatetime | None = None
 
 
+class Launch(SQLModel, table=True):
+    """One instance `/gpu rent` asked a platform for, from the launch call to its end
+    (bot.services.instances.launches). The instances of one call share ``launch_key``, the token
+    in the ``platform_name`` they are given; ``position`` counts them from 1.
+
+    ``state``: launching (the call may be running), refused (the platform refused, or did not
+    start this one: nothing bills), launched (the platform answered with ``provider_id``),
+    checked (it runs and its SSH port answers: being registered), adopted (registered as an
+    instance), orphaned (it will not be registered: to be terminated), terminated (nothing of it
+    bills: terminated, found gone, or the call started nothing). ``holder`` works on the row
+    until ``lease_until`` (naive UTC); past it, a row in launching, launched, checked or
+    orphaned is due to orphan recovery. ``told_at``: when the renter was told that terminating
+    it failed (once)."""
+
+    __table_args__ = (
+        UniqueConstraint("launch_key", "position"),
+        Index("ix_launch_due", "state", "lease_until"),
+        Index("ix_launch_provider_id", "provider", "provider_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    launch_key: str = Field(max_length=32)
+    position: int
+    provider: str = Field(max_length=32)
+    instance_type: str = Field(max_length=128)
+    platform_name: str = Field(default="", max_length=128)
+    name: str | None = Field(default=None, max_length=64)
+    renter: str = Field(max_length=64)
+    provider_id: str | None = Field(default=None, max_length=200)
+    state: str = Field(max_length=16)
+    holder: str | None = Field(default=None, max_length=32)
+    lease_until: NaiveDatetime
+    started_at: NaiveDatetime
+    changed_at: NaiveDatetime
+    reason: str | None = Field(default=None, max_length=128)
+    attempts: int = 0
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    told_at: NaiveDatetime | None = None
+
+
 class Job(SQLModel, table=True):
     """A job submitted through the bot; ``agent_job_id`` is the agent's id on the instance.
 
@@ -351,7 +392,7 @@ class Charge(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("instance_id", "kind", "start_at"),
         # One instance's charges over a stretch of time, whatever their kind: what a spend
-        # summary is built from, a range of instances at a time (bot.services.ledger).
+        # summary is built from, a range of instances at a time (bot.services.money.ledger).
         Index("ix_charge_instance_start", "instance_id", "start_at"),
     )
 
@@ -367,7 +408,7 @@ class Charge(SQLModel, table=True):
     polls: int | None = None
     bad_polls: int | None = None
     max_util_pct: float | None = None
-    #: GPU-samples of the bucket idle, in use and not measured (bot.services.samples); None on
+    #: GPU-samples of the bucket idle, in use and not measured (bot.services.money.samples); None on
     #: charges written before they were counted (the bucket's polls then tell idle from busy).
     idle_gpu_samples: int | None = None
     busy_gpu_samples: int | None = None
@@ -396,7 +437,7 @@ class SpendDay(SQLModel, table=True):
     charges written before GPU-samples were counted: what reports group instead of the charges.
 
     Only whole months are kept, and only while a :class:`SpendMonth` row says so; the ledger
-    adds to these rows in the transaction that writes the charges (bot.services.ledger)."""
+    adds to these rows in the transaction that writes the charges (bot.services.money.ledger)."""
 
     zone: str = Field(max_length=64, primary_key=True)
     threshold_pct: float = Field(primary_key=True)
@@ -430,7 +471,7 @@ class SpendMonth(SQLModel, table=True):
 class UtilSample(SQLModel, table=True):
     """One poll of an instance: mean GPU utilisation %; ``ok`` False when the poll failed
     (the instance's idle clock then stops). Its GPUs as they were judged for money: how many
-    were idle, in use, or not measured (a failed poll: all of them; see bot.services.samples).
+    were idle, in use, or not measured (a failed poll: all of them; see bot.services.money.samples).
     """
 
     __table_args__ = (Index("ix_utilsample_instance_at", "instance_id", "at"),)
@@ -450,10 +491,11 @@ class UtilSample(SQLModel, table=True):
 class UtilHour(SQLModel, table=True):
     """The polls of one instance in one ledger bucket (the charge that starts at
     ``bucket_start``: an hour, cut at billing start, month starts and the end), rolled up as they
-    are recorded (bot.services.samples), so that reports join charges to one row each and never
+    are recorded (bot.services.money.samples), so that reports join charges to one row each and
+    never
     read raw samples: how many polls, how many failed or read no utilisation, the highest
     utilisation % read, and the GPU-samples (one GPU in one poll) idle, in use and not measured,
-    by which the bucket's compute is split (bot.services.ledger)."""
+    by which the bucket's compute is split (bot.services.money.ledger)."""
 
     instance_id: int = Field(foreign_key="instance.id", primary_key=True)
     bucket_start: NaiveDatetime = Field(primary_key=True)
@@ -578,7 +620,7 @@ class AuditLog(SQLModel, table=True):
 
 class PlatformBill(SQLModel, table=True):
     """What a platform billed one of its instances over [``start_at``, ``end_at``) as its own
-    bill says (bot.services.bills): compute and storage apart where it splits them
+    bill says (bot.services.money.bills): compute and storage apart where it splits them
     (``storage_micros`` None where not), the total, in micro-units of ``currency``;
     ``fetched_at`` is when it was read. One row per (provider, instance, start)."""
 

@@ -19,13 +19,13 @@ from sqlalchemy import case, func, select, text
 from sqlalchemy import exc as sa_exc
 from sqlmodel import Session, col
 
-from bot.billing import PROVIDER_BILLING
 from bot.errors import GpubotError, StoreError
 from bot.metrics import RELEASE_STATES, StoreStats
+from bot.providers.registry import PLATFORM_BILLING
 from bot.store.db import Database
 from bot.store.models import Charge, Instance, OutboxMessage, Prompt, Release
 
-#: Releases the clock works on when their next attempt is due (as bot.services.releases).
+#: Releases the clock works on when their next attempt is due (as bot.services.instances.releases).
 _OPEN_RELEASES = ("pending", "in_progress", "escalated", "awaiting_owner")
 
 
@@ -143,8 +143,8 @@ def _spend_rate(session: Session) -> dict[str, int]:
 
 def _billing_started() -> Any:
     """Billing has started: from creation, or from SSH-ready once it was; a rule the
-    registration did not give is the platform's (bot.billing.PROVIDER_BILLING)."""
-    from_ssh = [name for name, rule in PROVIDER_BILLING.items() if rule.billing_from == "ssh_ready"]
+    registration did not give is the platform's (bot.providers.registry.PLATFORM_BILLING)."""
+    from_ssh = [name for name, rule in PLATFORM_BILLING.items() if rule.billing_from == "ssh_ready"]
     waits = func.coalesce(
         col(Instance.billing_from),
         case((col(Instance.provider).in_(from_ssh), "ssh_ready"), else_="created"),
@@ -222,7 +222,8 @@ def _naive(value: Any) -> datetime | None:
 
 
 def _local_midnight_utc(year: int, month: int, tz: ZoneInfo) -> datetime:
-    """Midnight on the 1st of ``year-month`` in ``tz``, as naive UTC (as bot.services.ledger)."""
+    """Midnight on the 1st of ``year-month`` in ``tz``, as naive UTC (as
+    bot.services.money.ledger)."""
     return datetime(year, month, 1, tzinfo=tz).astimezone(UTC).replace(tzinfo=None)
 
 

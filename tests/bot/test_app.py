@@ -34,9 +34,10 @@ from bot.commands.registry import (
 )
 from bot.errors import ConfigError, NotFound, UsageError
 from bot.listeners import BAD_BUTTON_TEXT
-from bot.local_slack import check_blocks, slash_command_body
+from bot.local_slack import check_blocks
 from bot.services.access import Caller
 from bot.settings import Settings
+from bot.slack_requests import slash_command_body
 from bot.store.db import Database
 from tests.bot.services.support import add_instance
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, payload_json, start_slack_bot
@@ -136,7 +137,7 @@ def test_body_changed_after_signing_is_refused(slack_bot: SlackBot) -> None:
         channel_id="C0GENERAL",
         response_url=slack_bot.slack.response_url("C0GENERAL", "U0ALICE"),
     )
-    from bot.local_slack import signed_headers
+    from bot.slack_requests import signed_headers
 
     headers = signed_headers(body, SIGNING_SECRET)
     assert slack_bot.post(body.replace("alice", "mallory"), headers) == 401

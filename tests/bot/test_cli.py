@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from bot.cli import PRIVATE_UMASK, main
-from bot.local_slack import LocalSlack, signed_headers, slash_command_body, slash_command_payload
+from bot.local_slack import LocalSlack
+from bot.slack_requests import signed_headers, slash_command_body, slash_command_payload
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
 from tests.fixtures.socket_slack import SocketModeSlack
 

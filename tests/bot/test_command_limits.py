@@ -15,8 +15,8 @@ import pytest
 from bot.commands.help import help_spec
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
 from bot.executor import BotExecutor, Busy
-from bot.local_slack import block_actions_body, signed_headers
 from bot.services.access import Caller
+from bot.slack_requests import block_actions_body, signed_headers
 from bot.store.db import Database
 from tests.fixtures.slack import CHANNEL, SIGNING_SECRET, SlackBot, start_slack_bot
 

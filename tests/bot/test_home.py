@@ -22,13 +22,9 @@ from bot.blocks.home import home_view as render_home
 from bot.executor import BotExecutor
 from bot.i18n import speaking
 from bot.listeners import HomeTabs
-from bot.local_slack import (
-    app_home_opened_body,
-    block_actions_body,
-    check_view,
-    signed_headers,
-)
+from bot.local_slack import check_view
 from bot.services.home import HomeInstance, HomeJob, HomeView
+from bot.slack_requests import app_home_opened_body, block_actions_body, signed_headers
 from bot.store.db import Database
 from bot.store.models import Instance, Person
 from tests.bot.services.support import T0, Clock, add_instance, make_runtime

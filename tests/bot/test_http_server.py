@@ -26,7 +26,8 @@ from bot.cli import cli_parser
 from bot.health import Health
 from bot.http_server import EVENTS_PATH, MAX_BODY_BYTES, OpsEndpoints, SlackHttpServer, ops_server
 from bot.http_server import FORM_TYPE as FORM
-from bot.local_slack import LocalSlack, signed_headers, slash_command_body
+from bot.local_slack import LocalSlack
+from bot.slack_requests import signed_headers, slash_command_body
 from tests.bot.test_cli import gpubot
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET, SlackBot
 

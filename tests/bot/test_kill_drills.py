@@ -24,7 +24,8 @@ from bot.local_slack import LocalSlack
 from bot.providers.lambda_cloud import LambdaProvider
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
-from bot.services import outbox, prompts, releases
+from bot.services.instances import releases
+from bot.services.speaking import outbox, prompts
 from bot.services.tick import tick
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier

@@ -15,14 +15,10 @@ from slack_sdk import WebClient
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 
-from bot.local_slack import (
-    TRIGGER_TTL_S,
-    LocalSlack,
-    Message,
+from bot.local_slack import TRIGGER_TTL_S, LocalSlack, Message, check_blocks, check_view
+from bot.slack_requests import (
     app_home_opened_body,
     block_actions_body,
-    check_blocks,
-    check_view,
     signed_headers,
     slash_command_body,
     state_value,

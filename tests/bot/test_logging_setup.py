@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from bot.ack_path import in_this_context
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
-from bot.listeners import in_this_context
 from bot.logging_setup import (
     REQUEST_ID_LENGTH,
     Repeat,
@@ -28,8 +28,8 @@ from bot.logging_setup import (
     log_ids,
     request_context,
 )
-from bot.services import releases
 from bot.services.access import Caller
+from bot.services.instances import releases
 from bot.store.db import Database
 from bot.store.models import Release
 from tests.bot.services.support import T0, Clock, add_instance, make_runtime

@@ -11,7 +11,7 @@ import pytest
 from bot.errors import GpubotError
 from bot.i18n import speaking
 from bot.providers.registry import ProviderRegistry
-from bot.services import budgets, spend
+from bot.services.money import budgets, spend
 from bot.settings import Settings
 from tests.chinese import assert_chinese
 

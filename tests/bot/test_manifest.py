@@ -18,8 +18,9 @@ from slack_sdk import WebClient
 from bot.cli import cli_parser
 from bot.commands import build_registry
 from bot.listeners import SLASH_COMMAND
-from bot.local_slack import LocalSlack, app_home_opened_body, signed_headers
+from bot.local_slack import LocalSlack
 from bot.slack_notifier import SlackNotifier
+from bot.slack_requests import app_home_opened_body, signed_headers
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET, SlackBot
 
 ROOT = Path(__file__).resolve().parents[2]

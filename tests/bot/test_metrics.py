@@ -20,8 +20,9 @@ from bot import billing
 from bot.errors import AuthenticationFailed, CommandTimeout, SlackError, StoreError, Unreachable
 from bot.fleet.ssh import SshTransport
 from bot.local_slack import LocalSlack
-from bot.metrics import METRICS, Metrics, StoreStats, error_kind
+from bot.metrics import Metrics, StoreStats, error_kind
 from bot.notify import MessageRef
+from bot.providers.registry import platform_billing
 from bot.settings import Settings
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database
@@ -188,7 +189,7 @@ def test_store_gauges_add_up_the_rows(db: Database) -> None:
         billing_now = session.exec(select(Instance).where(col(Instance.name).in_(names))).all()
         expected: dict[str, int] = {}
         for inst in billing_now:
-            rate = billing.rules_for(inst).hourly_micros
+            rate = billing.rules_for(inst, platform_billing(inst.provider)).hourly_micros
             expected[inst.currency] = expected.get(inst.currency, 0) + rate
     assert stats.spend_micros_per_hour == expected == {"USD": 17_800_000, "EUR": 3_000_000}
     assert stats.charges_this_month_micros == {"USD": 4_000_000, "EUR": 700_000}
@@ -336,50 +337,60 @@ def test_error_kinds_are_snake_case() -> None:
 # --- counted where they happen ---------------------------------------------------------------
 
 
-def _ssh_errors(kind: str) -> float:
-    return METRICS.value("gpubot_ssh_errors_total", kind=kind) or 0.0
+def _ssh_errors(metrics: Metrics, kind: str) -> float:
+    return metrics.value("gpubot_ssh_errors_total", kind=kind) or 0.0
 
 
 @pytest.mark.integration
 def test_ssh_failures_are_counted_by_kind(sshd: SshServer, tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, ssh_connect_timeout_s=3.0, ssh_command_timeout_s=30.0)
+    metrics = Metrics()
     before = {
-        k: _ssh_errors(k) for k in ("authentication_failed", "command_timeout", "unreachable")
+        k: _ssh_errors(metrics, k)
+        for k in ("authentication_failed", "command_timeout", "unreachable")
     }
 
     stranger = make_client_key(tmp_path)
-    refused = SshTransport(sshd.target("stranger", key_path=stranger), settings=settings)
+    refused = SshTransport(
+        sshd.target("stranger", key_path=stranger), settings=settings, metrics=metrics
+    )
     with pytest.raises(AuthenticationFailed):
         refused.connect()
     refused.close()
 
-    slow = SshTransport(sshd.target("slow"), settings=settings)
+    slow = SshTransport(sshd.target("slow"), settings=settings, metrics=metrics)
     try:
         with pytest.raises(CommandTimeout):
             slow.exec(["sleep", "5"], timeout_s=0.5)
     finally:
         slow.close()
 
-    nowhere = SshTransport(replace(sshd.target("closed"), port=_closed_port()), settings=settings)
+    nowhere = SshTransport(
+        replace(sshd.target("closed"), port=_closed_port()), settings=settings, metrics=metrics
+    )
     with pytest.raises(Unreachable):
         nowhere.connect()
     nowhere.close()
 
-    assert _ssh_errors("authentication_failed") == before["authentication_failed"] + 1
-    assert _ssh_errors("command_timeout") == before["command_timeout"] + 1
-    assert _ssh_errors("unreachable") == before["unreachable"] + 1
+    assert _ssh_errors(metrics, "authentication_failed") == before["authentication_failed"] + 1
+    assert _ssh_errors(metrics, "command_timeout") == before["command_timeout"] + 1
+    assert _ssh_errors(metrics, "unreachable") == before["unreachable"] + 1
+    assert _ssh_errors(Metrics(), "unreachable") == 0  # each runtime counts into its own
 
 
 @pytest.mark.integration
 def test_slack_errors_and_rate_limits_are_counted(local_slack: LocalSlack) -> None:
-    notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=local_slack.api_url, timeout=5))
+    metrics = Metrics()
+    notifier = SlackNotifier(
+        WebClient(token=BOT_TOKEN, base_url=local_slack.api_url, timeout=5), metrics=metrics
+    )
     post = "chat.postMessage"
 
     def limited() -> float:
-        return METRICS.value("gpubot_slack_rate_limited_total", method=post) or 0.0
+        return metrics.value("gpubot_slack_rate_limited_total", method=post) or 0.0
 
     def errors(code: str) -> float:
-        return METRICS.value("gpubot_slack_api_errors_total", method=post, error=code) or 0.0
+        return metrics.value("gpubot_slack_api_errors_total", method=post, error=code) or 0.0
 
     limited_before, missing_before = limited(), errors("channel_not_found")
     unreachable_before = errors("unreachable")
@@ -399,7 +410,8 @@ def test_slack_errors_and_rate_limits_are_counted(local_slack: LocalSlack) -> No
     assert errors("channel_not_found") == missing_before + 1
 
     dead = SlackNotifier(
-        WebClient(token=BOT_TOKEN, base_url=f"http://127.0.0.1:{_closed_port()}/api/", timeout=2)
+        WebClient(token=BOT_TOKEN, base_url=f"http://127.0.0.1:{_closed_port()}/api/", timeout=2),
+        metrics=metrics,
     )
     with pytest.raises(SlackError):
         dead.post("C0GENERAL", "nobody there")
@@ -409,12 +421,15 @@ def test_slack_errors_and_rate_limits_are_counted(local_slack: LocalSlack) -> No
 def test_the_slack_error_label_stays_bounded_whatever_slack_answers() -> None:
     """A proxy's HTML pages (each unlike the last) add no label values: the exposition's
     Slack error labels stay within the known set, HTML-free."""
+    metrics = Metrics()
     with html_slack((502, 200, 504)) as url:
-        notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=url, timeout=5))
+        notifier = SlackNotifier(
+            WebClient(token=BOT_TOKEN, base_url=url, timeout=5), metrics=metrics
+        )
         for _ in range(30):
             with pytest.raises(SlackError):
                 notifier.update(MessageRef("C0GENERAL", "1.000001"), "x")
-    text, _ = METRICS.exposition()
+    text, _ = metrics.exposition()
     labels = {
         dict(labels)["error"]
         for (name, labels) in samples(text)
@@ -427,10 +442,11 @@ def test_the_slack_error_label_stays_bounded_whatever_slack_answers() -> None:
 
 @pytest.mark.integration
 def test_command_latency_is_recorded_by_command(slack_bot: SlackBot) -> None:
-    before = METRICS.value("gpubot_command_duration_seconds_count", command="help") or 0.0
+    metrics = slack_bot.rt.metrics
+    before = metrics.value("gpubot_command_duration_seconds_count", command="help") or 0.0
     assert slack_bot.command("help") == 200
     slack_bot.replies(1)  # the handler has ended before its reply goes out
-    assert METRICS.value("gpubot_command_duration_seconds_count", command="help") == before + 1
+    assert metrics.value("gpubot_command_duration_seconds_count", command="help") == before + 1
 
 
 def _closed_port() -> int:

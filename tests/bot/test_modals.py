@@ -25,17 +25,17 @@ from bot.commands.registry import Reply
 from bot.executor import BotExecutor
 from bot.i18n import active_language
 from bot.listeners import Forms
-from bot.local_slack import (
+from bot.local_slack import check_view
+from bot.runtime import Runtime
+from bot.services.access import Caller
+from bot.slack_requests import (
     app_home_opened_body,
     block_actions_body,
-    check_view,
     signed_headers,
     slash_command_body,
     state_value,
     view_submission_body,
 )
-from bot.runtime import Runtime
-from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import Person
 from tests.fixtures.slack import CHANNEL, SIGNING_SECRET, SlackBot, start_slack_bot

@@ -15,9 +15,9 @@ from sqlalchemy import select
 
 from bot.app import BotExecutor
 from bot.commands.registry import CommandSpec, Registry, Reply
-from bot.local_slack import signed_headers
 from bot.replay import MARGIN_S, SIGNATURE_WINDOW_S, ReplayGuard
 from bot.services.access import Caller
+from bot.slack_requests import signed_headers
 from bot.store.db import Database
 from bot.store.models import SeenSignature
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, start_slack_bot

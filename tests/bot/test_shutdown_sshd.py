@@ -4,7 +4,10 @@ process, with an instance on a real sshd on loopback whose agent hangs (the remo
 command on the bot's pool). It exits well inside the service manager's stop timeout without
 waiting for the commands, and nothing is lost: the instance is due a poll again and the next
 start polls it; the job the agent queued stays in the store, claim given back, and the next
-start finds it and replies once."""
+start finds it and replies once.
+
+The poll runs on SQLite; the run, whose abandoned call gives its claim back to the store while
+the process winds down, on PostgreSQL too."""
 
 from __future__ import annotations
 
@@ -26,13 +29,15 @@ from sqlmodel import select
 from bot.errors import Unreachable
 from bot.fleet import ssh as ssh_module
 from bot.fleet.ssh import SshTransport
-from bot.local_slack import LocalSlack, signed_headers, slash_command_body
+from bot.local_slack import LocalSlack
 from bot.settings import Settings
+from bot.slack_requests import signed_headers, slash_command_body
 from bot.store.db import Database
 from bot.store.models import Job, UtilSample
 from tests.bot.services.support import add_instance, get_instance
 from tests.fixtures.slack import BOT_TOKEN, SIGNING_SECRET
 from tests.fixtures.sshd import SshServer
+from tests.fixtures.store import sqlite_only
 
 pytestmark = pytest.mark.integration
 
@@ -288,6 +293,7 @@ def test_closing_the_transport_ends_a_hung_command_at_once(sshd: SshServer) -> N
     assert took_s < ssh_module.EOF_GRACE_S / 2, took_s
 
 
+@sqlite_only
 def test_sigterm_mid_poll_exits_at_once_and_the_next_start_polls_again(
     db: Database, sshd: SshServer, slack: LocalSlack, agent: Agent, agent_zipapp: Path
 ) -> None:

@@ -15,7 +15,7 @@ from slack_sdk import WebClient
 
 from bot.errors import SlackError
 from bot.local_slack import LocalSlack, Message, SharedFile
-from bot.metrics import METRICS
+from bot.metrics import Metrics
 from bot.notify import MessageRef
 from bot.slack_notifier import HTTP_5XX, OTHER, SLACK_ERROR_CODES, SlackNotifier, error_label
 from tests.fixtures.slack import BOT_TOKEN
@@ -195,10 +195,10 @@ def test_documented_codes_keep_their_name_and_anything_else_is_bounded() -> None
     assert error_label("x" * 10_000, 403) == OTHER
 
 
-def _error_labels(method: str) -> dict[str, float]:
+def _error_labels(metrics: Metrics, method: str) -> dict[str, float]:
     """The Slack error counter's samples for ``method``, by error label."""
     found: dict[str, float] = {}
-    for family in METRICS.registry.collect():
+    for family in metrics.registry.collect():
         for sample in family.samples:
             errors = sample.name == "gpubot_slack_api_errors_total"
             if errors and sample.labels["method"] == method:
@@ -208,15 +208,18 @@ def _error_labels(method: str) -> dict[str, float]:
 
 def test_html_answers_keep_the_error_label_bounded() -> None:
     method = "chat.postMessage"
-    before = _error_labels(method)
+    metrics = Metrics()
+    before = _error_labels(metrics, method)
     statuses = (502, 503, 200, 500, 403)
     with html_slack(statuses) as url:
-        notifier = SlackNotifier(WebClient(token=BOT_TOKEN, base_url=url, timeout=5))
+        notifier = SlackNotifier(
+            WebClient(token=BOT_TOKEN, base_url=url, timeout=5), metrics=metrics
+        )
         for _ in range(4 * len(statuses)):
             with pytest.raises(SlackError) as err:
                 notifier.post("C0GENERAL", "hello")
             assert "non-JSON" in err.value.error  # what Slack said is still in the error
-    after = _error_labels(method)
+    after = _error_labels(metrics, method)
     assert set(after) <= BOUNDED_LABELS, sorted(after)
     assert after[HTTP_5XX] - before.get(HTTP_5XX, 0.0) == 12  # 502, 503 and 500, four times
     assert after[OTHER] - before.get(OTHER, 0.0) == 8  # 200 and 403 with a page, four times

@@ -24,12 +24,12 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from bot.ack_path import STORE_WAITS
 from bot.app import REPLAY_CHECK_FAILURES, build_health, build_ops
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.executor import BotExecutor
 from bot.http_server import ops_server
-from bot.listeners import STORE_WAITS
-from bot.local_slack import signed_headers
+from bot.slack_requests import signed_headers
 from bot.store.db import Database
 from tests.fixtures.slack import SIGNING_SECRET, SlackBot, start_slack_bot
 from tests.fixtures.store import fresh_database

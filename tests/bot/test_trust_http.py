@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlmodel import SQLModel
 
 from bot.fleet.base import LOCAL_HOST
-from bot.services import budgets
 from bot.services.access import Caller
+from bot.services.money import budgets
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Job, OutboxMessage
 from tests.bot.services.support import Clock, add_instance, grant_key

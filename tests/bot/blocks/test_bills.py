@@ -11,8 +11,8 @@ from bot.blocks import render
 from bot.blocks.bills import CAUSE_WORDS, bills_message, mismatch_message
 from bot.i18n import speaking
 from bot.local_slack import check_blocks
-from bot.services import bills
-from bot.services.bills import BillLine, BillMismatch, BillsReport, PlatformBills
+from bot.services.money import bills
+from bot.services.money.bills import BillLine, BillMismatch, BillsReport, PlatformBills
 
 NOW = datetime(2026, 12, 4, 10, 12)
 USD = 1_000_000

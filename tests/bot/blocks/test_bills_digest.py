@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 
 from bot.blocks import money
 from bot.blocks.bills import digest_section
-from bot.services import bills
-from bot.services.bills import BillsReport, PlatformBills
-from bot.services.digest import DigestData, bills_digest
+from bot.services.money import bills
+from bot.services.money.bills import BillsReport, PlatformBills
+from bot.services.money.digest import DigestData, bills_digest
 from tests.bot.blocks.test_bills import USD, line
 from tests.bot.blocks.test_money import report as spend_report
 from tests.bot.blocks.test_money import spend_item, validate

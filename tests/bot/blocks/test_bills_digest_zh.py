@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from bot.blocks import money
 from bot.i18n import speaking
-from bot.services import bills
-from bot.services.digest import bills_digest
+from bot.services.money import bills
+from bot.services.money.digest import bills_digest
 from tests.bot.blocks.test_bills import line
 from tests.bot.blocks.test_bills_digest import digest, november, platform
 from tests.bot.blocks.test_money import validate

@@ -7,8 +7,8 @@ from datetime import timedelta
 from bot.blocks.bills import bills_message, mismatch_message
 from bot.i18n import speaking
 from bot.local_slack import check_blocks
-from bot.services import bills
-from bot.services.bills import BillMismatch, PlatformBills
+from bot.services.money import bills
+from bot.services.money.bills import BillMismatch, PlatformBills
 from tests.bot.blocks.test_bills import NOW, line, report, text_of
 
 

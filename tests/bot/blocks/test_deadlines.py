@@ -8,16 +8,18 @@ from typing import Any
 
 import pytest
 
+from bot.blocks import RENDERERS, parts, render
+from bot.blocks import answers as answer_blocks
 from bot.blocks import deadlines as blocks
-from bot.blocks import render
+from bot.blocks import releases as release_blocks
 from bot.blocks.instances import RELEASE_DONE, STOP_DONE
 from bot.blocks.kit import BUTTON_TEXT_MAX, SECTION_TEXT_MAX
 from bot.notify import Notice
-from bot.services import answers, deadlines, reconcile, releases, rent
-from bot.services.answers import ReleaseConfirmAsk
-from bot.services.deadlines import DeadlineWarning, IdlePrompt
-from bot.services.releases import ReleaseEscalation
-from bot.services.views import InstanceBrief
+from bot.services.instances import answers, deadlines, reconcile, releases, rent
+from bot.services.instances.answers import ReleaseConfirmAsk
+from bot.services.instances.deadlines import DeadlineWarning, IdlePrompt
+from bot.services.instances.releases import ReleaseEscalation
+from bot.services.instances.views import InstanceBrief
 from tests.bot.blocks.slack_limits import check_message
 
 NOW = datetime(2026, 3, 3, 12, 0)
@@ -95,7 +97,7 @@ def test_no_price_is_said_plainly_not_as_zero() -> None:
     assert "costing money (no price recorded)" in idle
     escalation, _ = render(ReleaseEscalation(UNPRICED, attempts=3, last_error=None, manual=True))
     assert "$0.00" not in escalation
-    assert blocks.per_hour(PRICED) == "$2.10/h"
+    assert parts.per_hour(PRICED) == "$2.10/h"
 
 
 def test_wait_for_jobs_names_the_time_and_the_condition() -> None:
@@ -126,7 +128,7 @@ def test_long_names_are_cut_with_an_ellipsis_within_slacks_limits() -> None:
     huge = InstanceBrief(
         name="x" * 5000, owner_id="UOWNER", provider="aws", price_micros_per_hour=1
     )
-    text, rendered = blocks.release_confirm(ReleaseConfirmAsk(huge, prompt_id=3))
+    text, rendered = answer_blocks.release_confirm(ReleaseConfirmAsk(huge, prompt_id=3))
     [section] = [b for b in rendered if b["type"] == "section"]
     assert len(section["text"]["text"]) == SECTION_TEXT_MAX
     assert section["text"]["text"].endswith("…")
@@ -149,12 +151,12 @@ def test_every_notice_of_the_area_has_a_renderer() -> None:
         and issubclass(value, Notice)
         and value.__module__ == module.__name__
     }
-    assert notices <= set(blocks.RENDERERS)
+    assert notices <= set(RENDERERS)
 
 
 def test_a_button_value_too_long_for_slack_is_refused() -> None:
     with pytest.raises(ValueError, match="button value"):
-        blocks.release_confirm(ReleaseConfirmAsk(PRICED, prompt_id=10**2001))
+        answer_blocks.release_confirm(ReleaseConfirmAsk(PRICED, prompt_id=10**2001))
 
 
 def _labels(rendered: tuple[dict[str, object], ...]) -> list[str]:
@@ -224,11 +226,13 @@ def _prompts(inst: InstanceBrief) -> list[tuple[str, tuple[dict[str, Any], ...]]
         blocks.deadline_warning(_warning(inst, NOW + timedelta(minutes=30), None, stopped=True)),
         blocks.idle_prompt(IdlePrompt(inst, 2, NOW - timedelta(hours=1), NOW, None, "UTC")),
         blocks.jobs_done_prompt(deadlines.JobsDonePrompt(inst, 3, NOW, "UTC")),
-        blocks.manual_release_request(releases.ManualReleaseRequest(inst, 4, reason="deadline")),
-        blocks.manual_release_reminder(
+        release_blocks.manual_release_request(
+            releases.ManualReleaseRequest(inst, 4, reason="deadline")
+        ),
+        release_blocks.manual_release_reminder(
             releases.ManualReleaseReminder(inst, 4, asked_at=NOW, now=NOW + timedelta(hours=1))
         ),
-        blocks.release_confirm(ReleaseConfirmAsk(inst, prompt_id=5)),
+        answer_blocks.release_confirm(ReleaseConfirmAsk(inst, prompt_id=5)),
     ]
 
 
@@ -294,7 +298,9 @@ def test_release_keep_and_done_confirms_say_what_follows() -> None:
     idle = blocks.idle_prompt(IdlePrompt(PRICED, 2, NOW - timedelta(hours=1), NOW, None, "UTC"))
     assert "keeps running and costing $2.10/h" in _confirm_of(idle, blocks.IDLE_KEEP)
     assert "disks are deleted" in _confirm_of(idle, blocks.IDLE_RELEASE)
-    ask = blocks.manual_release_request(releases.ManualReleaseRequest(PRICED, 4, reason="idle"))
+    ask = release_blocks.manual_release_request(
+        releases.ManualReleaseRequest(PRICED, 4, reason="idle")
+    )
     assert "Is box released?" in _confirm_of(ask, RELEASE_DONE)
     assert "bills unseen" in _confirm_of(ask, RELEASE_DONE)
     assert "counts only its disk" in _confirm_of(ask, STOP_DONE)

@@ -1,6 +1,6 @@
-"""Deadline, release and rent renderers in Simplified Chinese: every message of
-bot.blocks.deadlines, its buttons and their confirm dialogs read as Chinese, keep their names
-and numbers, and stay within Slack's limits."""
+"""Deadline, release, reconcile, answer and rent renderers in Simplified Chinese: every message
+of bot.blocks.deadlines, .releases, .reconcile, .answers and .rent, their buttons and confirm
+dialogs read as Chinese, keep their names and numbers, and stay within Slack's limits."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ from typing import Any
 
 import pytest
 
+from bot.blocks import answers as answer_blocks
 from bot.blocks import deadlines as blocks
+from bot.blocks import reconcile as reconcile_blocks
+from bot.blocks import releases as release_blocks
+from bot.blocks import rent as rent_blocks
 from bot.blocks.kit import Message
 from bot.i18n import speaking
-from bot.services import answers, reconcile, releases, rent
-from bot.services import deadlines as rules
-from bot.services.views import InstanceBrief
+from bot.services.instances import answers, reconcile, releases, rent
+from bot.services.instances import deadlines as rules
+from bot.services.instances.views import InstanceBrief
 from tests.bot.blocks.slack_limits import all_text, check_message
 from tests.bot.blocks.test_deadlines import NOW, PRICED, UNPRICED
 from tests.chinese import assert_chinese
@@ -89,13 +93,13 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ("*box*",),
     ),
     "decided/extended": (
-        lambda: blocks.decided(
+        lambda: release_blocks.decided(
             releases.Decided(PRICED, releases.EXTENDED, "UOWNER", NOW, "UTC", extended_s=7200)
         ),
         ("*box*", "<@UOWNER>", "2 小时"),
     ),
     "decided/withdrawn": (
-        lambda: blocks.decided(
+        lambda: release_blocks.decided(
             releases.Decided(
                 PRICED, releases.RELEASE_CANCELLED, "UADMIN", NOW, "UTC", extended_s=3600
             )
@@ -103,19 +107,19 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ("*box*", "<@UADMIN>", "1 小时"),
     ),
     "decided/requested": (
-        lambda: blocks.decided(
+        lambda: release_blocks.decided(
             releases.Decided(PRICED, releases.RELEASE_REQUESTED, None, NOW, "UTC", reason="idle")
         ),
         ("*box*",),
     ),
     "decided/stop": (
-        lambda: blocks.decided(
+        lambda: release_blocks.decided(
             releases.Decided(PRICED, releases.RELEASE_REQUESTED, None, NOW, "UTC", mode="stop")
         ),
         ("*box*",),
     ),
     "decided/confirmed": (
-        lambda: blocks.decided(
+        lambda: release_blocks.decided(
             releases.Decided(PRICED, releases.CONFIRMED_STOPPED, "UOWNER", NOW, "UTC")
         ),
         ("*box*",),
@@ -131,41 +135,41 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     "busy_again": (lambda: blocks.busy_again(rules.BusyAgain(PRICED)), ("*box*",)),
     "new_jobs": (lambda: blocks.new_jobs(rules.NewJobs(PRICED)), ("*box*",)),
     "manual_release_request": (
-        lambda: blocks.manual_release_request(
+        lambda: release_blocks.manual_release_request(
             releases.ManualReleaseRequest(UNPRICED, 4, "user", requested_by="UADMIN")
         ),
         ("*local*", "<@UADMIN>"),
     ),
     "manual_release_request/stop": (
-        lambda: blocks.manual_release_request(
+        lambda: release_blocks.manual_release_request(
             releases.ManualReleaseRequest(UNPRICED, 4, "cap", mode="stop")
         ),
         ("*local*",),
     ),
     "manual_release_reminder": (
-        lambda: blocks.manual_release_reminder(
+        lambda: release_blocks.manual_release_reminder(
             releases.ManualReleaseReminder(UNPRICED, 4, NOW, NOW + timedelta(hours=1))
         ),
         ("*local*", "1 小时前", "`/gpu extend local 2h`"),
     ),
     "release_escalation": (
-        lambda: blocks.release_escalation(
+        lambda: release_blocks.release_escalation(
             releases.ReleaseEscalation(PRICED, 3, "HTTP 503", manual=False)
         ),
         ("*box*", "<@UOWNER>", "AWS", "3", "HTTP 503"),
     ),
     "release_escalation/manual": (
-        lambda: blocks.release_escalation(
+        lambda: release_blocks.release_escalation(
             releases.ReleaseEscalation(UNPRICED, 3, None, manual=True)
         ),
         ("*local*", "<@UOWNER>"),
     ),
     "released_notice": (
-        lambda: blocks.released_notice(_released(by="UOWNER")),
+        lambda: release_blocks.released_notice(_released(by="UOWNER")),
         ("*cold1*", "<@UOWNER>"),
     ),
     "released_notice/stop": (
-        lambda: blocks.released_notice(
+        lambda: release_blocks.released_notice(
             _released(mode="stop", reason="user", storage_bills=True, release_at=SOON)
         ),
         ("*cold1*", "`/gpu extend cold1 1d`", "`/gpu release cold1`"),
@@ -175,15 +179,15 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ("*box*", "<@UOWNER>"),
     ),
     "released_outside": (
-        lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "terminated")),
+        lambda: reconcile_blocks.released_outside(reconcile.ReleasedOutside(PRICED, "terminated")),
         ("*box*", "AWS"),
     ),
     "released_outside/stopped": (
-        lambda: blocks.released_outside(reconcile.ReleasedOutside(COLD, "stopped")),
+        lambda: reconcile_blocks.released_outside(reconcile.ReleasedOutside(COLD, "stopped")),
         ("*cold1*",),
     ),
     "released_outside/started": (
-        lambda: blocks.released_outside(
+        lambda: reconcile_blocks.released_outside(
             reconcile.ReleasedOutside(PRICED, "started", "10.0.0.2:22")
         ),
         ("*box*", "`10.0.0.2:22`"),
@@ -205,13 +209,15 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ("*cold1*",),
     ),
     "released_outside/started_by": (
-        lambda: blocks.released_outside(
+        lambda: reconcile_blocks.released_outside(
             reconcile.ReleasedOutside(PRICED, "started", by="UOWNER", deadline_at=NOW)
         ),
         ("*box*", "<@UOWNER>"),
     ),
     "released_outside/moved": (
-        lambda: blocks.released_outside(reconcile.ReleasedOutside(PRICED, "moved", "10.0.0.3:22")),
+        lambda: reconcile_blocks.released_outside(
+            reconcile.ReleasedOutside(PRICED, "moved", "10.0.0.3:22")
+        ),
         ("*box*", "`10.0.0.3:22`"),
     ),
     "policy_summary": (
@@ -233,102 +239,113 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
         ("*box*",),
     ),
     "answered_before": (
-        lambda: blocks.answered_before(answers.AnsweredBefore("UOWNER", "extended_1h")),
+        lambda: answer_blocks.answered_before(answers.AnsweredBefore("UOWNER", "extended_1h")),
         ("<@UOWNER>", "1 小时"),
     ),
     "answered_before/kept": (
-        lambda: blocks.answered_before(answers.AnsweredBefore(None, "kept")),
+        lambda: answer_blocks.answered_before(answers.AnsweredBefore(None, "kept")),
         (),
     ),
     "being_released": (
-        lambda: blocks.being_released(answers.BeingReleased("box", "awaiting_confirmation")),
+        lambda: answer_blocks.being_released(answers.BeingReleased("box", "awaiting_confirmation")),
         ("*box*",),
     ),
     "release_pending": (
-        lambda: blocks.release_pending(answers.ReleasePending(PRICED, by_owner=False)),
+        lambda: answer_blocks.release_pending(answers.ReleasePending(PRICED, by_owner=False)),
         ("*box*", "<@UOWNER>", "`/gpu extend box 2h`"),
     ),
     "release_pending/owner": (
-        lambda: blocks.release_pending(answers.ReleasePending(PRICED, by_owner=True)),
+        lambda: answer_blocks.release_pending(answers.ReleasePending(PRICED, by_owner=True)),
         ("*box*",),
     ),
     "extend_answered": (
-        lambda: blocks.extend_answered(answers.Extended(PRICED, 14400, SOON, "UTC")),
+        lambda: answer_blocks.extend_answered(answers.Extended(PRICED, 14400, SOON, "UTC")),
         ("*box*", "4 小时"),
     ),
     "release_confirm": (
-        lambda: blocks.release_confirm(answers.ReleaseConfirmAsk(PRICED, 5)),
+        lambda: answer_blocks.release_confirm(answers.ReleaseConfirmAsk(PRICED, 5)),
         ("*box*",),
     ),
-    "kept": (lambda: blocks.kept(answers.Kept(PRICED)), ("*box*",)),
+    "kept": (lambda: answer_blocks.kept(answers.Kept(PRICED)), ("*box*",)),
     "release_answered": (
-        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "in_progress")),
+        lambda: answer_blocks.release_answered(answers.ReleaseAnswered(PRICED, "in_progress")),
         ("*box*",),
     ),
     "release_answered/confirmed": (
-        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "confirmed")),
+        lambda: answer_blocks.release_answered(answers.ReleaseAnswered(PRICED, "confirmed")),
         ("*box*",),
     ),
     "release_answered/owner": (
-        lambda: blocks.release_answered(answers.ReleaseAnswered(PRICED, "awaiting_owner")),
+        lambda: answer_blocks.release_answered(answers.ReleaseAnswered(PRICED, "awaiting_owner")),
         ("*box*",),
     ),
     "rent_started": (
-        lambda: blocks.rent_started(rent.RentStarted("lambda", "gpu_1x_h100", ("r-1", "r-2"))),
+        lambda: rent_blocks.rent_started(rent.RentStarted("lambda", "gpu_1x_h100", ("r-1", "r-2"))),
         ("Lambda", "gpu_1x_h100", "r-1, r-2"),
     ),
     "rent_finished": (
-        lambda: blocks.rent_finished(
+        lambda: rent_blocks.rent_finished(
             rent.RentFinished("lambda", ("r-1",), (("i-9", "SSH timed out"),), "UOWNER")
         ),
         ("<@UOWNER>", "*r-1*", "i-9", "SSH timed out", "`/gpu status NAME`"),
     ),
     "rent_finished/nothing": (
-        lambda: blocks.rent_finished(rent.RentFinished("lambda", (), (), "UOWNER")),
+        lambda: rent_blocks.rent_finished(rent.RentFinished("lambda", (), (), "UOWNER")),
         ("Lambda",),
     ),
     "rent_failed": (
-        lambda: blocks.rent_failed(rent.RentFailed("lambda", "quota exceeded")),
+        lambda: rent_blocks.rent_failed(rent.RentFailed("lambda", "quota exceeded")),
         ("Lambda", "quota exceeded"),
     ),
     "rent_failed/unknown": (
-        lambda: blocks.rent_failed(rent.RentFailed("lambda", None)),
+        lambda: rent_blocks.rent_failed(rent.RentFailed("lambda", None)),
         ("Lambda",),
     ),
     "rent_given_back_failed": (
-        lambda: blocks.rent_given_back_failed(
+        lambda: rent_blocks.rent_given_back_failed(
             rent.RentGivenBackFailed("lambda", "i-7", "no SSH", "HTTP 500")
         ),
         ("Lambda", "i-7", "no SSH", "HTTP 500"),
     ),
     "rent_recovered": (
-        lambda: blocks.rent_recovered(rent.RentRecovered("lambda", "i-8", "r-3", NOW, "restart")),
+        lambda: rent_blocks.rent_recovered(
+            rent.RentRecovered("lambda", "i-8", "r-3", NOW, "restart")
+        ),
         ("i-8", "r-3", "/gpu rent"),
     ),
     "rent_recover_failed": (
-        lambda: blocks.rent_recover_failed(
+        lambda: rent_blocks.rent_recover_failed(
             rent.RentRecoverFailed("lambda", "i-8", None, "restart", "HTTP 500")
         ),
         ("i-8", "HTTP 500"),
     ),
     "rent_launch_checked": (
-        lambda: blocks.rent_launch_checked(
+        lambda: rent_blocks.rent_launch_checked(
             rent.RentLaunchChecked("lambda", "gpu_8x_a100", NOW, "gpubot-r-4")
         ),
         ("gpu_8x_a100", "gpubot-r-4"),
     ),
 }
 
-#: Renderers whose words are not this module's: another module's message, or a service's reason.
-ELSEWHERE = {blocks.unregistered_found, blocks.release_refused}
+#: The modules whose messages this file reads, one for each service of the area.
+MODULES = (blocks, release_blocks, reconcile_blocks, answer_blocks, rent_blocks)
+
+#: Renderers read elsewhere or whose words are not theirs: a platform account's unregistered
+#: instance (read in test_instances_zh), or a service's reason.
+ELSEWHERE = {
+    reconcile_blocks.unregistered_found,
+    reconcile_blocks.unregistered_notice,
+    answer_blocks.release_refused,
+}
 
 
-def test_every_renderer_of_the_module_is_read_in_chinese() -> None:
+def test_every_renderer_of_the_modules_is_read_in_chinese() -> None:
     covered = {name.split("/")[0] for name in CASES}
     renderers = {
         name
-        for name, function in inspect.getmembers(blocks, inspect.isfunction)
-        if function.__module__ == blocks.__name__
+        for module in MODULES
+        for name, function in inspect.getmembers(module, inspect.isfunction)
+        if function.__module__ == module.__name__
         and not name.startswith("_")
         and inspect.signature(function).return_annotation == "Message"
     }
@@ -364,7 +381,9 @@ def test_buttons_and_their_confirm_dialogs_are_chinese() -> None:
     with speaking("zh"):
         warning = blocks.deadline_warning(_warning(PRICED))
         idle = blocks.idle_prompt(rules.IdlePrompt(PRICED, 2, NOW, NOW, None, "UTC"))
-        ask = blocks.manual_release_request(releases.ManualReleaseRequest(UNPRICED, 4, "user"))
+        ask = release_blocks.manual_release_request(
+            releases.ManualReleaseRequest(UNPRICED, 4, "user")
+        )
     labels = [
         element["text"]["text"]
         for message in (warning, idle, ask)

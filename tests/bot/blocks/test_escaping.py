@@ -18,24 +18,16 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from agents.protocol import Diagnosis, JobGpuStat, JobSummary
-from bot.blocks import deadlines, instances, jobs, money
+from bot.blocks import answers as answer_blocks
+from bot.blocks import deadlines as blocks
+from bot.blocks import instances, jobs, money, outbox
+from bot.blocks import reconcile as reconcile_blocks
+from bot.blocks import releases as release_blocks
+from bot.blocks import rent as rent_blocks
 from bot.blocks.kit import FALLBACK_TEXT_MAX, escape, fallback
-from bot.services import advice, answers, reconcile, releases, rent, starts
-from bot.services import deadlines as deadline_rules
-from bot.services.budgets import BudgetStatus
-from bot.services.digest import DigestData, JobSpend, PlanSaving
-from bot.services.job_views import (
-    AccessChange,
-    JobListView,
-    JobView,
-    LogView,
-    WhoGpuView,
-    WhoProcess,
-    WhoReservation,
-    WhoView,
-)
-from bot.services.outbox import PostFailed
-from bot.services.views import (
+from bot.services.instances import answers, reconcile, releases, rent, starts
+from bot.services.instances import deadlines as deadline_rules
+from bot.services.instances.views import (
     CheckView,
     HealthView,
     InstanceBrief,
@@ -51,6 +43,20 @@ from bot.services.views import (
     SettingsView,
     UnregisteredView,
 )
+from bot.services.jobs.views import (
+    AccessChange,
+    JobListView,
+    JobView,
+    LogView,
+    WhoGpuView,
+    WhoProcess,
+    WhoReservation,
+    WhoView,
+)
+from bot.services.money import advice
+from bot.services.money.budgets import BudgetStatus
+from bot.services.money.digest import DigestData, JobSpend, PlanSaving
+from bot.services.speaking.outbox import PostFailed
 from tests.bot.blocks.test_instances import NOW, gpus, inst, overview, row
 from tests.bot.blocks.test_jobs import job
 from tests.bot.blocks.test_money import report, spend_item
@@ -193,7 +199,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
     "host_key_changed": lambda: instances.host_key_changed(
         _HOSTILE_INST, expected=HOSTILE, presented=HOSTILE
     ),
-    "post_failed": lambda: instances.post_failed(
+    "post_failed": lambda: outbox.post_failed(
         PostFailed("job_reply", "U0OWNER", 5, NOW, HOSTILE, None)
     ),
     "fleet_overview": lambda: instances.fleet_overview(overview([_HOSTILE_ROW])),
@@ -233,7 +239,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
             "UTC",
         )
     ),
-    "unregistered_notice": lambda: instances.unregistered_notice(
+    "unregistered_notice": lambda: reconcile_blocks.unregistered_notice(
         UnregisteredView(
             provider="vast",
             provider_id=HOSTILE,
@@ -251,7 +257,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         )
     ),
     # deadlines
-    "deadline_warning": lambda: deadlines.deadline_warning(
+    "deadline_warning": lambda: blocks.deadline_warning(
         deadline_rules.DeadlineWarning(
             _LAMBDA,
             prompt_id=1,
@@ -263,37 +269,37 @@ RENDERERS: dict[str, Callable[[], Message]] = {
             capped=True,
         )
     ),
-    "release_confirm": lambda: deadlines.release_confirm(answers.ReleaseConfirmAsk(_LAMBDA, 1)),
-    "decided": lambda: deadlines.decided(
+    "release_confirm": lambda: answer_blocks.release_confirm(answers.ReleaseConfirmAsk(_LAMBDA, 1)),
+    "decided": lambda: release_blocks.decided(
         releases.Decided(_LAMBDA, releases.KEPT, by="U0ALICE", at=NOW, tz_name="UTC")
     ),
-    "superseded": lambda: deadlines.superseded(deadline_rules.Superseded(_LAMBDA, NOW, "UTC")),
-    "busy_again": lambda: deadlines.busy_again(deadline_rules.BusyAgain(_LAMBDA)),
-    "new_jobs": lambda: deadlines.new_jobs(deadline_rules.NewJobs(_LAMBDA)),
-    "idle_prompt": lambda: deadlines.idle_prompt(
+    "superseded": lambda: blocks.superseded(deadline_rules.Superseded(_LAMBDA, NOW, "UTC")),
+    "busy_again": lambda: blocks.busy_again(deadline_rules.BusyAgain(_LAMBDA)),
+    "new_jobs": lambda: blocks.new_jobs(deadline_rules.NewJobs(_LAMBDA)),
+    "idle_prompt": lambda: blocks.idle_prompt(
         deadline_rules.IdlePrompt(_LAMBDA, 1, NOW - timedelta(hours=1), NOW, NOW, "UTC")
     ),
-    "jobs_done_prompt": lambda: deadlines.jobs_done_prompt(
+    "jobs_done_prompt": lambda: blocks.jobs_done_prompt(
         deadline_rules.JobsDonePrompt(_LAMBDA, 1, NOW, "UTC")
     ),
-    "manual_release_request": lambda: deadlines.manual_release_request(
+    "manual_release_request": lambda: release_blocks.manual_release_request(
         releases.ManualReleaseRequest(_LAMBDA, instance_id=1, reason=HOSTILE)
     ),
-    "manual_release_reminder": lambda: deadlines.manual_release_reminder(
+    "manual_release_reminder": lambda: release_blocks.manual_release_reminder(
         releases.ManualReleaseReminder(_LAMBDA, 1, asked_at=NOW, now=NOW + timedelta(hours=1))
     ),
-    "release_escalation": lambda: deadlines.release_escalation(
+    "release_escalation": lambda: release_blocks.release_escalation(
         releases.ReleaseEscalation(_LAMBDA, attempts=3, last_error=HOSTILE, manual=False)
     ),
-    "released_notice": lambda: deadlines.released_notice(
+    "released_notice": lambda: release_blocks.released_notice(
         releases.ReleasedNotice(
             _LAMBDA, mode="stop", reason="idle", storage_bills=True, by="U0ALICE"
         )
     ),
-    "released_outside": lambda: deadlines.released_outside(
+    "released_outside": lambda: reconcile_blocks.released_outside(
         reconcile.ReleasedOutside(_LAMBDA, state="stopped")
     ),
-    "stopped_reminder": lambda: deadlines.stopped_reminder(
+    "stopped_reminder": lambda: blocks.stopped_reminder(
         deadline_rules.StoppedReminder(
             InstanceBrief(
                 name=HOSTILE,
@@ -312,10 +318,8 @@ RENDERERS: dict[str, Callable[[], Message]] = {
             can_start=True,
         )
     ),
-    "released_unwarned": lambda: deadlines.released_unwarned(
-        deadline_rules.ReleasedUnwarned(_LAMBDA)
-    ),
-    "unregistered_found": lambda: deadlines.unregistered_found(
+    "released_unwarned": lambda: blocks.released_unwarned(deadline_rules.ReleasedUnwarned(_LAMBDA)),
+    "unregistered_found": lambda: reconcile_blocks.unregistered_found(
         reconcile.UnregisteredFound(
             UnregisteredView(
                 provider="vast",
@@ -334,7 +338,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
             )
         )
     ),
-    "policy_summary": lambda: deadlines.policy_summary(
+    "policy_summary": lambda: blocks.policy_summary(
         deadline_rules.PolicyView(
             name="box",
             deadline_at=NOW,
@@ -346,38 +350,40 @@ RENDERERS: dict[str, Callable[[], Message]] = {
             tz_name="UTC",
         )
     ),
-    "answered_before": lambda: deadlines.answered_before(
+    "answered_before": lambda: answer_blocks.answered_before(
         answers.AnsweredBefore("U0ALICE", "extended_1h")
     ),
-    "being_released": lambda: deadlines.being_released(answers.BeingReleased("box", "releasing")),
-    "release_pending": lambda: deadlines.release_pending(answers.ReleasePending(_LAMBDA, True)),
-    "extend_answered": lambda: deadlines.extend_answered(
+    "being_released": lambda: answer_blocks.being_released(
+        answers.BeingReleased("box", "releasing")
+    ),
+    "release_pending": lambda: answer_blocks.release_pending(answers.ReleasePending(_LAMBDA, True)),
+    "extend_answered": lambda: answer_blocks.extend_answered(
         answers.Extended(_LAMBDA, 3600, NOW, "UTC")
     ),
-    "kept": lambda: deadlines.kept(answers.Kept(_LAMBDA)),
-    "release_answered": lambda: deadlines.release_answered(
+    "kept": lambda: answer_blocks.kept(answers.Kept(_LAMBDA)),
+    "release_answered": lambda: answer_blocks.release_answered(
         answers.ReleaseAnswered(_LAMBDA, "escalated")
     ),
-    "release_refused": lambda: deadlines.release_refused(
+    "release_refused": lambda: answer_blocks.release_refused(
         answers.ReleaseRefused("box is already released.")
     ),
-    "rent_started": lambda: deadlines.rent_started(
+    "rent_started": lambda: rent_blocks.rent_started(
         rent.RentStarted("lambda", HOSTILE, ("box-1", "box-2"))
     ),
-    "rent_finished": lambda: deadlines.rent_finished(
+    "rent_finished": lambda: rent_blocks.rent_finished(
         rent.RentFinished("lambda", ("box-1",), ((HOSTILE, HOSTILE),), "UOWNER")
     ),
-    "rent_failed": lambda: deadlines.rent_failed(rent.RentFailed("lambda", HOSTILE)),
-    "rent_given_back_failed": lambda: deadlines.rent_given_back_failed(
+    "rent_failed": lambda: rent_blocks.rent_failed(rent.RentFailed("lambda", HOSTILE)),
+    "rent_given_back_failed": lambda: rent_blocks.rent_given_back_failed(
         rent.RentGivenBackFailed("lambda", HOSTILE, HOSTILE, HOSTILE)
     ),
-    "rent_recovered": lambda: deadlines.rent_recovered(
+    "rent_recovered": lambda: rent_blocks.rent_recovered(
         rent.RentRecovered("lambda", HOSTILE, HOSTILE, NOW, HOSTILE)
     ),
-    "rent_recover_failed": lambda: deadlines.rent_recover_failed(
+    "rent_recover_failed": lambda: rent_blocks.rent_recover_failed(
         rent.RentRecoverFailed("lambda", HOSTILE, HOSTILE, HOSTILE, HOSTILE)
     ),
-    "rent_launch_checked": lambda: deadlines.rent_launch_checked(
+    "rent_launch_checked": lambda: rent_blocks.rent_launch_checked(
         rent.RentLaunchChecked("lambda", HOSTILE, NOW, HOSTILE)
     ),
     # money
@@ -407,7 +413,17 @@ RENDERERS: dict[str, Callable[[], Message]] = {
 def _renderers() -> set[str]:
     """The names of every function in the renderer modules that returns a Message."""
     found = set()
-    for module in (jobs, instances, deadlines, money):
+    for module in (
+        jobs,
+        instances,
+        blocks,
+        release_blocks,
+        reconcile_blocks,
+        answer_blocks,
+        rent_blocks,
+        outbox,
+        money,
+    ):
         for name, function in inspect.getmembers(module, inspect.isfunction):
             if (
                 function.__module__ == module.__name__

@@ -12,7 +12,7 @@ from agents.checks.gpu import check_identity, check_leftover_memory, check_pcie
 from agents.protocol import HealthCheck, HealthReport, ProcessSnapshot, from_dict, to_dict
 from bot.blocks import instances as render
 from bot.i18n import speaking
-from bot.services.fleet_views import health_view
+from bot.services.instances.fleet_views import health_view
 from tests.agents.factories import GIB, make_gpu, make_nvswitch_topology, make_status
 from tests.agents.test_health_resources import fs
 from tests.agents.test_health_stress import run

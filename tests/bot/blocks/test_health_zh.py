@@ -13,7 +13,7 @@ from agents.protocol import HealthCheck, HealthReport, NvmlError, from_dict, wor
 from agents.system import DevNode, DevNodeFacts, SshdConfig
 from bot.blocks import instances as render
 from bot.i18n import speaking
-from bot.services.fleet_views import health_view
+from bot.services.instances.fleet_views import health_view
 from tests.agents.factories import make_probe, make_status
 from tests.bot.blocks.slack_limits import all_text, check_message
 from tests.bot.blocks.test_instances import inst

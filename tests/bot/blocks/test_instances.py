@@ -10,9 +10,9 @@ import pytest
 
 from bot.blocks import instances as render
 from bot.blocks import render as render_notice
-from bot.services.lookup import HostKeyAlert
-from bot.services.registration import GpuMismatch
-from bot.services.views import (
+from bot.services.instances.lookup import HostKeyAlert
+from bot.services.instances.registration import GpuMismatch
+from bot.services.instances.views import (
     CheckView,
     FleetOverview,
     GpuView,

@@ -11,12 +11,13 @@ import pytest
 
 from agents.nvml import HINTS
 from bot.blocks import instances as render
+from bot.blocks import reconcile as reconcile_blocks
 from bot.blocks import render as render_notice
 from bot.blocks.kit import Message
 from bot.i18n import speaking
-from bot.services.lookup import HostKeyAlert
-from bot.services.registration import GpuMismatch
-from bot.services.views import (
+from bot.services.instances.lookup import HostKeyAlert
+from bot.services.instances.registration import GpuMismatch
+from bot.services.instances.views import (
     CheckView,
     HealthView,
     InstanceSettings,
@@ -277,8 +278,8 @@ def test_an_unregistered_instance_in_chinese() -> None:
     )
     bare = replace(view, price_micros_per_hour=None, launched_at=None, gpu_model=None, tags=())
     with speaking("zh"):
-        shown = chinese(render.unregistered_notice(view), "abc123", "forgotten", "$5.00")
-        unknown = chinese(render.unregistered_notice(bare), "abc123")
+        shown = chinese(reconcile_blocks.unregistered_notice(view), "abc123", "forgotten", "$5.00")
+        unknown = chinese(reconcile_blocks.unregistered_notice(bare), "abc123")
     assert "/gpu adopt runpod abc123 NAME" in shown
     assert "标签：owner=alice" in shown
     assert "已运行 1 天 6 小时" in shown

@@ -17,7 +17,8 @@ from bot.blocks import render
 from bot.blocks.kit import MAX_BLOCKS, SECTION_TEXT_MAX
 from bot.i18n import speaking
 from bot.local_slack import check_blocks
-from bot.services.job_views import (
+from bot.services.jobs.runs import JobFinished, JobQueued
+from bot.services.jobs.views import (
     AccessChange,
     JobListView,
     JobView,
@@ -27,7 +28,6 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
-from bot.services.jobs import JobFinished, JobQueued
 
 GIB = 1024**3
 

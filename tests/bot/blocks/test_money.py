@@ -12,11 +12,11 @@ import pytest
 from slack_sdk.models.blocks import Block
 
 from bot.blocks import money, render
-from bot.services import advice
-from bot.services.budgets import BudgetAlert, BudgetStatus
-from bot.services.costs import FinalCost
-from bot.services.digest import Digest, DigestData, JobSpend, PlanSaving
-from bot.services.spend import DaySpend, InstanceSpend, SpendReport, group_lines
+from bot.services.money import advice
+from bot.services.money.budgets import BudgetAlert, BudgetStatus
+from bot.services.money.costs import FinalCost
+from bot.services.money.digest import Digest, DigestData, JobSpend, PlanSaving
+from bot.services.money.spend import DaySpend, InstanceSpend, SpendReport, group_lines
 
 USD = 1_000_000
 

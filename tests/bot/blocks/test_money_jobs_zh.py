@@ -14,11 +14,7 @@ from agents.protocol import Diagnosis, JobGpuStat, JobSummary
 from bot.blocks import jobs, money
 from bot.blocks.kit import escape
 from bot.i18n import speaking
-from bot.services import advice
-from bot.services.budgets import BudgetStatus
-from bot.services.costs import FinalCost
-from bot.services.digest import DigestData, JobSpend, PlanSaving
-from bot.services.job_views import (
+from bot.services.jobs.views import (
     AccessChange,
     JobListView,
     LogView,
@@ -27,6 +23,10 @@ from bot.services.job_views import (
     WhoReservation,
     WhoView,
 )
+from bot.services.money import advice
+from bot.services.money.budgets import BudgetStatus
+from bot.services.money.costs import FinalCost
+from bot.services.money.digest import DigestData, JobSpend, PlanSaving
 from bot.values import format_money
 from tests.bot.blocks.slack_limits import Message, all_text, check_message
 from tests.bot.blocks.test_jobs import job

@@ -12,11 +12,11 @@ from bot import blocks
 from bot.notify import Notice
 
 
-def _service_notices() -> set[type[Notice]]:
-    """Every notice type a module of bot.services defines."""
+def service_notices() -> set[type[Notice]]:
+    """Every notice type a module of bot.services (or of one of its packages) defines."""
     found: set[type[Notice]] = set()
-    for info in pkgutil.iter_modules(bot.services.__path__):
-        module = importlib.import_module(f"bot.services.{info.name}")
+    for info in pkgutil.walk_packages(bot.services.__path__, "bot.services."):
+        module = importlib.import_module(info.name)
         found |= {
             value
             for value in vars(module).values()
@@ -29,7 +29,7 @@ def _service_notices() -> set[type[Notice]]:
 
 
 def test_every_notice_a_service_defines_has_a_renderer() -> None:
-    notices = _service_notices()
+    notices = service_notices()
     assert len(notices) > 30
     assert sorted(n.__qualname__ for n in notices - set(blocks.RENDERERS)) == []
 

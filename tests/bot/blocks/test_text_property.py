@@ -4,7 +4,8 @@ formula.
 
 The renderers (bot.blocks) put every word that came from a person, an agent or a platform
 through bot.blocks.kit.escape; names and projects are read by bot.text before anything is
-stored; the spend CSV (bot.services.spend.spend_csv) writes text cells through bot.text.csv_cell.
+stored; the spend CSV (bot.services.money.spend.spend_csv) writes text cells through
+bot.text.csv_cell.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from hypothesis import strategies as st
 from bot.blocks import instances, jobs, money
 from bot.blocks.kit import escape
 from bot.errors import UsageError
-from bot.services.job_views import JobListView, LogView
-from bot.services.spend import spend_csv
-from bot.services.views import CheckView, HealthView, ProblemView
+from bot.services.instances.views import CheckView, HealthView, ProblemView
+from bot.services.jobs.views import JobListView, LogView
+from bot.services.money.spend import spend_csv
 from bot.text import FORMULA_STARTS, csv_cell, instance_name, is_hidden, project
 from tests.bot.blocks.test_instances import gpus, inst, overview, row
 from tests.bot.blocks.test_jobs import job

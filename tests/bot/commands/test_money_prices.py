@@ -15,8 +15,8 @@ from bot.commands.registry import Reply
 from bot.errors import UsageError
 from bot.i18n import speaking
 from bot.runtime import Runtime
-from bot.services import price_tables
 from bot.services.access import Caller
+from bot.services.money import price_tables
 from bot.store.db import Database
 from bot.store.models import Instance
 from tests.bot.services.support import Clock, make_runtime

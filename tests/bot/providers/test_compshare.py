@@ -15,7 +15,7 @@ from bot.errors import (
     ProviderRateLimited,
 )
 from bot.providers.compshare import CompshareAccountError, CompshareProvider, flatten, signature
-from bot.providers.registry import ProviderRegistry
+from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
 
@@ -176,7 +176,7 @@ def _refusal(code: int) -> ProviderError:
 
 @pytest.mark.integration
 def test_through_the_release_service_arrears_escalate_at_once(db, provider, compshare_cloud):
-    from bot.services import releases
+    from bot.services.instances import releases
     from tests.bot.services.support import Clock, add_instance, make_runtime
 
     rt = make_runtime(db, Clock(), providers=[provider])
@@ -274,6 +274,9 @@ def test_the_billing_increment_is_a_setting():
     by_second = ProviderRegistry.from_settings(
         Settings(compshare_public_key="k", compshare_private_key="p", compshare_billing="second")
     ).get("compshare")
-    assert by_second.capabilities.billing_increment == "second"
+    assert by_second.capabilities.billing.increment == "second"
+    # Billing reads the documented default for what a registration did not store.
+    assert platform_billing("compshare").increment == "hour"
+    assert not platform_billing("compshare").verified
     with pytest.raises(ConfigError):
         Settings(compshare_billing="minute")

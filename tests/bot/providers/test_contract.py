@@ -28,7 +28,7 @@ from bot.providers.base import (
     ReleaseOutcome,
 )
 from bot.providers.http import USER_AGENT
-from bot.providers.registry import ProviderRegistry
+from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, StandIn
 
@@ -158,8 +158,11 @@ def _release(provider: Provider, iid: str, mode: str) -> list[ReleaseOutcome]:
 
 def test_capabilities_are_sane(platform):
     caps = platform.provider.capabilities
-    assert caps.billing_increment in ("second", "minute", "hour")
-    assert caps.min_charge_s >= 0
+    assert caps.billing.increment in ("second", "minute", "hour")
+    assert caps.billing.min_charge_s >= 0
+    assert caps.billing.billing_from in ("created", "ssh_ready")
+    # The rules billing reads for the platform's instances are the ones its provider declares.
+    assert platform_billing(platform.provider.name) == caps.billing
     assert caps.api_release
     assert caps.can_list
     assert caps.can_stop == (platform.stop_outside is not None)

@@ -13,8 +13,8 @@ from bot.blocks import bills as bill_blocks
 from bot.blocks import money
 from bot.i18n import speaking
 from bot.providers.names import PLATFORM_NAMES, platform_list, platform_name
-from bot.services import spend
-from bot.services.digest import BillsDigest
+from bot.services.money import spend
+from bot.services.money.digest import BillsDigest
 from tests.bot.blocks.test_money import report, spend_item
 from tests.chinese import assert_said_in_chinese
 
@@ -120,9 +120,9 @@ def test_the_digest_names_the_platforms_without_a_bill_in_chinese() -> None:
 
 
 def test_a_rented_instance_is_told_on_its_platform_s_name() -> None:
-    from bot.blocks import deadlines
+    from bot.blocks import rent
 
     with speaking("zh"):
-        said = deadlines._rented("compshare", "uhost-1", "cs1")
+        said = rent._rented("compshare", "uhost-1", "cs1")
     assert said.startswith("优云智算")
     assert "compshare" not in said

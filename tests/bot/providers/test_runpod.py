@@ -17,10 +17,11 @@ from bot import billing
 from bot.errors import ProviderError, ProviderRateLimited, ProviderUnknownOutcome
 from bot.providers import runpod
 from bot.providers.base import LaunchRequest
-from bot.providers.registry import ProviderRegistry
+from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.providers.runpod import RunpodProvider
 from bot.runtime import Runtime
-from bot.services import ledger, reconcile, releases
+from bot.services.instances import reconcile, releases
+from bot.services.money import ledger
 from bot.settings import Settings
 from bot.store.models import Charge
 from tests.bot.services.support import T0, Clock, add_instance, get_instance
@@ -166,7 +167,7 @@ def test_a_pod_that_ran_then_stood_stopped_costs_what_runpod_bills(
     _both_advance(clock, runpod_cloud, hours=48)
 
     inst = get_instance(rt.db, iid)
-    ours = billing.cost_breakdown(inst, clock.now)
+    ours = billing.cost_breakdown(inst, platform_billing(inst.provider), clock.now)
     theirs = runpod_cloud.bill(pod, T0, clock.now)
     assert ours.compute_micros == round(theirs["gpuAmount"] * 1_000_000)
     # By hand, RunPod's rates per second over a 730-hour month: 70 GB x $0.10 x 2 h running
@@ -210,7 +211,7 @@ def test_a_stop_the_bot_makes_prices_the_stopped_volume_from_the_stop(
     _both_advance(clock, runpod_cloud, hours=48)
 
     inst = get_instance(rt.db, iid)
-    ours = billing.cost_breakdown(inst, clock.now)
+    ours = billing.cost_breakdown(inst, platform_billing(inst.provider), clock.now)
     theirs = runpod_cloud.bill(pod, T0, clock.now)
     assert ours.storage_micros == round(theirs["diskAmount"] * 1_000_000) == 282_192
 

@@ -26,9 +26,9 @@ from bot.providers.base import (
     no_launch,
 )
 from bot.providers.manual import ManualProvider
-from bot.providers.registry import ProviderRegistry
+from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.runtime import Runtime
-from bot.services.registration import RegisterRequest
+from bot.services.instances.registration import RegisterRequest
 from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import Instance, KeyGrant, Person
@@ -152,8 +152,8 @@ class ScriptedPlatform:
     capabilities = ProviderCapabilities(
         can_stop=True,
         storage_bills_when_stopped=True,
-        billing_increment="second",
-        min_charge_s=60,
+        # A platform the bot does not know bills as typed, as billing reads it.
+        billing=platform_billing("scripted"),
         can_launch=False,
     )
 
@@ -295,7 +295,7 @@ class NoFleet:
 
 def grant_key(db: Database, key_name: str, *people: str) -> None:
     """Let ``people`` (Slack IDs) register with the key ``key_name``, as `/gpu keys allow`
-    by an admin would (bot.services.key_grants)."""
+    by an admin would (bot.services.instances.key_grants)."""
     with db.session() as session:
         for person_id in people:
             if session.get(Person, person_id) is None:

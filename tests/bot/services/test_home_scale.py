@@ -15,9 +15,10 @@ from agents.protocol import StatusSnapshot, dumps, from_dict
 from bot.blocks import home as home_blocks
 from bot.i18n import speaking
 from bot.runtime import Runtime
-from bot.services import budgets, fleet_views, home
+from bot.services import home
 from bot.services.home import FLEET_SHOWN, HomeView, home_view
-from bot.services.lookup import (
+from bot.services.instances import fleet_views
+from bot.services.instances.lookup import (
     compare_facts,
     compare_gpus,
     facts_from_json,
@@ -25,6 +26,7 @@ from bot.services.lookup import (
     status_columns,
     status_facts,
 )
+from bot.services.money import budgets
 from bot.store.db import Database
 from bot.store.models import Instance, Job, Person
 from tests.agents.factories import make_gpu, make_nvml_error, make_process, make_status

@@ -16,8 +16,9 @@ SERVICES = Path(bot.services.__file__).parent
 def _created_kinds() -> set[str]:
     """The kinds passed to ``ensure_prompt(kind=...)`` anywhere under bot/services."""
     found: set[str] = set()
-    for path in sorted(SERVICES.glob("*.py")):
-        module = importlib.import_module(f"bot.services.{path.stem}")
+    for path in sorted(SERVICES.rglob("*.py")):
+        dotted = ".".join(path.relative_to(SERVICES.parent.parent).with_suffix("").parts)
+        module = importlib.import_module(dotted)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not (isinstance(node, ast.Call) and _named(node.func, "ensure_prompt")):
                 continue

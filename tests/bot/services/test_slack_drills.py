@@ -14,7 +14,7 @@ from sqlmodel import select
 
 from bot.local_slack import LocalSlack
 from bot.runtime import Runtime
-from bot.services import deadlines
+from bot.services.instances import deadlines
 from bot.services.tick import tick
 from bot.slack_notifier import SlackNotifier
 from bot.store.db import Database

@@ -1,11 +1,11 @@
 """Keys per person, job commands per reader, and names and spreadsheets that cannot lie.
 
-* An admin grants a key of GPUBOT_SSH_KEY_DIR to a person (bot.services.key_grants); a member
-  uses only keys granted to them, and the answer to a member never names a key.
+* An admin grants a key of GPUBOT_SSH_KEY_DIR to a person (bot.services.instances.key_grants); a
+  member uses only keys granted to them, and the answer to a member never names a key.
 * A job's command line is shown only to its requester, the instance's owner, the people
-  allowed on it and admins (bot.services.job_access).
+  allowed on it and admins (bot.services.jobs.access).
 * Names and projects refuse control and format characters (bot.text); CSV cells that would be
-  formulas start with ``'`` while the amounts stay exact (bot.services.spend.spend_csv).
+  formulas start with ``'`` while the amounts stay exact (bot.services.money.spend.spend_csv).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import pytest
 from bot import text
 from bot.errors import NotAuthorized, UsageError
 from bot.runtime import Runtime
-from bot.services import job_access, key_grants
 from bot.services.access import Caller
-from bot.services.job_views import JobListView, WhoGpuView, WhoProcess, WhoView
-from bot.services.spend import spend_csv
+from bot.services.instances import key_grants
+from bot.services.jobs import access as job_access
+from bot.services.jobs.views import JobListView, WhoGpuView, WhoProcess, WhoView
+from bot.services.money.spend import spend_csv
 from bot.store.db import Database
 from bot.store.models import AuditLog, InstanceAccess, KeyGrant, Person
 from tests.bot.blocks.test_jobs import job

@@ -16,8 +16,8 @@ from bot import timebox
 from bot.errors import FleetError
 from bot.fleet.base import Target
 from bot.providers.base import ProviderInstance, ReleaseOutcome
-from bot.services import polling, releases
 from bot.services import tick as tick_module
+from bot.services.instances import polling, releases
 from bot.services.tick import step_budget_s, tick
 from bot.store.models import AuditLog, Release
 from tests.bot.services.support import (

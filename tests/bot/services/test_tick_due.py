@@ -16,21 +16,16 @@ from sqlalchemy import event, literal_column
 from sqlmodel import select
 
 from bot.runtime import Runtime
-from bot.services import (
-    deadlines,
-    jobs,
-    ledger,
-    outbox,
-    polling,
-    prompt_kinds,
-    prompts,
-    releases,
-)
+from bot.services import prompt_kinds
 from bot.services import tick as tick_module
-from bot.services.job_views import FINAL_STATES
+from bot.services.instances import deadlines, launches, polling, releases, rent
+from bot.services.jobs import runs as jobs
+from bot.services.jobs.views import FINAL_STATES
+from bot.services.money import ledger
+from bot.services.speaking import outbox, prompts
 from bot.services.tick import DUE_CLAUSES, tick
 from bot.store.db import Database
-from bot.store.models import Instance, Job, OutboxMessage, Prompt, Release
+from bot.store.models import Instance, Job, Launch, OutboxMessage, Prompt, Release
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
 
 #: Not the first tick of a FULL_TICK_EVERY_S slot: the checks decide.
@@ -220,6 +215,19 @@ def _fleet(rt: Runtime, seed: int) -> None:
                     next_attempt_at=_at(rng),
                 )
             )
+            session.add(
+                Launch(
+                    launch_key=f"l{n}",
+                    position=1,
+                    provider="scripted",
+                    instance_type="gpu",
+                    renter="UOWNER",
+                    state=rng.choice(launches.STATES),
+                    lease_until=_at(rng, 0) or T0,
+                    started_at=T0 - timedelta(hours=1),
+                    changed_at=T0 - timedelta(hours=1),
+                )
+            )
 
 
 def _selected(rt: Runtime, name: str, now: datetime) -> bool:
@@ -250,7 +258,7 @@ def test_each_check_is_true_exactly_when_its_step_s_clause_finds_a_row(db, seed)
             assert checks[name] == _selected(rt, name, now), (name, now)
             seen[name].add(checks[name])
     # The times span both answers for the steps whose work depends on the clock.
-    for name in ("poll", "deadlines", "idle", "stopped", "prompts", "outbox"):
+    for name in ("poll", "deadlines", "idle", "stopped", "prompts", "outbox", "rent_orphans"):
         assert seen[name] == {False, True}, name
 
 
@@ -288,6 +296,7 @@ _STEPS: dict[str, tuple[Any, tuple[tuple[Any, str], ...]]] = {
     ),
     "outbox": (outbox.deliver_due, ((outbox, "due_clause"),)),
     "releases": (releases.process_due_releases, ((releases, "due_clause"),)),
+    "rent_orphans": (rent.recover_orphans, ((launches, "due_clause"),)),
 }
 
 

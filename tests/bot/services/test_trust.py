@@ -23,20 +23,12 @@ from bot.fleet.base import LOCAL_HOST, Target
 from bot.fleet.fleet import Fleet
 from bot.fleet.keys import key_path
 from bot.runtime import Runtime
-from bot.services import (
-    audit,
-    budgets,
-    deadlines,
-    fleet_views,
-    jobs,
-    ledger,
-    lifecycle,
-    lookup,
-    registration,
-    spend,
-)
 from bot.services.access import Caller
-from bot.services.registration import RegisterRequest
+from bot.services.instances import fleet_views, lifecycle, lookup, policies, registration
+from bot.services.instances.registration import RegisterRequest
+from bot.services.jobs import runs as jobs
+from bot.services.money import budgets, ledger, spend
+from bot.services.speaking import audit
 from bot.store.db import Database
 from bot.store.models import AuditLog, Charge, Instance, Job
 from tests.bot.services.support import (
@@ -155,7 +147,7 @@ def test_local_is_refused_outside_the_console_in_every_form(db: Database, sshd: 
             lambda: jobs.list_jobs(rt, "local"),
             lambda: jobs.who(rt, "local"),
             lambda: jobs.logs(rt, ALICE, "local:20260101-000000-0001"),
-            lambda: deadlines.set_lifetime_cap(rt, ADMIN, "local", timedelta(days=1)),
+            lambda: policies.set_lifetime_cap(rt, ADMIN, "local", timedelta(days=1)),
         ):
             with pytest.raises(NotFound):
                 call()
@@ -334,7 +326,7 @@ def test_a_later_deadline_by_re_registering_passes_the_budget_and_the_cap(
     assert registration.register(rt, ADMIN, longer).instance.deadline_at == clock.now + timedelta(
         hours=8
     )
-    deadlines.set_lifetime_cap(rt, ADMIN, "local", timedelta(hours=12))
+    policies.set_lifetime_cap(rt, ADMIN, "local", timedelta(hours=12))
     budgets.remove_budget(rt, ADMIN, "project", "llm")
     past_cap = RegisterRequest(name="local", address="local", release_in=timedelta(hours=11))
     with pytest.raises(NotAuthorized, match="a limit an admin set"):
@@ -398,7 +390,7 @@ def test_logs_and_the_full_health_check_are_for_the_owner_the_allowed_and_admins
     with pytest.raises(NotAuthorized, match="run the full health check on local"):
         fleet_views.health(rt, BOB, "local", full=True)
     assert fleet_views.health(rt, BOB, "local").checks  # the quick check is for everyone
-    from bot.services import job_access
+    from bot.services.jobs import access as job_access
 
     job_access.allow(rt, ALICE, "local", "U0BOB")
     assert jobs.logs(rt, BOB, str(job.id)).job.id == job.id
@@ -423,7 +415,7 @@ def test_keys_are_chosen_by_name_and_nothing_says_what_exists_elsewhere(
             key_path(rt.settings, name, names_shown=True)
         messages.append(info.value.user_text().replace(name, "NAME"))
     assert messages[0] == messages[1]
-    assert "Keys it has: bot." in messages[0]  # to an admin (bot.services.key_grants)
+    assert "Keys it has: bot." in messages[0]  # to an admin (bot.services.instances.key_grants)
     with pytest.raises(UsageError) as member:
         key_path(rt.settings, "missing")
     assert "bot" not in member.value.user_text().replace("/gpu keys", "")

@@ -49,9 +49,10 @@ from agents.protocol import HealthCheck as AgentCheck
 from agents.protocol import HealthReport, StatusSnapshot
 from bot.errors import Conflict, GpubotError, NotAuthorized, NotFound, Unreachable, UsageError
 from bot.fleet.base import HostKey, Target
-from bot.services import job_access, lifecycle, registration
 from bot.services.access import Caller
-from bot.services.views import RegisterResult
+from bot.services.instances import lifecycle, registration
+from bot.services.instances.views import RegisterResult
+from bot.services.jobs import access as job_access
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, InstanceAccess, Person, Prompt, Release
 from tests.agents.factories import make_status

@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 from sqlmodel import SQLModel, col, select
 
-from bot.services import ledger
+from bot.services.money import ledger
 from bot.store.db import MIGRATIONS_DIR, Database, alembic_config
 from bot.store.migrations import schema_diff
 from bot.store.migrations.autogen import next_revision_id
@@ -147,7 +147,7 @@ def test_billing_rules_left_at_the_old_defaults_become_not_said(db: Database) ->
         name="typed",
         provider="compshare",
         provider_instance_id="uhost-1",
-        billing_increment="hour",
+        billing_increment="minute",  # not Compshare's documented hour, which 0018 makes NULL
         min_charge_s=60,
         billing_from="ssh_ready",
     )
@@ -163,5 +163,5 @@ def test_billing_rules_left_at_the_old_defaults_become_not_said(db: Database) ->
     assert rows == {
         aws: (None, None, None),  # the platform's rules, as before: 60 s minimum on AWS
         manual: ("second", 0, "created"),  # manual bills exactly as typed
-        typed: ("hour", 60, "ssh_ready"),
+        typed: ("minute", 60, "ssh_ready"),
     }

@@ -1,0 +1,332 @@
+"""The world outside the bot, as the team-month simulation stands it in: Slack's Web API, the
+platform ``simcloud`` (billed per second) and the clock, all misbehaving on the world's seeded
+dice; and the questions the invariants ask of what the world did (outages, suspensions)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bot.errors import (
+    ProviderError,
+    ProviderNotFound,
+    ProviderRateLimited,
+    ProviderUnknownOutcome,
+    SlackError,
+)
+from bot.notify import MessageRef
+from bot.providers.base import (
+    InstanceTypeInfo,
+    LaunchRequest,
+    PlatformCharge,
+    ProviderCapabilities,
+    ProviderInstance,
+    ReleaseOutcome,
+    no_launch,
+)
+from bot.providers.registry import platform_billing
+
+PLATFORM = "simcloud"
+#: The ops channel (GPUBOT_CHANNEL): escalations and the digest go there.
+OPS = "COPS"
+#: Every kind of fault the world injects; each is also scheduled once in the first day.
+FAULT_KINDS = (
+    "slack_outage",
+    "slack_429",
+    "slack_lost_answer",
+    "platform_outage",
+    "platform_error",
+    "platform_catch_all_404",
+    "platform_429",
+    "platform_lost_answer",
+    "platform_operation_lock",
+    "ended_on_platform",
+    "ssh_hang",
+    "ssh_drop",
+    "gpu_idle",
+    "gpu_overheat",
+    "gpu_gone",
+    "job_host_reboot",
+    "job_store_wiped",
+    "job_run_lost_answer",
+    "process_kill",
+    "clock_jump",
+)
+
+
+@dataclass
+class World:
+    """What the outside edges are doing now, and what they did."""
+
+    rng: random.Random
+    faults: Counter[str] = field(default_factory=Counter)
+    slack_down_until: datetime | None = None
+    platform_down_until: datetime | None = None
+    #: (start, end) of each platform outage, to excuse what it kept billing.
+    platform_outages: list[tuple[datetime, datetime]] = field(default_factory=list)
+    slack_outages: list[tuple[datetime, datetime]] = field(default_factory=list)
+    #: (start, end) of each time the bot's host was suspended (the clock jumped over it).
+    suspensions: list[tuple[datetime, datetime]] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    #: True while the invariants read the world: no fault fires.
+    calm: bool = False
+    #: Kinds whose scheduled moment came: each fires at its next chance, whatever the dice.
+    due: set[str] = field(default_factory=set)
+
+    def fires(self, kind: str, probability: float) -> bool:
+        """Whether a fault of ``kind`` happens at this chance (counted when it does)."""
+        if self.calm:
+            return False
+        if kind in self.due:
+            self.due.discard(kind)
+        elif self.rng.random() >= probability:
+            return False
+        self.faults[kind] += 1
+        return True
+
+    def log(self, now: datetime, what: str) -> None:
+        self.trace.append(f"{now:%m-%d %H:%M} {what}")
+
+    def slack_up(self, now: datetime) -> bool:
+        return self.slack_down_until is None or now >= self.slack_down_until
+
+    def platform_up(self, now: datetime) -> bool:
+        if self.calm:
+            return True
+        return self.platform_down_until is None or now >= self.platform_down_until
+
+
+@dataclass
+class Posted:
+    channel: str
+    text: str
+    key: str | None
+    ts: str
+
+
+class SimSlack:
+    """Slack's Web API as the bot's notifier sees it: outages (unreachable), 429s, and posts
+    that land although the answer was lost (outcome unknown)."""
+
+    def __init__(self, world: World, clock: SimClock, *, double_post: bool = False) -> None:
+        self.world = world
+        self.clock = clock
+        self.posts: list[Posted] = []
+        self.double_post = double_post
+        self._ts = 0
+
+    def post(
+        self,
+        channel: str,
+        text: str,
+        blocks: Sequence[dict[str, Any]] = (),
+        *,
+        thread_ts: str | None = None,
+        key: str | None = None,
+    ) -> MessageRef:
+        now = self.clock()
+        if not self.world.slack_up(now):
+            raise SlackError("Slack is unreachable", error="unreachable")
+        if self.world.fires("slack_429", 0.02):
+            raise SlackError("ratelimited", error="ratelimited")
+        ref = self._land(channel, text, key)
+        if self.double_post and key is not None:
+            self._land(channel, text, key)
+        if self.world.fires("slack_lost_answer", 0.02):
+            raise SlackError("timed out", error="timeout", outcome_unknown=True)
+        return ref
+
+    def find(self, channel: str, key: str, *, since: datetime) -> MessageRef | None:
+        if not self.world.slack_up(self.clock()):
+            raise SlackError("Slack is unreachable", error="unreachable")
+        for posted in self.posts:
+            if posted.channel == channel and posted.key == key:
+                return MessageRef(channel=channel, ts=posted.ts)
+        return None
+
+    def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
+        if not self.world.slack_up(self.clock()):
+            raise SlackError("Slack is unreachable", error="unreachable")
+
+    def upload_file(self, channel: str, filename: str, content: bytes, **_: Any) -> None:
+        if not self.world.slack_up(self.clock()):
+            raise SlackError("Slack is unreachable", error="unreachable")
+
+    def _land(self, channel: str, text: str, key: str | None) -> MessageRef:
+        self._ts += 1
+        ts = f"{self._ts}.000100"
+        self.posts.append(Posted(channel, text, key, ts))
+        return MessageRef(channel=channel, ts=ts)
+
+
+@dataclass
+class Machine:
+    """One machine as the platform keeps it: billed per second while not ended."""
+
+    provider_id: str
+    price_per_s: int
+    started_at: datetime
+    ended_at: datetime | None = None
+    ended_by: str = ""
+
+
+class SimCloud:
+    """The platform: instances billed per second from start to end, an API that answers 5xx,
+    loses answers after acting, serves a proxy's catch-all 404 and rate limits, and machines
+    ended behind the bot's back."""
+
+    name = PLATFORM
+    capabilities = ProviderCapabilities(
+        can_stop=False,
+        storage_bills_when_stopped=False,
+        # A platform the bot does not know bills as registered: per second from creation.
+        billing=platform_billing(PLATFORM),
+        can_launch=False,
+        publishes_bills=True,
+    )
+
+    def __init__(self, world: World, clock: SimClock) -> None:
+        self.world = world
+        self.clock = clock
+        self.machines: dict[str, Machine] = {}
+
+    def bill_micros(self, machine: Machine, until: datetime) -> int:
+        end = min(machine.ended_at or until, until)
+        return max(0, int((end - machine.started_at).total_seconds())) * machine.price_per_s
+
+    def list_instances(self) -> list[ProviderInstance]:
+        self._answering("list")
+        return [self._record(m) for m in self.machines.values()]
+
+    def get(self, provider_id: str) -> ProviderInstance:
+        self._answering("get")
+        machine = self.machines.get(provider_id)
+        if machine is None:
+            raise ProviderNotFound(f"{provider_id} not found")
+        return self._record(machine)
+
+    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
+        now = self.clock()
+        self._answering("release")
+        machine = self.machines.get(provider_id)
+        if machine is None:
+            raise ProviderNotFound(f"{provider_id} not found")
+        if machine.ended_at is None and self.world.fires("platform_operation_lock", 0.02):
+            self.world.log(now, f"[{box_name(provider_id)}] the platform is busy with it (409)")
+            raise ProviderError(
+                "release: 409 another operation is in progress on this instance", retryable=True
+            )
+        if machine.ended_at is None:
+            machine.ended_at = now
+            machine.ended_by = "bot"
+            self.world.log(now, f"[{box_name(provider_id)}] ended on the platform by the bot")
+        if self.world.fires("platform_lost_answer", 0.05):
+            self.world.log(now, f"[{box_name(provider_id)}] the release's answer was lost")
+            raise ProviderUnknownOutcome("timed out after sending", status=None)
+        return ReleaseOutcome(provider_id, mode, confirmed=True, state="terminated")
+
+    def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
+        """What each machine was billed in [start, end), cut by UTC day, as the platform
+        publishes its bills (only days with a charge)."""
+        self._answering("charges")
+        found: list[PlatformCharge] = []
+        for machine in self.machines.values():
+            day = start
+            while day < end:
+                until = min(day + timedelta(days=1), end)
+                billed = self.bill_micros(machine, until) - self.bill_micros(machine, day)
+                if billed:
+                    found.append(
+                        PlatformCharge(machine.provider_id, day, until, billed, None, billed)
+                    )
+                day = until
+        return found
+
+    def price(self, instance_type: str) -> int | None:
+        return None
+
+    def instance_types(self) -> list[InstanceTypeInfo]:
+        return []
+
+    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
+        raise no_launch(self.name)
+
+    def _answering(self, call: str) -> None:
+        now = self.clock()
+        if not self.world.platform_up(now):
+            raise ProviderError(f"{call}: 503 Service Unavailable", retryable=True)
+        if self.world.fires("platform_error", 0.03):
+            raise ProviderError(f"{call}: 500 Internal Server Error", retryable=True)
+        if self.world.fires("platform_catch_all_404", 0.02):
+            raise ProviderUnknownOutcome(
+                f"{call}: a 404 page that is not the platform's", status=404
+            )
+        if self.world.fires("platform_429", 0.01):
+            raise ProviderRateLimited(f"{call}: 429 Too Many Requests")
+
+    def _record(self, machine: Machine) -> ProviderInstance:
+        ended = machine.ended_at
+        return ProviderInstance(
+            provider_id=machine.provider_id,
+            state="terminated" if ended else "running",
+            raw_state="terminated" if ended else "running",
+            ended_at=ended,
+        )
+
+
+class SimClock:
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+class ErrorCount(logging.Handler):
+    """Counts what the bot logged as an error (each one is a finding to look at)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.ERROR)
+        self.messages: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages[record.getMessage()[:160]] += 1
+
+
+def box_name(provider_id: str) -> str:
+    """The instance's name for the platform's id (``sim-00003`` is ``box3``)."""
+    return f"box{int(provider_id.rsplit('-', 1)[1])}"
+
+
+def overlap_s(start: datetime, end: datetime, spans: Sequence[tuple[datetime, datetime]]) -> int:
+    """Seconds of [start, end) that fall in any of ``spans``."""
+    total = 0
+    for a, b in spans:
+        lo, hi = max(a, start), min(b, end)
+        if hi > lo:
+            total += int((hi - lo).total_seconds())
+    return total
+
+
+def slack_was_down(world: World, at: datetime | None) -> bool:
+    """Whether Slack was down within an hour of ``at``."""
+    if at is None:
+        return False
+    window = timedelta(hours=1)
+    return any(a - window <= at <= b + window for a, b in world.slack_outages)
+
+
+def slack_up_for(world: World, due: datetime, now: datetime, span: timedelta) -> bool:
+    """Whether Slack was up for ``span`` without a break between ``due`` and ``now``."""
+    moments = sorted([due] + [b for a, b in world.slack_outages if due <= b <= now])
+    for at in moments:
+        if at + span > now:
+            return False
+        if not any(a <= at < b or at < a < at + span for a, b in world.slack_outages):
+            return True
+    return False

@@ -1,0 +1,1 @@
+"""The Feishu (Lark) front end: cards, the OpenAPI client, the notifier and its stand-in."""

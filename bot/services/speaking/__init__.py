@@ -1,0 +1,2 @@
+"""Services that speak: the outbox, prompts, people and their languages, the audit log, NVML
+words."""
