@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
             _faults(world, clock)
             _behind_the_back(world, cloud, clock.now)
             fleet.misbehave(clock.now)
-            if world.fires("process_kill", 0.0005):
+            if world.fires("process_kill", 0.002):
                 victim = procs[world.rng.randrange(len(procs))]
                 where = doom(world, victim.doom)
                 victim.doomed_at = step
@@ -233,7 +233,8 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
                 _team_acts(
                     rt, team, (cloud, fleet), rng, world, args, jobs_per_step, answered, step
                 )
-            for proc in procs:
+            # The processes take turns at ticking first, so that each claims its share of work.
+            for proc in procs[step % 2 :] + procs[: step % 2]:
                 try:
                     tick(proc.rt, clock.now)
                 except GpubotError as exc:

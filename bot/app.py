@@ -81,17 +81,22 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-def start_clock(rt: Runtime, *, health: Health | None = None) -> SchedulerHandle:
+def start_clock(
+    rt: Runtime, *, health: Health | None = None, also: Callable[[], None] | None = None
+) -> SchedulerHandle:
     """Start the scheduler that ticks deadlines, releases, polls and digests; each tick is
     measured into the process's metrics and, given ``health``, reported to it; after each
     tick the store's gauges for ``/metrics`` are read (:func:`store_gauges`), and the team's
     figures every person's Home and list show
-    (bot.services.instances.fleet_views.refresh_summary)."""
+    (bot.services.instances.fleet_views.refresh_summary), then ``also`` (Feishu's pinned
+    summary)."""
     gauges = store_gauges(rt)
 
     def after_tick() -> None:
         gauges.refresh()
         fleet_views.refresh_summary(rt)
+        if also is not None:
+            also()
 
     return start_scheduler(
         rt, watch=TickWatch(metrics=rt.metrics, health=health, after_tick=after_tick)

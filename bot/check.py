@@ -8,15 +8,25 @@ at a schema this version knows), Slack's ``auth.test`` with the bot token, the d
 the key directory and the keys stored registrations name, and the agent archive. Each problem is
 one :class:`Problem`; nothing is changed (the database is only read, a SQLite file that does
 not exist yet is not created).
+
+Feishu's settings are looked at when its app is configured (FEISHU_APP_ID or
+FEISHU_APP_SECRET set): both credentials, the App ID's shape (``cli_...``), the request URL's
+verification token and encrypt key set together (``gpubot feishu --http`` needs both), an API
+URL over https, and the credentials tried against Feishu (a tenant token asked for, as the
+SDK does). The ops group's ``chat_id`` (``oc_...``) and the admins' open ids
+(``ou_...``) are refused, with the variable named, when the settings are read.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import urllib.error
+import urllib.request
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +51,15 @@ CHANNEL_ID_RE = re.compile(r"[CG][A-Z0-9]{6,}")
 USER_ID_RE = re.compile(r"[UW][A-Z0-9]{2,}")
 #: Seconds a PostgreSQL server gets to answer the connection.
 DATABASE_CONNECT_TIMEOUT_S = 10
+#: A Feishu app's App ID.
+FEISHU_APP_ID_RE = re.compile(r"cli_[A-Za-z0-9]{4,}")
+#: Where a Feishu app asks for its tenant token, below the API URL.
+FEISHU_TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
+#: Seconds Feishu gets to answer the token request.
+FEISHU_TIMEOUT_S = 10
+#: Asks Feishu at the API URL for a tenant token with an app id and secret: Feishu's answer
+#: (``{"code", "msg", ...}``). Raises OSError or ValueError when no such answer comes.
+FeishuTokenAsk = Callable[[str, str, str], Mapping[str, object]]
 
 
 @dataclass(frozen=True)
@@ -61,14 +80,19 @@ def version_text() -> str:
 
 
 def check(
-    settings: Settings, *, slack_client: Callable[[Settings], WebClient] = make_client
+    settings: Settings,
+    *,
+    slack_client: Callable[[Settings], WebClient] = make_client,
+    feishu_token: FeishuTokenAsk | None = None,
 ) -> list[Problem]:
     """Every problem found in ``settings``, in a fixed order (empty when all is well).
-    Reaches the database, Slack (through ``slack_client``) and the files named; never raises
-    for what it finds."""
+    Reaches the database, Slack (through ``slack_client``), Feishu (``feishu_token``,
+    default :func:`ask_feishu_token`) and the files named; never raises for what it finds."""
+    ask = feishu_token if feishu_token is not None else ask_feishu_token
     found: list[Problem] = []
     for part in (
         _slack_settings,
+        lambda s: _feishu(s, ask),
         _data_dir,
         _database,
         lambda s: _slack(s, slack_client),
@@ -123,6 +147,102 @@ def _slack_settings(settings: Settings) -> Iterator[Problem]:
                 f"{admin!r} is not a Slack user ID. Give user IDs (such as U0123ABCD, under "
                 "the person's profile > Copy member ID), not names.",
             )
+
+
+def ask_feishu_token(api_url: str, app_id: str, app_secret: str) -> Mapping[str, object]:
+    """Feishu's answer to a tenant token request (``tenant_access_token/internal``) for the app.
+    Raises OSError (unreachable, or an HTTP error without Feishu's JSON) or ValueError (an
+    answer that is not Feishu's JSON)."""
+    body = json.dumps({"app_id": app_id, "app_secret": app_secret}).encode()
+    request = urllib.request.Request(  # noqa: S310 - an https URL (checked before)
+        api_url.rstrip("/") + FEISHU_TOKEN_PATH,
+        data=body,
+        headers={"Content-Type": "application/json; charset=utf-8"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=FEISHU_TIMEOUT_S) as answer:  # noqa: S310
+            raw = answer.read()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        if exc.code >= 500 or not raw.lstrip().startswith(b"{"):
+            raise OSError(f"HTTP {exc.code}") from exc
+    loaded = json.loads(raw)
+    if not isinstance(loaded, dict) or "code" not in loaded:
+        raise ValueError("an answer without Feishu's code")
+    return loaded
+
+
+def _feishu(settings: Settings, ask: FeishuTokenAsk) -> Iterator[Problem]:
+    """The Feishu settings' problems; the credentials are tried only when there is none."""
+    found = list(_feishu_settings(settings))
+    yield from found
+    app_id, secret = settings.feishu_app_id, settings.feishu_app_secret
+    if app_id and secret and not found:
+        yield from _feishu_reached(settings.feishu_api_url, app_id, secret, ask)
+
+
+def _feishu_settings(settings: Settings) -> Iterator[Problem]:
+    app_id, secret = settings.feishu_app_id, settings.feishu_app_secret
+    if not (app_id or secret):
+        return
+    if not app_id:
+        yield Problem(
+            "FEISHU_APP_ID",
+            "is not set, but FEISHU_APP_SECRET is. Copy the App ID (cli_...) from the app's "
+            "Credentials & Basic Info page in Feishu's developer console.",
+        )
+    elif not FEISHU_APP_ID_RE.fullmatch(app_id):
+        yield Problem(
+            "FEISHU_APP_ID",
+            f"{app_id!r} is not a Feishu App ID (cli_...). Copy it from the app's Credentials "
+            "& Basic Info page.",
+        )
+    if not secret:
+        yield Problem(
+            "FEISHU_APP_SECRET",
+            "is not set, so `gpubot feishu` cannot start. Copy the App Secret from the app's "
+            "Credentials & Basic Info page.",
+        )
+    token, key = settings.feishu_verification_token, settings.feishu_encrypt_key
+    for name, value, other in (
+        ("FEISHU_VERIFICATION_TOKEN", token, key),
+        ("FEISHU_ENCRYPT_KEY", key, token),
+    ):
+        if other and not value:
+            yield Problem(
+                name,
+                "is not set, so `gpubot feishu --http` cannot check Feishu's requests. Copy "
+                "it from the app's Events and Callbacks > Encryption Strategy (or unset both "
+                "to use the long connection, `gpubot feishu`).",
+            )
+    url = settings.feishu_api_url
+    if not url.startswith("https://"):
+        yield Problem(
+            "GPUBOT_FEISHU_API_URL",
+            f"{url!r} is not https, so the app secret would cross the network unencrypted. "
+            "Use https://open.feishu.cn (Feishu) or https://open.larksuite.com (Lark).",
+        )
+
+
+def _feishu_reached(url: str, app_id: str, secret: str, ask: FeishuTokenAsk) -> Iterator[Problem]:
+    """Feishu's judgement of the app's credentials (the tenant token the SDK asks for)."""
+    try:
+        answer = ask(url, app_id, secret)
+    except (OSError, ValueError) as exc:
+        yield Problem(
+            "GPUBOT_FEISHU_API_URL",
+            f"cannot reach Feishu's OpenAPI at {url}: {exc}. Check the address (Lark: "
+            "https://open.larksuite.com) and this machine's network.",
+        )
+        return
+    if answer.get("code") != 0:
+        yield Problem(
+            "FEISHU_APP_SECRET",
+            f"Feishu at {url} refused the App ID and App Secret: {answer.get('msg')} (code "
+            f"{answer.get('code')}). Copy both again from the app's Credentials & Basic Info "
+            "page; a Lark app needs GPUBOT_FEISHU_API_URL=https://open.larksuite.com.",
+        )
 
 
 def _data_dir(settings: Settings) -> Iterator[Problem]:

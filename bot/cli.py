@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import FrameType
 
@@ -165,6 +166,12 @@ def cli_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"on SIGTERM, time requests in flight get to finish (default {DRAIN_TIMEOUT_S:g})",
     )
+    feishu.add_argument(
+        "--with-slack",
+        action="store_true",
+        help="serve Slack too, in Socket Mode (SLACK_BOT_TOKEN, SLACK_APP_TOKEN), on the same "
+        "store; the ops channel is then GPUBOT_CHANNEL, else GPUBOT_FEISHU_CHAT",
+    )
     sub.add_parser("migrate", help="bring the database to the newest schema")
     sub.add_parser(
         "check",
@@ -280,10 +287,15 @@ def _socket(settings: Settings, args: argparse.Namespace) -> int:
 
 def _feishu(settings: Settings, args: argparse.Namespace) -> int:
     """Serve Feishu: the long connection, or (``--http``) the request URL /feishu/events on the
-    production HTTP server. The ops group (GPUBOT_FEISHU_CHAT) is where the bot posts."""
+    production HTTP server; ``--with-slack``: Slack's Socket Mode too, in the same process and
+    store (bot.feishu.routing). The ops channel is GPUBOT_FEISHU_CHAT (GPUBOT_CHANNEL when
+    Slack is served and it is set); the Feishu ops group keeps the fleet's summary pinned."""
     from bot.feishu.client import FeishuClient
+    from bot.feishu.home import PinnedSummary
     from bot.feishu.notifier import FeishuNotifier
+    from bot.feishu.routing import RoutingNotifier, ops_channel
     from bot.feishu.serve import EventGate, FeishuEndpoint, LongConnection, build_gate, verifier_of
+    from bot.services.speaking import identities
     from bot.store.models import utcnow
 
     _require(settings.feishu_app_id, "FEISHU_APP_ID", "the app's App ID (cli_...)")
@@ -292,14 +304,25 @@ def _feishu(settings: Settings, args: argparse.Namespace) -> int:
         where = "the app's Events and Callbacks > Encryption Strategy"
         _require(settings.feishu_verification_token, "FEISHU_VERIFICATION_TOKEN", where)
         _require(settings.feishu_encrypt_key, "FEISHU_ENCRYPT_KEY", where)
+    if args.with_slack:
+        _require(settings.slack_bot_token, "SLACK_BOT_TOKEN", "the app's bot token (xoxb-...)")
+        _require(settings.slack_app_token, "SLACK_APP_TOKEN", "an app-level token (xapp-...)")
     _configure_logging(settings, args)
-    settings = settings.with_(channel=settings.feishu_chat)
+    settings = settings.with_(channel=ops_channel(settings, slack=args.with_slack, feishu=True))
     app_id, secret = settings.feishu_app_id or "", settings.feishu_app_secret or ""
     client = FeishuClient(
         app_id, secret, api_url=settings.feishu_api_url, timeout_s=settings.slack_timeout_s
     )
-    rt = build_runtime(settings, notifier=FeishuNotifier(client, now=utcnow))
+    metrics = Metrics()
+    slack_client = make_client(settings) if args.with_slack else None
+    router = RoutingNotifier(
+        slack=SlackNotifier(slack_client, metrics=metrics) if slack_client else None,
+        feishu=FeishuNotifier(client, now=utcnow),
+    )
+    rt = build_runtime(settings, notifier=router, metrics=metrics)
+    router.feishu_of = partial(identities.feishu_of, rt)
     gate: EventGate = build_gate(rt, client)
+    pinned = PinnedSummary(rt, client, settings.feishu_chat) if settings.feishu_chat else None
     health = build_health(rt)
     if args.http:
         server = SlackHttpServer(
@@ -319,16 +342,44 @@ def _feishu(settings: Settings, args: argparse.Namespace) -> int:
         )
         start, stop = connection.run, connection.stop
         log.info("connecting to Feishu over the long connection")
+    if slack_client is not None:
+        start, stop = _with_socket_mode(settings, slack_client, rt, start, stop)
     try:
         ops = _ops_server(settings, build_ops(rt, health))
     except ConfigError:
         stop()
         raise
     try:
-        return _run_until_signal(rt, start=start, stop=stop, health=health)
+        also = pinned.refresh if pinned is not None else None
+        return _run_until_signal(rt, start=start, stop=stop, health=health, also=also)
     finally:
         ops.shutdown()
         gate.front.close()
+
+
+def _with_socket_mode(
+    settings: Settings,
+    client: WebClient,
+    rt: Runtime,
+    start: Callable[[], None],
+    stop: Callable[[], None],
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``start`` and ``stop`` with Slack's Socket Mode beside them, on the same runtime."""
+    from slack_bolt.adapter.socket_mode import SocketModeHandler
+
+    _check_bot_token(settings)
+    handler = SocketModeHandler(build_app(settings, client, runtime=rt), settings.slack_app_token)
+
+    def both_start() -> None:
+        handler.connect()  # type: ignore[no-untyped-call]
+        log.info("connected to Slack in Socket Mode")
+        start()
+
+    def both_stop() -> None:
+        stop()
+        handler.close()  # type: ignore[no-untyped-call]
+
+    return both_start, both_stop
 
 
 def _ops_server(settings: Settings, ops: OpsEndpoints) -> SlackHttpServer:
@@ -396,6 +447,7 @@ def _run_until_signal(
     start: Callable[[], None],
     stop: Callable[[], None],
     health: Health | None = None,
+    also: Callable[[], None] | None = None,
     budget_s: float = STOP_BUDGET_S,
     exit_now: Callable[[int], None] = os._exit,
 ) -> int:
@@ -413,7 +465,7 @@ def _run_until_signal(
         threading.Thread(target=stop, name="gpubot-stop", daemon=True).start()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    clock = start_clock(rt, health=health)
+    clock = start_clock(rt, health=health, also=also)
     try:
         start()
     finally:

@@ -12,6 +12,7 @@ from bot.commands import (
     deadlines,
     help,
     home,
+    identities,
     instances,
     jobs,
     keys,
@@ -35,6 +36,7 @@ def build_registry() -> Registry:
     bills.register(registry)
     deadlines.register(registry)
     keys.register(registry)
+    identities.register(registry)
     lang.register(registry)
     home.register(registry)
     return registry

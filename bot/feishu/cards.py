@@ -37,6 +37,8 @@ flattened, each option's text prefixed with its group's label), checkboxes
 followed by its hint); the submit button's callback carries the modal's ``callback_id``,
 ``private_metadata`` and each field's action id and element type, so :func:`submission_of`
 turns Feishu's ``form_value`` back into Slack's ``view.state.values`` for the same handler.
+A form sent back to be put right holds what was submitted and shows each mistake, in red,
+under its field (Slack shows them so on a modal's fields).
 
 Limits (Feishu's message API and card documentation): a card message's request is at most
 30 KB (:data:`CARD_BYTES_MAX`, measured as the card travels: JSON inside the request's JSON,
@@ -154,9 +156,16 @@ class Submission:
     values: dict[str, dict[str, dict[str, Any]]]
 
 
-def form_of(view: Mapping[str, Any]) -> Card:
+def form_of(
+    view: Mapping[str, Any],
+    *,
+    values: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+    errors: Mapping[str, str] | None = None,
+) -> Card:
     """A modal view (bot.blocks.kit.modal) as a card with a form: its title the header, its
-    blocks inside the form, its submit label on the submit button (see the module). Raises
+    blocks inside the form, its submit label on the submit button (see the module). A form
+    sent back to be put right keeps what was submitted (``values``, as Slack's view state) and
+    shows each mistake (``errors``, by block id, Slack mrkdwn) under its field. Raises
     ValueError for an input element the kit does not make."""
     fields: dict[str, list[str]] = {}
     elements: list[Element] = []
@@ -166,7 +175,12 @@ def form_of(view: Mapping[str, Any]) -> Card:
             continue
         element = block["element"]
         fields[block["block_id"]] = [element.get("action_id", ""), element.get("type", "")]
-        elements.extend(_field(block))
+        state = (values or {}).get(block["block_id"], {}).get(element.get("action_id", ""))
+        filled = _filled(block, state) if state is not None else block
+        elements.extend(_field(filled))
+        mistake = (errors or {}).get(block["block_id"])
+        if mistake:
+            elements.append(_mistake(mistake))
     submit = {
         "tag": "button",
         "name": SUBMIT,
@@ -381,18 +395,20 @@ def _field(block: Mapping[str, Any]) -> list[Element]:
         component = {"tag": "select_static", "name": name, "required": required}
         component["options"] = options
         initial = element.get("initial_option")
-        if initial is not None:
+        if initial is not None and initial["value"] in {o["value"] for o in options}:
             component["initial_option"] = initial["value"]
     elif kind == "checkboxes":
+        options = _options(element)
         component = {
             "tag": "multi_select_static",
             "name": name,
             "required": required,
-            "options": _options(element),
+            "options": options,
         }
-        initial_options = element.get("initial_options") or []
-        if initial_options:
-            component["selected_values"] = [option["value"] for option in initial_options]
+        known = {option["value"] for option in options}
+        initial_options = [o["value"] for o in element.get("initial_options") or ()]
+        if any(value in known for value in initial_options):
+            component["selected_values"] = [value for value in initial_options if value in known]
     else:
         raise ValueError(f"no card form for the input element {kind!r}")
     if "placeholder" in element:
@@ -402,6 +418,28 @@ def _field(block: Mapping[str, Any]) -> list[Element]:
         hint = {"tag": "markdown", "content": _literal(block["hint"]["text"])}
         out.append({**hint, "text_size": "notation"})
     return out
+
+
+def _filled(block: Mapping[str, Any], state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An input block holding what was submitted (``state``: Slack's view state of its
+    element) as its initial value."""
+    element = dict(block["element"])
+    for key in ("initial_value", "initial_option", "initial_options"):
+        element.pop(key, None)
+    if isinstance(state.get("value"), str):
+        element["initial_value"] = state["value"]
+    chosen = state.get("selected_option")
+    if isinstance(chosen, Mapping) and chosen.get("value"):
+        element["initial_option"] = {"value": str(chosen["value"])}
+    many = state.get("selected_options")
+    if isinstance(many, list) and many:
+        element["initial_options"] = [{"value": str(one.get("value"))} for one in many]
+    return {**block, "element": element}
+
+
+def _mistake(mrkdwn: str) -> Element:
+    """A mistake shown under its field, in red."""
+    return {"tag": "markdown", "content": f"<font color='red'>{markdown_of(mrkdwn)}</font>"}
 
 
 def _options(element: Mapping[str, Any]) -> list[Element]:

@@ -36,6 +36,8 @@ from lark_oapi.api.im.v1 import (
     CreateImageRequestBody,
     CreateMessageRequest,
     CreateMessageRequestBody,
+    CreatePinRequest,
+    CreatePinRequestBody,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -187,6 +189,11 @@ class FeishuClient:
         ).build()
         self._call("im.message.patch", request)
 
+    def pin(self, message_id: str) -> None:
+        """Pin a message the bot sent in its group (``im/v1/pins``); everyone sees it on top."""
+        body = CreatePinRequestBody.builder().message_id(message_id).build()
+        self._call("im.pin.create", CreatePinRequest.builder().request_body(body).build())
+
     def upload_image(self, png: bytes) -> str:
         """Upload an image to send in a message; its image key."""
         body = CreateImageRequestBody.builder().image_type("message").image(io.BytesIO(png))
@@ -285,7 +292,9 @@ class FeishuClient:
 
     def _forget_token(self) -> None:
         """Drop the SDK's cached tenant token so the next call gets a fresh one."""
-        TokenManager.cache.set(f"self_tenant_token:{self.app_id}", "", 0)
+        config = self.client.config
+        app_id = config.app_id if config is not None else self.app_id
+        TokenManager.cache.set(f"self_tenant_token:{app_id}", "", 0)
 
 
 def _answer_of(content: bytes) -> dict[str, Any] | None:

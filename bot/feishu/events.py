@@ -33,7 +33,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -103,13 +103,15 @@ class MessageReceived:
 @dataclass(frozen=True)
 class CardAction:
     """A click on a card's button (``card.action.trigger``): who clicked (open_id), the
-    button's callback value, and the card's message and chat."""
+    button's callback value, the card's message and chat, and, for a form's submit button,
+    what the form held (``form_value``: field name to what was typed or chosen)."""
 
     event_id: str
     open_id: str
     value: Mapping[str, Any]
     open_message_id: str
     open_chat_id: str = ""
+    form_value: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def user_id(self) -> str:
@@ -318,12 +320,14 @@ def _card_action(event_id: str, event: Mapping[str, Any]) -> CardAction:
     value = action.get("value")
     if not (open_id and message_id) or not isinstance(value, dict):
         raise EventRefused("a card action without its clicker, message or value", status=400)
+    form_value = action.get("form_value")
     return CardAction(
         event_id=event_id,
         open_id=open_id,
         value=dict(value),
         open_message_id=message_id,
         open_chat_id=_text(context.get("open_chat_id")),
+        form_value=dict(form_value) if isinstance(form_value, dict) else {},
     )
 
 

@@ -15,6 +15,18 @@ clicked, as Slack's buttons are (bot.listeners.execute_action): its answer repla
 (``replace_original``), goes to the clicker's one-to-one chat (ephemeral), or replies to the
 card. The callback itself is answered at once, empty, or with a toast when the bot is too busy.
 
+Forms: a command that opens a Slack modal (``/gpu register`` or ``/gpu rent`` typed alone,
+bot.listeners.Forms) is answered with the same form as a card form (bot.feishu.cards.form_of),
+sent where only its person sees it (in reply in a one-to-one chat, else to their one-to-one
+chat), and so is the Home card's *Register* button; a form that cannot be made runs the command
+as typed. Its submission (a ``card.action.trigger`` carrying ``form_value``) is read back as
+Slack's view state (bot.feishu.cards.submission_of) and run by the form's own code
+(bot.commands.forms), for the person who submitted it: mistakes come back on the form, which
+keeps what was typed; otherwise the form is closed (its card says it was sent) and the answer
+goes where the command was typed (kept in the form's private metadata). A form submitted again
+while its submission runs, or after it was accepted, does not run again
+(bot.listeners.FormSubmissions, by the form card's message id).
+
 Everything sent goes through a :class:`FeishuSender` (bot.feishu.client.FeishuClient, or a
 double in tests). Each answer carries a ``uuid`` made from the event id, so that Feishu posts
 it once however often the event comes; a failure is logged, and an answer that could not be put
@@ -23,26 +35,38 @@ in the chat (refused, not of unknown outcome) goes to the person's one-to-one ch
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.ack_path import Languages, submit_command
+from bot.blocks.forms import REGISTER_FORM
+from bot.blocks.home import HOME_REGISTER
 from bot.commands.registry import Registry, Reply, button_id
 from bot.errors import GpubotError
 from bot.executor import Busy
+from bot.feishu import cards
+from bot.feishu.cards import Submission
 from bot.feishu.events import CardAction, MessageReceived
 from bot.i18n import N_, speaking, t
 from bot.listeners import (
+    Forms,
+    FormSubmissions,
     busy_text,
+    crash_reply,
+    default_forms,
+    error_reply,
     execute_action,
     execute_command,
     remember_caller,
 )
 from bot.services.access import Caller
+from bot.services.speaking import identities
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -53,8 +77,16 @@ log = logging.getLogger(__name__)
 CardOf = Callable[[str, Sequence[Mapping[str, Any]]], dict[str, Any]]
 #: Reads a button's callback value as (action id, value) (bot.feishu.cards.action_of).
 ActionOf = Callable[[Mapping[str, Any]], tuple[str, str]]
+#: A modal view as a card form (bot.feishu.cards.form_of).
+FormOf = Callable[..., dict[str, Any]]
+#: A form's submission read back as Slack's view state (bot.feishu.cards.submission_of).
+SubmissionOf = Callable[[Mapping[str, Any], Mapping[str, Any]], Submission]
 #: Said in a one-to-one chat to a message that is not a command.
 NOT_A_COMMAND_NOTE = N_("To talk to the bot, send `/gpu help`.")
+#: What a form's card says once its submission was accepted.
+FORM_SENT_NOTE = N_(":white_check_mark: The form was sent.")
+#: The key of a form's private metadata that holds where its answer goes.
+FORM_ANSWER_TO = "feishu_answer_to"
 #: The longest ``uuid`` Feishu takes on a message (characters).
 UUID_MAX_CHARS = 50
 _COMMAND_PREFIX = re.compile(r"^(?:/gpu|gpu)(?:\s+|$)", re.IGNORECASE)
@@ -93,6 +125,23 @@ def command_text(event: MessageReceived) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Where:
+    """Where a command's answers go: in reply to ``message_id`` (in its thread when
+    ``in_thread``); what only its person (``open_id``) sees goes to their one-to-one chat
+    unless the message is in it (``p2p``)."""
+
+    message_id: str
+    open_id: str
+    in_thread: bool = False
+    p2p: bool = True
+
+    @classmethod
+    def of(cls, event: MessageReceived) -> Where:
+        """Where the answers to the message ``event`` go."""
+        return cls(event.message_id, event.open_id, bool(event.thread_id), event.chat_type == "p2p")
+
+
 class FeishuFront:
     """Runs Feishu messages and card clicks for ``rt`` through ``registry`` (module
     docstring). ``on_message`` and ``on_card_action`` return at once; the work runs on the
@@ -109,12 +158,19 @@ class FeishuFront:
         action_of: ActionOf,
         languages: Languages | None = None,
         notes: Executor | None = None,
+        forms: Forms | None = None,
+        form_of: FormOf = cards.form_of,
+        submission_of: SubmissionOf = cards.submission_of,
     ) -> None:
         self.rt = rt
         self.registry = registry
         self.sender = sender
         self.card_of = card_of
         self.action_of = action_of
+        self.forms = forms if forms is not None else default_forms()
+        self.form_of = form_of
+        self.submission_of = submission_of
+        self.submissions = FormSubmissions()
         self.languages = languages if languages is not None else Languages(rt)
         self.notes = (
             notes
@@ -134,7 +190,12 @@ class FeishuFront:
                 self.notes.submit(self._answer_message, event, note)
             return None
         caller = Caller(user_id=event.user_id, channel_id=event.chat_id)
+        form_id = self.forms.form_for_command(text)
         try:
+            if form_id:
+                return submit_command(
+                    self.rt, caller, self._open_form_or_run, caller, text, event, form_id
+                )
             return submit_command(self.rt, caller, self._run_command, caller, text, event)
         except Busy as exc:
             with speaking(self.languages.known(caller.user_id)):
@@ -144,30 +205,134 @@ class FeishuFront:
 
     def on_card_action(self, event: CardAction) -> dict[str, Any]:
         """Run the button ``event`` clicked for its clicker; the callback's answer: empty, or
-        a toast saying the bot is too busy (nothing was run)."""
+        a toast saying the bot is too busy (nothing was run). A form's submit button hands its
+        form to the form's code (module docstring)."""
+        if cards.CALLBACK_ID in event.value:
+            return self._on_submission(event)
         action_id, value = self._action(event.value)
         caller = Caller(user_id=event.user_id, channel_id=event.open_chat_id or None)
         try:
-            submit_command(self.rt, caller, self._run_action, caller, action_id, value, event)
+            if action_id == HOME_REGISTER:
+                where = Where(event.open_message_id, event.open_id, p2p=False)
+                submit_command(
+                    self.rt, caller, self._open_form, caller, where, event.event_id, REGISTER_FORM
+                )
+            else:
+                submit_command(self.rt, caller, self._run_action, caller, action_id, value, event)
         except Busy as exc:
-            with speaking(self.languages.known(caller.user_id)):
-                # A toast is plain text: the reason without the message's emoji.
-                return {"toast": {"type": "warning", "content": exc.user_text()}}
+            return self._busy_toast(caller, exc)
         return {}
 
     def close(self) -> None:
         """Stop the notes' thread (notes under way finish)."""
         self.notes.shutdown(wait=False)
 
+    def _on_submission(self, event: CardAction) -> dict[str, Any]:
+        """Run a form's submission once (the callback's answer as in :meth:`on_card_action`)."""
+        try:
+            submission = self.submission_of(event.value, event.form_value)
+        except (ValueError, KeyError, TypeError):
+            log.warning("a card form's submission could not be read")
+            return {}
+        if submission.callback_id not in self.forms.callback_ids:
+            log.warning("a card form %r the bot does not have", submission.callback_id[:40])
+            return {}
+        form = event.open_message_id
+        if not self.submissions.claim(form):
+            log.info("form %s of %s was sent again; not run twice", form, event.user_id)
+            return {}
+        caller = Caller(user_id=event.user_id, channel_id=event.open_chat_id or None)
+        try:
+            submit_command(self.rt, caller, self._run_form, caller, submission, event)
+        except Busy as exc:
+            self.submissions.release(form)
+            return self._busy_toast(caller, exc)
+        return {}
+
+    def _busy_toast(self, caller: Caller, exc: Busy) -> dict[str, Any]:
+        with speaking(self.languages.known(caller.user_id)):
+            # A toast is plain text: the reason without the message's emoji.
+            return {"toast": {"type": "warning", "content": exc.user_text()}}
+
     # --- on the executor ---------------------------------------------------------------------
 
     def _run_command(self, caller: Caller, text: str, event: MessageReceived) -> None:
+        caller = identities.resolve(self.rt, caller)
         remember_caller(self.rt, caller)
         with speaking(self.languages.read(caller.user_id)):
             reply = execute_command(self.rt, self.registry, caller, text)
             self._answer_message(event, reply)
 
+    def _open_form_or_run(
+        self, caller: Caller, text: str, event: MessageReceived, form_id: str
+    ) -> None:
+        """Send the form the command asks for; if it cannot be made, run the command as typed."""
+        if not self._open_form(caller, Where.of(event), event.event_id, form_id):
+            self._run_command(caller, text, event)
+
+    def _open_form(self, caller: Caller, where: Where, event_id: str, form_id: str) -> bool:
+        """Send form ``form_id`` to ``caller`` only (its answer to go to ``where``); False
+        (logged) when it could not be made."""
+        caller = identities.resolve(self.rt, caller)
+        remember_caller(self.rt, caller)
+        with speaking(self.languages.read(caller.user_id)):
+            try:
+                view = self.forms.form_view(self.rt, caller, form_id)
+                answer_to = {"m": where.message_id, "t": where.in_thread, "p": where.p2p}
+                metadata = json.dumps({FORM_ANSWER_TO: answer_to})
+                card = self.form_of({**view, "private_metadata": metadata})
+            except Exception:  # the command then runs as typed
+                log.warning(
+                    "could not make the form %s for %s", form_id, caller.user_id, exc_info=True
+                )
+                return False
+        self._deliver(where, card, _uuid("o", event_id), only_them=True)
+        return True
+
+    def _run_form(self, caller: Caller, submission: Submission, event: CardAction) -> None:
+        caller = identities.resolve(self.rt, caller)
+        remember_caller(self.rt, caller)
+        with speaking(self.languages.read(caller.user_id)):
+            errors, reply = self._form_outcome(caller, submission)
+            if errors:
+                self.submissions.release(event.open_message_id)  # to be put right, sent again
+                self._update(event.open_message_id, self._form_again(caller, submission, errors))
+                return
+            self._update(event.open_message_id, self.card_of(t(FORM_SENT_NOTE), ()))
+            if reply is not None:
+                where = _answer_to(submission, event)
+                self._deliver(where, self._card(reply), _uuid("f", event.event_id), reply.ephemeral)
+
+    def _form_outcome(
+        self, caller: Caller, submission: Submission
+    ) -> tuple[dict[str, str], Reply | None]:
+        """A submission's mistakes by block id and its answer; a failure becomes an answer."""
+        try:
+            outcome = self.forms.submit_form(
+                self.rt, caller, submission.callback_id, submission.values
+            )
+        except GpubotError as exc:
+            return {}, error_reply(exc, currency=self.rt.settings.currency)
+        except Exception:  # noqa: BLE001 - logged with an error id by crash_reply
+            return {}, crash_reply(f"form {submission.callback_id}", caller)
+        return dict(outcome.errors), outcome.reply
+
+    def _form_again(
+        self, caller: Caller, submission: Submission, errors: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """The form once more, holding what was submitted, each mistake under its field (the
+        mistakes alone when the form cannot be made again)."""
+        try:
+            view = self.forms.form_view(self.rt, caller, submission.callback_id)
+            view = {**view, "private_metadata": submission.private_metadata}
+            return self.form_of(view, values=submission.values, errors=errors)
+        except Exception:
+            log.warning("could not make the form %s again", submission.callback_id, exc_info=True)
+            lines = [t(":warning: The form was not sent:"), *errors.values()]
+            return self.card_of("\n".join(lines), ())
+
     def _run_action(self, caller: Caller, action_id: str, value: str, event: CardAction) -> None:
+        caller = identities.resolve(self.rt, caller)
         if action_id in self.registry.actions and button_id(value) is not None:
             remember_caller(self.rt, caller)  # a malformed click reaches nothing
         with speaking(self.languages.read(caller.user_id)):
@@ -177,15 +342,27 @@ class FeishuFront:
     # --- answers -------------------------------------------------------------------------------
 
     def _answer_message(self, event: MessageReceived, reply: Reply) -> None:
-        card = self._card(reply)
-        uuid = _uuid("m", event.event_id)
-        if reply.ephemeral and event.chat_type != "p2p":
-            self._send_direct(event.open_id, card, uuid)
+        self._deliver(
+            Where.of(event), self._card(reply), _uuid("m", event.event_id), reply.ephemeral
+        )
+
+    def _deliver(self, where: Where, card: dict[str, Any], uuid: str, only_them: bool) -> None:
+        """Put ``card`` in reply at ``where``; one only its person may see (``only_them``) goes
+        to their one-to-one chat when ``where`` is not in it."""
+        if only_them and not where.p2p:
+            self._send_direct(where.open_id, card, uuid)
             return
         try:
-            self.sender.reply(event.message_id, card, uuid=uuid, in_thread=bool(event.thread_id))
+            self.sender.reply(where.message_id, card, uuid=uuid, in_thread=where.in_thread)
         except GpubotError as exc:
-            self._failed("a reply to message %s", event.message_id, exc, event.open_id, card, uuid)
+            self._failed("a reply to message %s", where.message_id, exc, where.open_id, card, uuid)
+
+    def _update(self, message_id: str, card: dict[str, Any]) -> None:
+        """Replace the card of ``message_id``; a failure is logged."""
+        try:
+            self.sender.update(message_id, card)
+        except GpubotError as exc:
+            log.warning("could not update the card %s: %s", message_id, exc.message)
 
     def _answer_click(self, event: CardAction, reply: Reply) -> None:
         card = self._card(reply)
@@ -241,6 +418,19 @@ class FeishuFront:
         except (GpubotError, ValueError, KeyError, TypeError):
             log.warning("a card button's value could not be read")
             return "", ""
+
+
+def _answer_to(submission: Submission, event: CardAction) -> Where:
+    """Where a form's answer goes: where the command that opened it was typed (its private
+    metadata), else in reply to the form's card."""
+    try:
+        kept = json.loads(submission.private_metadata or "{}")
+    except ValueError:
+        kept = {}
+    spot = kept.get(FORM_ANSWER_TO) if isinstance(kept, dict) else None
+    if isinstance(spot, dict) and isinstance(spot.get("m"), str) and spot["m"]:
+        return Where(spot["m"], event.open_id, bool(spot.get("t")), bool(spot.get("p", True)))
+    return Where(event.open_message_id, event.open_id)
 
 
 def _uuid(kind: str, event_id: str) -> str:

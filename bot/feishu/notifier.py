@@ -81,7 +81,7 @@ class FeishuNotifier:
     ) -> MessageRef:
         """Post ``text`` and ``blocks`` as a card to ``channel`` (a reply in the thread of
         ``thread_ts`` when given). A ``key`` makes the post idempotent for Feishu's hour."""
-        card = card_of(text, blocks)
+        card = _card(text, blocks)
         uuid = message_uuid(key, channel, thread_ts or "") if key else _fresh_uuid()
         if thread_ts is not None:
             reply_to = thread_ts
@@ -109,7 +109,7 @@ class FeishuNotifier:
 
     def update(self, ref: MessageRef, text: str, blocks: Sequence[dict[str, Any]] = ()) -> None:
         """Replace the card of a message the bot posted."""
-        card = card_of(text, blocks)
+        card = _card(text, blocks)
         self._slowed(lambda: self.client.update(ref.ts, card))
 
     def upload_file(
@@ -169,6 +169,18 @@ def receiver_of(channel: str) -> tuple[str, str]:
         error="channel_not_found",
         hint=t(_NOT_FEISHU_HINT),
     )
+
+
+def _card(text: str, blocks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The message as a card; a block Feishu's cards cannot show is refused for good (it is the
+    bot's, so no retry can fix it) as FeishuError ``invalid_blocks``."""
+    try:
+        return card_of(text, blocks)
+    except ValueError as exc:
+        raise FeishuError(
+            t("This message cannot be shown as a Feishu card: {error}", error=str(exc)),
+            error="invalid_blocks",
+        ) from exc
 
 
 def _fresh_uuid() -> str:

@@ -61,6 +61,7 @@ from bot.feishu.events import (
     read_event,
 )
 from bot.feishu.front import FeishuFront, FeishuSender
+from bot.feishu.home import with_home_command
 from bot.replay import ReplayGuard
 from bot.runtime import Runtime
 from bot.settings import Settings
@@ -81,7 +82,7 @@ def build_gate(rt: Runtime, sender: FeishuSender, *, registry: Registry | None =
     """The bot's Feishu front end on ``rt``: its commands and buttons (``registry``, default
     the bot's own, timed, with the Home's buttons, as on Slack), answering through ``sender``
     with cards (bot.feishu.cards); event ids remembered in the runtime's store."""
-    commands = registry if registry is not None else build_registry()
+    commands = with_home_command(registry if registry is not None else build_registry())
     front = FeishuFront(
         rt,
         timed_registry(with_home_buttons(commands), rt.metrics),

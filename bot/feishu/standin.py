@@ -15,6 +15,8 @@ with its domain set to :attr:`FeishuStandIn.url`) talks to:
   /open-apis/im/v1/messages/{message_id}`` (a card, replaced), ``GET /open-apis/im/v1/messages``
   (a chat's history).
 - ``POST /open-apis/im/v1/images`` and ``POST /open-apis/im/v1/files`` (multipart uploads).
+- ``POST /open-apis/im/v1/pins`` (``{message_id}``): pin a message in its chat; pinning it
+  again answers the same pin (:attr:`FeishuStandIn.pins`).
 
 Answers are Feishu's ``{code, msg, data}``. Like Feishu, it refuses a request field it does
 not know (code 99992402) and a card it cannot read: not JSON 2.0, an attribute a component
@@ -23,6 +25,10 @@ says why). Faults on demand (:meth:`FeishuStandIn.fault`): a slow answer, an ans
 the message was stored, HTTP 429 as plain text or as Feishu's 99991400, a 500, a proxy's
 HTML 404, and a success without its data. It records every request and keeps what was posted
 for tests to read.
+
+Why one module of this size: it answers each OpenAPI path the bot calls as Feishu does (the
+token, messages, replies, patches, uploads), with Feishu's limits, error codes and
+misbehaviour, so that the official SDK judges it; each path is a small function.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ _MESSAGES = "/open-apis/im/v1/messages"
 _CREATE_FIELDS = frozenset({"receive_id", "msg_type", "content", "uuid"})
 _REPLY_FIELDS = frozenset({"content", "msg_type", "reply_in_thread", "uuid"})
 _PATCH_FIELDS = frozenset({"content"})
+_PIN_FIELDS = frozenset({"message_id"})
 
 
 class Fault(Enum):
@@ -175,6 +182,7 @@ class FeishuStandIn:
         self._uuids: dict[str, tuple[float, str]] = {}
         self._sent_at: dict[str, list[float]] = {}
         self._uploads: list[Upload] = []
+        self._pins: dict[str, str] = {}
         self._requests: list[Request] = []
         self._faults: list[_Faults] = []
         self._server: ThreadingHTTPServer | None = None
@@ -247,6 +255,12 @@ class FeishuStandIn:
         """Every uploaded image and file, oldest first."""
         with self._lock:
             return list(self._uploads)
+
+    @property
+    def pins(self) -> dict[str, str]:
+        """The pinned messages: message id to chat id, in the order pinned."""
+        with self._lock:
+            return dict(self._pins)
 
     @property
     def requests(self) -> list[Request]:
@@ -361,6 +375,27 @@ class FeishuStandIn:
             message.versions.append(message.content)
             message.content = str(body["content"])
         return _ok({})
+
+    def _pin(
+        self, path: str, query: dict[str, str], headers: Mapping[str, str], raw: bytes
+    ) -> _Answer:
+        body = _json(raw)
+        refused = _fields(body, _PIN_FIELDS, required=("message_id",))
+        if refused is not None:
+            return refused
+        message = self.message(str(body["message_id"]))
+        if message is None:
+            return _error(400, CODE_BAD_PARAM, "invalid message_id")
+        with self._lock:
+            self._pins.setdefault(message.message_id, message.chat_id)
+        pin = {
+            "message_id": message.message_id,
+            "chat_id": message.chat_id,
+            "operator_id": self.app_id,
+            "operator_id_type": "app_id",
+            "create_time": str(message.create_ms),
+        }
+        return _ok({"pin": pin})
 
     def _history(
         self, path: str, query: dict[str, str], headers: Mapping[str, str], raw: bytes
@@ -741,6 +776,7 @@ _ROUTES: dict[tuple[str, str], _Route] = {
     ("PATCH", _MESSAGES + "/*"): FeishuStandIn._patch,
     ("POST", "/open-apis/im/v1/images"): FeishuStandIn._image,
     ("POST", "/open-apis/im/v1/files"): FeishuStandIn._file,
+    ("POST", "/open-apis/im/v1/pins"): FeishuStandIn._pin,
 }
 
 

@@ -110,11 +110,14 @@ _STATE_WORDS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Caller:
-    """Who typed or clicked (a Slack user ID), where (a channel ID), and their display name."""
+    """Who typed or clicked (a Slack user ID), where (a channel ID), and their display name.
+    ``linked_id``: the Feishu identity they spoke as, when an admin linked it to ``user_id``
+    (bot.services.speaking.identities)."""
 
     user_id: str
     channel_id: str | None = None
     user_name: str | None = None
+    linked_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,10 @@ class MachineIdentity:
 
 
 def is_admin(rt: Runtime, caller: Caller) -> bool:
-    """Whether the caller is listed in GPUBOT_ADMINS."""
+    """Whether the caller is listed in GPUBOT_ADMINS (or, by the Feishu identity linked to
+    them, in GPUBOT_FEISHU_ADMINS)."""
+    if caller.linked_id is not None and rt.settings.is_admin(caller.linked_id):
+        return True
     return rt.settings.is_admin(caller.user_id)
 
 

@@ -249,6 +249,28 @@ class KeyGrant(SQLModel, table=True):
     granted_at: NaiveDatetime = Field(default_factory=utcnow)
 
 
+class IdentityLink(SQLModel, table=True):
+    """One person's Feishu identity (``feishu:ou_...``) linked by an admin to their Slack ID:
+    the bot then treats the Feishu identity as the Slack one (bot.services.identities). One
+    link per Feishu identity and per Slack ID."""
+
+    __table_args__ = (UniqueConstraint("slack_id"),)
+
+    feishu_id: str = Field(primary_key=True, max_length=64)
+    slack_id: str = Field(max_length=64)
+    linked_by: str = Field(max_length=64)
+    linked_at: NaiveDatetime = Field(default_factory=utcnow)
+
+
+class ChatPin(SQLModel, table=True):
+    """The message the bot keeps pinned in a chat (the fleet's summary in Feishu's ops group),
+    updated in place."""
+
+    chat_id: str = Field(primary_key=True, max_length=64)
+    message_id: str = Field(max_length=64)
+    pinned_at: NaiveDatetime = Field(default_factory=utcnow)
+
+
 class Prompt(SQLModel, table=True):
     """Something the bot asked or told a person: a deadline warning, an idle prompt, a confirmation.
 

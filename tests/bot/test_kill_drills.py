@@ -33,6 +33,7 @@ from bot.store.db import Database
 from bot.store.models import AuditLog, OutboxMessage, Prompt, Release
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
 from tests.fixtures.providers import LambdaStandIn, RunpodStandIn
+from tests.fixtures.store import sqlite_only
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +132,8 @@ def test_killed_in_the_middle_of_a_post_the_warning_is_found_not_posted_again(
     assert get_instance(db, iid).state == "active"
 
 
+# The release's claim on PostgreSQL: the drill below, where the survivor takes it over.
+@sqlite_only
 def test_killed_in_the_middle_of_a_release_the_next_process_finishes_it_once(
     db: Database, slack: LocalSlack
 ) -> None:

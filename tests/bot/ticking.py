@@ -45,7 +45,9 @@ def tick_through(rt: Runtime, clock: Clock, until: datetime, *, step_s: float = 
 
 def anything_due(rt: Runtime, at: datetime) -> bool:
     """Whether any tick step that has a due check would find work at ``at`` (naive UTC)."""
-    checks = [ticks.due_check(model, clause(rt, at)) for model, clause in ticks.DUE_CLAUSES.values()]
+    checks = [
+        ticks.due_check(model, clause(rt, at)) for model, clause in ticks.DUE_CLAUSES.values()
+    ]
     with rt.db.session() as session:
         return bool(session.execute(select(or_(*checks))).scalar())
 

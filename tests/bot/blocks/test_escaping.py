@@ -25,7 +25,7 @@ from bot.blocks import reconcile as reconcile_blocks
 from bot.blocks import releases as release_blocks
 from bot.blocks import rent as rent_blocks
 from bot.blocks.kit import FALLBACK_TEXT_MAX, escape, fallback
-from bot.services.instances import answers, reconcile, releases, rent, starts
+from bot.services.instances import answers, policies, reconcile, releases, rent, starts
 from bot.services.instances import deadlines as deadline_rules
 from bot.services.instances.views import (
     CheckView,
@@ -339,7 +339,7 @@ RENDERERS: dict[str, Callable[[], Message]] = {
         )
     ),
     "policy_summary": lambda: blocks.policy_summary(
-        deadline_rules.PolicyView(
+        policies.PolicyView(
             name="box",
             deadline_at=NOW,
             lifetime_cap_at=NOW,

@@ -258,3 +258,12 @@ def test_drill_feishu_slowing_the_bot_down_for_ten_minutes(
     _ticks(rt, clock, 40)
     assert len([m for m in standin.messages if "notice:slow" in m.content]) == 1
     assert _row(rt, message_id).delivery == outbox.POSTED
+
+
+def test_a_block_no_card_can_show_is_refused_for_good(standin: FeishuStandIn) -> None:
+    notifier = notifier_for(standin)
+    with pytest.raises(FeishuError) as caught:
+        notifier.post(CHAT, "a form in a message", [{"type": "input", "block_id": "x"}])
+    assert caught.value.error == "invalid_blocks"
+    assert failure_kind(caught.value) == "permanent"
+    assert standin.messages == []
