@@ -28,9 +28,11 @@ while its submission runs, or after it was accepted, does not run again
 (bot.listeners.FormSubmissions, by the form card's message id).
 
 Everything sent goes through a :class:`FeishuSender` (bot.feishu.client.FeishuClient, or a
-double in tests). Each answer carries a ``uuid`` made from the event id, so that Feishu posts
-it once however often the event comes; a failure is logged, and an answer that could not be put
-in the chat (refused, not of unknown outcome) goes to the person's one-to-one chat instead.
+double in tests); an answer Feishu asks to slow down for (a chat takes 5 messages a second)
+is sent again after Feishu's wait, a few times. Each answer carries a ``uuid`` made from the
+event id, so that Feishu posts it once however often the event comes; a failure is logged, and
+an answer that could not be put in the chat (refused, not of unknown outcome) goes to the
+person's one-to-one chat instead.
 """
 
 from __future__ import annotations
@@ -38,21 +40,23 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import uuid as uuid_module
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from bot.ack_path import Languages, submit_command
 from bot.blocks.forms import REGISTER_FORM
 from bot.blocks.home import HOME_REGISTER
 from bot.commands.registry import Registry, Reply, button_id
-from bot.errors import GpubotError
+from bot.errors import FeishuError, GpubotError
 from bot.executor import Busy
 from bot.feishu import cards
 from bot.feishu.cards import Submission
 from bot.feishu.events import CardAction, MessageReceived
+from bot.feishu.notifier import RATE_LIMITED, RATE_WAIT_MAX_S, RATE_WAIT_S
 from bot.i18n import N_, speaking, t
 from bot.listeners import (
     Forms,
@@ -89,6 +93,9 @@ FORM_SENT_NOTE = N_(":white_check_mark: The form was sent.")
 FORM_ANSWER_TO = "feishu_answer_to"
 #: The longest ``uuid`` Feishu takes on a message (characters).
 UUID_MAX_CHARS = 50
+#: How many times an answer Feishu asked to slow down is sent again, after its wait.
+RATE_LIMIT_RETRIES = 3
+T = TypeVar("T")
 _COMMAND_PREFIX = re.compile(r"^(?:/gpu|gpu)(?:\s+|$)", re.IGNORECASE)
 
 
@@ -158,6 +165,7 @@ class FeishuFront:
         action_of: ActionOf,
         languages: Languages | None = None,
         notes: Executor | None = None,
+        sleep: Callable[[float], None] = time.sleep,
         forms: Forms | None = None,
         form_of: FormOf = cards.form_of,
         submission_of: SubmissionOf = cards.submission_of,
@@ -171,6 +179,7 @@ class FeishuFront:
         self.form_of = form_of
         self.submission_of = submission_of
         self.submissions = FormSubmissions()
+        self.sleep = sleep
         self.languages = languages if languages is not None else Languages(rt)
         self.notes = (
             notes
@@ -353,27 +362,49 @@ class FeishuFront:
             self._send_direct(where.open_id, card, uuid)
             return
         try:
-            self.sender.reply(where.message_id, card, uuid=uuid, in_thread=where.in_thread)
+            self._slowed(
+                lambda: self.sender.reply(
+                    where.message_id, card, uuid=uuid, in_thread=where.in_thread
+                )
+            )
         except GpubotError as exc:
             self._failed("a reply to message %s", where.message_id, exc, where.open_id, card, uuid)
 
     def _update(self, message_id: str, card: dict[str, Any]) -> None:
         """Replace the card of ``message_id``; a failure is logged."""
         try:
-            self.sender.update(message_id, card)
+            self._slowed(lambda: self.sender.update(message_id, card))
         except GpubotError as exc:
             log.warning("could not update the card %s: %s", message_id, exc.message)
+
+    def _slowed(self, call: Callable[[], T]) -> T:
+        """``call``, made again after Feishu's wait when Feishu asks the bot to slow down (it
+        did nothing then: a chat takes 5 messages a second), at most
+        :data:`RATE_LIMIT_RETRIES` more times."""
+        for _ in range(RATE_LIMIT_RETRIES):
+            try:
+                return call()
+            except FeishuError as exc:
+                if exc.error != RATE_LIMITED:
+                    raise
+                wait_s = exc.retry_after_s if exc.retry_after_s is not None else RATE_WAIT_S
+                self.sleep(min(max(wait_s, 0.0), RATE_WAIT_MAX_S))
+        return call()
 
     def _answer_click(self, event: CardAction, reply: Reply) -> None:
         card = self._card(reply)
         uuid = _uuid("a", event.event_id)
         try:
             if reply.replace_original:
-                self.sender.update(event.open_message_id, card)
+                self._slowed(lambda: self.sender.update(event.open_message_id, card))
             elif reply.ephemeral:
                 self._send_direct(event.open_id, card, uuid)
             else:
-                self.sender.reply(event.open_message_id, card, uuid=uuid, in_thread=False)
+                self._slowed(
+                    lambda: self.sender.reply(
+                        event.open_message_id, card, uuid=uuid, in_thread=False
+                    )
+                )
         except GpubotError as exc:
             self._failed(
                 "the answer to card %s", event.open_message_id, exc, event.open_id, card, uuid
@@ -397,7 +428,7 @@ class FeishuFront:
 
     def _send_direct(self, open_id: str, card: dict[str, Any], uuid: str) -> None:
         try:
-            self.sender.send("open_id", open_id, card, uuid=uuid)
+            self._slowed(lambda: self.sender.send("open_id", open_id, card, uuid=uuid))
         except GpubotError as exc:
             log.warning("could not send a card to %s: %s", open_id, exc.message)
 

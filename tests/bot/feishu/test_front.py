@@ -14,7 +14,7 @@ import pytest
 
 from bot.commands import build_registry
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply
-from bot.errors import SlackError
+from bot.errors import FeishuError, SlackError
 from bot.executor import BotExecutor
 from bot.feishu.events import CardAction, MessageReceived
 from bot.feishu.front import NOT_A_COMMAND_NOTE, FeishuFront, command_text
@@ -238,6 +238,23 @@ def test_a_reply_of_unknown_outcome_is_not_sent_again(
     sender.fail = SlackError("timed out", error="unreachable", outcome_unknown=True)
     run(front, message("/gpu whoami"))
     assert sender.sent == []
+
+
+def test_a_reply_feishu_asks_to_slow_down_is_sent_again_after_its_wait(
+    rt: Runtime, sender: RecordingSender
+) -> None:
+    waits: list[float] = []
+    front = FeishuFront(
+        rt, small_registry(), sender, card_of=card_of, action_of=action_of, sleep=waits.append
+    )
+    try:
+        sender.fail = FeishuError("slow down", error="ratelimited", retry_after_s=0.5)
+        run(front, message("/gpu whoami"))
+    finally:
+        front.close()
+    [sent] = sender.sent
+    assert (sent.how, sent.target, sent.uuid) == ("reply", "om_1", "m-ev-1")  # in its place
+    assert waits == [0.5]
 
 
 # --- card clicks -------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ own, so those lines are not sent."""
 from __future__ import annotations
 
 import html
+import itertools
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -114,7 +115,8 @@ def test_the_readmes_walk_through_feishu_says_what_slack_says(
     language, lines = walk
     assert lines[0] == "/gpu help"
     slack_registry, languages = bots_registry(slack_rt), Languages(slack_rt)
-    with FeishuStandIn() as standin:
+    ticks = itertools.count(0.0, 1.0)  # a second between calls: Alice types at her own pace
+    with FeishuStandIn(clock=lambda: next(ticks)) as standin:
         client = FeishuClient(standin.app_id, standin.app_secret, api_url=standin.url)
         gate = build_gate(feishu_rt, client)
         verifier = EventVerifier(verification_token=TOKEN, encrypt_key=KEY)
