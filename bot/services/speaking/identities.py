@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: A Feishu person as typed: ``feishu:ou_...`` or ``ou_...``.
-_FEISHU_ID = re.compile(r"(?:feishu:)?(ou_[A-Za-z0-9_-]{1,60})")
+_FEISHU_ID = re.compile(r"(?:feishu[:])?(ou_[A-Za-z0-9_-]{1,60})")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`gpubot feishu`'s long connection, the official SDK's own client (lark_oapi.ws.Client), against
 a fake Feishu that speaks its protocol: the endpoint asked for over HTTP with the app's id and
-secret, then a WebSocket carrying protobuf ``Frame``\\ s (lark_oapi/ws/pb). An event frame in
+secret, then a WebSocket carrying protobuf frames (lark_oapi/ws/pb). An event frame in
 runs its command and the answer goes out through the OpenAPI stand-in; every frame is
 acknowledged, one the bot does not handle without a traceback.
 
@@ -207,13 +207,15 @@ def connected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connected]:
         except ClientException as exc:
             refused = exc
         connection = LongConnection(gate, app_id=APP_ID, app_secret=APP_SECRET, domain=fake.domain)
-        threading.Thread(target=connection.run, name="long-connection", daemon=True).start()
+        running = threading.Thread(target=connection.run, name="long-connection", daemon=True)
+        running.start()
         assert fake.connected.wait(WAIT_S), "the SDK never connected"
         try:
             yield Connected(fake, standin, client, gate, refused)
         finally:
-            _end_the_sdks_loop()
-            connection.stop()
+            connection.stop()  # run() returns ...
+            running.join(WAIT_S)
+            _end_the_sdks_loop()  # ... before the SDK's thread ends
             fake.stop()
             gate.front.close()
 

@@ -29,7 +29,7 @@ from bot.commands.registry import Registry
 from bot.feishu.cards import plain_of
 from bot.feishu.client import FeishuClient
 from bot.feishu.events import EventVerifier
-from bot.feishu.serve import EVENTS_PATH, build_gate
+from bot.feishu.serve import EVENTS_PATH, FeishuEndpoint, build_gate
 from bot.feishu.standin import FeishuStandIn, StoredMessage
 from bot.http_server import SlackHttpServer
 from bot.i18n import speaking
@@ -120,7 +120,7 @@ def test_the_readmes_walk_through_feishu_says_what_slack_says(
         client = FeishuClient(standin.app_id, standin.app_secret, api_url=standin.url)
         gate = build_gate(feishu_rt, client)
         verifier = EventVerifier(verification_token=TOKEN, encrypt_key=KEY)
-        server = SlackHttpServer(None, chat=gate_endpoint(verifier, gate), port=0).start()
+        server = SlackHttpServer(None, chat=FeishuEndpoint(verifier, gate), port=0).start()
         try:
             for number, line in enumerate(lines):
                 expected = slack_words(slack_rt, slack_registry, languages, line)
@@ -133,12 +133,6 @@ def test_the_readmes_walk_through_feishu_says_what_slack_says(
         finally:
             server.shutdown()
             gate.front.close()
-
-
-def gate_endpoint(verifier: EventVerifier, gate: Any) -> Any:
-    from bot.feishu.serve import FeishuEndpoint
-
-    return FeishuEndpoint(verifier, gate)
 
 
 def feishu_answer(
@@ -167,10 +161,9 @@ def _wait_for_reply(standin: FeishuStandIn, message_id: str) -> StoredMessage:
 def _block_texts(blocks: Sequence[Mapping[str, Any]]) -> Iterator[str]:
     """Every text a person reads in Slack's blocks (a button's words too), as mrkdwn."""
     for block in blocks:
-        for key in ("text",):
-            item = block.get(key)
-            if isinstance(item, dict):
-                yield _mrkdwn(item)
+        item = block.get("text")
+        if isinstance(item, dict):
+            yield _mrkdwn(item)
         for item in block.get("fields", ()):
             yield _mrkdwn(item)
         for element in block.get("elements", ()):
