@@ -46,7 +46,7 @@ from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle, TickWatch, start_scheduler
 from bot.services.instances import fleet_views
 from bot.settings import Settings
-from bot.slack_notifier import SlackNotifier
+from bot.slack_notifier import SlackNotifier, make_client
 from bot.store import stats
 from bot.store.db import Database
 from bot.store.deadline import StoreDeadline
@@ -60,7 +60,6 @@ __all__ = [
     "build_health",
     "build_ops",
     "build_runtime",
-    "make_client",
     "start_clock",
     "timed_registry",
     "with_home_buttons",
@@ -368,16 +367,6 @@ def _timed(name: str, handler: Callable[P, T], metrics: Metrics) -> Callable[P, 
             metrics.command_took(name, time.perf_counter() - started)
 
     return run
-
-
-def make_client(settings: Settings) -> WebClient:
-    """A Web API client for the bot token, at ``settings.slack_api_url``; a call gives up after
-    ``settings.slack_timeout_s`` seconds."""
-    return WebClient(
-        token=settings.slack_bot_token,
-        base_url=settings.slack_api_url,
-        timeout=max(1, round(settings.slack_timeout_s)),
-    )
 
 
 def build_runtime(

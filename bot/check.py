@@ -37,11 +37,11 @@ from sqlalchemy import exc as sa_exc
 from sqlmodel import col, select
 
 from bot import __version__
-from bot.app import make_client
 from bot.errors import GpubotError
 from bot.fleet.keys import KEY_NAME_RE
 from bot.fleet.ssh import load_private_key
 from bot.settings import Settings
+from bot.slack_notifier import make_client
 from bot.store.db import Database, alembic_config, normalize_url, sqlite_in_memory
 from bot.store.models import Instance
 

@@ -29,6 +29,7 @@ from slack_sdk.http_retry.state import RetryState
 from bot.errors import SlackError
 from bot.metrics import Metrics
 from bot.notify import MessageRef
+from bot.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,16 @@ def outcome_unknown(exc: BaseException) -> bool:
 #: The metadata event type marking the bot's own posts, and how far back ``find`` looks.
 OUTBOX_EVENT = "gpubot_outbox"
 FIND_LIMIT = 200
+
+
+def make_client(settings: Settings) -> WebClient:
+    """A Web API client for the bot token, at ``settings.slack_api_url``; a call gives up after
+    ``settings.slack_timeout_s`` seconds."""
+    return WebClient(
+        token=settings.slack_bot_token,
+        base_url=settings.slack_api_url,
+        timeout=max(1, round(settings.slack_timeout_s)),
+    )
 
 
 class SlackNotifier:

@@ -42,3 +42,13 @@ def _workspace_language_is_english() -> Iterator[None]:
     """A test that sets the workspace's language (GPUBOT_LANGUAGE) leaves English behind."""
     yield
     set_default_language("en")
+
+
+@pytest.fixture(autouse=True)
+def _umask_is_kept() -> Iterator[None]:
+    """``gpubot``'s main sets the process's umask to 0o077 (its files are its user's alone); a
+    test that runs it in this process gives the next test the umask it found."""
+    found = os.umask(0o022)
+    os.umask(found)
+    yield
+    os.umask(found)

@@ -18,7 +18,7 @@ from bot.blocks import releases as release_blocks
 from bot.blocks import rent as rent_blocks
 from bot.blocks.kit import Message
 from bot.i18n import speaking
-from bot.services.instances import answers, reconcile, releases, rent
+from bot.services.instances import answers, policies, reconcile, releases, rent
 from bot.services.instances import deadlines as rules
 from bot.services.instances.views import InstanceBrief
 from tests.bot.blocks.slack_limits import all_text, check_message
@@ -222,19 +222,19 @@ CASES: dict[str, tuple[Callable[[], Message], tuple[str, ...]]] = {
     ),
     "policy_summary": (
         lambda: blocks.policy_summary(
-            rules.PolicyView("box", SOON, SOON, "wait-for-jobs", 3600, 1800, True)
+            policies.PolicyView("box", SOON, SOON, "wait-for-jobs", 3600, 1800, True)
         ),
         ("*box*", "最多 1 小时", "30 分钟后"),
     ),
     "policy_summary/stop": (
         lambda: blocks.policy_summary(
-            rules.PolicyView("box", None, None, "stop", 7200, None, False)
+            policies.PolicyView("box", None, None, "stop", 7200, None, False)
         ),
         ("*box*", "2 小时后"),
     ),
     "policy_summary/release": (
         lambda: blocks.policy_summary(
-            rules.PolicyView("box", None, None, "release", 0, None, False)
+            policies.PolicyView("box", None, None, "release", 0, None, False)
         ),
         ("*box*",),
     ),
