@@ -50,8 +50,6 @@ STORE_SLOW_NOTE = N_(
 )
 #: Seconds after its ack by which a command still waiting on the store is told so.
 STORE_ANSWER_S = 2.5
-#: Commands told the store is not answering, logged at most once a minute.
-STORE_WAITS = RepeatLimiter()
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -155,6 +153,8 @@ class StoreWatch:
         self._count = 0
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        #: Commands told the store is not answering, logged at most once a minute.
+        self.waits = RepeatLimiter()
 
     def watch(self, user_id: str, running: Future[Any], respond: Respond) -> None:
         """Look at ``running`` (a command of ``user_id``) ``after_s`` seconds from now."""
@@ -182,9 +182,8 @@ class StoreWatch:
                 with speaking(self.languages.known(user_id)):
                     self.tell(respond, store_hung_text(STORE_SLOW_NOTE))
 
-    @staticmethod
-    def _log_waiting() -> None:
-        repeat = STORE_WAITS.admit("store-watch", time.monotonic())
+    def _log_waiting(self) -> None:
+        repeat = self.waits.admit("store-watch", time.monotonic())
         if repeat is not None:
             log.warning(
                 "the store is not answering: %d command(s) waiting for it in the last %.0f s",

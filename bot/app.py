@@ -73,8 +73,6 @@ GAUGE_MAX_AGE_MIN_S = 60.0
 READY_DB_TIMEOUT_S = 2.0
 #: Seconds the thread that acks waits for the store to check a signed request for a replay.
 REPLAY_CHECK_DEADLINE_S = 1.5
-#: Failures of the store to check a signed request, logged at most once a minute.
-REPLAY_CHECK_FAILURES = RepeatLimiter()
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -201,6 +199,8 @@ class BoundedReplayGuard(ReplayGuard):
         self.deadline = (
             deadline if deadline is not None else StoreDeadline(deadline_s=REPLAY_CHECK_DEADLINE_S)
         )
+        #: The store's failed checks, logged at most once a minute with their count.
+        self.failures = RepeatLimiter()
 
     def process(
         self,
@@ -250,10 +250,9 @@ class BoundedReplayGuard(ReplayGuard):
         self.settled()
         return answer
 
-    @staticmethod
-    def failed(reason: str) -> None:
+    def failed(self, reason: str) -> None:
         """Log that the store could not check a request (at most once a minute)."""
-        repeat = REPLAY_CHECK_FAILURES.admit("replay-check", time.monotonic())
+        repeat = self.failures.admit("replay-check", time.monotonic())
         if repeat is None:
             return
         if repeat.first:
@@ -266,10 +265,9 @@ class BoundedReplayGuard(ReplayGuard):
                 reason,
             )
 
-    @staticmethod
-    def settled() -> None:
+    def settled(self) -> None:
         """Log, once, that the store checks requests again after failing."""
-        held = REPLAY_CHECK_FAILURES.settle("replay-check", time.monotonic())
+        held = self.failures.settle("replay-check", time.monotonic())
         if held is not None:
             log.warning("the store checks signed requests again (%d failed before)", held)
 

@@ -245,11 +245,12 @@ def stopped_reminder(notice: StoppedReminder) -> Message:
 
 
 def released_unwarned(notice: ReleasedUnwarned) -> Message:
-    """For the ops channel: a deadline release whose warnings Slack never confirmed."""
+    """For the ops channel: a deadline release whose warnings the chat platform never confirmed
+    (Slack or Feishu: the words name neither)."""
     inst = notice.instance
     return plain(
         t(
-            ":rotating_light: *{name}* (owner {owner}) was released at its deadline, but Slack "
+            ":rotating_light: *{name}* (owner {owner}) was released at its deadline, but it was "
             "never confirmed that a warning reached its owner.",
             name=escape(inst.name),
             owner=mention(inst.owner_id),

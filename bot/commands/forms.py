@@ -30,7 +30,7 @@ from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.errors import ConfigError, Conflict, GpubotError, ProviderError, UsageError
 from bot.fleet import keys
 from bot.i18n import t
-from bot.providers.base import KNOWN_PROVIDERS
+from bot.providers.registry import KNOWN_PROVIDERS
 from bot.services.access import Caller
 from bot.services.instances import registration
 from bot.services.instances.lookup import echo

@@ -17,7 +17,7 @@ from bot.blocks import instances as blocks
 from bot.commands.registry import ActionSpec, CommandSpec, Registry, Reply, button_number
 from bot.errors import UsageError
 from bot.i18n import N_, t
-from bot.providers.base import KNOWN_PROVIDERS
+from bot.providers.registry import KNOWN_PROVIDERS
 from bot.services import access
 from bot.services.access import Caller
 from bot.services.instances import fleet_views, lifecycle, lookup, reconcile, registration, starts

@@ -10,7 +10,7 @@ from bot import text as bot_text
 from bot.blocks import rent as blocks
 from bot.commands.registry import CommandSpec, Registry, Reply
 from bot.i18n import N_
-from bot.providers.base import KNOWN_PROVIDERS
+from bot.providers.registry import KNOWN_PROVIDERS
 from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.services.instances import rent as rent_service

@@ -219,10 +219,6 @@ class BillSource(Protocol):
         ...
 
 
-#: Every provider module the bot ships.
-KNOWN_PROVIDERS = ("manual", "aws", "lambda", "runpod", "vast", "compshare")
-
-
 def check_mode(provider: Provider, mode: str) -> None:
     """Raise ProviderError(retryable=False) when ``mode`` is not one the provider supports."""
     if mode not in RELEASE_MODES:

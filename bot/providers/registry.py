@@ -16,7 +16,7 @@ from bot.billing import ProviderBilling
 from bot.errors import ConfigError, NotFound
 from bot.i18n import t
 from bot.providers.aws import AwsProvider
-from bot.providers.base import KNOWN_PROVIDERS, Provider
+from bot.providers.base import Provider
 from bot.providers.compshare import CompshareProvider
 from bot.providers.lambda_cloud import LambdaProvider
 from bot.providers.manual import ManualProvider
@@ -37,6 +37,10 @@ PLATFORM_BILLING: Mapping[str, ProviderBilling] = MappingProxyType(
         CompshareProvider.name: CompshareProvider.capabilities.billing,
     }
 )
+
+
+#: Every platform the bot ships a provider for, by name (the classes listed above, in order).
+KNOWN_PROVIDERS: tuple[str, ...] = tuple(PLATFORM_BILLING)
 
 
 def platform_billing(provider: str) -> ProviderBilling:

@@ -176,8 +176,8 @@ class NewJobs(Notice):
 
 @dataclass(frozen=True)
 class ReleasedUnwarned(Notice):
-    """For the ops channel: a deadline release whose warnings Slack never confirmed reached the
-    owner."""
+    """For the ops channel: a deadline release whose warnings the chat platform never confirmed
+    reached the owner."""
 
     instance: InstanceBrief
 

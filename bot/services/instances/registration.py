@@ -42,8 +42,7 @@ from bot.fleet import keys
 from bot.fleet.base import LOCAL_HOST, HostKey, Target
 from bot.i18n import N_, speaking, t
 from bot.notify import Notice
-from bot.providers.base import KNOWN_PROVIDERS
-from bot.providers.registry import platform_billing
+from bot.providers.registry import KNOWN_PROVIDERS, platform_billing
 from bot.runtime import Runtime
 from bot.services import access
 from bot.services.access import Caller

@@ -12,11 +12,16 @@ from bot import billing
 from bot.billing import ProviderBilling
 from bot.errors import UsageError
 from bot.providers.aws import AwsProvider
-from bot.providers.base import KNOWN_PROVIDERS, Provider, ProviderCapabilities
+from bot.providers.base import Provider, ProviderCapabilities
 from bot.providers.compshare import CompshareProvider
 from bot.providers.lambda_cloud import LambdaProvider
 from bot.providers.manual import ManualProvider
-from bot.providers.registry import PLATFORM_BILLING, ProviderRegistry, platform_billing
+from bot.providers.registry import (
+    KNOWN_PROVIDERS,
+    PLATFORM_BILLING,
+    ProviderRegistry,
+    platform_billing,
+)
 from bot.providers.runpod import RunpodProvider
 from bot.providers.vast import VastProvider
 from bot.settings import Settings
