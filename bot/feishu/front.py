@@ -51,12 +51,12 @@ from bot.ack_path import Languages, submit_command
 from bot.blocks.forms import REGISTER_FORM
 from bot.blocks.home import HOME_REGISTER
 from bot.commands.registry import Registry, Reply, button_id
-from bot.errors import FeishuError, GpubotError
+from bot.errors import GpubotError
 from bot.executor import Busy
 from bot.feishu import cards
 from bot.feishu.cards import Submission
 from bot.feishu.events import CardAction, MessageReceived
-from bot.feishu.notifier import RATE_LIMITED, RATE_WAIT_MAX_S, RATE_WAIT_S
+from bot.feishu.notifier import slowed
 from bot.i18n import N_, speaking, t
 from bot.listeners import (
     Forms,
@@ -378,18 +378,9 @@ class FeishuFront:
             log.warning("could not update the card %s: %s", message_id, exc.message)
 
     def _slowed(self, call: Callable[[], T]) -> T:
-        """``call``, made again after Feishu's wait when Feishu asks the bot to slow down (it
-        did nothing then: a chat takes 5 messages a second), at most
-        :data:`RATE_LIMIT_RETRIES` more times."""
-        for _ in range(RATE_LIMIT_RETRIES):
-            try:
-                return call()
-            except FeishuError as exc:
-                if exc.error != RATE_LIMITED:
-                    raise
-                wait_s = exc.retry_after_s if exc.retry_after_s is not None else RATE_WAIT_S
-                self.sleep(min(max(wait_s, 0.0), RATE_WAIT_MAX_S))
-        return call()
+        """``call``, made again after Feishu's wait, at most :data:`RATE_LIMIT_RETRIES` more
+        times (bot.feishu.notifier.slowed)."""
+        return slowed(call, retries=RATE_LIMIT_RETRIES, sleep=self.sleep)
 
     def _answer_click(self, event: CardAction, reply: Reply) -> None:
         card = self._card(reply)

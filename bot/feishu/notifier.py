@@ -143,17 +143,23 @@ class FeishuNotifier:
         )
 
     def _slowed(self, call: Callable[[], T]) -> T:
-        """``call``, made again after Feishu's wait when Feishu asks the bot to slow down (it
-        did nothing then), at most ``max_rate_limit_retries`` more times."""
-        for _ in range(self.max_rate_limit_retries):
-            try:
-                return call()
-            except FeishuError as exc:
-                if exc.error != RATE_LIMITED:
-                    raise
-                wait_s = exc.retry_after_s if exc.retry_after_s is not None else RATE_WAIT_S
-                self.sleep(min(max(wait_s, 0.0), RATE_WAIT_MAX_S))
-        return call()
+        return slowed(call, retries=self.max_rate_limit_retries, sleep=self.sleep)
+
+
+def slowed(call: Callable[[], T], *, retries: int, sleep: Callable[[float], object]) -> T:
+    """``call``, made again after Feishu's wait (its ``retry_after_s``, else
+    :data:`RATE_WAIT_S`, at most :data:`RATE_WAIT_MAX_S`) when Feishu asks the bot to slow down
+    (it did nothing then: a chat takes 5 messages a second), at most ``retries`` more times.
+    Raises what ``call`` raises."""
+    for _ in range(retries):
+        try:
+            return call()
+        except FeishuError as exc:
+            if exc.error != RATE_LIMITED:
+                raise
+            wait_s = exc.retry_after_s if exc.retry_after_s is not None else RATE_WAIT_S
+            sleep(min(max(wait_s, 0.0), RATE_WAIT_MAX_S))
+    return call()
 
 
 def receiver_of(channel: str) -> tuple[str, str]:
