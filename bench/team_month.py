@@ -24,7 +24,8 @@ rest call the services directly. The clock advances one tick interval at a time 
 ``tick(now)`` in every bot process, so warnings, releases, retries, reconciliation, the
 ledger, the bills and the outbox run as they do in the bot.
 
-Faults: Slack outages, answers lost after the post landed, 429s; platform 5xx answers, lost
+Faults: Slack outages, answers lost after the post landed, posts that land up to a minute and
+a half after the bot gave up on them, 429s; platform 5xx answers, lost
 answers after the platform acted, catch-all HTML 404s (unknown outcomes), operation locks (a
 409 while the platform is busy with the machine), instances ended on the platform behind the
 bot's back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or
@@ -256,6 +257,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
         for proc in procs:
             _close(proc.rt)
         rt = procs[0].rt
+        slack.land_everything()
         inconsistent += store_consistent(db, clock.now, final=True)
         figures = invariants(
             db, rt.settings, team, cloud, fleet, slack, world, start, clock.now, args.tick_s

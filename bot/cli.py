@@ -445,10 +445,8 @@ def _configure_logging(
     configure_logging(level, file=file, json_format=settings.log_format == "json")
 
 
-#: From SIGTERM to exit, seconds: under TimeoutStopSec=30 (deploy/systemd/gpubot-http.service),
-#: with room for the interpreter to go.
-STOP_BUDGET_S = 22.0
-#: Of that budget, kept for abandoning what still runs (closing SSH connections, the store).
+#: Of the stop's budget (GPUBOT_STOP_TIMEOUT_S), kept for abandoning what still runs (closing
+#: SSH connections, the store), seconds.
 ABANDON_S = 3.0
 
 
@@ -459,12 +457,11 @@ def _run_until_signal(
     stop: Callable[[], None],
     health: Health | None = None,
     also: Callable[[], None] | None = None,
-    budget_s: float = STOP_BUDGET_S,
     exit_now: Callable[[int], None] = os._exit,
 ) -> int:
     """Start the clock (reporting its ticks to ``health``), run ``start`` until SIGTERM/SIGINT
-    calls ``stop``, then clean up within ``budget_s`` seconds of the signal: no new work is
-    taken, what runs may finish until the budget's last ``ABANDON_S`` seconds, then SSH
+    calls ``stop``, then clean up within GPUBOT_STOP_TIMEOUT_S seconds of the signal: no new
+    work is taken, what runs may finish until the budget's last ``ABANDON_S`` seconds, then SSH
     connections are closed (hung channels abandoned). If work still runs after that, the process
     ends through ``exit_now`` rather than wait on it; what it abandoned (a release claim, a job
     poll) is picked up by the next start once its claim lapses."""
@@ -484,7 +481,8 @@ def _run_until_signal(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        deadline = (signalled[0] if signalled else time.monotonic()) + budget_s
+        stop_timeout_s = rt.settings.stop_timeout_s
+        deadline = (signalled[0] if signalled else time.monotonic()) + stop_timeout_s
         if not _wind_down(rt, clock, deadline):
             log.warning("stopping: work still running abandoned; the next start takes it up")
             logging.shutdown()

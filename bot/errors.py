@@ -173,6 +173,11 @@ class ProviderError(GpubotError):
             self.retryable = retryable
 
 
+class ProviderBusy(ProviderError):
+    """The platform answered that the machine is busy (HTTP 409: a transition or another
+    operation under way on it): the platform is up, and trying again shortly may succeed."""
+
+
 class ProviderAuthError(ProviderError):
     """The platform rejected the API key (401/403)."""
 

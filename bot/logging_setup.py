@@ -130,7 +130,8 @@ class RepeatLimiter:
     failed since the last one. Working again is said (:meth:`settle`) once ``every_s`` have
     passed since the last line, with the failures held back since it; a key that fails again
     before that goes on counting, so a step that fails every other time logs no more. Times
-    are given by the caller, in seconds (a time before the last line starts a new window).
+    are given by the caller, in seconds (a time ``every_s`` or more before the last line, a clock
+    gone back, starts a new window).
     Thread-safe."""
 
     def __init__(self, every_s: float = REPEAT_EVERY_S) -> None:
@@ -165,7 +166,9 @@ class RepeatLimiter:
             return run[1]
 
     def _within(self, logged_at_s: float, at_s: float) -> bool:
-        return logged_at_s <= at_s < logged_at_s + self.every_s
+        # A time a little before the last line is a thread that read the clock before another
+        # took the lock: the same window. One a whole window before it is a clock gone back.
+        return logged_at_s - self.every_s < at_s < logged_at_s + self.every_s
 
 
 def record_ids(record: logging.LogRecord) -> dict[str, object]:

@@ -52,6 +52,9 @@ class Settings:
     ssh_key_dir: Path | None = None
     ssh_connect_timeout_s: float = 10.0
     ssh_command_timeout_s: float = 120.0
+    #: From SIGTERM to exit, seconds: keep it under the service manager's stop timeout
+    #: (TimeoutStopSec=30 in deploy/systemd), with room for the interpreter to go.
+    stop_timeout_s: float = 22.0
     agent_zipapp: Path = Path("dist/gpu-agent.pyz")
     aws_endpoint_url: str | None = None
     aws_region: str = "us-east-1"
@@ -443,6 +446,9 @@ NUMBERS = (
     NumberSetting(
         "ssh_command_timeout_s", "GPUBOT_SSH_COMMAND_TIMEOUT_S", 0, 3600, "seconds", low_open=True
     ),
+    # The stop's last 3 s (bot.cli.ABANDON_S), or all of a shorter one, go to abandoning
+    # what still runs.
+    NumberSetting("stop_timeout_s", "GPUBOT_STOP_TIMEOUT_S", 1, 3600, "seconds"),
     NumberSetting("tick_interval_s", "GPUBOT_TICK_INTERVAL_S", 0.1, 3600, "seconds"),
     # The top is about 30 years: polling that seldom is never, which a setting may ask for.
     NumberSetting("poll_interval_s", "GPUBOT_POLL_INTERVAL_S", 1, 10**9, "seconds"),

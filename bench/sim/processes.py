@@ -16,6 +16,7 @@ end (``final``) no release, outbox post or job reply still claimed by a lease lo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from typing import Any
 from sqlmodel import col, select
 
 from bench.sim.world import SimCloud, SimSlack, World
+from bot.errors import ProviderError, SlackError
 from bot.notify import MessageRef
 from bot.providers.base import ReleaseOutcome
 from bot.services.instances import releases
@@ -77,7 +79,9 @@ class ProcessSlack:
         if self.doom.at == "post":
             self.doom.at, self.doom.fired = None, True
             if self.doom.after:
-                self.slack.post(channel, text, blocks, thread_ts=thread_ts, key=key)
+                # Dead before Slack's answer, whatever it was (a late post still lands).
+                with contextlib.suppress(SlackError):
+                    self.slack.post(channel, text, blocks, thread_ts=thread_ts, key=key)
             raise Killed("killed mid-post")
         return self.slack.post(channel, text, blocks, thread_ts=thread_ts, key=key)
 
@@ -99,7 +103,9 @@ class ProcessCloud:
         if self.doom.at == "release":
             self.doom.at, self.doom.fired = None, True
             if self.doom.after:
-                self.cloud.release(provider_id, mode)
+                # Dead before the platform's answer, whatever it was.
+                with contextlib.suppress(ProviderError):
+                    self.cloud.release(provider_id, mode)
             raise Killed("killed mid-release")
         return self.cloud.release(provider_id, mode)
 

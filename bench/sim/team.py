@@ -14,6 +14,7 @@ from sqlmodel import col, select
 
 from bench.sim.agents import FATES, SIM_FLAG, SimFleet
 from bench.sim.front import SlackFront
+from bench.sim.processes import Killed
 from bench.sim.world import PLATFORM, Machine, SimCloud, World, box_name
 from bot.blocks import deadlines as deadline_blocks
 from bot.errors import GpubotError, NotAuthorized
@@ -406,12 +407,17 @@ def run_job(rt: Runtime, team: Team, rng: random.Random, now: datetime, world: W
         flags = f" --gpus {gpus}" if gpus is not None else ""
         flags += f" --retries {retries}" if retries else ""
         flags += " --release-when-done" if when_done else ""
-        front.command(rental.owner, f"run {inst.name}{flags} -- {' '.join(command)}", TEAM_CHANNEL)
+        # Counted before it is sent: the process serving it may die while it takes the job.
         team.jobs_asked["through_slack"] += 1
         world.log(now, f"[{inst.name}] {rental.owner} runs a job ({what}) through Slack")
+        front.command(rental.owner, f"run {inst.name}{flags} -- {' '.join(command)}", TEAM_CHANNEL)
         return
     try:
         result = runs.submit(rt, caller, inst.name, command, gpus, retries, when_done)
+    except Killed:
+        team.jobs_asked["killed_while_taken"] += 1
+        world.log(now, f"[{inst.name}] {rental.owner} runs a job ({what}): the bot died meanwhile")
+        raise
     except GpubotError as exc:
         team.jobs_asked[type(exc).__name__] += 1
         world.log(now, f"[{inst.name}] {rental.owner} runs a job ({what}): {type(exc).__name__}")

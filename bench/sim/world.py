@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bot.errors import (
+    ProviderBusy,
     ProviderError,
     ProviderNotFound,
     ProviderRateLimited,
@@ -39,6 +40,7 @@ FAULT_KINDS = (
     "slack_outage",
     "slack_429",
     "slack_lost_answer",
+    "slack_late_post",
     "platform_outage",
     "platform_error",
     "platform_catch_all_404",
@@ -109,16 +111,37 @@ class Posted:
     ts: str
 
 
+#: How late a post may land after the client gave up on it, seconds (``slack_late_post``):
+#: Slack stores a message it was slow to answer within seconds, at most a minute and a half;
+#: well inside the outbox's claim lease, after which another process looks for it.
+LATE_POST_S = (5, 90)
+
+
 class SimSlack:
-    """Slack's Web API as the bot's notifier sees it: outages (unreachable), 429s, and posts
-    that land although the answer was lost (outcome unknown)."""
+    """Slack's Web API as the bot's notifier sees it: outages (unreachable), 429s, posts that
+    land although the answer was lost (outcome unknown), and posts that land only after the
+    client timed out (``slack_late_post``: not in the conversation when the bot gave up, there
+    ``LATE_POST_S`` seconds later)."""
 
     def __init__(self, world: World, clock: SimClock, *, double_post: bool = False) -> None:
         self.world = world
         self.clock = clock
-        self.posts: list[Posted] = []
+        self._posts: list[Posted] = []
+        #: (when it lands, what) of posts Slack is still storing.
+        self._landing: list[tuple[datetime, Posted]] = []
         self.double_post = double_post
         self._ts = 0
+
+    @property
+    def posts(self) -> list[Posted]:
+        """What is in the conversations now (late posts once their moment came)."""
+        self._settle(self.clock())
+        return self._posts
+
+    def land_everything(self) -> None:
+        """Let every late post land (the run is over: Slack has stored them all)."""
+        self._posts.extend(posted for _, posted in self._landing)
+        self._landing.clear()
 
     def post(
         self,
@@ -134,6 +157,11 @@ class SimSlack:
             raise SlackError("Slack is unreachable", error="unreachable")
         if self.world.fires("slack_429", 0.02):
             raise SlackError("ratelimited", error="ratelimited")
+        if self.world.fires("slack_late_post", 0.01):
+            delay_s = self.world.rng.randint(*LATE_POST_S)
+            self._land(channel, text, key, at=now + timedelta(seconds=delay_s))
+            self.world.log(now, f"a post to {channel} timed out; it lands {delay_s} s later")
+            raise SlackError("timed out", error="timeout", outcome_unknown=True)
         ref = self._land(channel, text, key)
         if self.double_post and key is not None:
             self._land(channel, text, key)
@@ -157,11 +185,25 @@ class SimSlack:
         if not self.world.slack_up(self.clock()):
             raise SlackError("Slack is unreachable", error="unreachable")
 
-    def _land(self, channel: str, text: str, key: str | None) -> MessageRef:
+    def _land(
+        self, channel: str, text: str, key: str | None, *, at: datetime | None = None
+    ) -> MessageRef:
+        """Store a post now, or (``at``) when Slack gets round to it."""
         self._ts += 1
         ts = f"{self._ts}.000100"
-        self.posts.append(Posted(channel, text, key, ts))
+        posted = Posted(channel, text, key, ts)
+        if at is None:
+            self._posts.append(posted)
+        else:
+            self._landing.append((at, posted))
         return MessageRef(channel=channel, ts=ts)
+
+    def _settle(self, now: datetime) -> None:
+        if not self._landing:
+            return
+        landed = [posted for at, posted in self._landing if at <= now]
+        self._landing = [(at, posted) for at, posted in self._landing if at > now]
+        self._posts.extend(landed)
 
 
 @dataclass
@@ -218,9 +260,7 @@ class SimCloud:
             raise ProviderNotFound(f"{provider_id} not found")
         if machine.ended_at is None and self.world.fires("platform_operation_lock", 0.02):
             self.world.log(now, f"[{box_name(provider_id)}] the platform is busy with it (409)")
-            raise ProviderError(
-                "release: 409 another operation is in progress on this instance", retryable=True
-            )
+            raise ProviderBusy("release: 409 another operation is in progress on this instance")
         if machine.ended_at is None:
             machine.ended_at = now
             machine.ended_by = "bot"

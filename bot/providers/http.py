@@ -4,7 +4,8 @@ Only the platform's own answer confirms anything. HTTP answers become the provid
 
 - 401/403 ProviderAuthError; 429 ProviderRateLimited (with the Retry-After header in seconds,
   else the ``reset`` of a ``RateLimit`` header, else None: a plain-text 429 says nothing);
-  5xx, 409 (busy: a transition under way) and network trouble ProviderError(retryable=True);
+  409 ProviderBusy (a transition under way: the platform is up); 5xx and network trouble
+  ProviderError(retryable=True);
   any other 4xx with the platform's JSON error document ProviderError(retryable=False).
 - 404 is ProviderNotFound **only** when the body is JSON and the provider's ``not_found``
   recogniser accepts it as the platform's own not-found document. Any other 404 (a proxy's
@@ -38,6 +39,7 @@ from typing import IO, Any
 from bot import __version__
 from bot.errors import (
     ProviderAuthError,
+    ProviderBusy,
     ProviderError,
     ProviderNotFound,
     ProviderRateLimited,
@@ -194,8 +196,10 @@ class JsonApi:
             return ProviderAuthError(message)
         if exc.code == 429:
             return ProviderRateLimited(message, retry_after_s=rate_limit_wait_s(exc.headers))
-        if exc.code >= 500 or exc.code == 409:
-            # 409: the resource is busy (a transition under way, a lock): later may succeed.
+        if exc.code == 409:
+            # The resource is busy (a transition under way, a lock): later may succeed.
+            return ProviderBusy(message)
+        if exc.code >= 500:
             return ProviderError(message, retryable=True)
         if document is None:
             return _unknown(what, exc.code, content_type, raw, _NOT_JSON_ERROR)

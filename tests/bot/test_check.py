@@ -21,6 +21,7 @@ from bot.metrics import Metrics
 from bot.settings import Settings
 from bot.store.db import Database
 from tests.bot.services.support import add_instance
+from tests.fixtures.cli_process import run_cli
 from tests.fixtures.slack import BOT_TOKEN, CHANNEL, SIGNING_SECRET
 from tests.fixtures.sshd import make_client_key
 
@@ -28,10 +29,16 @@ ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 
 
-def run_gpubot(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`python -m bot.cli ARGS` with a clean environment plus ``env``; waits for its end."""
+def run_gpubot(
+    *args: str, env: dict[str, str], fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python -m bot.cli ARGS` with a clean environment plus ``env``; waits for its end. The
+    process is forked from a warm interpreter (tests/fixtures/cli_process.py) unless ``fresh``
+    asks for a new interpreter, as a shell starts it."""
     full = {k: v for k, v in os.environ.items() if not k.startswith(("SLACK_", "GPUBOT_"))}
     full.update(env)
+    if not fresh:
+        return run_cli(list(args), env=full)
     return subprocess.run(
         [sys.executable, "-m", "bot.cli", *args],
         cwd=ROOT,
@@ -70,7 +77,7 @@ def good_env(tmp_path: Path, local_slack: LocalSlack) -> dict[str, str]:
 def test_a_good_configuration_prints_ok_and_makes_nothing(
     good_env: dict[str, str], local_slack: LocalSlack, tmp_path: Path
 ) -> None:
-    done = run_gpubot("check", env=good_env)
+    done = run_gpubot("check", env=good_env, fresh=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
     assert [call.token for call in local_slack.calls_to("auth.test")] == [BOT_TOKEN]
     assert not (tmp_path / "data").exists()
@@ -309,7 +316,7 @@ def test_bad_urls_and_unsupported_databases_exit_2_without_a_traceback(
 
 
 def test_version_names_the_package_and_python() -> None:
-    done = run_gpubot("--version", env={})
+    done = run_gpubot("--version", env={}, fresh=True)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"gpubot {VERSION} (Python {platform.python_version()})\n"
 

@@ -24,6 +24,7 @@ from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.settings import Settings
 from tests.chinese import assert_chinese
+from tests.fixtures.cli_process import run_cli
 from tests.fixtures.fake_nvml import build_config, fake_nvml_env
 from tests.fixtures.instances import A100_80
 
@@ -338,13 +339,21 @@ def test_speaker_ids_look_like_slack_ids() -> None:
 
 
 def _run_cli(
-    tmp_path: Path, script: str, *args: str, extra_env: dict[str, str] | None = None
+    tmp_path: Path,
+    script: str,
+    *args: str,
+    extra_env: dict[str, str] | None = None,
+    fresh: bool = False,
 ) -> subprocess.CompletedProcess[str]:
+    """`python -m bot.cli ARGS` with ``script`` as its input: forked from a warm interpreter
+    (tests/fixtures/cli_process.py), or ``fresh``, as `make run` starts it."""
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("SLACK_", "GPUBOT_"))
     }
     env["GPUBOT_DATA_DIR"] = str(tmp_path / "data")
     env.update(extra_env or {})
+    if not fresh:
+        return run_cli(list(args), env=env, stdin=script)
     return subprocess.run(
         [sys.executable, "-m", "bot.cli", *args],
         input=script,
@@ -449,7 +458,7 @@ def test_piped_lines_fill_in_the_register_form_of_local(
 
 @pytest.mark.integration
 def test_no_arguments_and_no_tokens_open_the_console(tmp_path: Path) -> None:
-    result = _run_cli(tmp_path, "help\n")
+    result = _run_cli(tmp_path, "help\n", fresh=True)
     assert result.returncode == 0, result.stderr
     assert "gpubot console" in result.stdout
     assert "== gpubot: the /gpu commands ==" in result.stdout

@@ -28,7 +28,7 @@ def _stop_on_sigterm(
     db: Database, hold: threading.Event, *, finishes: bool
 ) -> tuple[list[int], float, _Fleet]:
     fleet = _Fleet()
-    rt = make_runtime(db, Clock(), fleet=fleet, poll_interval_s=10**7)
+    rt = make_runtime(db, Clock(), fleet=fleet, poll_interval_s=10**7, stop_timeout_s=1.5)
     rt.executor = BotExecutor(max_workers=2)
     started = threading.Event()
 
@@ -46,13 +46,7 @@ def _stop_on_sigterm(
     def serve() -> None:
         stopped.wait(10)
 
-    code = cli._run_until_signal(
-        rt,
-        start=serve,
-        stop=stopped.set,
-        budget_s=1.5,
-        exit_now=exits.append,
-    )
+    code = cli._run_until_signal(rt, start=serve, stop=stopped.set, exit_now=exits.append)
     assert code == 0
     return exits, time.monotonic() - began, fleet
 

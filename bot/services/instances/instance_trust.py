@@ -205,12 +205,12 @@ class AttemptLimiter:
     def __init__(
         self,
         *,
-        limit: int = ATTEMPTS,
+        limit: int | None = None,
         window_s: int = WINDOW_S,
         max_people: int = MAX_PEOPLE,
         in_flight_limit: int = IN_FLIGHT,
     ) -> None:
-        self.limit = limit
+        self.limit = ATTEMPTS if limit is None else limit
         self.window = timedelta(seconds=window_s)
         self.max_people = max_people
         self.in_flight_limit = in_flight_limit

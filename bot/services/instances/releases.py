@@ -8,7 +8,8 @@
   ``next_attempt_at``), commits, calls the provider outside any transaction and records the
   result. Nothing is marked released until the platform reports the instance stopped or
   terminated, or no longer knows it. Failures are retried with exponential backoff (a 429's
-  Retry-After is honoured) and escalated to the owner and the channel after
+  Retry-After is honoured; a busy machine's 409 starts the back-off over, since the platform
+  answers again) and escalated to the owner and the channel after
   ``ESCALATE_AFTER_FAILURES`` failures (at once for a failure retrying cannot fix).
 - ``process_due_releases`` takes the due Releases longest due first: each goes to its
   platform's pool, or without pools is worked on in turn until the caller's time budget
@@ -56,6 +57,7 @@ from bot.errors import (
     Conflict,
     GpubotError,
     NotFound,
+    ProviderBusy,
     ProviderNotFound,
     ProviderRateLimited,
     ProviderUnknownOutcome,
@@ -929,6 +931,10 @@ def _record_failure(
     attempts = claim.attempts + 1
     retryable = bool(getattr(error, "retryable", True))
     delay = backoff_s(attempts, key=claim.release_id) if retryable else BACKOFF_MAX_S
+    if isinstance(error, ProviderBusy):
+        # The platform answers again (after an outage, the doubling step may be long): the
+        # machine's own transition ends within minutes, so the wait starts over.
+        delay = backoff_s(1, key=claim.release_id)
     if retry_after_s is not None:
         # Honoured, but never past the longest back-off: a platform asking for a day would
         # otherwise keep a deadline release (and its billing) waiting that long.

@@ -14,6 +14,7 @@ import pytest
 
 from bot.errors import (
     ProviderAuthError,
+    ProviderBusy,
     ProviderError,
     ProviderNotFound,
     ProviderRateLimited,
@@ -365,6 +366,7 @@ def test_what_the_platform_says_about_whose_and_since_when(platform):
         (401, ProviderAuthError),
         (403, ProviderAuthError),
         (404, ProviderNotFound),
+        (409, ProviderBusy),
         (429, ProviderRateLimited),
         (500, ProviderError),
         (503, ProviderError),
@@ -382,7 +384,7 @@ def test_http_errors_are_translated(rest_platform, status, error):
     assert f"HTTP {status}" in str(caught.value)
     if status == 429:
         assert caught.value.retry_after_s == 7
-    if status >= 500:
+    if status >= 500 or status == 409:
         assert caught.value.retryable
     if status in (401, 403):
         assert not caught.value.retryable

@@ -12,7 +12,7 @@ from sqlmodel import col, select
 from bot.errors import SlackError
 from bot.notify import MessageRef
 from bot.services.instances import deadlines, releases
-from bot.services.tick import RECONCILE_EVERY_S, TICK_STEPS, tick
+from bot.services.tick import RECONCILE_EVERY_S, tick
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release
 from tests.bot.services.support import (
     T0,
@@ -20,6 +20,7 @@ from tests.bot.services.support import (
     get_instance,
     make_runtime,
 )
+from tests.bot.ticking import tick_through
 
 D = T0 + timedelta(hours=2)
 NEVER_POLL = 10**7
@@ -43,11 +44,9 @@ def _instance(rt, **fields) -> int:
 
 
 def _run(rt, clock, *, until, step_s=60):
-    """Tick every ``step_s`` seconds from the clock's time up to ``until`` (inclusive)."""
-    while clock.now <= until:
-        report = tick(rt, clock.now)
-        assert [step for step in report.errors if step not in dict(TICK_STEPS)] == []
-        clock.advance(seconds=step_s)
+    """Tick every ``step_s`` seconds from the clock's time up to ``until`` (inclusive), skipping
+    the ticks at which nothing is due (tests/bot/ticking.py)."""
+    tick_through(rt, clock, until, step_s=step_s)
 
 
 def _warnings(rt):

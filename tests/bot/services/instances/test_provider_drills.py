@@ -33,6 +33,7 @@ from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import Release
 from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
+from tests.bot.ticking import tick_through
 from tests.fixtures.providers import LambdaStandIn, RunpodStandIn
 
 pytestmark = pytest.mark.integration
@@ -202,3 +203,39 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
     assert len(reports) == int((END - T0).total_seconds()) // 30 + 1
     assert all(r.over_budget == [] for r in reports)
     assert max(sum(r.durations_s.values()) for r in reports) < INTERVAL_S / 3
+
+
+def test_a_busy_answer_after_a_long_outage_starts_the_back_off_over(
+    rt: Runtime, runpod_cloud: RunpodStandIn
+) -> None:
+    """Found by the team-month simulation: after an hour of 500s the back-off's step is half an
+    hour or more; a 409 then (the platform answers again, busy with the machine) kept the
+    doubling, and the machine billed another hour. A busy answer starts the wait over."""
+    clock = rt.clock
+    assert isinstance(clock, Clock)
+    pod = runpod_cloud.add()
+    iid = _instance(rt, "pod", "runpod", pod, D)
+    runpod_cloud.outage(500)
+    tick_through(rt, clock, D + timedelta(minutes=50), step_s=INTERVAL_S)
+    grown = _pod_release(rt, iid)
+    assert grown.attempts >= 5
+    assert grown.next_attempt_at is not None
+    assert grown.next_attempt_at - clock.now > timedelta(minutes=10)  # a long step by now
+
+    runpod_cloud.outage(409)  # up again, and busy with the machine at the next try
+    tick_through(rt, clock, grown.next_attempt_at + timedelta(seconds=INTERVAL_S))
+    busy = _pod_release(rt, iid)
+    assert busy.attempts == grown.attempts + 1
+    assert "HTTP 409" in (busy.last_error or "")
+    assert busy.next_attempt_at is not None
+    tried_at = busy.next_attempt_at - timedelta(seconds=releases.backoff_s(1, key=busy.id))
+    assert tried_at <= clock.now  # the wait after the 409 is the first step: a minute at most
+
+    runpod_cloud.outage(None)
+    tick_through(rt, clock, busy.next_attempt_at + timedelta(seconds=INTERVAL_S))
+    done = _pod_release(rt, iid)
+    assert done.state == "confirmed"
+    assert done.confirmed_at is not None
+    assert done.confirmed_at - tried_at <= timedelta(seconds=60 + INTERVAL_S)
+    assert runpod_cloud.answered_to("DELETE", pod) == [204]  # terminated exactly once
+    assert get_instance(rt.db, iid).state == "released"
