@@ -39,7 +39,7 @@ def test_fleet_overview_shows_every_instance_and_survives_broken_ones(
     registration.register(rt, OWNER, local_request())
     unpinned = add_instance(db, name="nokey", host="10.255.0.1", owner_id="UOTHER")
     add_instance(db, name="gone", host="10.255.0.2", state="released")
-    local_id = rows(db, Instance)[0].id
+    local_id = next(i.id for i in rows(db, Instance) if i.name == "local")  # rows: any order
     with db.session() as session:
         session.add(
             Job(
