@@ -319,3 +319,32 @@ def test_two_processes_on_postgresql_one_killed_keep_every_promise() -> None:
     assert report["faults"]["process_kill"] >= 1
     assert report["store_inconsistencies"] == 0
     assert report["violations"] == []
+
+
+def test_the_back_off_rule_excuses_what_the_platform_failed_and_nothing_more() -> None:
+    """A release the platform failed four times in a row (5-minute ticks) may take the doubling
+    back-off's steps; a busy 409 after an hour of failures allows one first step, not the
+    doubling: the wait the bot took before it started over was found by the simulation."""
+    from bench.sim.promise import _after_failed_calls
+
+    deadline = datetime(2027, 3, 6, 13, 35)
+    base = deadline + timedelta(minutes=20)  # the notice window and two ticks
+    four = [(deadline + timedelta(minutes=5 * n), n == 0) for n in range(4)]
+    moved = _after_failed_calls(base, deadline, four, 300)
+    # The fourth failure (13:50) allows the fourth step (8 min) and two ticks.
+    assert moved == deadline + timedelta(minutes=15 + 8 + 10)
+    # Six failures (an outage) allow up to the sixth step, 32 min, after the last (14:00).
+    outage = [(deadline + timedelta(minutes=5 * n), False) for n in range(6)]
+    assert _after_failed_calls(base, deadline, outage, 300) == datetime(2027, 3, 6, 14, 42)
+    # Then, inside that, a 409: the platform is up, so it allows one first step, where a
+    # seventh failure of the platform allows the doubling's next step (60 min, the most).
+    then = datetime(2027, 3, 6, 14, 35)
+    busy = _after_failed_calls(base, deadline, [*outage, (then, True)], 300)
+    failed = _after_failed_calls(base, deadline, [*outage, (then, False)], 300)
+    assert busy == then + timedelta(minutes=1 + 10)
+    assert failed == then + timedelta(minutes=60 + 10)
+    # Failures after the limit passed, or before the deadline, excuse nothing.
+    late = [(base + timedelta(minutes=1), False)]
+    assert _after_failed_calls(base, deadline, late, 300) == base
+    early = [(deadline - timedelta(minutes=1), False)]
+    assert _after_failed_calls(base, deadline, early, 300) == base

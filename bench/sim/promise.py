@@ -68,6 +68,8 @@ def invariants(
         if deadline is None or (rental.exempt and not deadline.capped):
             continue
         limit = _release_limit(deadline.at, settings, world, tick_s)
+        failed = cloud.failed_calls[rental.provider_id]
+        limit = _after_failed_calls(limit, deadline.at, failed, tick_s)
         end = machine.ended_at or now
         if end > limit:
             excused = overlap_s(limit, end, world.platform_outages + world.suspensions)
@@ -153,6 +155,30 @@ def _release_limit(
             back_off = min(b - a, timedelta(seconds=releases.BACKOFF_MAX_S))
             if a <= limit and b >= deadline_at and b + back_off + ticks > limit:
                 limit, moved = b + back_off + ticks, True
+    return limit
+
+
+def _after_failed_calls(
+    limit: datetime, deadline_at: datetime, failed: Sequence[tuple[datetime, bool]], tick_s: int
+) -> datetime:
+    """``limit`` moved by the documented back-off (bot.services.instances.releases) after each
+    call about the machine that the platform failed from its deadline on, while the limit had
+    not passed: the longest wait the back-off allows after the n-th failure is its doubling step
+    (``BACKOFF_BASE_S`` * 2^(n-1), at most ``BACKOFF_MAX_S``), and a busy machine's 409, where
+    the wait starts over, the first step; then the tick that follows the wait, and the one in
+    which the release call is made (as the notice window's limit allows two ticks). A wait
+    longer than that is the bot's."""
+    ticks = timedelta(seconds=2 * tick_s)
+    failures = 0
+    for at, busy in sorted(failed):
+        if at < deadline_at:
+            continue
+        if at > limit:
+            break
+        failures += 1
+        doubled = releases.BACKOFF_BASE_S * 2 ** (failures - 1)
+        step_s = releases.BACKOFF_BASE_S if busy else min(doubled, releases.BACKOFF_MAX_S)
+        limit = max(limit, at + timedelta(seconds=step_s) + ticks)
     return limit
 
 

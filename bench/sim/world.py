@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -236,6 +236,9 @@ class SimCloud:
         self.world = world
         self.clock = clock
         self.machines: dict[str, Machine] = {}
+        #: By machine: (when, busy) of each call about it (get, release) that failed on the
+        #: platform's side (busy: a 409, the platform up), for the back-off rule's excuse.
+        self.failed_calls: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
 
     def bill_micros(self, machine: Machine, until: datetime) -> int:
         end = min(machine.ended_at or until, until)
@@ -246,7 +249,7 @@ class SimCloud:
         return [self._record(m) for m in self.machines.values()]
 
     def get(self, provider_id: str) -> ProviderInstance:
-        self._answering("get")
+        self._answering("get", provider_id)
         machine = self.machines.get(provider_id)
         if machine is None:
             raise ProviderNotFound(f"{provider_id} not found")
@@ -254,12 +257,13 @@ class SimCloud:
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
         now = self.clock()
-        self._answering("release")
+        self._answering("release", provider_id)
         machine = self.machines.get(provider_id)
         if machine is None:
             raise ProviderNotFound(f"{provider_id} not found")
         if machine.ended_at is None and self.world.fires("platform_operation_lock", 0.02):
             self.world.log(now, f"[{box_name(provider_id)}] the platform is busy with it (409)")
+            self.failed_calls[provider_id].append((now, True))
             raise ProviderBusy("release: 409 another operation is in progress on this instance")
         if machine.ended_at is None:
             machine.ended_at = now
@@ -296,18 +300,29 @@ class SimCloud:
     def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
         raise no_launch(self.name)
 
-    def _answering(self, call: str) -> None:
+    def _answering(self, call: str, provider_id: str | None = None) -> None:
+        """Raise the platform's failure for this call, if one fires; a failure of a call about
+        one machine is recorded against it."""
         now = self.clock()
+        failure = self._failure(call, now)
+        if failure is None:
+            return
+        if provider_id is not None:
+            self.failed_calls[provider_id].append((now, False))
+        raise failure
+
+    def _failure(self, call: str, now: datetime) -> ProviderError | None:
         if not self.world.platform_up(now):
-            raise ProviderError(f"{call}: 503 Service Unavailable", retryable=True)
+            return ProviderError(f"{call}: 503 Service Unavailable", retryable=True)
         if self.world.fires("platform_error", 0.03):
-            raise ProviderError(f"{call}: 500 Internal Server Error", retryable=True)
+            return ProviderError(f"{call}: 500 Internal Server Error", retryable=True)
         if self.world.fires("platform_catch_all_404", 0.02):
-            raise ProviderUnknownOutcome(
+            return ProviderUnknownOutcome(
                 f"{call}: a 404 page that is not the platform's", status=404
             )
         if self.world.fires("platform_429", 0.01):
-            raise ProviderRateLimited(f"{call}: 429 Too Many Requests")
+            return ProviderRateLimited(f"{call}: 429 Too Many Requests")
+        return None
 
     def _record(self, machine: Machine) -> ProviderInstance:
         ended = machine.ended_at
