@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from slack_sdk.models.views import View
-from sqlmodel import select
 
 from bot.blocks.forms import REGISTER_FIELDS, REGISTER_FORM, RENT_FORM, VALUE
 from bot.commands import build_registry, forms
@@ -33,7 +32,7 @@ from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance
-from tests.bot.services.support import Clock, add_instance, make_runtime
+from tests.bot.services.support import Clock, add_instance, make_runtime, rows
 from tests.chinese import assert_chinese
 from tests.fixtures.store import fresh_database
 
@@ -76,11 +75,6 @@ def submitted(**fields: str | None) -> dict[str, dict[str, Any]]:
         else:
             values[block_id] = {VALUE: {"type": "plain_text_input", "value": text}}
     return values
-
-
-def rows(db: Database, model: type[Any]) -> list[Any]:
-    with db.session() as session:
-        return list(session.exec(select(model)).all())
 
 
 def run(rt: Runtime, text: str) -> Reply:

@@ -8,10 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlmodel import select
 
 from bot.commands import build_registry
 from bot.commands.parser import parse
@@ -24,7 +22,7 @@ from bot.runtime import Runtime
 from bot.services.access import Caller
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance
-from tests.bot.services.support import Clock, RecordingNotifier, grant_key, make_runtime
+from tests.bot.services.support import Clock, RecordingNotifier, grant_key, make_runtime, rows
 from tests.chinese import assert_chinese
 from tests.fixtures.fake_nvml import FakeNvml
 from tests.fixtures.sshd import SshServer
@@ -42,11 +40,6 @@ def run(rt: Runtime, text: str) -> Reply:
 
 def shown(reply: Reply) -> str:
     return reply.text + "\n" + str(reply.blocks)
-
-
-def rows(db: Database, model: type[Any]) -> list[Any]:
-    with db.session() as session:
-        return list(session.exec(select(model)).all())
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import Any, cast
 
 import pytest
-from sqlmodel import select
 
 import bot.commands.instances as commands
 import bot.commands.rent as rent_commands
@@ -23,7 +22,7 @@ from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, Release
 from bot.values import format_duration
-from tests.bot.services.support import Clock, RecordingNotifier, add_instance
+from tests.bot.services.support import Clock, RecordingNotifier, add_instance, rows
 from tests.chinese import assert_chinese
 
 REGISTRY = build_registry()
@@ -52,11 +51,6 @@ def run(rt: Runtime, text: str, caller: Caller = OWNER) -> Reply:
 
 def click(rt: Runtime, action_id: str, value: str, caller: Caller = OWNER) -> Reply:
     return REGISTRY.actions[action_id].handler(rt, caller, value)
-
-
-def rows(db: Database, model: type[Any]) -> list[Any]:
-    with db.session() as session:
-        return list(session.exec(select(model)).all())
 
 
 def test_the_commands_and_buttons_are_registered() -> None:

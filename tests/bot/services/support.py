@@ -281,9 +281,10 @@ def local_request(**changes: object) -> RegisterRequest:
 
 
 def rows(db: Database, model: type[Any]) -> list[Any]:
-    """Every row of ``model``."""
+    """Every row of ``model``, in the order of its primary key (PostgreSQL returns rows without
+    an ORDER BY in any order: an updated row moves)."""
     with db.session() as session:
-        return list(session.exec(select(model)).all())
+        return list(session.exec(select(model).order_by(*model.__table__.primary_key)).all())
 
 
 class NoFleet:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from bot.errors import BudgetExceeded, NotAuthorized, NotFound, UsageError
 from bot.services.access import Caller
@@ -47,7 +47,7 @@ def test_only_admins_set_and_remove_budgets(db: Database, clock: Clock) -> None:
     with pytest.raises(NotFound, match="no budget"):
         budgets.remove_budget(rt, ADMIN, "user", "UALICE")
     with db.session() as session:
-        actions = [row.action for row in session.exec(select(AuditLog))]
+        actions = [row.action for row in session.exec(select(AuditLog).order_by(col(AuditLog.id)))]
     assert actions == ["budget_set", "budget_set", "budget_remove"]
 
 
