@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, or_, update
 from sqlmodel import Session, col, select
 
 from bot import billing
@@ -167,6 +167,7 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
     changed: list[int] = []
     languages: dict[str, Language] = {}
     for provider in rt.providers.accounts(in_use):
+        asked_at = rt.now()
         try:
             listed = provider.list_instances()
         except GpubotError as exc:
@@ -186,7 +187,9 @@ def reconcile(rt: Runtime, now: datetime) -> list[int]:
             _follow_storage(rt, members, listed, now)
         if launches is None:
             launches = launch_rows.recent_launches(rt)
-        report_unregistered(rt, provider.name, listed, now, launches=launches)
+        report_unregistered(
+            rt, provider.name, listed, now, launches=launches, listed_since=asked_at
+        )
     return changed
 
 
@@ -197,15 +200,18 @@ def report_unregistered(
     now: datetime,
     *,
     launches: launch_rows.RecentLaunches,
+    listed_since: datetime | None = None,
 ) -> list[str]:
     """Tell the ops channel once about each listed instance that holds compute, is older than
-    ``MIN_AGE_S``, and neither a registration nor a recent rental holds. Returns the provider
-    ids reported now (not those reported before)."""
+    ``MIN_AGE_S``, and neither a registration nor a recent rental holds. A registration
+    released since ``listed_since`` (naive UTC: when the list was asked for) still holds its
+    machine: the list is older than its release. Returns the provider ids reported now (not
+    those reported before)."""
     recipient = outbox.ops_recipient(rt)
     if recipient is None:
         return []
     with rt.db.session() as session:
-        held = _held(session, provider)
+        held = _held(session, provider, listed_since)
     reported: list[str] = []
     for inst in listed:
         if not inst.bills_compute or inst.provider_id in held:
@@ -518,12 +524,16 @@ def record_started(rt: Runtime, instance_id: int, seen: ProviderInstance, by: st
     return _record(rt, Change(member, STARTED, address, seen, by=by), rt.now())
 
 
-def _held(session: Session, provider: str) -> set[str]:
-    """The provider ids live registrations of ``provider`` hold."""
+def _held(session: Session, provider: str, released_since: datetime | None) -> set[str]:
+    """The provider ids that live registrations of ``provider`` hold, and those released since
+    ``released_since`` (a list taken before their release still shows them running)."""
+    live: ColumnElement[bool] = col(Instance.state) != "released"
+    if released_since is not None:
+        live = or_(live, col(Instance.released_at) >= released_since)
     rows = session.exec(
         select(Instance.provider_instance_id).where(
             Instance.provider == provider,
-            Instance.state != "released",
+            live,
             col(Instance.provider_instance_id).is_not(None),
         )
     ).all()

@@ -616,3 +616,46 @@ def test_a_compshare_stop_seen_outside_takes_the_powered_off_disk_price_and_rele
     # ReleaseTime 2026-12-09 11:00 UTC is 19:00 in Shanghai.
     assert "Compshare itself releases it, disk and data, at" in told
     assert "at Wed 09 Dec 19:00 CST unless it is started again" in told
+
+
+class _ReleasedWhileListing:
+    """A provider whose list is taken, then (another thread's release finishing) the
+    registration of ``provider_id`` is marked released before reconcile reads the store."""
+
+    def __init__(self, provider: Provider, rt: Runtime, iid: int, released_at: datetime) -> None:
+        self.provider, self.rt, self.iid, self.released_at = provider, rt, iid, released_at
+        self.name, self.capabilities = provider.name, provider.capabilities
+
+    def list_instances(self) -> list:
+        listed = self.provider.list_instances()
+        with self.rt.db.session() as session:
+            inst = session.get(Instance, self.iid)
+            assert inst is not None
+            inst.state, inst.released_at = "released", self.released_at
+        return listed
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.provider, name)
+
+
+@pytest.mark.parametrize("released", ["after the list", "before the list"])
+def test_a_machine_released_while_its_platform_is_listed_is_not_reported_as_a_stranger(
+    db, runpod_cloud: RunpodStandIn, released: str
+):
+    """Found by a shuffled run: reconcile read the registrations after the platform's list, so
+    a release finished in between left a machine the list still showed running and no
+    registration held, and the ops channel was told to adopt it. A registration released since
+    the list was asked for still holds its machine; one released before it does not."""
+    provider = ProviderRegistry.from_settings(
+        Settings(runpod_api_url=runpod_cloud.url, runpod_api_key=runpod_cloud.api_key)
+    ).get("runpod")
+    rt = _runtime(db)
+    pod = runpod_cloud.add()
+    iid = add_instance(rt.db, provider="runpod", provider_instance_id=pod)
+    now = T0 + timedelta(hours=2)
+    at = now if released == "after the list" else now - timedelta(seconds=1)
+    rt.providers = ProviderRegistry([_ReleasedWhileListing(provider, rt, iid, at)])  # type: ignore[list-item]
+    rt.clock = Clock(now)
+    reconcile.reconcile(rt, now)
+    keys = [m.key for m in _outbox(rt) if m.recipient == "COPS"]
+    assert keys == ([] if released == "after the list" else [f"unregistered:runpod:{pod}"])
