@@ -22,22 +22,31 @@ from bot.services import tick as ticks
 from tests.bot.services.support import Clock
 
 
-def tick_through(rt: Runtime, clock: Clock, until: datetime, *, step_s: float = 60) -> int:
+def tick_through(
+    rt: Runtime,
+    clock: Clock,
+    until: datetime,
+    *,
+    step_s: float = 60,
+    errors: list[str] | None = None,
+) -> int:
     """Tick at ``clock.now`` and at each ``step_s`` seconds after it up to ``until``, skipping
     the ticks at which nothing is due (the last one, at or before ``until``, always runs);
-    leaves ``clock`` one step past that last tick, as a loop over every tick does. Returns how
-    many ticks ran."""
+    leaves ``clock`` one step past that last tick, as a loop over every tick does. The steps
+    that failed in the ticks that ran are added to ``errors`` when given. Returns how many
+    ticks ran."""
     step = timedelta(seconds=step_s)
     start = clock.now
     if start > until:
         return 0
     last = (until - start) // step
     at = 0
-    ticks.tick(rt, clock.set(start))
+    failed = errors if errors is not None else []
+    failed += ticks.tick(rt, clock.set(start)).errors
     ran = 1
     while at < last:
         at = _next_due(rt, start, step, after=at, last=last)
-        ticks.tick(rt, clock.set(start + at * step))
+        failed += ticks.tick(rt, clock.set(start + at * step)).errors
         ran += 1
     clock.set(start + (last + 1) * step)
     return ran

@@ -12,7 +12,7 @@ from sqlmodel import col, select
 from bot.errors import SlackError
 from bot.notify import MessageRef
 from bot.services.instances import deadlines, releases
-from bot.services.tick import RECONCILE_EVERY_S, tick
+from bot.services.tick import RECONCILE_EVERY_S, TICK_STEPS, tick
 from bot.store.models import AuditLog, Instance, Job, Prompt, Release
 from tests.bot.services.support import (
     T0,
@@ -46,7 +46,9 @@ def _instance(rt, **fields) -> int:
 def _run(rt, clock, *, until, step_s=60):
     """Tick every ``step_s`` seconds from the clock's time up to ``until`` (inclusive), skipping
     the ticks at which nothing is due (tests/bot/ticking.py)."""
-    tick_through(rt, clock, until, step_s=step_s)
+    errors: list[str] = []
+    tick_through(rt, clock, until, step_s=step_s, errors=errors)
+    assert [step for step in errors if step not in dict(TICK_STEPS)] == []
 
 
 def _warnings(rt):
