@@ -27,6 +27,9 @@ START = T0 + timedelta(seconds=15)
 TICKS = 28
 
 _FAILED = re.compile(r"tick (step (?P<step>\w+)|look-up of what is due) failed")
+#: A step's wall time past its budget is logged too; under load a step that fails at once can
+#: take that long, so those lines (tested in test_tick_budgets) are left out here.
+_OVER_BUDGET = re.compile(r"tick step \w+ took [\d.]+ s, past its budget")
 _COUNTED = re.compile(r"failed (?P<count>\d+) times in the last (?P<window>\d+) s \(latest: ")
 
 
@@ -40,12 +43,14 @@ def fresh_limiter(monkeypatch: pytest.MonkeyPatch) -> RepeatLimiter:
 
 @pytest.fixture
 def records() -> Iterator[list[logging.LogRecord]]:
-    """Every record of bot.services.tick, stamped with the context's ids as a handler is."""
+    """Every record of bot.services.tick but the over-budget lines, stamped with the context's
+    ids as a handler is."""
     caught: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            caught.append(record)
+            if not _OVER_BUDGET.match(record.getMessage()):
+                caught.append(record)
 
     handler = Keep(logging.DEBUG)
     handler.addFilter(ContextIds())
