@@ -271,13 +271,13 @@ def test_cancel_kills_the_whole_process_tree(agent: Agent, tmp_path: Path):
         "wait"
     )
     record = agent.submit("sh", "-c", script)
-    agent.wait(record.id, ("running",))
+    # Its leader's pid is written once it started, and under load after the script wrote its own.
+    leader = agent.running(record.id)["job_pid"]
     deadline = time.monotonic() + 10
     while len(pids.read_text().split() if pids.exists() else []) < 3:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     tree = [int(p) for p in pids.read_text().split()]
-    leader = agent.meta(record.id)["job_pid"]
     assert not any(gone(p) for p in [*tree, leader])
 
     done = agent.cli("cancel", "--json", record.id)

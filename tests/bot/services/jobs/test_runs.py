@@ -118,6 +118,15 @@ class World:
             assert time.monotonic() < deadline, f"agent job {agent_job_id} never reached {states}"
             time.sleep(0.05)
 
+    def started(self, agent_job_id: str, timeout: float = 20.0) -> int:
+        """The pid of the agent job's command, once its supervisor wrote it: under load that
+        comes after the job is running and after the command's own first output."""
+        deadline = time.monotonic() + timeout
+        while not (pid := self.store.read(agent_job_id).get("job_pid")):
+            assert time.monotonic() < deadline, f"agent job {agent_job_id} never started"
+            time.sleep(0.05)
+        return int(pid)
+
     def replies(self, notifier: RecordingNotifier | None = None) -> list[Any]:
         return [p for p in (notifier or self.notifier).posts if "Job " in p.text and p.thread_ts]
 
@@ -507,7 +516,7 @@ def test_logs_jobs_and_who(world: World, fake_nvml: FakeNvml):
     assert [(j.id, j.state) for j in listing.jobs] == [(job.id, "running")]
     assert svc.list_jobs(world.rt).jobs[0].requested_by == "UOWNER"
 
-    pid = world.store.read(job.agent_job_id)["job_pid"]
+    pid = world.started(job.agent_job_id)
     fake_nvml.gpus(2, per_gpu={1: {"processes": [{"pid": pid, "used_memory": 3 * 1024**3}]}})
     view = svc.who(world.rt, "box")
     assert [len(g.processes) for g in view.gpus] == [0, 1]
@@ -522,7 +531,7 @@ def test_who_counts_the_agents_reservations(world: World, fake_nvml: FakeNvml):
     world.wait_agent(starting.agent_job_id, ("running",))
     waiting = run(world, OWNER, ["sleep", "30"], gpus="0,")
     any_two = run(world, OWNER, ["sleep", "30"], gpus="any:2")
-    pid = world.store.read(starting.agent_job_id)["job_pid"]
+    pid = world.started(starting.agent_job_id)
     fake_nvml.gpus(
         2,
         per_gpu={1: {"processes": [{"pid": pid, "used_memory": 1024**3}]}},
