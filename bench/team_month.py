@@ -124,6 +124,7 @@ from bench.sim.processes import (  # noqa: E402
     store_consistent,
 )
 from bench.sim.promise import first_trace, invariants  # noqa: E402
+from bench.sim.runpod import RunpodCloud  # noqa: E402
 from bench.sim.team import (  # noqa: E402
     ADMIN,
     TEAM_CHANNEL,
@@ -145,7 +146,6 @@ from bench.sim.world import (  # noqa: E402
     OPS,
     ErrorCount,
     SimClock,
-    SimCloud,
     SimSlack,
     World,
     box_name,
@@ -198,9 +198,13 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
     channels = {TEAM_CHANNEL: "team", OPS: "ops"}
     sent: Counter[str] = Counter()
     local = LocalSlack(token=BOT_TOKEN, channels=channels)
-    with _store(args.store) as db, _broken(breaks), local:
+    with (
+        _store(args.store) as db,
+        _broken(breaks),
+        local,
+        RunpodCloud(world, clock) as cloud,
+    ):
         slack = SimSlack(world, clock, double_post="double_post" in breaks)
-        cloud = SimCloud(world, clock)
         fleet = SimFleet(world, clock, cloud)
         procs = [
             _spawn(db, clock, slack, cloud, fleet, args.tick_s, n + 1, local, sent)
@@ -266,6 +270,15 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
         figures["violations"].extend(seen.pop("violations"))
         figures.update(seen)
         figures["violations"].extend(f"store: {problem}" for problem in inconsistent)
+        figures["violations"].extend(
+            f"RunPod answered outside its OpenAPI document: {problem}"
+            for problem in cloud.checked.problems
+        )
+        figures["runpod"] = {
+            "answers_by_status": dict(sorted(cloud.statuses.items())),
+            "answers_checked": cloud.checked.answers,
+            "answer_problems": len(cloud.checked.problems),
+        }
         figures["store_inconsistencies"] = len(inconsistent)
     report = {
         "seed": args.seed,
@@ -289,7 +302,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
 def _team_acts(
     rt: Runtime,
     team: Team,
-    edges: tuple[SimCloud, SimFleet],
+    edges: tuple[RunpodCloud, SimFleet],
     rng: random.Random,
     world: World,
     args: argparse.Namespace,
@@ -335,7 +348,7 @@ def _spawn(
     db: Database,
     clock: SimClock,
     slack: SimSlack,
-    cloud: SimCloud,
+    cloud: RunpodCloud,
     fleet: SimFleet,
     tick_s: int,
     number: int,
@@ -439,16 +452,15 @@ def _faults(world: World, clock: SimClock) -> None:
         world.log(now, "host suspended for an hour")
 
 
-def _behind_the_back(world: World, cloud: SimCloud, now: datetime) -> None:
+def _behind_the_back(world: World, cloud: RunpodCloud, now: datetime) -> None:
     """Now and then the platform ends a running machine on its own (a spot reclaim, someone
     in its console): the bot must notice and stop its meter when the platform says."""
     running = sorted(m.provider_id for m in cloud.machines.values() if m.ended_at is None)
     if not running or not world.fires("ended_on_platform", 0.002):
         return
-    machine = cloud.machines[world.rng.choice(running)]
-    machine.ended_at = now
-    machine.ended_by = "platform"
-    world.log(now, f"[{box_name(machine.provider_id)}] ended on the platform behind the bot's back")
+    provider_id = world.rng.choice(running)
+    cloud.end_outside(provider_id, now)
+    world.log(now, f"[{box_name(provider_id)}] ended on the platform behind the bot's back")
 
 
 @contextmanager

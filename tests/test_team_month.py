@@ -64,8 +64,14 @@ def clean() -> dict[str, Any]:
 def test_a_clean_run_keeps_every_promise(clean: dict[str, Any]) -> None:
     assert clean["violations"] == []
     assert clean["instances"] >= 6
-    assert clean["bot_month_micros"] == clean["platform_month_micros"] > 0
+    # The bot's month is RunPod's bill, and what RunPod told it of an end only later.
+    assert clean["bot_month_micros"] == clean["platform_month_micros"] + clean["told_late_micros"]
+    assert clean["platform_month_micros"] > 0
     assert sum(clean["faults"].values()) > 0
+    # Every call went through the bot's RunPod client to the stand-in, over HTTP.
+    assert clean["runpod"]["answers_by_status"]["200"] > 0
+    assert clean["runpod"]["answers_checked"] > 0
+    assert clean["runpod"]["answer_problems"] == 0
 
 
 def test_jobs_run_through_the_job_service_and_each_ending_gets_one_reply(
@@ -118,6 +124,12 @@ def test_every_fault_kind_fires_in_a_day_and_the_bills_agree() -> None:
     report = _month(seed=5, days=1.0, people=6, instances=10)
     missing = [kind for kind in HARNESS.FAULT_KINDS if report["faults"].get(kind, 0) == 0]
     assert missing == []
+    # The platform's faults reached the bot as RunPod's HTTP answers: 500s, 503s in the outage,
+    # a catch-all 404 page or RunPod's own 404, 429s, a 409 for the locked pod, and a DELETE
+    # done whose answer was dropped.
+    statuses = report["runpod"]["answers_by_status"]
+    assert {"404", "409", "429", "500", "503"} <= set(statuses)
+    assert statuses["lost"] >= 1
     # The platform publishes its bills to the start of today: the first day is on them.
     assert report["bill_lines"] > 0
     assert report["bills_vs_platform_micros"] == 0
@@ -348,3 +360,48 @@ def test_the_back_off_rule_excuses_what_the_platform_failed_and_nothing_more() -
     assert _after_failed_calls(base, deadline, late, 300) == base
     early = [(deadline - timedelta(minutes=1), False)]
     assert _after_failed_calls(base, deadline, early, 300) == base
+
+
+def test_runpod_tells_of_an_end_only_when_asked_and_the_rule_allows_no_more() -> None:
+    """A pod terminated in RunPod's console is gone from its answers, with no end time: the bot
+    may meter it to the moment RunPod first answered that it was gone, and not past that."""
+    import random
+
+    from bench.sim.runpod import DISK_PER_S, RunpodCloud
+    from bench.sim.world import SimClock, World
+
+    start = datetime(2027, 3, 1, 12, 0)
+    clock = SimClock(start)
+    world = World(rng=random.Random(1), calm=True)
+    with RunpodCloud(world, clock) as cloud:
+        machine = cloud.open(550, 30_001, start)
+        other = cloud.open(275, 30_002, start)
+        clock.now = start + timedelta(minutes=55)
+        cloud.end_outside(machine.provider_id, clock.now)
+        cloud.end_outside(other.provider_id, clock.now)
+        clock.now = start + timedelta(hours=1)
+        listed = {pod.provider_id for pod in cloud.list_instances()}
+        assert machine.provider_id not in listed
+        told = clock.now
+        # RunPod's bill stops at the end: 55 minutes of compute and disks.
+        assert cloud.bill_micros(machine, told) == 55 * 60 * (550 + DISK_PER_S)
+        problems = cloud.settle(
+            {
+                machine.provider_id: told,  # stopped when RunPod said it was gone: allowed
+                other.provider_id: told + timedelta(minutes=5),  # nobody told it then
+            },
+            told,
+        )
+        assert problems == [
+            f"box{int(other.provider_id[3:7])}: the meter stopped at 03-01 13:05, when RunPod "
+            "had not told the bot that the pod (ended 03-01 12:55) was gone"
+        ]
+        # The bot may say 5 minutes more than RunPod billed for the first: told 5 minutes late.
+        late = 5 * 60 * (550 + DISK_PER_S)
+        assert cloud.owed_micros(machine, told) == cloud.bill_micros(machine, told) + late
+        assert cloud.owed_micros(other, told) == cloud.bill_micros(other, told)
+        assert cloud.unseen_end_micros(told) == late
+        # A meter that stopped before the pod's end is the bot's error too.
+        early = cloud.settle({machine.provider_id: start + timedelta(minutes=50)}, told)
+        assert len(early) == 1
+        assert "before the pod ended" in early[0]

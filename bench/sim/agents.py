@@ -35,7 +35,8 @@ from agents.protocol import (
     StatusSnapshot,
     parse_gpus,
 )
-from bench.sim.world import SimClock, SimCloud, World
+from bench.sim.runpod import RunpodCloud
+from bench.sim.world import SimClock, World
 from bot.errors import CommandTimeout, FleetError, Unreachable
 from bot.fleet.agent_client import AgentRefused
 from bot.fleet.base import Target
@@ -153,7 +154,7 @@ class SimFleet:
 
     closed = False
 
-    def __init__(self, world: World, clock: SimClock, cloud: SimCloud) -> None:
+    def __init__(self, world: World, clock: SimClock, cloud: RunpodCloud) -> None:
         self.world = world
         self.clock = clock
         self.cloud = cloud

@@ -11,11 +11,11 @@ from typing import Any
 from sqlmodel import select
 
 from bench.sim.agents import SimFleet
+from bench.sim.runpod import RunpodCloud
 from bench.sim.team import Team
 from bench.sim.world import (
     OPS,
     Machine,
-    SimCloud,
     SimSlack,
     World,
     box_name,
@@ -36,7 +36,7 @@ def invariants(
     db: Database,
     settings: Settings,
     team: Team,
-    cloud: SimCloud,
+    cloud: RunpodCloud,
     fleet: SimFleet,
     slack: SimSlack,
     world: World,
@@ -57,6 +57,12 @@ def invariants(
                 Prompt.kind == deadlines.KIND_WARNING
             )
         ).all()
+    # Where each pod's meter stopped, against the moments RunPod told the bot it was gone.
+    violations.extend(
+        cloud.settle(
+            {r.provider_id: instances[r.instance_id].released_at for r in team.rentals}, now
+        )
+    )
     warned_at: dict[int, list[datetime]] = defaultdict(list)
     for instance_id, at in posted_warnings:
         if at is not None:
@@ -99,12 +105,13 @@ def invariants(
     # The ledger charges whole hours: the month's total is compared at the last hour's end.
     until = min(now.replace(minute=0, second=0, microsecond=0), month_end)
     platform_total = sum(cloud.bill_micros(m, until) for m in cloud.machines.values())
+    unseen = cloud.unseen_end_micros(until)
     bot_total = spend.month_total_micros(db, month, tz=tz, now=until)
-    gap = abs(bot_total - platform_total)
+    gap = abs(bot_total - platform_total - unseen)
     if gap:
         violations.append(
             f"month {month}: the bot says {bot_total} micro-units, the platform billed "
-            f"{platform_total}"
+            f"{platform_total} and told the bot of ends late by {unseen}"
         )
     machines = Counter(
         (i.host, i.port) for i in instances.values() if i.state in ("active", "stopped")
@@ -129,6 +136,7 @@ def invariants(
         "double_registrations": doubles,
         "bot_month_micros": bot_total,
         "platform_month_micros": platform_total,
+        "told_late_micros": unseen,
     }
 
 
@@ -186,7 +194,7 @@ def _money_agrees(
     db: Database,
     settings: Settings,
     team: Team,
-    cloud: SimCloud,
+    cloud: RunpodCloud,
     slack: SimSlack,
     world: World,
     start: datetime,
@@ -217,7 +225,7 @@ def _money_agrees(
         }
     status_gap = 0
     for rental in team.rentals:
-        billed = cloud.bill_micros(cloud.machines[rental.provider_id], now)
+        billed = cloud.owed_micros(cloud.machines[rental.provider_id], now)
         gap = abs(shown[rental.instance_id] - billed)
         if gap:
             status_gap += gap
@@ -244,7 +252,7 @@ def _money_agrees(
     owner_of = {r.provider_id: r.owner for r in team.rentals}
     platform_by_owner: Counter[str] = Counter()
     for machine in cloud.machines.values():
-        platform_by_owner[owner_of[machine.provider_id]] += cloud.bill_micros(machine, now)
+        platform_by_owner[owner_of[machine.provider_id]] += cloud.owed_micros(machine, now)
     owner_gap = 0
     for owner in sorted(set(owners) | set(platform_by_owner)):
         gap = abs(owners[owner] - platform_by_owner[owner])
@@ -306,10 +314,11 @@ def _months(start: datetime, now: datetime, tz: Any) -> list[str]:
 
 
 def _billed_between(
-    machines: Iterable[Machine], cloud: SimCloud, lo: datetime, hi: datetime
+    machines: Iterable[Machine], cloud: RunpodCloud, lo: datetime, hi: datetime
 ) -> int:
-    """What the platform billed for ``machines``' seconds in [lo, hi)."""
-    return sum(cloud.bill_micros(m, hi) - cloud.bill_micros(m, lo) for m in machines)
+    """What the bot may say ``machines`` cost in [lo, hi): the platform's bill, and what the
+    platform told it only later (:meth:`RunpodCloud.owed_micros`)."""
+    return sum(cloud.owed_micros(m, hi) - cloud.owed_micros(m, lo) for m in machines)
 
 
 def first_trace(trace: Sequence[str], violations: Sequence[str], limit: int) -> list[str]:

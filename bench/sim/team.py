@@ -15,7 +15,8 @@ from sqlmodel import col, select
 from bench.sim.agents import FATES, SIM_FLAG, SimFleet
 from bench.sim.front import SlackFront
 from bench.sim.processes import Killed
-from bench.sim.world import PLATFORM, Machine, SimCloud, World, box_name
+from bench.sim.runpod import DISK_GB, DISK_MICROS_PER_GB_MONTH, PLATFORM, RunpodCloud
+from bench.sim.world import World, box_name
 from bot.blocks import deadlines as deadline_blocks
 from bot.errors import GpubotError, NotAuthorized
 from bot.runtime import Runtime
@@ -80,26 +81,26 @@ def make_team(rng: random.Random, people: int) -> Team:
 def rent(
     rt: Runtime,
     team: Team,
-    cloud: SimCloud,
+    cloud: RunpodCloud,
     fleet: SimFleet,
     rng: random.Random,
     now: datetime,
     world: World,
 ) -> None:
-    """A person rents a machine on the platform and registers it with a deadline."""
+    """A person rents a pod in RunPod's console and registers it with a deadline."""
     owner = rng.choice(sorted(team.people))
     number = len(team.rentals)
-    provider_id = f"sim-{number:05d}"
     price_per_s = rng.choice(PRICES_PER_S)
     gpu_count = rng.choice(GPU_COUNTS)
-    cloud.machines[provider_id] = Machine(provider_id, price_per_s, started_at=now)
+    provider_id = cloud.open(price_per_s, 30_000 + number, now).provider_id
+    name = box_name(provider_id)
     deadline = now + timedelta(minutes=rng.choice((45, 90, 180, 360, 720)))
     with rt.db.session() as session:
         if session.get(Person, owner) is None:
             session.add(Person(slack_id=owner))
             session.flush()
         inst = Instance(
-            name=f"box{number}",
+            name=name,
             owner_id=owner,
             state="active",
             host="127.0.0.1",
@@ -113,6 +114,8 @@ def rent(
             billing_increment="second",
             min_charge_s=0,
             billing_from="created",
+            disk_gb=float(DISK_GB),
+            storage_micros_per_gb_month=DISK_MICROS_PER_GB_MONTH,
             created_at=now,
             deadline_at=deadline,
         )
@@ -120,7 +123,7 @@ def rent(
         session.flush()
         assert inst.id is not None
         team.rentals.append(Rental(inst.id, owner, team.people[owner], provider_id))
-    fleet.add_host(f"box{number}", provider_id, gpu_count)
+    fleet.add_host(name, provider_id, gpu_count)
     world.log(
         now,
         f"[{box_name(provider_id)}] rented by {owner} at {price_per_s * 3600} per hour, "

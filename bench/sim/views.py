@@ -8,15 +8,16 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+from bench.sim.runpod import PLATFORM, RunpodCloud
 from bench.sim.team import Team
-from bench.sim.world import PLATFORM, SimCloud, World
+from bench.sim.world import World
 from bot.runtime import Runtime
 from bot.services import home
 from bot.services.money import bills, ledger, spend
 
 
 def views_agree(
-    rt: Runtime, team: Team, cloud: SimCloud, world: World, now: datetime
+    rt: Runtime, team: Team, cloud: RunpodCloud, world: World, now: datetime
 ) -> dict[str, Any]:
     """``home_vs_spend_micros``: per person, |Home's month so far - their instances' total in
     `/gpu spend` for the month|; ``home_vs_platform_micros``: per person, |Home's month so far
@@ -45,7 +46,7 @@ def views_agree(
     billed: Counter[str] = Counter()
     for rental in team.rentals:
         machine = cloud.machines[rental.provider_id]
-        billed[rental.owner] += cloud.bill_micros(machine, min(hi, now)) - cloud.bill_micros(
+        billed[rental.owner] += cloud.owed_micros(machine, min(hi, now)) - cloud.owed_micros(
             machine, lo
         )
     home_spend = home_platform = 0
@@ -78,7 +79,7 @@ def views_agree(
 
 
 def _bills_gap(
-    rt: Runtime, cloud: SimCloud, now: datetime, violations: list[str]
+    rt: Runtime, cloud: RunpodCloud, now: datetime, violations: list[str]
 ) -> tuple[int, int]:
     """`/gpu bills` of the UTC month of ``now``: the gap summed over its lines, and how many."""
     month = f"{now:%Y-%m}"
@@ -95,13 +96,16 @@ def _bills_gap(
         for line in platform.lines:
             lines += 1
             machine = cloud.machines.get(line.provider_instance_id)
-            truth = 0
+            truth = owed = 0
             if machine is not None and end > start:
                 truth = cloud.bill_micros(machine, end) - cloud.bill_micros(machine, start)
+                owed = cloud.owed_micros(machine, end) - cloud.owed_micros(machine, start)
             said = line.bot_total_micros or 0
             published = line.platform_total_micros or 0
-            if said != published or published != truth:
-                gap += abs(said - published) + abs(published - truth)
+            # The documented rule: the bot's side runs ahead of the bill by what RunPod told
+            # it only later (bench/sim/runpod.py); the published bill is RunPod's to the cent.
+            if said - published != owed - truth or published != truth:
+                gap += abs((said - published) - (owed - truth)) + abs(published - truth)
                 violations.append(
                     f"{line.name or line.provider_instance_id}: /gpu bills {month} shows the "
                     f"bot's {said} and the platform's {published} micro-units, the platform "

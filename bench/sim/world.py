@@ -1,38 +1,21 @@
-"""The world outside the bot, as the team-month simulation stands it in: Slack's Web API, the
-platform ``simcloud`` (billed per second) and the clock, all misbehaving on the world's seeded
-dice; and the questions the invariants ask of what the world did (outages, suspensions)."""
+"""The world outside the bot, as the team-month simulation stands it in: Slack's Web API and
+the clock, misbehaving on the world's seeded dice (the platform is RunPod's stand-in behind the
+bot's own client: bench/sim/runpod.py); and the questions the invariants ask of what the world
+did (outages, suspensions)."""
 
 from __future__ import annotations
 
 import logging
 import random
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bot.errors import (
-    ProviderBusy,
-    ProviderError,
-    ProviderNotFound,
-    ProviderRateLimited,
-    ProviderUnknownOutcome,
-    SlackError,
-)
+from bot.errors import SlackError
 from bot.notify import MessageRef
-from bot.providers.base import (
-    InstanceTypeInfo,
-    LaunchRequest,
-    PlatformCharge,
-    ProviderCapabilities,
-    ProviderInstance,
-    ReleaseOutcome,
-    no_launch,
-)
-from bot.providers.registry import platform_billing
 
-PLATFORM = "simcloud"
 #: The ops channel (GPUBOT_CHANNEL): escalations and the digest go there.
 OPS = "COPS"
 #: Every kind of fault the world injects; each is also scheduled once in the first day.
@@ -208,130 +191,14 @@ class SimSlack:
 
 @dataclass
 class Machine:
-    """One machine as the platform keeps it: billed per second while not ended."""
+    """One machine as the platform keeps it: billed per second while not ended
+    (``price_per_s`` in micro-units)."""
 
     provider_id: str
     price_per_s: int
     started_at: datetime
     ended_at: datetime | None = None
     ended_by: str = ""
-
-
-class SimCloud:
-    """The platform: instances billed per second from start to end, an API that answers 5xx,
-    loses answers after acting, serves a proxy's catch-all 404 and rate limits, and machines
-    ended behind the bot's back."""
-
-    name = PLATFORM
-    capabilities = ProviderCapabilities(
-        can_stop=False,
-        storage_bills_when_stopped=False,
-        # A platform the bot does not know bills as registered: per second from creation.
-        billing=platform_billing(PLATFORM),
-        can_launch=False,
-        publishes_bills=True,
-    )
-
-    def __init__(self, world: World, clock: SimClock) -> None:
-        self.world = world
-        self.clock = clock
-        self.machines: dict[str, Machine] = {}
-        #: By machine: (when, busy) of each call about it (get, release) that failed on the
-        #: platform's side (busy: a 409, the platform up), for the back-off rule's excuse.
-        self.failed_calls: dict[str, list[tuple[datetime, bool]]] = defaultdict(list)
-
-    def bill_micros(self, machine: Machine, until: datetime) -> int:
-        end = min(machine.ended_at or until, until)
-        return max(0, int((end - machine.started_at).total_seconds())) * machine.price_per_s
-
-    def list_instances(self) -> list[ProviderInstance]:
-        self._answering("list")
-        return [self._record(m) for m in self.machines.values()]
-
-    def get(self, provider_id: str) -> ProviderInstance:
-        self._answering("get", provider_id)
-        machine = self.machines.get(provider_id)
-        if machine is None:
-            raise ProviderNotFound(f"{provider_id} not found")
-        return self._record(machine)
-
-    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
-        now = self.clock()
-        self._answering("release", provider_id)
-        machine = self.machines.get(provider_id)
-        if machine is None:
-            raise ProviderNotFound(f"{provider_id} not found")
-        if machine.ended_at is None and self.world.fires("platform_operation_lock", 0.02):
-            self.world.log(now, f"[{box_name(provider_id)}] the platform is busy with it (409)")
-            self.failed_calls[provider_id].append((now, True))
-            raise ProviderBusy("release: 409 another operation is in progress on this instance")
-        if machine.ended_at is None:
-            machine.ended_at = now
-            machine.ended_by = "bot"
-            self.world.log(now, f"[{box_name(provider_id)}] ended on the platform by the bot")
-        if self.world.fires("platform_lost_answer", 0.05):
-            self.world.log(now, f"[{box_name(provider_id)}] the release's answer was lost")
-            raise ProviderUnknownOutcome("timed out after sending", status=None)
-        return ReleaseOutcome(provider_id, mode, confirmed=True, state="terminated")
-
-    def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
-        """What each machine was billed in [start, end), cut by UTC day, as the platform
-        publishes its bills (only days with a charge)."""
-        self._answering("charges")
-        found: list[PlatformCharge] = []
-        for machine in self.machines.values():
-            day = start
-            while day < end:
-                until = min(day + timedelta(days=1), end)
-                billed = self.bill_micros(machine, until) - self.bill_micros(machine, day)
-                if billed:
-                    found.append(
-                        PlatformCharge(machine.provider_id, day, until, billed, None, billed)
-                    )
-                day = until
-        return found
-
-    def price(self, instance_type: str) -> int | None:
-        return None
-
-    def instance_types(self) -> list[InstanceTypeInfo]:
-        return []
-
-    def launch(self, request: LaunchRequest) -> list[ProviderInstance]:
-        raise no_launch(self.name)
-
-    def _answering(self, call: str, provider_id: str | None = None) -> None:
-        """Raise the platform's failure for this call, if one fires; a failure of a call about
-        one machine is recorded against it."""
-        now = self.clock()
-        failure = self._failure(call, now)
-        if failure is None:
-            return
-        if provider_id is not None:
-            self.failed_calls[provider_id].append((now, False))
-        raise failure
-
-    def _failure(self, call: str, now: datetime) -> ProviderError | None:
-        if not self.world.platform_up(now):
-            return ProviderError(f"{call}: 503 Service Unavailable", retryable=True)
-        if self.world.fires("platform_error", 0.03):
-            return ProviderError(f"{call}: 500 Internal Server Error", retryable=True)
-        if self.world.fires("platform_catch_all_404", 0.02):
-            return ProviderUnknownOutcome(
-                f"{call}: a 404 page that is not the platform's", status=404
-            )
-        if self.world.fires("platform_429", 0.01):
-            return ProviderRateLimited(f"{call}: 429 Too Many Requests")
-        return None
-
-    def _record(self, machine: Machine) -> ProviderInstance:
-        ended = machine.ended_at
-        return ProviderInstance(
-            provider_id=machine.provider_id,
-            state="terminated" if ended else "running",
-            raw_state="terminated" if ended else "running",
-            ended_at=ended,
-        )
 
 
 class SimClock:
@@ -354,8 +221,8 @@ class ErrorCount(logging.Handler):
 
 
 def box_name(provider_id: str) -> str:
-    """The instance's name for the platform's id (``sim-00003`` is ``box3``)."""
-    return f"box{int(provider_id.rsplit('-', 1)[1])}"
+    """The instance's name for the platform's id (the pod ``pod0003xyz`` is ``box3``)."""
+    return f"box{int(''.join(c for c in provider_id if c.isdigit()))}"
 
 
 def overlap_s(start: datetime, end: datetime, spans: Sequence[tuple[datetime, datetime]]) -> int:

@@ -4,8 +4,9 @@ Only the platform's own answer confirms anything. HTTP answers become the provid
 
 - 401/403 ProviderAuthError; 429 ProviderRateLimited (with the Retry-After header in seconds,
   else the ``reset`` of a ``RateLimit`` header, else None: a plain-text 429 says nothing);
-  409 ProviderBusy (a transition under way: the platform is up); 5xx and network trouble
-  ProviderError(retryable=True);
+  409 ProviderBusy (a transition under way: the platform is up); 5xx and a request that could
+  not be sent (refused, no route) ProviderError(retryable=True); a request sent whose answer
+  never came whole (a read that timed out, a connection dropped) ProviderUnknownOutcome;
   any other 4xx with the platform's JSON error document ProviderError(retryable=False).
 - 404 is ProviderNotFound **only** when the body is JSON and the provider's ``not_found``
   recogniser accepts it as the platform's own not-found document. Any other 404 (a proxy's
@@ -33,7 +34,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from email.message import Message
 from email.utils import parsedate_to_datetime
-from http.client import HTTPMessage
+from http.client import HTTPException, HTTPMessage
 from typing import IO, Any
 
 from bot import __version__
@@ -167,13 +168,26 @@ class JsonApi:
                 content_type = response.headers.get("Content-Type", "")
         except urllib.error.HTTPError as exc:
             raise self._http_error(what, exc) from exc
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        except urllib.error.URLError as exc:
+            # urllib wraps what fails before the request is sent (no route, refused, a timeout
+            # connecting): the platform never saw it.
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ProviderError):
                 raise reason from exc
             raise ProviderError(
                 t("{what} failed: cannot reach the API ({reason})", what=what, reason=reason),
                 retryable=True,
+            ) from exc
+        except (TimeoutError, ConnectionError, HTTPException) as exc:
+            # Sent, but the answer never came whole (timed out, the connection dropped): the
+            # platform may have done it.
+            raise ProviderUnknownOutcome(
+                t(
+                    "{what} was sent, but no answer came ({reason}): it may have been done",
+                    what=what,
+                    reason=exc.__class__.__name__,
+                ),
+                answer=t("no answer ({reason})", reason=exc.__class__.__name__),
             ) from exc
         return _parse_success(what, status, content_type, raw)
 

@@ -403,16 +403,37 @@ def test_a_failing_release_raises_and_retrying_succeeds(rest_platform):
     assert _release(platform.provider, iid, "terminate")[-1].confirmed
 
 
-def test_a_slow_platform_times_out_as_retryable(rest_platform):
+def test_a_slow_platform_times_out_as_an_unknown_outcome(rest_platform):
+    """The request was sent and the answer did not come in time: it may have been done."""
     platform = rest_platform
     assert platform.standin is not None
     api = platform.provider.api
     http = getattr(api, "api", api)  # Compshare signs on top of the same HTTP client
     http.timeout_s = 0.2
     platform.standin.holds["GET"] = platform.standin.holds["POST"] = 1.0
-    with pytest.raises(ProviderError, match="cannot reach") as caught:
+    with pytest.raises(ProviderUnknownOutcome, match="no answer came") as caught:
         platform.provider.list_instances()
     assert caught.value.retryable
+
+
+def test_a_release_whose_answer_is_lost_is_an_unknown_outcome_that_was_done(rest_platform):
+    """The platform acts and the connection drops before its answer: the bot hears an unknown
+    outcome (never a plain failure to reach the API), and the retry finds the work done."""
+    platform = rest_platform
+    assert platform.standin is not None
+    iid = platform.create()
+    method, fragment = RELEASE_CALLS[platform.provider.name]
+    platform.standin.lose_answers(1, method=method, path=fragment)
+    if platform.provider.name == "compshare":
+        # Compshare looks again after any act that failed, and finds the stop under way.
+        outcome = platform.provider.release(iid, "terminate")
+        assert (outcome.confirmed, outcome.state) == (False, "terminating")
+    else:
+        with pytest.raises(ProviderUnknownOutcome, match="no answer came") as caught:
+            platform.provider.release(iid, "terminate")
+        assert caught.value.retryable
+    assert platform.standin.lost == 1
+    assert _release(platform.provider, iid, "terminate")[-1].confirmed
 
 
 def test_the_stand_ins_refuse_urllib_s_own_user_agent(rest_platform):

@@ -144,12 +144,16 @@ def test_the_catalogue_prices_one_gpu(provider):
 
 
 def test_the_billing_history_adds_up_per_pod(provider, runpod_cloud: RunpodStandIn):
-    pod = runpod_cloud.add(cost=1.0, disk_gb=0, volume_gb=None)
+    pod = runpod_cloud.add(cost=1.0, disk_gb=1, volume_gb=None)
     runpod_cloud.advance(3 * 3600)
     [charge] = provider.charges(runpod_cloud.now - timedelta(days=1), runpod_cloud.now)
     assert charge.provider_id == pod
     assert charge.compute_micros == 3_000_000
-    assert charge.total_micros == 3_000_000
+    # 1 GB of container disk for 3 hours at $0.10 per GB-month of 730 h: 410.96 micro-USD.
+    assert charge.storage_micros == 411
+    assert charge.total_micros == 3_000_411
+    # The answers fit RunPod's document (the billing metadata counts its records and pods).
+    assert runpod_cloud.answer_problems() == []
 
 
 def test_a_pod_that_ran_then_stood_stopped_costs_what_runpod_bills(
