@@ -7,9 +7,11 @@ checked at the end as figures and a list of violations.
         --store sqlite|postgresql --processes 2 --start 2027-03-30]
         [--break skip_warning|double_post|drop_charge|drop_reply]
 
-What it drives: each instance is a machine on the stand-in platform ``simcloud`` (billed per
-second, from its start until the platform itself ends it), registered to one person with a
-deadline; people behave by habit (some extend at each warning, some click twice, some never
+What it drives: each instance is a pod rented on RunPod (its v2 API's stand-in on loopback,
+which checks every request against RunPod's OpenAPI document and bills compute and disks per
+second from the pod's start until RunPod itself ends it), registered to one person with a
+deadline, and every call the bot makes to RunPod goes through the bot's own client over HTTP
+(bench/sim/runpod.py); people behave by habit (some extend at each warning, some click twice, some never
 answer, some release early); an admin sets monthly budgets and lifetime caps; people switch
 language now and then, and try to extend or release machines that are not theirs; people run
 jobs (`/gpu run`: ``--jobs``, 500 in 30 days by default, scaled by the days; someone without a
@@ -25,10 +27,10 @@ rest call the services directly. The clock advances one tick interval at a time 
 ledger, the bills and the outbox run as they do in the bot.
 
 Faults: Slack outages, answers lost after the post landed, posts that land up to a minute and
-a half after the bot gave up on them, 429s; platform 5xx answers, lost
-answers after the platform acted, catch-all HTML 404s (unknown outcomes), operation locks (a
-409 while the platform is busy with the machine), instances ended on the platform behind the
-bot's back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or
+a half after the bot gave up on them, 429s; RunPod answering 500, 503 through an outage, a
+proxy's catch-all HTML 404 page, 429s (its own, with Retry-After, and plain text without),
+a 409 while a pod is locked, and dropping the connection after it did a DELETE (the last three
+are unknown outcomes to the bot); pods terminated in RunPod's console behind the bot's back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or
 between calls; a new process on the same store takes its place, every in-memory state lost;
 see bench/sim/processes.py), with two processes on the store by default on PostgreSQL; the
 clock jumping (a host suspended for an hour: what the machines bill meanwhile is excused); SSH
@@ -48,7 +50,10 @@ Invariants, each a figure in the last line's JSON object:
 - ``digest_vs_platform_micros``: |the month's total as the bot reports it (spend) - what the
   platform billed| summed over the month's instances, at the last whole hour (the ledger
   charges whole hours). Prices are whole micro-units per second, so no rounding rule
-  separates the two.
+  separates the two. The documented rule for a difference, here and in every money figure
+  below: RunPod does not say when a pod ended (a terminated pod is gone), so the bot may meter
+  a pod past its end to the moment RunPod first told it the pod was gone, and no further
+  (``told_late_micros``; a meter stopped at any other moment is a violation).
 - ``double_registrations``: machines with two live registrations.
 - ``status_vs_platform_micros``: per instance, |what `/gpu status` shows it cost since it was
   registered - what the platform billed for its machine|, plus per month, |the month's total as
@@ -79,7 +84,9 @@ The JSON line holds ``seed``, ``days``, ``start``, ``people``, ``instances``, ``
 jobs the bot took; ``jobs_by_state``, and ``jobs_asked``: how the bot answered each ask),
 ``store``, ``processes``, ``faults`` (counts by kind), ``actions`` (what the admin and the
 people did besides answering warnings), ``slack_requests`` (signed requests by kind and the
-app's HTTP status), ``violations``, the figures above and ``wall_s``; the same seed gives the
+app's HTTP status), ``runpod`` (RunPod's answers by HTTP status, ``lost`` for those dropped;
+how many were checked against its OpenAPI document, and how many did not fit: each one a
+violation), ``violations``, the figures above and ``wall_s``; the same seed gives the
 same line but ``wall_s``. Exit status 0 only without violations.
 
 The parts live in bench/sim/: the world outside the bot (world.py), the agents and their jobs

@@ -177,8 +177,8 @@ def test_a_machine_ended_behind_the_bots_back_is_not_charged_past_its_end(
                 price_micros=2_200 * 3600,
                 gpu_model="H100",
                 gpu_count=1,
-                provider="simcloud",
-                provider_instance_id="sim-00019",
+                provider="runpod",
+                provider_instance_id="pod0019xyz",
                 billing_increment="second",
                 min_charge_s=0,
                 billing_from="created",
@@ -232,7 +232,7 @@ def _sim_job(
 
 def test_the_stand_in_agent_runs_its_queue_as_gpu_agent_does() -> None:
     agents = sys.modules["bench.sim.agents"]
-    host = agents.SimHost("box0", "sim-00000", gpu_count=2)
+    host = agents.SimHost("box0", "pod0000xyz", gpu_count=2)
     at = datetime(2027, 3, 1, 12, 0)
     host.submit(_sim_job(agents, "1", "ok", 600, "all"), at)
     host.submit(_sim_job(agents, "2", "flaky", 300, "any:1", retries=1), at)
