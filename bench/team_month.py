@@ -11,34 +11,34 @@ What it drives: each instance is a pod rented on RunPod (its v2 API's stand-in o
 which checks every request against RunPod's OpenAPI document and bills compute and disks per
 second from the pod's start until RunPod itself ends it), registered to one person with a
 deadline, and every call the bot makes to RunPod goes through the bot's own client over HTTP
-(bench/sim/runpod.py); people behave by habit (some extend at each warning, some click twice, some never
-answer, some release early); an admin sets monthly budgets and lifetime caps; people switch
-language now and then, and try to extend or release machines that are not theirs; people run
-jobs (`/gpu run`: ``--jobs``, 500 in 30 days by default, scaled by the days; someone without a
-running machine rents one first) with ``--gpus``, retries and ``--release-when-done``, on
+(bench/sim/runpod.py); people behave by habit (some extend at each warning, some click twice,
+some never answer, some release early); an admin sets monthly budgets and lifetime caps; people
+switch language now and then, and try to extend or release machines that are not theirs; people
+run jobs (`/gpu run`: ``--jobs``, 500 in 30 days by default, scaled by the days; someone without
+a running machine rents one first) with ``--gpus``, retries and ``--release-when-done``, on
 agents that answer the job commands as ``gpu-agent`` does (bench/sim/agents.py: jobs that
-succeed, fail out of memory, fail once and are retried, hang until their owner cancels them,
-or are lost with their host), and the clock's job poll notices their end and replies. Half of
-the answers to warnings, of the jobs and of the attempts on what is not theirs go as Slack
-sends them: signed slash commands and button clicks dispatched to the real Bolt app of the
-process that serves Slack (bench/sim/front.py; a double click is two signed requests); the
-rest call the services directly. The clock advances one tick interval at a time and calls
-``tick(now)`` in every bot process, so warnings, releases, retries, reconciliation, the
-ledger, the bills and the outbox run as they do in the bot.
+succeed, fail out of memory, fail once and are retried, hang until their owner cancels them, or
+are lost with their host), and the clock's job poll notices their end and replies. Half of the
+answers to warnings, of the jobs and of the attempts on what is not theirs go as Slack sends
+them: signed slash commands and button clicks dispatched to the real Bolt app of the process
+that serves Slack (bench/sim/front.py; a double click is two signed requests); the rest call the
+services directly. The clock advances one tick interval at a time and calls ``tick(now)`` in
+every bot process, so warnings, releases, retries, reconciliation, the ledger, the bills and the
+outbox run as they do in the bot.
 
-Faults: Slack outages, answers lost after the post landed, posts that land up to a minute and
-a half after the bot gave up on them, 429s; RunPod answering 500, 503 through an outage, a
-proxy's catch-all HTML 404 page, 429s (its own, with Retry-After, and plain text without),
-a 409 while a pod is locked, and dropping the connection after it did a DELETE (the last three
-are unknown outcomes to the bot); pods terminated in RunPod's console behind the bot's back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or
-between calls; a new process on the same store takes its place, every in-memory state lost;
-see bench/sim/processes.py), with two processes on the store by default on PostgreSQL; the
-clock jumping (a host suspended for an hour: what the machines bill meanwhile is excused); SSH
-hosts that hang or drop (a ``run`` whose answer is lost after the job was queued among them);
-hosts that reboot (their jobs lost) or whose agent forgets its jobs; GPUs that go idle,
-overheat or disappear from the agent's answer. Each kind of fault (``FAULT_KINDS``) is also
-scheduled once at a seeded moment of the first day, so that every kind fires in any run of a
-day or more.
+Faults: Slack outages, answers lost after the post landed, posts that land up to a minute and a
+half after the bot gave up on them, 429s; RunPod answering 500, 503 through an outage, a proxy's
+catch-all HTML 404 page, 429s (its own, with Retry-After, and plain text without), a 409 while a
+pod is locked, and dropping the connection after it did a DELETE (the 404 page and the dropped
+answer are unknown outcomes to the bot); pods terminated in RunPod's console behind the bot's
+back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or between
+calls; a new process on the same store takes its place, every in-memory state lost; see
+bench/sim/processes.py), with two processes on the store by default on PostgreSQL; the clock
+jumping (a host suspended for an hour: what the machines bill meanwhile is excused); SSH hosts
+that hang or drop (a ``run`` whose answer is lost after the job was queued among them); hosts
+that reboot (their jobs lost) or whose agent forgets its jobs; GPUs that go idle, overheat or
+disappear from the agent's answer. Each kind of fault (``FAULT_KINDS``) is also scheduled once
+at a seeded moment of the first day, so that every kind fires in any run of a day or more.
 
 Invariants, each a figure in the last line's JSON object:
 - ``paid_past_warning_micros``: what the platform billed past an instance's last deadline plus
@@ -614,8 +614,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "home_vs_spend_micros",
         "home_vs_platform_micros",
         "bills_vs_platform_micros",
+        "told_late_micros",
     ):
         print(f"  {name}: {report[name]}")
+    runpod = report["runpod"]
+    print(f"  RunPod answered: {runpod['answers_by_status']}")
+    print(
+        f"  RunPod answers checked against its OpenAPI document: {runpod['answers_checked']}, "
+        f"not fitting: {runpod['answer_problems']}"
+    )
     for message, count in logged.most_common(10):
         print(f"  logged {count}x: {message}")
     for violation in report["violations"]:
