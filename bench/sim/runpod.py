@@ -28,9 +28,10 @@ run past the pod's end only to a moment at which RunPod answered the bot that th
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from bench.sim.world import Machine, SimClock, World, box_name
 from bot.errors import ProviderBusy, ProviderError, ProviderNotFound
@@ -236,7 +237,7 @@ class RunpodCloud:
 
     # --- the dice, and the calls -------------------------------------------------------------
 
-    def _call(self, call: str, provider_id: str | None, send: Any) -> Any:
+    def _call(self, call: str, provider_id: str | None, send: Callable[[], T]) -> T:
         """Make one call of the bot's client with the faults the dice give armed on the
         stand-in, and disarm them after; a failure about one machine is recorded against it."""
         now = self.clock()
