@@ -216,9 +216,13 @@ class VastProvider:
         in epoch seconds, ``limit`` at most 100, the answer's ``next_token`` sent back as
         ``after_token``; rows in ``results`` with ``type``, ``source`` (``instance-<id>``),
         ``amount`` in dollars, ``start``/``end`` epoch seconds. Raises ProviderError for an
-        answer without ``results`` or pages that never end."""
+        answer without ``results`` or pages that never end.
+
+        Vast's ``lte`` takes a row whose day is equal to it (the client's ``--end-date``
+        includes that day), so the period's end, exclusive here, is asked as the second
+        before it: a period ending at midnight does not take the next day's row."""
         filters = {
-            "day": {"gte": _seconds(start), "lte": _seconds(end)},
+            "day": {"gte": _seconds(start), "lte": _seconds(end) - 1},
             "type": {"in": ["instance"]},
         }
         query = {

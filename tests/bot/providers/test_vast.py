@@ -182,3 +182,17 @@ def test_charges_are_read_per_instance_in_micros_across_pages(provider, vast_clo
     pages = vast_cloud.calls_to("GET", "/api/v0/charges/")
     assert len(pages) == 2
     assert "after_token" in pages[1][1]
+
+
+def test_the_charges_of_days_end_where_the_period_ends(provider, vast_cloud: VastStandIn):
+    """Vast's ``day`` filter takes a row whose day equals ``lte``, as the official client's
+    ``--end-date`` does: a period that ends at midnight must not take the next day's row. The
+    month before and this month to today, as `/gpu bills` reads them, each get their own days."""
+    vast_cloud.bills_runs = True
+    vast_cloud.now = datetime(2026, 11, 30, 0, 0)
+    vid = vast_cloud.add(dph_base=1.0, disk_space=0.0)
+    vast_cloud.now = datetime(2026, 12, 2, 12, 0)
+    november = provider.charges(datetime(2026, 11, 1), datetime(2026, 12, 1))
+    december = provider.charges(datetime(2026, 12, 1), datetime(2026, 12, 2))
+    assert [(c.provider_id, c.total_micros) for c in november] == [(vid, 24_000_000)]
+    assert [(c.provider_id, c.total_micros) for c in december] == [(vid, 24_000_000)]
