@@ -7,38 +7,40 @@ checked at the end as figures and a list of violations.
         --store sqlite|postgresql --processes 2 --start 2027-03-30]
         [--break skip_warning|double_post|drop_charge|drop_reply]
 
-What it drives: each instance is a pod rented on RunPod (its v2 API's stand-in on loopback,
-which checks every request against RunPod's OpenAPI document and bills compute and disks per
-second from the pod's start until RunPod itself ends it), registered to one person with a
-deadline, and every call the bot makes to RunPod goes through the bot's own client over HTTP
-(bench/sim/runpod.py); people behave by habit (some extend at each warning, some click twice,
-some never answer, some release early); an admin sets monthly budgets and lifetime caps; people
-switch language now and then, and try to extend or release machines that are not theirs; people
-run jobs (`/gpu run`: ``--jobs``, 500 in 30 days by default, scaled by the days; someone without
-a running machine rents one first) with ``--gpus``, retries and ``--release-when-done``, on
-agents that answer the job commands as ``gpu-agent`` does (bench/sim/agents.py: jobs that
-succeed, fail out of memory, fail once and are retried, hang until their owner cancels them, or
-are lost with their host), and the clock's job poll notices their end and replies. Half of the
-answers to warnings, of the jobs and of the attempts on what is not theirs go as Slack sends
-them: signed slash commands and button clicks dispatched to the real Bolt app of the process
-that serves Slack (bench/sim/front.py; a double click is two signed requests); the rest call the
-services directly. The clock advances one tick interval at a time and calls ``tick(now)`` in
-every bot process, so warnings, releases, retries, reconciliation, the ledger, the bills and the
-outbox run as they do in the bot.
+What it drives: each instance is a machine rented on RunPod or Vast.ai (``--platforms``; each a
+stand-in of the platform's API on loopback that bills compute and disks per second from the
+machine's start until the platform itself ends it, RunPod's checking every request against its
+v2 OpenAPI document), registered to one person with a deadline, and every call the bot makes to
+a platform goes through the bot's own client for it over HTTP (bench/sim/platforms.py); people
+behave by habit (some extend at each warning, some click twice, some never answer, some release
+early); an admin sets monthly budgets and lifetime caps; people switch language now and then,
+and try to extend or release machines that are not theirs; people run jobs (`/gpu run`:
+``--jobs``, 500 in 30 days by default, scaled by the days; someone without a running machine
+rents one first) with ``--gpus``, retries and ``--release-when-done``, on agents that answer the
+job commands as ``gpu-agent`` does (bench/sim/agents.py: jobs that succeed, fail out of memory,
+fail once and are retried, hang until their owner cancels them, or are lost with their host),
+and the clock's job poll notices their end and replies. Half of the answers to warnings, of the
+jobs and of the attempts on what is not theirs go as Slack sends them: signed slash commands and
+button clicks dispatched to the real Bolt app of the process that serves Slack
+(bench/sim/front.py; a double click is two signed requests); the rest call the services
+directly. The clock advances one tick interval at a time and calls ``tick(now)`` in every bot
+process, so warnings, releases, retries, reconciliation, the ledger, the bills and the outbox
+run as they do in the bot.
 
 Faults: Slack outages, answers lost after the post landed, posts that land up to a minute and a
-half after the bot gave up on them, 429s; RunPod answering 500, 503 through an outage, a proxy's
-catch-all HTML 404 page, 429s (its own, with Retry-After, and plain text without), a 409 while a
-pod is locked, and dropping the connection after it did a DELETE (the 404 page and the dropped
-answer are unknown outcomes to the bot); pods terminated in RunPod's console behind the bot's
-back; bot processes killed (``process_kill``: ``kill -9`` mid-post, mid-release, or between
-calls; a new process on the same store takes its place, every in-memory state lost; see
-bench/sim/processes.py), with two processes on the store by default on PostgreSQL; the clock
-jumping (a host suspended for an hour: what the machines bill meanwhile is excused); SSH hosts
-that hang or drop (a ``run`` whose answer is lost after the job was queued among them); hosts
-that reboot (their jobs lost) or whose agent forgets its jobs; GPUs that go idle, overheat or
-disappear from the agent's answer. Each kind of fault (``FAULT_KINDS``) is also scheduled once
-at a seeded moment of the first day, so that every kind fires in any run of a day or more.
+half after the bot gave up on them, 429s; the platforms answering 500, 503 through an outage, a
+proxy's catch-all HTML 404 page, 429s (RunPod's own, with Retry-After, and plain text without),
+a 409 while RunPod has a pod locked, and dropping the connection after a DELETE was done (the
+404 page and the dropped answer are unknown outcomes to the bot); machines terminated in the
+platform's console behind the bot's back; bot processes killed (``process_kill``: ``kill -9``
+mid-post, mid-release, or between calls; a new process on the same store takes its place, every
+in-memory state lost; see bench/sim/processes.py), with two processes on the store by default on
+PostgreSQL; the clock jumping (a host suspended for an hour: what the machines bill meanwhile is
+excused); SSH hosts that hang or drop (a ``run`` whose answer is lost after the job was queued
+among them); hosts that reboot (their jobs lost) or whose agent forgets its jobs; GPUs that go
+idle, overheat or disappear from the agent's answer. Each kind of fault (``FAULT_KINDS``) is
+also scheduled once at a seeded moment of the first day, so that every kind fires in any run of
+a day or more.
 
 Invariants, each a figure in the last line's JSON object:
 - ``paid_past_warning_micros``: what the platform billed past an instance's last deadline plus
@@ -51,9 +53,9 @@ Invariants, each a figure in the last line's JSON object:
   platform billed| summed over the month's instances, at the last whole hour (the ledger
   charges whole hours). Prices are whole micro-units per second, so no rounding rule
   separates the two. The documented rule for a difference, here and in every money figure
-  below: RunPod does not say when a pod ended (a terminated pod is gone), so the bot may meter
-  a pod past its end to the moment RunPod first told it the pod was gone, and no further
-  (``told_late_micros``; a meter stopped at any other moment is a violation).
+  below: neither platform says when a machine ended (a terminated one is gone), so the bot may
+  meter a machine past its end to the moment its platform first told the bot it was gone, and
+  no further (``told_late_micros``; a meter stopped at any other moment is a violation).
 - ``double_registrations``: machines with two live registrations.
 - ``status_vs_platform_micros``: per instance, |what `/gpu status` shows it cost since it was
   registered - what the platform billed for its machine|, plus per month, |the month's total as
@@ -80,18 +82,19 @@ Invariants, each a figure in the last line's JSON object:
   instance, compute charges that overlap or leave a gap, unknown outbox states; at the end,
   releases, posts or job replies claimed by a lease long expired.
 
-The JSON line holds ``seed``, ``days``, ``start``, ``people``, ``instances``, ``jobs`` (the
-jobs the bot took; ``jobs_by_state``, and ``jobs_asked``: how the bot answered each ask),
-``store``, ``processes``, ``faults`` (counts by kind), ``actions`` (what the admin and the
-people did besides answering warnings), ``slack_requests`` (signed requests by kind and the
-app's HTTP status), ``runpod`` (RunPod's answers by HTTP status, ``lost`` for those dropped;
-how many were checked against its OpenAPI document, and how many did not fit: each one a
-violation), ``violations``, the figures above and ``wall_s``; the same seed gives the
+The JSON line holds ``seed``, ``days``, ``start``, ``people``, ``instances``, ``jobs`` (the jobs
+the bot took; ``jobs_by_state``, and ``jobs_asked``: how the bot answered each ask), ``store``,
+``processes``, ``faults`` (counts by kind), ``actions`` (what the admin and the people did
+besides answering warnings), ``slack_requests`` (signed requests by kind and the app's HTTP
+status), one object per platform (``runpod``, ``vast``: its answers by HTTP status, ``lost`` for
+those dropped; how many were checked against its published document, and how many did not fit:
+each one a violation), ``violations``, the figures above and ``wall_s``; the same seed gives the
 same line but ``wall_s``. Exit status 0 only without violations.
 
-The parts live in bench/sim/: the world outside the bot (world.py), the agents and their jobs
-(agents.py), the team (team.py), Slack's side of people's requests (front.py), the bot's
-processes and the store's check (processes.py), and the promise (promise.py, views.py).
+The parts live in bench/sim/: the world outside the bot (world.py), the platforms (platforms.py,
+runpod.py, vast.py), the agents and their jobs (agents.py), the team (team.py), Slack's side of
+people's requests (front.py), the bot's processes and the store's check (processes.py), and the
+promise (promise.py, views.py).
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from bench.sim.agents import SimFleet  # noqa: E402
 from bench.sim.front import BOT_TOKEN, SlackFront  # noqa: E402
+from bench.sim.platforms import PlatformCloud, Platforms  # noqa: E402
 from bench.sim.processes import (  # noqa: E402
     Doom,
     Killed,
@@ -147,6 +151,7 @@ from bench.sim.team import (  # noqa: E402
     run_job,
     switch_language,
 )
+from bench.sim.vast import VastCloud  # noqa: E402
 from bench.sim.views import views_agree  # noqa: E402
 from bench.sim.world import (  # noqa: E402
     FAULT_KINDS,
@@ -183,6 +188,8 @@ TICK_S = 300
 JOBS_PER_MONTH = 500
 #: Faults that need a running machine (or a busy host) to happen at all.
 EARLY_KINDS = frozenset({"ended_on_platform", "job_host_reboot", "job_store_wiped"})
+#: The platforms people rent from (bench/sim/platforms.py), by provider name.
+PLATFORMS: dict[str, type[PlatformCloud]] = {"runpod": RunpodCloud, "vast": VastCloud}
 #: Test-only switches that break the build on purpose (the harness must catch each).
 BREAKS = ("skip_warning", "double_post", "drop_charge", "drop_reply")
 
@@ -209,7 +216,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
         _store(args.store) as db,
         _broken(breaks),
         local,
-        RunpodCloud(world, clock) as cloud,
+        Platforms(world, clock, [PLATFORMS[name] for name in args.platforms]) as cloud,
     ):
         slack = SimSlack(world, clock, double_post="double_post" in breaks)
         fleet = SimFleet(world, clock, cloud)
@@ -278,14 +285,9 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
         figures.update(seen)
         figures["violations"].extend(f"store: {problem}" for problem in inconsistent)
         figures["violations"].extend(
-            f"RunPod answered outside its OpenAPI document: {problem}"
-            for problem in cloud.checked.problems
+            f"answered outside its published document: {problem}" for problem in cloud.problems()
         )
-        figures["runpod"] = {
-            "answers_by_status": dict(sorted(cloud.statuses.items())),
-            "answers_checked": cloud.checked.answers,
-            "answer_problems": len(cloud.checked.problems),
-        }
+        figures.update({platform.name: platform.report() for platform in cloud.all})
         figures["store_inconsistencies"] = len(inconsistent)
     report = {
         "seed": args.seed,
@@ -309,7 +311,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
 def _team_acts(
     rt: Runtime,
     team: Team,
-    edges: tuple[RunpodCloud, SimFleet],
+    edges: tuple[Platforms, SimFleet],
     rng: random.Random,
     world: World,
     args: argparse.Namespace,
@@ -355,7 +357,7 @@ def _spawn(
     db: Database,
     clock: SimClock,
     slack: SimSlack,
-    cloud: RunpodCloud,
+    cloud: Platforms,
     fleet: SimFleet,
     tick_s: int,
     number: int,
@@ -365,13 +367,13 @@ def _spawn(
     """A bot process on the store: its own executor, its own (killable) Slack and platform,
     and its Bolt app."""
     fate = Doom()
-    handles = (ProcessSlack(slack, fate), ProcessCloud(cloud, fate))
-    rt = _runtime(db, clock, handles[0], handles[1], fleet, tick_s)
+    platforms = [ProcessCloud(platform, fate) for platform in cloud.all]
+    rt = _runtime(db, clock, ProcessSlack(slack, fate), platforms, fleet, tick_s)
     return Proc(number, rt, fate, SlackFront(rt, local, sent))
 
 
 def _runtime(
-    db: Database, clock: SimClock, slack: Any, cloud: Any, fleet: Any, tick_s: int
+    db: Database, clock: SimClock, slack: Any, platforms: Sequence[Any], fleet: Any, tick_s: int
 ) -> Runtime:
     settings = Settings(
         admins=frozenset({ADMIN}),
@@ -384,7 +386,7 @@ def _runtime(
         settings=settings,
         db=db,
         fleet=fleet,
-        providers=ProviderRegistry([ManualProvider(), cloud]),
+        providers=ProviderRegistry([ManualProvider(), *platforms]),
         notifier=slack,
         clock=clock,
         executor=BotExecutor(1),
@@ -459,7 +461,7 @@ def _faults(world: World, clock: SimClock) -> None:
         world.log(now, "host suspended for an hour")
 
 
-def _behind_the_back(world: World, cloud: RunpodCloud, now: datetime) -> None:
+def _behind_the_back(world: World, cloud: Platforms, now: datetime) -> None:
     """Now and then the platform ends a running machine on its own (a spot reclaim, someone
     in its console): the bot must notice and stop its meter when the platform says."""
     running = sorted(m.provider_id for m in cloud.machines.values() if m.ended_at is None)
@@ -555,6 +557,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument(
+        "--platforms",
+        type=_platforms,
+        default=tuple(PLATFORMS),
+        help=f"the platforms people rent from, comma-separated (default {','.join(PLATFORMS)})",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=None,
@@ -580,6 +588,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.jobs is None:
         args.jobs = round(JOBS_PER_MONTH * args.days / 30)
     return args
+
+
+def _platforms(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(set(names) - set(PLATFORMS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"platforms are {', '.join(PLATFORMS)}; not {', '.join(unknown) or 'none'}"
+        )
+    return names
 
 
 def _day(text: str) -> datetime:
@@ -617,12 +635,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "told_late_micros",
     ):
         print(f"  {name}: {report[name]}")
-    runpod = report["runpod"]
-    print(f"  RunPod answered: {runpod['answers_by_status']}")
-    print(
-        f"  RunPod answers checked against its OpenAPI document: {runpod['answers_checked']}, "
-        f"not fitting: {runpod['answer_problems']}"
-    )
+    for name in args.platforms:
+        platform = report[name]
+        print(f"  {name} answered: {platform['answers_by_status']}")
+        if platform["answers_checked"]:
+            print(
+                f"  {name} answers checked against its published document: "
+                f"{platform['answers_checked']}, not fitting: {platform['answer_problems']}"
+            )
     for message, count in logged.most_common(10):
         print(f"  logged {count}x: {message}")
     for violation in report["violations"]:

@@ -61,6 +61,12 @@ def clean() -> dict[str, Any]:
     return _month()
 
 
+@pytest.fixture(scope="module")
+def day() -> dict[str, Any]:
+    """A day with more people and machines: every kind of fault fires in it."""
+    return _month(seed=5, days=1.0, people=6, instances=10)
+
+
 def test_a_clean_run_keeps_every_promise(clean: dict[str, Any]) -> None:
     assert clean["violations"] == []
     assert clean["instances"] >= 6
@@ -68,8 +74,10 @@ def test_a_clean_run_keeps_every_promise(clean: dict[str, Any]) -> None:
     assert clean["bot_month_micros"] == clean["platform_month_micros"] + clean["told_late_micros"]
     assert clean["platform_month_micros"] > 0
     assert sum(clean["faults"].values()) > 0
-    # Every call went through the bot's RunPod client to the stand-in, over HTTP.
+    # Every call went through the bot's own clients to the platforms' stand-ins, over HTTP,
+    # and RunPod's answers fit its OpenAPI document.
     assert clean["runpod"]["answers_by_status"]["200"] > 0
+    assert clean["vast"]["answers_by_status"]["200"] > 0
     assert clean["runpod"]["answers_checked"] > 0
     assert clean["runpod"]["answer_problems"] == 0
 
@@ -90,12 +98,16 @@ def test_jobs_run_through_the_job_service_and_each_ending_gets_one_reply(
 
 
 def test_people_also_ask_through_the_bolt_app_with_signed_requests(
-    clean: dict[str, Any],
+    clean: dict[str, Any], day: dict[str, Any]
 ) -> None:
-    sent = clean["slack_requests"]
+    """Commands and clicks (warnings' buttons: a day has enough of them) go through the Bolt
+    app as signed requests, and the app refuses none."""
+    assert clean["slack_requests"].get("command_200", 0) > 0
+    sent = day["slack_requests"]
     assert sent.get("command_200", 0) > 0
     assert sent.get("click_200", 0) > 0
-    assert set(sent) <= {"command_200", "click_200", "double_click"}  # none refused
+    for report in (clean, day):
+        assert set(report["slack_requests"]) <= {"command_200", "click_200", "double_click"}
 
 
 def test_the_same_seed_gives_the_same_report(clean: dict[str, Any]) -> None:
@@ -120,16 +132,17 @@ def test_a_build_broken_on_purpose_is_caught(broken: str, figure: str) -> None:
     assert report["violations"]
 
 
-def test_every_fault_kind_fires_in_a_day_and_the_bills_agree() -> None:
-    report = _month(seed=5, days=1.0, people=6, instances=10)
+def test_every_fault_kind_fires_in_a_day_and_the_bills_agree(day: dict[str, Any]) -> None:
+    report = day
     missing = [kind for kind in HARNESS.FAULT_KINDS if report["faults"].get(kind, 0) == 0]
     assert missing == []
     # The platform's faults reached the bot as RunPod's HTTP answers: 500s, 503s in the outage,
     # a catch-all 404 page or RunPod's own 404, 429s, a 409 for the locked pod, and a DELETE
     # done whose answer was dropped.
-    statuses = report["runpod"]["answers_by_status"]
-    assert {"404", "409", "429", "500", "503"} <= set(statuses)
-    assert statuses["lost"] >= 1
+    runpod, vast = report["runpod"]["answers_by_status"], report["vast"]["answers_by_status"]
+    assert {"404", "409", "429", "500", "503"} <= set(runpod)
+    assert {"404", "429", "500", "503"} <= set(vast)
+    assert runpod["lost"] + vast["lost"] >= 1
     # The platform publishes its bills to the start of today: the first day is on them.
     assert report["bill_lines"] > 0
     assert report["bills_vs_platform_micros"] == 0
@@ -362,46 +375,50 @@ def test_the_back_off_rule_excuses_what_the_platform_failed_and_nothing_more() -
     assert _after_failed_calls(base, deadline, early, 300) == base
 
 
-def test_runpod_tells_of_an_end_only_when_asked_and_the_rule_allows_no_more() -> None:
-    """A pod terminated in RunPod's console is gone from its answers, with no end time: the bot
-    may meter it to the moment RunPod first answered that it was gone, and not past that."""
+@pytest.mark.parametrize("name", ["runpod", "vast"])
+def test_a_platform_tells_of_an_end_only_when_asked_and_the_rule_allows_no_more(name: str) -> None:
+    """A machine terminated in the platform's console is gone from its answers, with no end
+    time: the bot may meter it to the moment the platform first answered that it was gone
+    (here a list without it), and not past that, nor stop before the end."""
     import random
 
-    from bench.sim.runpod import DISK_PER_S, RunpodCloud
+    from bench.sim.platforms import Platforms
     from bench.sim.world import SimClock, World
 
     start = datetime(2027, 3, 1, 12, 0)
     clock = SimClock(start)
     world = World(rng=random.Random(1), calm=True)
-    with RunpodCloud(world, clock) as cloud:
-        machine = cloud.open(550, 30_001, start)
-        other = cloud.open(275, 30_002, start)
+    with Platforms(world, clock, [HARNESS.PLATFORMS[name]]) as platforms:
+        [platform] = platforms.all
+        machine = platform.open(550, 30_001, start)
+        other = platform.open(275, 30_002, start)
         clock.now = start + timedelta(minutes=55)
-        cloud.end_outside(machine.provider_id, clock.now)
-        cloud.end_outside(other.provider_id, clock.now)
-        clock.now = start + timedelta(hours=1)
-        listed = {pod.provider_id for pod in cloud.list_instances()}
+        platforms.end_outside(machine.provider_id, clock.now)
+        platforms.end_outside(other.provider_id, clock.now)
+        clock.now = told = start + timedelta(hours=1)
+        listed = {item.provider_id for item in platform.list_instances()}
         assert machine.provider_id not in listed
-        told = clock.now
-        # RunPod's bill stops at the end: 55 minutes of compute and disks.
-        assert cloud.bill_micros(machine, told) == 55 * 60 * (550 + DISK_PER_S)
-        problems = cloud.settle(
+        # The platform's own bill stops at the end: 55 minutes of compute and disks.
+        per_s = 550 + platform.disk_per_s
+        assert platforms.bill_micros(machine, told) == 55 * 60 * per_s
+        problems = platforms.settle(
             {
-                machine.provider_id: told,  # stopped when RunPod said it was gone: allowed
+                machine.provider_id: told,  # stopped when the platform said it was gone
                 other.provider_id: told + timedelta(minutes=5),  # nobody told it then
             },
             told,
         )
         assert problems == [
-            f"box{int(other.provider_id[3:7])}: the meter stopped at 03-01 13:05, when RunPod "
-            "had not told the bot that the pod (ended 03-01 12:55) was gone"
+            f"box{int(''.join(c for c in other.provider_id if c.isdigit()))}: the meter stopped "
+            f"at 03-01 13:05, when {name} had not told the bot that the machine (ended "
+            "03-01 12:55) was gone"
         ]
-        # The bot may say 5 minutes more than RunPod billed for the first: told 5 minutes late.
-        late = 5 * 60 * (550 + DISK_PER_S)
-        assert cloud.owed_micros(machine, told) == cloud.bill_micros(machine, told) + late
-        assert cloud.owed_micros(other, told) == cloud.bill_micros(other, told)
-        assert cloud.unseen_end_micros(told) == late
-        # A meter that stopped before the pod's end is the bot's error too.
-        early = cloud.settle({machine.provider_id: start + timedelta(minutes=50)}, told)
+        # The bot may say 5 minutes more than the platform billed for the first.
+        late = 5 * 60 * per_s
+        assert platforms.owed_micros(machine, told) == platforms.bill_micros(machine, told) + late
+        assert platforms.owed_micros(other, told) == platforms.bill_micros(other, told)
+        assert platforms.unseen_end_micros(told) == late
+        # A meter that stopped before the machine's end is the bot's error too.
+        early = platforms.settle({machine.provider_id: start + timedelta(minutes=50)}, told)
         assert len(early) == 1
-        assert "before the pod ended" in early[0]
+        assert "before the machine ended" in early[0]

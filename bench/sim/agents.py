@@ -35,7 +35,7 @@ from agents.protocol import (
     StatusSnapshot,
     parse_gpus,
 )
-from bench.sim.runpod import RunpodCloud
+from bench.sim.platforms import Platforms
 from bench.sim.world import SimClock, World
 from bot.errors import CommandTimeout, FleetError, Unreachable
 from bot.fleet.agent_client import AgentRefused
@@ -154,7 +154,7 @@ class SimFleet:
 
     closed = False
 
-    def __init__(self, world: World, clock: SimClock, cloud: RunpodCloud) -> None:
+    def __init__(self, world: World, clock: SimClock, cloud: Platforms) -> None:
         self.world = world
         self.clock = clock
         self.cloud = cloud

@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
-from bench.sim.runpod import RunpodCloud
+from bench.sim.platforms import PlatformCloud
 from bench.sim.world import SimSlack, World
 from bot.errors import ProviderError, SlackError
 from bot.notify import MessageRef
@@ -91,10 +91,10 @@ class ProcessSlack:
 
 
 class ProcessCloud:
-    """One process's handle on the platform: :class:`RunpodCloud`, unless the process is doomed
+    """One process's handle on a platform (:class:`PlatformCloud`), unless the process is doomed
     to die at its next release call (before the platform acts, or after)."""
 
-    def __init__(self, cloud: RunpodCloud, doom: Doom) -> None:
+    def __init__(self, cloud: PlatformCloud, doom: Doom) -> None:
         self.cloud = cloud
         self.doom = doom
         self.name = cloud.name

@@ -11,7 +11,7 @@ from typing import Any
 from sqlmodel import select
 
 from bench.sim.agents import SimFleet
-from bench.sim.runpod import RunpodCloud
+from bench.sim.platforms import Platforms
 from bench.sim.team import Team
 from bench.sim.world import (
     OPS,
@@ -36,7 +36,7 @@ def invariants(
     db: Database,
     settings: Settings,
     team: Team,
-    cloud: RunpodCloud,
+    cloud: Platforms,
     fleet: SimFleet,
     slack: SimSlack,
     world: World,
@@ -194,7 +194,7 @@ def _money_agrees(
     db: Database,
     settings: Settings,
     team: Team,
-    cloud: RunpodCloud,
+    cloud: Platforms,
     slack: SimSlack,
     world: World,
     start: datetime,
@@ -314,10 +314,10 @@ def _months(start: datetime, now: datetime, tz: Any) -> list[str]:
 
 
 def _billed_between(
-    machines: Iterable[Machine], cloud: RunpodCloud, lo: datetime, hi: datetime
+    machines: Iterable[Machine], cloud: Platforms, lo: datetime, hi: datetime
 ) -> int:
     """What the bot may say ``machines`` cost in [lo, hi): the platform's bill, and what the
-    platform told it only later (:meth:`RunpodCloud.owed_micros`)."""
+    platform told it only later (:meth:`Platforms.owed_micros`)."""
     return sum(cloud.owed_micros(m, hi) - cloud.owed_micros(m, lo) for m in machines)
 
 

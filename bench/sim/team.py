@@ -14,8 +14,8 @@ from sqlmodel import col, select
 
 from bench.sim.agents import FATES, SIM_FLAG, SimFleet
 from bench.sim.front import SlackFront
+from bench.sim.platforms import Platforms
 from bench.sim.processes import Killed
-from bench.sim.runpod import DISK_GB, DISK_MICROS_PER_GB_MONTH, PLATFORM, RunpodCloud
 from bench.sim.world import World, box_name
 from bot.blocks import deadlines as deadline_blocks
 from bot.errors import GpubotError, NotAuthorized
@@ -81,18 +81,22 @@ def make_team(rng: random.Random, people: int) -> Team:
 def rent(
     rt: Runtime,
     team: Team,
-    cloud: RunpodCloud,
+    cloud: Platforms,
     fleet: SimFleet,
     rng: random.Random,
     now: datetime,
     world: World,
 ) -> None:
-    """A person rents a pod in RunPod's console and registers it with a deadline."""
+    """A person rents a machine in a platform's console and registers it with a deadline, with
+    the price and disks the platform reports for it."""
     owner = rng.choice(sorted(team.people))
     number = len(team.rentals)
     price_per_s = rng.choice(PRICES_PER_S)
     gpu_count = rng.choice(GPU_COUNTS)
-    provider_id = cloud.open(price_per_s, 30_000 + number, now).provider_id
+    platform = cloud.pick(rng)
+    provider_id = platform.open(price_per_s, 30_000 + number, now).provider_id
+    registered = platform.registration(price_per_s)
+    billing = platform.capabilities.billing
     name = box_name(provider_id)
     deadline = now + timedelta(minutes=rng.choice((45, 90, 180, 360, 720)))
     with rt.db.session() as session:
@@ -106,16 +110,16 @@ def rent(
             host="127.0.0.1",
             port=30_000 + number,
             ssh_user="root",
-            price_micros=price_per_s * 3600,
+            price_micros=registered.price_micros_per_hour,
             gpu_model="H100",
             gpu_count=gpu_count,
-            provider=PLATFORM,
+            provider=platform.name,
             provider_instance_id=provider_id,
-            billing_increment="second",
-            min_charge_s=0,
-            billing_from="created",
-            disk_gb=float(DISK_GB),
-            storage_micros_per_gb_month=DISK_MICROS_PER_GB_MONTH,
+            billing_increment=billing.increment,
+            min_charge_s=billing.min_charge_s,
+            billing_from=billing.billing_from,
+            disk_gb=registered.disk_gb,
+            storage_micros_per_gb_month=registered.storage_micros_per_gb_month,
             created_at=now,
             deadline_at=deadline,
         )
@@ -126,7 +130,8 @@ def rent(
     fleet.add_host(name, provider_id, gpu_count)
     world.log(
         now,
-        f"[{box_name(provider_id)}] rented by {owner} at {price_per_s * 3600} per hour, "
+        f"[{box_name(provider_id)}] rented on {platform.name} by {owner} at "
+        f"{price_per_s * 3600} per hour, "
         f"deadline {deadline:%m-%d %H:%M}",
     )
 

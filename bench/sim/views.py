@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from bench.sim.runpod import PLATFORM, RunpodCloud
+from bench.sim.platforms import Platforms
 from bench.sim.team import Team
 from bench.sim.world import World
 from bot.runtime import Runtime
@@ -17,7 +17,7 @@ from bot.services.money import bills, ledger, spend
 
 
 def views_agree(
-    rt: Runtime, team: Team, cloud: RunpodCloud, world: World, now: datetime
+    rt: Runtime, team: Team, cloud: Platforms, world: World, now: datetime
 ) -> dict[str, Any]:
     """``home_vs_spend_micros``: per person, |Home's month so far - their instances' total in
     `/gpu spend` for the month|; ``home_vs_platform_micros``: per person, |Home's month so far
@@ -65,7 +65,8 @@ def views_agree(
             )
     world.calm = True
     try:
-        bills.fetch_bills(rt, PLATFORM, cloud, now)
+        for platform in cloud.all:
+            bills.fetch_bills(rt, platform.name, platform, now)
     finally:
         world.calm = False
     bills_gap, lines = _bills_gap(rt, cloud, now, violations)
@@ -79,14 +80,14 @@ def views_agree(
 
 
 def _bills_gap(
-    rt: Runtime, cloud: RunpodCloud, now: datetime, violations: list[str]
+    rt: Runtime, cloud: Platforms, now: datetime, violations: list[str]
 ) -> tuple[int, int]:
     """`/gpu bills` of the UTC month of ``now``: the gap summed over its lines, and how many."""
     month = f"{now:%Y-%m}"
     report = bills.bills_report(rt, month, now)
     gap = lines = 0
     for platform in report.platforms:
-        if platform.provider != PLATFORM:
+        if platform.provider not in cloud.by_name:
             continue
         if platform.fetched_at is None or platform.covered_to is None:
             violations.append(f"/gpu bills {month}: the platform's bills were never read")
@@ -103,7 +104,7 @@ def _bills_gap(
             said = line.bot_total_micros or 0
             published = line.platform_total_micros or 0
             # The documented rule: the bot's side runs ahead of the bill by what RunPod told
-            # it only later (bench/sim/runpod.py); the published bill is RunPod's to the cent.
+            # it only later (bench/sim/platforms.py); the published bill is the platform's own.
             if said - published != owed - truth or published != truth:
                 gap += abs((said - published) - (owed - truth)) + abs(published - truth)
                 violations.append(

@@ -1,7 +1,7 @@
 """The world outside the bot, as the team-month simulation stands it in: Slack's Web API and
-the clock, misbehaving on the world's seeded dice (the platform is RunPod's stand-in behind the
-bot's own client: bench/sim/runpod.py); and the questions the invariants ask of what the world
-did (outages, suspensions)."""
+the clock, misbehaving on the world's seeded dice (the platforms are stand-ins of their APIs
+behind the bot's own clients: bench/sim/platforms.py); and the questions the invariants ask of
+what the world did (outages, suspensions)."""
 
 from __future__ import annotations
 
@@ -199,6 +199,8 @@ class Machine:
     started_at: datetime
     ended_at: datetime | None = None
     ended_by: str = ""
+    #: The platform it runs on (bench/sim/platforms.py).
+    platform: str = ""
 
 
 class SimClock:
