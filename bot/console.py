@@ -26,6 +26,7 @@ import re
 import secrets
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +45,7 @@ from bot.runtime import Runtime
 from bot.scheduler import SchedulerHandle
 from bot.services.access import parse_member_id
 from bot.services.instances.registration import ensure_local_instance
+from bot.services.jobs.runs import poll_jobs, unfinished_count
 from bot.services.speaking.people import language_for
 from bot.services.tick import tick
 from bot.settings import Settings
@@ -67,6 +69,10 @@ CONSOLE_CHANNEL = "C0CONSOLE"
 DEFAULT_USER = "console-user"
 #: How long to wait for the replies to one line before moving on, in seconds.
 REPLY_WAIT_S = 900.0
+#: A job on `local` runs on the real clock: the most real seconds `:tick DURATION` gives the
+#: jobs running there to end before it moves the console's clock, and how often it looks.
+LOCAL_JOBS_GRACE_S = 10.0
+LOCAL_JOBS_LOOK_S = 0.2
 
 #: Answers that press a button that asks first.
 YES = frozenset({"y", "yes", "是"})
@@ -84,7 +90,8 @@ Console commands:
   :tick [DURATION]   move the console's clock forward (e.g. `:tick 2h`) one poll interval at a
                      time, running a tick of the scheduler at each step (polls, idle prompts,
                      deadline warnings, releases, jobs, digests), as the bot would while it ran;
-                     `:tick` alone runs one tick now
+                     `:tick` alone runs one tick now; jobs on `local` run on the real
+                     clock, so it first gives them up to 10 seconds to end
   :help              this text;  `/gpu help` lists the bot's commands
   :quit              leave (so does the end of piped input, or Ctrl-D)
 A command that opens a form (`/gpu register` or `/gpu rent` alone) asks for each field on the
@@ -183,6 +190,7 @@ class Console:
         self.app: App | None = None
         self._clock: SchedulerHandle | None = None
         self._ahead = timedelta(0)
+        self._local_id: int | None = None
         self._real_clock: Callable[[], datetime] = utcnow
         self._input: Iterator[str] = iter(())
         self._echo = False
@@ -211,7 +219,7 @@ class Console:
         self._meet(self.speaker)
         self._listen_in(self.speaker)
         try:
-            ensure_local_instance(self.runtime, self.speaker.user_id)
+            self._local_id = ensure_local_instance(self.runtime, self.speaker.user_id).id
         except GpubotError as exc:
             self.printer.note(
                 t("could not register this machine as `local`: {error}", error=exc.user_text())
@@ -499,6 +507,8 @@ class Console:
             advice = t("Use `:tick`, or `:tick 25m` to move ahead.")
             self.printer.note(f"{exc.user_text()}\n{advice}")
             return
+        if total > timedelta(0):
+            self._let_local_jobs_end(min(total.total_seconds(), LOCAL_JOBS_GRACE_S))
         failed: set[str] = set()
         ticks = 0
         for step in tick_steps(total, timedelta(seconds=self.runtime.settings.poll_interval_s)):
@@ -524,6 +534,20 @@ class Console:
 
     def _now(self) -> datetime:
         return self._real_clock() + self._ahead
+
+    def _let_local_jobs_end(self, grace_s: float) -> None:
+        """Wait up to ``grace_s`` real seconds for the jobs running on `local` to end, polling
+        them as the bot does (their replies are posted then), so that a short job is done
+        before the console's clock jumps past it."""
+        if self.runtime is None or self._local_id is None:
+            return
+        deadline_s = time.monotonic() + grace_s
+        while unfinished_count(self.runtime, self._local_id):
+            poll_jobs(self.runtime, self._local_id, self.runtime.now())
+            self.wait()
+            if time.monotonic() >= deadline_s or not unfinished_count(self.runtime, self._local_id):
+                return
+            time.sleep(LOCAL_JOBS_LOOK_S)
 
     def _meet(self, speaker: Speaker) -> None:
         self.slack.add_user(speaker.user_id, speaker.name)

@@ -559,3 +559,31 @@ def test_tick_steps_cut_a_long_move_into_poll_intervals() -> None:
     assert tick_steps(timedelta(0), minute) == [timedelta(0)]
     assert tick_steps(timedelta(seconds=150), minute) == [minute, minute, timedelta(seconds=30)]
     assert len(tick_steps(timedelta(hours=2), minute)) == 120
+
+
+@pytest.mark.integration
+def test_tick_lets_a_short_job_on_local_end_before_the_clock_moves(
+    tmp_path: Path, fake_gpu_zipapp: Path
+) -> None:
+    """A job runs on the real clock while `:tick 2m` moves the console's: the tick first
+    gives it its real seconds (at most the move, at most 10 s), so a two-second job's reply
+    comes in that tick's turn, and a job longer than the move is still running after it."""
+    env = fake_nvml_env(build_config(1, A100_80), tmp_path)
+    env |= {"GPUBOT_AGENT_ZIPAPP": str(fake_gpu_zipapp)}
+    script = [
+        "/gpu run local -- python3 -c \"import time; time.sleep(2); print('short done')\"",
+        ":tick 2m",
+        "/gpu run local -- sleep 30",
+        ":tick 1s",
+        "/gpu jobs local",
+    ]
+    result = _run_cli(tmp_path, "\n".join(script) + "\n", "console", extra_env=env)
+    assert result.returncode == 0, result.stderr
+    turns = result.stdout.split("console-user> ")[1:]
+    assert len(turns) == len(script)
+    _started, ticked, _long, ticked_again, jobs = turns
+    assert "short done" in ticked, ticked
+    assert "the console's clock is 2m ahead" in ticked
+    assert "sleep 30" not in ticked_again
+    assert "`1` succeeded" in jobs
+    assert "`2` running" in jobs, jobs

@@ -553,6 +553,12 @@ def poll_jobs(rt: Runtime, instance_id: int, now: datetime | None = None) -> Pol
     return _poll(rt, now or rt.now(), instance_ids={instance_id})
 
 
+def unfinished_count(rt: Runtime, instance_id: int) -> int:
+    """How many jobs of ``instance_id`` the store holds as not finished yet."""
+    with rt.db.session() as session:
+        return len(_active_rows(session, instance_id))
+
+
 def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | None = None) -> int:
     """Post the completion reply of every finished job that has none, each in the language of
     the person who ran the job; returns how many."""
