@@ -38,11 +38,13 @@ bench: $(STAMP) agent
 	$(BIN)/python bench/run_all.py
 
 # A team's month, simulated against the real store and clock with the world misbehaving
-# (bench/team_month.py); SEED and STORE (sqlite or postgresql) choose the run.
+# (bench/team_month.py); SEED, STORE (sqlite or postgresql) and PLATFORMS (of one currency:
+# runpod,vast,lambda in dollars, or compshare in yuan) choose the run.
 SEED ?= 1
 STORE ?= sqlite
+PLATFORMS ?= runpod,vast,lambda
 simulate: $(STAMP)
-	$(BIN)/python bench/team_month.py --seed $(SEED) --days 30 --store $(STORE)
+	$(BIN)/python bench/team_month.py --seed $(SEED) --days 30 --store $(STORE) --platforms $(PLATFORMS)
 
 # constraints.txt pins the runtime dependencies (deploy/constraints.py writes it); the image
 # installs the same versions with every file's hash checked, from deploy/requirements.lock

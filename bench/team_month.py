@@ -7,10 +7,13 @@ checked at the end as figures and a list of violations.
         --store sqlite|postgresql --processes 2 --start 2027-03-30]
         [--break skip_warning|double_post|drop_charge|drop_reply]
 
-What it drives: each instance is a machine rented on RunPod or Vast.ai (``--platforms``; each a
-stand-in of the platform's API on loopback that bills compute and disks per second from the
-machine's start until the platform itself ends it, RunPod's checking every request against its
-v2 OpenAPI document), registered to one person with a deadline, and every call the bot makes to
+What it drives: each instance is a machine rented on RunPod, Vast.ai or Lambda Cloud, or, in a
+month counted in yuan, on Compshare (``--platforms``; a deployment counts one currency, so the
+platforms of a month bill in one; each a stand-in of the platform's API on loopback that bills
+on its own clock as the platform does: RunPod and Vast compute and disks per second, Lambda per
+started minute from its health checks, Compshare per started hour, from the machine's start
+until the platform itself ends it, RunPod's checking every request against its v2 OpenAPI
+document), registered to one person with a deadline, and every call the bot makes to
 a platform goes through the bot's own client for it over HTTP (bench/sim/platforms.py); people
 behave by habit (some extend at each warning, some click twice, some never answer, some release
 early); an admin sets monthly budgets and lifetime caps; people switch language now and then,
@@ -124,8 +127,10 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from bench.sim.agents import SimFleet  # noqa: E402
+from bench.sim.compshare import CompshareCloud  # noqa: E402
 from bench.sim.front import BOT_TOKEN, SlackFront  # noqa: E402
-from bench.sim.platforms import PlatformCloud, Platforms  # noqa: E402
+from bench.sim.lambda_cloud import LambdaCloud  # noqa: E402
+from bench.sim.platforms import PlatformCloud, Platforms, currency_of  # noqa: E402
 from bench.sim.processes import (  # noqa: E402
     Doom,
     Killed,
@@ -189,7 +194,14 @@ JOBS_PER_MONTH = 500
 #: Faults that need a running machine (or a busy host) to happen at all.
 EARLY_KINDS = frozenset({"ended_on_platform", "job_host_reboot", "job_store_wiped"})
 #: The platforms people rent from (bench/sim/platforms.py), by provider name.
-PLATFORMS: dict[str, type[PlatformCloud]] = {"runpod": RunpodCloud, "vast": VastCloud}
+PLATFORMS: dict[str, type[PlatformCloud]] = {
+    "runpod": RunpodCloud,
+    "vast": VastCloud,
+    "lambda": LambdaCloud,
+    "compshare": CompshareCloud,
+}
+#: The platforms of a month by default: those billing in dollars.
+DEFAULT_PLATFORMS = ("runpod", "vast", "lambda")
 #: Test-only switches that break the build on purpose (the harness must catch each).
 BREAKS = ("skip_warning", "double_post", "drop_charge", "drop_reply")
 
@@ -298,6 +310,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
         "jobs_asked": dict(sorted(team.jobs_asked.items())),
         "store": args.store,
         "processes": args.processes,
+        "currency": cloud.currency,
         "faults": dict(sorted(world.faults.items())),
         "actions": dict(sorted(team.actions.items())),
         "slack_requests": dict(sorted(sent.items())),
@@ -368,15 +381,22 @@ def _spawn(
     and its Bolt app."""
     fate = Doom()
     platforms = [ProcessCloud(platform, fate) for platform in cloud.all]
-    rt = _runtime(db, clock, ProcessSlack(slack, fate), platforms, fleet, tick_s)
+    rt = _runtime(db, clock, ProcessSlack(slack, fate), platforms, fleet, tick_s, cloud.currency)
     return Proc(number, rt, fate, SlackFront(rt, local, sent))
 
 
 def _runtime(
-    db: Database, clock: SimClock, slack: Any, platforms: Sequence[Any], fleet: Any, tick_s: int
+    db: Database,
+    clock: SimClock,
+    slack: Any,
+    platforms: Sequence[Any],
+    fleet: Any,
+    tick_s: int,
+    currency: str,
 ) -> Runtime:
     settings = Settings(
         admins=frozenset({ADMIN}),
+        currency=currency,
         channel=OPS,
         tick_interval_s=tick_s,
         poll_interval_s=300,
@@ -476,8 +496,8 @@ def _behind_the_back(world: World, cloud: Platforms, now: datetime) -> None:
 def _broken(breaks: frozenset[str]) -> Iterator[None]:
     """Break the bot on purpose for this run (the harness's own test): ``skip_warning`` makes
     deadline warnings vanish while the release clock believes they went out; ``drop_charge``
-    never charges the first instance's first hour; ``drop_reply`` marks every third job
-    replied without queueing its reply."""
+    never charges the first hour of the first instance to run one; ``drop_reply`` marks every
+    third job replied without queueing its reply."""
     if "drop_charge" in breaks:
         with _dropping_a_charge():
             yield
@@ -508,11 +528,14 @@ def _broken(breaks: frozenset[str]) -> Iterator[None]:
 @contextmanager
 def _dropping_a_charge() -> Iterator[None]:
     totals = billing.compute_totals
+    forgotten: list[int] = []
 
     def forgetful(instance: Any, *args: Any, final: bool) -> tuple[int, int]:
         billed_s, micros = totals(instance, *args, final=final)
-        if instance.id == 1 and args[-1] >= 3600:
-            micros -= billing.hourly_cost_micros(instance)  # billed per second: one hour
+        if not forgotten and args[-1] >= 3600:
+            forgotten.append(instance.id)
+        if instance.id in forgotten and args[-1] >= 3600:
+            micros -= billing.hourly_cost_micros(instance)
         return billed_s, micros
 
     setattr(billing, "compute_totals", forgetful)  # noqa: B010
@@ -559,8 +582,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--platforms",
         type=_platforms,
-        default=tuple(PLATFORMS),
-        help=f"the platforms people rent from, comma-separated (default {','.join(PLATFORMS)})",
+        default=DEFAULT_PLATFORMS,
+        help=(
+            f"the platforms people rent from, comma-separated, one currency: "
+            f"{', '.join(PLATFORMS)} (default {','.join(DEFAULT_PLATFORMS)})"
+        ),
     )
     parser.add_argument(
         "--processes",
@@ -597,6 +623,10 @@ def _platforms(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(
             f"platforms are {', '.join(PLATFORMS)}; not {', '.join(unknown) or 'none'}"
         )
+    try:
+        currency_of([PLATFORMS[name] for name in names])
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
     return names
 
 

@@ -97,13 +97,15 @@ class PlatformCloud(ABC):
     disk_per_s: int
     #: Whether the platform locks a machine mid-transition (its changes then answer 409).
     locks = False
+    #: What the platform bills in (ISO 4217): the month's deployment counts in it.
+    currency = "USD"
 
     def __init__(self, world: World, clock: SimClock, shared: Shared) -> None:
         self.world = world
         self.clock = clock
         self.shared = shared
         self.standin = self._standin()
-        self.standin.now = clock()  # type: ignore[attr-defined]
+        self.standin.now = clock()
         self.standin.start()
         self.client: Any = self._client()
         #: By machine: each moment, after its end, at which the platform told the bot so.
@@ -148,6 +150,11 @@ class PlatformCloud(ABC):
     def _ended_at(self, provider_id: str) -> datetime | None:
         """When the stand-in says the machine ended (None while it has not)."""
 
+    def ssh_address(self, provider_id: str, port: int) -> tuple[str, int]:
+        """Where the machine answers SSH as the platform reports it (registered there)."""
+        del provider_id
+        return "127.0.0.1", port
+
     def _lock(self, provider_id: str, locked: bool) -> None:
         """Lock the machine mid-transition (where the platform ``locks``)."""
         raise NotImplementedError(f"{self.name} locks nothing")
@@ -166,7 +173,7 @@ class PlatformCloud(ABC):
     def open(self, price_per_s: int, port: int, now: datetime) -> Machine:
         """A machine rented in the platform's console at ``price_per_s`` micro-units of compute
         a second, with its disks, answering SSH at 127.0.0.1:``port``."""
-        self.standin.now = now  # type: ignore[attr-defined]
+        self.standin.now = now
         pid = self._add(price_per_s, port)
         machine = Machine(pid, price_per_s + self.disk_per_s, started_at=now, platform=self.name)
         self.machines[pid] = machine
@@ -174,7 +181,7 @@ class PlatformCloud(ABC):
 
     def end_outside(self, provider_id: str, now: datetime) -> None:
         """The machine is terminated on the platform's side (its console, a reclaim)."""
-        self.standin.now = now  # type: ignore[attr-defined]
+        self.standin.now = now
         self.standin.terminate_outside(provider_id)  # type: ignore[attr-defined]
         machine = self.machines[provider_id]
         machine.ended_at, machine.ended_by = now, "platform"
@@ -206,7 +213,7 @@ class PlatformCloud(ABC):
         now = self.clock()
         machine = self.machines.get(provider_id)
         live = machine is not None and machine.ended_at is None
-        locked = live and self.locks and self.world.fires("platform_operation_lock", 0.02)
+        locked = live and self.locks and self.world.fires("platform_operation_lock", 0.25)
         if locked:
             self._lock(provider_id, True)
             self.world.log(now, f"[{box_name(provider_id)}] {self.name} is busy with it (409)")
@@ -268,6 +275,16 @@ class PlatformCloud(ABC):
         unseen_s = (min(told, until) - machine.ended_at).total_seconds()
         return billed + max(0, int(unseen_s)) * machine.price_per_s
 
+    def unrounded_micros(
+        self, machine: Machine, until: datetime, meter_end: datetime | None
+    ) -> int:
+        """What the bot's ledger has not charged yet at ``until`` of what it may say the
+        machine cost (its meter stopped at ``meter_end``, None while it runs): the ledger charges
+        a running session by the second and its increment's rounding when it ends. Nothing
+        where the platform bills by the second."""
+        del machine, until, meter_end
+        return 0
+
     def settle(self, released_at: dict[str, datetime | None]) -> list[str]:
         """Take where the bot's meter stopped for each of the platform's machines
         (``released_at`` by id) and return what breaks the rule: a meter that stopped before
@@ -309,7 +326,7 @@ class PlatformCloud(ABC):
         """Make one call of the bot's client with the faults the dice give armed on the
         stand-in, and disarm them after; a failure about one machine is recorded against it."""
         now = self.clock()
-        self.standin.now = now  # type: ignore[attr-defined]
+        self.standin.now = now
         self._arm(now)
         try:
             return send()
@@ -395,6 +412,11 @@ class Platforms:
     def failed_calls(self) -> dict[str, list[tuple[datetime, bool]]]:
         return self.shared.failed_calls
 
+    @property
+    def currency(self) -> str:
+        """The one currency the platforms bill in (:func:`currency_of`)."""
+        return currency_of(self.all)
+
     def pick(self, rng: random.Random) -> PlatformCloud:
         """Where the next machine is rented (no dice with one platform)."""
         if len(self.all) == 1:
@@ -421,7 +443,7 @@ class Platforms:
         """:meth:`PlatformCloud.settle` for each platform's machines, the clocks at ``now``."""
         problems: list[str] = []
         for platform in self.all:
-            platform.standin.now = now  # type: ignore[attr-defined]
+            platform.standin.now = now
             own = {
                 pid: at
                 for pid, at in released_at.items()
@@ -436,3 +458,18 @@ class Platforms:
 
     def _of(self, provider_id: str) -> PlatformCloud:
         return self.by_name[self.machines[provider_id].platform]
+
+
+def currency_of(platforms: Sequence[PlatformCloud | type[PlatformCloud]]) -> str:
+    """The currency ``platforms`` all bill in; ValueError where they bill in several, since a
+    deployment counts one currency (GPUBOT_CURRENCY) and takes no instance priced in another."""
+    by_currency: dict[str, list[str]] = defaultdict(list)
+    for platform in platforms:
+        by_currency[platform.currency].append(platform.name)
+    if len(by_currency) == 1:
+        return next(iter(by_currency))
+    said = "; ".join(f"{', '.join(names)} in {code}" for code, names in sorted(by_currency.items()))
+    raise ValueError(
+        f"the platforms bill in different currencies ({said}), and a deployment counts one "
+        "(GPUBOT_CURRENCY): run them in separate months"
+    )

@@ -106,12 +106,19 @@ def invariants(
     until = min(now.replace(minute=0, second=0, microsecond=0), month_end)
     platform_total = sum(cloud.bill_micros(m, until) for m in cloud.machines.values())
     unseen = cloud.unseen_end_micros(until)
+    # An hourly platform's hour is rounded in the bot's ledger once its session ends.
+    meter_end = {r.provider_id: instances[r.instance_id].released_at for r in team.rentals}
+    unrounded = sum(
+        cloud.by_name[m.platform].unrounded_micros(m, until, meter_end.get(m.provider_id))
+        for m in cloud.machines.values()
+    )
     bot_total = spend.month_total_micros(db, month, tz=tz, now=until)
-    gap = abs(bot_total - platform_total - unseen)
+    gap = abs(bot_total - platform_total - unseen + unrounded)
     if gap:
         violations.append(
             f"month {month}: the bot says {bot_total} micro-units, the platform billed "
-            f"{platform_total} and told the bot of ends late by {unseen}"
+            f"{platform_total} and told the bot of ends late by {unseen}, less {unrounded} "
+            "of hours not yet rounded"
         )
     machines = Counter(
         (i.host, i.port) for i in instances.values() if i.state in ("active", "stopped")
@@ -137,6 +144,7 @@ def invariants(
         "bot_month_micros": bot_total,
         "platform_month_micros": platform_total,
         "told_late_micros": unseen,
+        "unrounded_micros": unrounded,
     }
 
 

@@ -95,6 +95,7 @@ def rent(
     gpu_count = rng.choice(GPU_COUNTS)
     platform = cloud.pick(rng)
     provider_id = platform.open(price_per_s, 30_000 + number, now).provider_id
+    host, port = platform.ssh_address(provider_id, 30_000 + number)
     registered = platform.registration(price_per_s)
     billing = platform.capabilities.billing
     name = box_name(provider_id)
@@ -107,10 +108,11 @@ def rent(
             name=name,
             owner_id=owner,
             state="active",
-            host="127.0.0.1",
-            port=30_000 + number,
+            host=host,
+            port=port,
             ssh_user="root",
             price_micros=registered.price_micros_per_hour,
+            currency=platform.currency,
             gpu_model="H100",
             gpu_count=gpu_count,
             provider=platform.name,
@@ -121,6 +123,8 @@ def rent(
             disk_gb=registered.disk_gb,
             storage_micros_per_gb_month=registered.storage_micros_per_gb_month,
             created_at=now,
+            # As `/gpu register` stores it: the machine answered SSH when it was registered.
+            ssh_ready_at=now,
             deadline_at=deadline,
         )
         session.add(inst)

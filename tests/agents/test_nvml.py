@@ -655,7 +655,10 @@ def test_processes_carry_sm_use_and_the_proc_view(fake_nvml, monkeypatch):
     assert (busy.sm_util_pct, busy.mem_bw_util_pct) == (88, 30)
     assert (quiet.sm_util_pct, quiet.mem_bw_util_pct) == (0, 0)  # no sample: no use
     assert busy.cpu_pct is not None
-    assert busy.cpu_pct > 30
+    assert quiet.cpu_pct is not None
+    # Spinning: 100 % on an idle machine, its share of the cores on a loaded one.
+    assert busy.cpu_pct > 10
+    assert busy.cpu_pct > 3 * quiet.cpu_pct
     assert busy.rss_bytes is not None
     assert busy.rss_bytes > MIB
     assert busy.elapsed_s is not None

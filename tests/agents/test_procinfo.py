@@ -132,7 +132,10 @@ def test_a_real_busy_process(tmp_path):
         child.wait()
     busy = found[child.pid]
     assert busy["cpu_pct"] is not None
-    assert busy["cpu_pct"] > 30  # one core spinning (less when the machine is loaded)
+    # One core spinning: 100 % on an idle machine, its share of the cores on a loaded one;
+    # the sampler itself sleeps through the window.
+    assert busy["cpu_pct"] > 10
+    assert busy["cpu_pct"] > 3 * found[os.getpid()]["cpu_pct"]
     assert busy["rss_bytes"] > 1024**2
     assert 0 <= busy["elapsed_s"] < 60
 

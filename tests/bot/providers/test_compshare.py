@@ -17,22 +17,14 @@ from bot.errors import (
 from bot.providers.compshare import CompshareAccountError, CompshareProvider, flatten, signature
 from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.settings import Settings
-from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
+from tests.fixtures.providers import CompshareStandIn
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def provider(compshare_cloud: CompshareStandIn) -> CompshareProvider:
-    found = ProviderRegistry.from_settings(
-        Settings(
-            compshare_api_url=compshare_cloud.url,
-            compshare_public_key=compshare_cloud.api_key,
-            compshare_private_key=COMPSHARE_PRIVATE_KEY,
-        )
-    ).get("compshare")
-    assert isinstance(found, CompshareProvider)
-    return found
+def provider(compshare_provider: CompshareProvider) -> CompshareProvider:
+    return compshare_provider
 
 
 def test_the_signature_matches_ucloud_s_worked_example():

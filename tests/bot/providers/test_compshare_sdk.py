@@ -11,8 +11,6 @@ import pytest
 
 from bot.errors import ProviderError
 from bot.providers.compshare import CompshareProvider
-from bot.providers.registry import ProviderRegistry
-from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
 
 ucloud_client = pytest.importorskip("ucloud.client")
@@ -36,16 +34,8 @@ def _sdk(cloud: CompshareStandIn, region: str = "cn-wlcb", private_key: str = ""
 
 
 @pytest.fixture
-def provider(compshare_cloud: CompshareStandIn) -> CompshareProvider:
-    found = ProviderRegistry.from_settings(
-        Settings(
-            compshare_api_url=compshare_cloud.url,
-            compshare_public_key=compshare_cloud.api_key,
-            compshare_private_key=COMPSHARE_PRIVATE_KEY,
-        )
-    ).get("compshare")
-    assert isinstance(found, CompshareProvider)
-    return found
+def provider(compshare_provider: CompshareProvider) -> CompshareProvider:
+    return compshare_provider
 
 
 def test_the_sdk_and_gpubot_list_the_same_instances(provider, compshare_cloud: CompshareStandIn):
