@@ -31,6 +31,7 @@ from botocore.exceptions import (
     NoCredentialsError,
     PartialCredentialsError,
 )
+from botocore.parsers import ResponseParserError
 
 from bot.billing import ProviderBilling
 from bot.errors import (
@@ -374,7 +375,9 @@ class _translated:
                 t("No AWS credentials: the bot could not call {what}.", what=self.what),
                 hint=NO_CREDENTIALS_HINT,
             ) from exc
-        if isinstance(exc, BotoCoreError):
+        # An answer botocore cannot read (a proxy's HTML page) is no EC2 answer: the call's
+        # outcome is unknown, and botocore raises it outside its BotoCoreError family.
+        if isinstance(exc, (BotoCoreError, ResponseParserError)):
             raise ProviderError(
                 t("aws: {what} failed: {exc}", what=self.what, exc=exc), retryable=True
             ) from exc
@@ -401,7 +404,8 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
             retryable=False,
             hint=t(_NOT_OPTED_IN_HINT),
         )
-    return ProviderError(message, retryable=status >= 500 or status == 0)
+    # An answer without EC2's error code (a proxy's page) is not EC2 refusing: try again.
+    return ProviderError(message, retryable=status >= 500 or status == 0 or not code)
 
 
 def _not_opted_in(code: str, message: str) -> bool:

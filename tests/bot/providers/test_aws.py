@@ -10,6 +10,7 @@ from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, Provi
 from bot.providers.aws import AwsProvider
 from bot.providers.base import LaunchRequest
 from bot.settings import Settings
+from tests.fixtures.platforms.ec2_proxy import Ec2Proxy
 
 pytestmark = pytest.mark.integration
 
@@ -197,3 +198,28 @@ def test_disk_sizes_the_amis_own_root_device_and_leaves_nothing_after_terminate(
     assert outcome.mode == "terminate"
     after = {v["VolumeId"] for v in ec2.describe_volumes()["Volumes"]}
     assert after == before, "a volume outlived its instance"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [
+        b"<html><body><h1>404 page not found</h1></body></html>",
+        b"<!doctype html>\n<html lang=en>\n<title>404 Not Found</title>\n<h1>Not Found</h1>\n",
+    ],
+)
+def test_a_proxys_html_page_is_a_retryable_provider_error(ec2_error_server, page):
+    """A proxy's HTML 404 page is no EC2 answer: one botocore reads as an error without EC2's
+    code, one it cannot parse at all (raised outside its BotoCoreError family); either way the
+    bot says the call failed, to be tried again."""
+    proxy = Ec2Proxy(ec2_error_server.url)
+    proxy.start()
+    try:
+        proxy.catch_all(404, page)
+        aws = AwsProvider.from_settings(Settings(aws_endpoint_url=proxy.url))
+        with pytest.raises(ProviderError) as caught:
+            aws.release("i-0123456789abcdef0", "terminate")
+        assert caught.value.retryable
+        assert not isinstance(caught.value, ProviderNotFound)
+        assert set(proxy.answered_to("POST")) == {404}
+    finally:
+        proxy.close()
