@@ -127,6 +127,7 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from bench.sim.agents import SimFleet  # noqa: E402
+from bench.sim.aws import AwsCloud  # noqa: E402
 from bench.sim.compshare import CompshareCloud  # noqa: E402
 from bench.sim.front import BOT_TOKEN, SlackFront  # noqa: E402
 from bench.sim.lambda_cloud import LambdaCloud  # noqa: E402
@@ -199,6 +200,7 @@ PLATFORMS: dict[str, type[PlatformCloud]] = {
     "vast": VastCloud,
     "lambda": LambdaCloud,
     "compshare": CompshareCloud,
+    "aws": AwsCloud,
 }
 #: The platforms of a month by default: those billing in dollars.
 DEFAULT_PLATFORMS = ("runpod", "vast", "lambda")
