@@ -39,6 +39,7 @@ from bot.errors import (
     ProviderError,
     ProviderNotFound,
     ProviderRateLimited,
+    ProviderUnknownOutcome,
 )
 from bot.i18n import N_, t
 from bot.providers.base import (
@@ -50,6 +51,7 @@ from bot.providers.base import (
     ReleaseOutcome,
     check_mode,
 )
+from bot.providers.http import mask_credentials
 from bot.settings import Settings
 
 if TYPE_CHECKING:
@@ -375,9 +377,11 @@ class _translated:
                 t("No AWS credentials: the bot could not call {what}.", what=self.what),
                 hint=NO_CREDENTIALS_HINT,
             ) from exc
-        # An answer botocore cannot read (a proxy's HTML page) is no EC2 answer: the call's
-        # outcome is unknown, and botocore raises it outside its BotoCoreError family.
-        if isinstance(exc, (BotoCoreError, ResponseParserError)):
+        # An answer botocore cannot read (a proxy's HTML page) is no answer of AWS's: the
+        # call's outcome is unknown (botocore raises it outside its BotoCoreError family).
+        if isinstance(exc, ResponseParserError):
+            raise _unknown(self.what, 0, str(exc)) from exc
+        if isinstance(exc, BotoCoreError):
             raise ProviderError(
                 t("aws: {what} failed: {exc}", what=self.what, exc=exc), retryable=True
             ) from exc
@@ -388,6 +392,9 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
     code = str(error.get("Code", ""))
     message = f"aws: {what}: {code}: {error.get('Message', '')}".rstrip(": ")
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if not code and status != 429:
+        # An error without AWS's error code (a proxy's page) is not AWS refusing.
+        return _unknown(what, status, str(error.get("Message", "")))
     if code in _NOT_FOUND:
         return ProviderNotFound(message)
     if code in _NOT_ALLOWED:
@@ -404,8 +411,21 @@ def _client_error(what: str, exc: ClientError) -> ProviderError:
             retryable=False,
             hint=t(_NOT_OPTED_IN_HINT),
         )
-    # An answer without EC2's error code (a proxy's page) is not EC2 refusing: try again.
-    return ProviderError(message, retryable=status >= 500 or status == 0 or not code)
+    return ProviderError(message, retryable=status >= 500 or status == 0)
+
+
+def _unknown(what: str, status: int, answer: str) -> ProviderUnknownOutcome:
+    """An answer that is not AWS's own: the request may or may not have happened."""
+    return ProviderUnknownOutcome(
+        t(
+            "aws: {what} got an answer that is not AWS's own (HTTP {status}): the outcome is "
+            "unknown",
+            what=what,
+            status=status or "?",
+        ),
+        status=status or None,
+        answer=mask_credentials(answer[:200]),
+    )
 
 
 def _not_opted_in(code: str, message: str) -> bool:

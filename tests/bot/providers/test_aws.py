@@ -6,7 +6,13 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from bot.errors import ProviderAuthError, ProviderError, ProviderNotFound, ProviderRateLimited
+from bot.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderRateLimited,
+    ProviderUnknownOutcome,
+)
 from bot.providers.aws import AwsProvider
 from bot.providers.base import LaunchRequest
 from bot.settings import Settings
@@ -207,19 +213,19 @@ def test_disk_sizes_the_amis_own_root_device_and_leaves_nothing_after_terminate(
         b"<!doctype html>\n<html lang=en>\n<title>404 Not Found</title>\n<h1>Not Found</h1>\n",
     ],
 )
-def test_a_proxys_html_page_is_a_retryable_provider_error(ec2_error_server, page):
-    """A proxy's HTML 404 page is no EC2 answer: one botocore reads as an error without EC2's
-    code, one it cannot parse at all (raised outside its BotoCoreError family); either way the
-    bot says the call failed, to be tried again."""
+def test_a_proxys_html_page_is_an_unknown_outcome(ec2_error_server, page):
+    """A proxy's HTML 404 page is no answer of AWS's: one botocore reads as an error without
+    EC2's code, one it cannot parse at all (raised outside its BotoCoreError family); either way
+    the outcome is unknown, never "gone", and the call is tried again."""
     proxy = Ec2Proxy(ec2_error_server.url)
     proxy.start()
     try:
         proxy.catch_all(404, page)
         aws = AwsProvider.from_settings(Settings(aws_endpoint_url=proxy.url))
-        with pytest.raises(ProviderError) as caught:
+        with pytest.raises(ProviderUnknownOutcome) as caught:
             aws.release("i-0123456789abcdef0", "terminate")
         assert caught.value.retryable
-        assert not isinstance(caught.value, ProviderNotFound)
+        assert "not AWS's own (HTTP" in str(caught.value)
         assert set(proxy.answered_to("POST")) == {404}
     finally:
         proxy.close()
