@@ -7,14 +7,16 @@ checked at the end as figures and a list of violations.
         --store sqlite|postgresql --processes 2 --start 2027-03-30]
         [--break skip_warning|double_post|drop_charge|drop_reply]
 
-What it drives: each instance is a machine rented on RunPod, Vast.ai or Lambda Cloud, or, in a
-month counted in yuan, on Compshare (``--platforms``; a deployment counts one currency, so the
-platforms of a month bill in one; each a stand-in of the platform's API on loopback that bills
-on its own clock as the platform does: RunPod and Vast compute and disks per second, Lambda per
-started minute from its health checks, Compshare per started hour, from the machine's start
-until the platform itself ends it, RunPod's checking every request against its v2 OpenAPI
-document), registered to one person with a deadline, and every call the bot makes to
-a platform goes through the bot's own client for it over HTTP (bench/sim/platforms.py); people
+What it drives: each instance is a machine rented on RunPod, Vast.ai or Lambda Cloud (the
+default), on AWS EC2 (``aws``: moto behind a fault-injecting proxy), or, in a month counted in
+yuan, on Compshare (``--platforms``; a deployment counts one currency, so the platforms of a
+month bill in one; each a stand-in of the platform's API on loopback that bills on its own
+clock as the platform does: RunPod and Vast compute and disks per second, Lambda per started
+minute from its health checks, EC2 per second with a minute at least per start, Compshare per
+started hour, from the machine's start until the platform itself ends it, RunPod's checking
+every request against its v2 OpenAPI document), registered to one person with a deadline,
+and every call the bot makes to a platform goes through the bot's own client for it over HTTP
+(bench/sim/platforms.py); people
 behave by habit (some extend at each warning, some click twice, some never answer, some release
 early); an admin sets monthly budgets and lifetime caps; people switch language now and then,
 and try to extend or release machines that are not theirs; people run jobs (`/gpu run`:
