@@ -59,7 +59,7 @@ import botocore.endpoint
 from bench.sim.platforms import PlatformCloud, Registration, Shared
 from bench.sim.world import Machine, SimClock, World
 from bot.providers.aws import AwsProvider
-from bot.providers.base import PlatformCharge, ProviderInstance, ReleaseOutcome
+from bot.providers.base import PlatformCharge
 from tests.fixtures.platforms.aws import MotoServer, start_moto
 from tests.fixtures.platforms.base import Answer, StandIn
 from tests.fixtures.platforms.cost_explorer import CostExplorerStandIn
@@ -352,34 +352,8 @@ class AwsCloud(PlatformCloud):
         else:
             self.ce.refuse_next("LimitExceededException", "Rate exceeded")
 
-    def get(self, provider_id: str) -> ProviderInstance:
-        found = super().get(provider_id)
-        machine = self.machines.get(provider_id)
-        if found.is_gone and machine is not None:
-            self._told(machine, self.clock())
-        return found
-
-    def list_instances(self) -> list[ProviderInstance]:
-        listed = super().list_instances()
-        now = self.clock()
-        for item in listed:
-            machine = self.machines.get(item.provider_id)
-            if item.is_gone and machine is not None:
-                self._told(machine, now)
-        return listed
-
-    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
-        now = self.clock()
-        machine = self.machines.get(provider_id)
-        live = machine is not None and machine.ended_at is None
-        if live and self.world.fires("platform_lost_answer", 0.05):
-            self.standin.lose_answers(1, method="POST", path=RELEASE_PATHS.get(mode, mode))
-        outcome: ReleaseOutcome = self._call(
-            "release", provider_id, lambda: self.client.release(provider_id, mode)
-        )
-        if outcome.confirmed and outcome.state == "terminated" and machine is not None:
-            self._told(machine, now)
-        return outcome
+    def _lose_release_answer(self, mode: str) -> None:
+        self.standin.lose_answers(1, method="POST", path=RELEASE_PATHS.get(mode, mode))
 
     def charges(self, start: datetime, end: datetime) -> list[PlatformCharge]:
         with self._aimed_at(self.ce):

@@ -50,21 +50,11 @@ RELEASE_ACTIONS = ("/StopCompShareInstance", "/TerminateCompShareInstance")
 
 
 class MonthStandIn(CompshareStandIn):
-    """Compshare's stand-in, where a release's lost answer (a DELETE's on the other platforms)
-    is that of the Stop or Terminate POST the release sends, and ids are numbered from
-    ``ID_FROM`` (``uhost-005001`` is ``box5001``, apart from the other platforms' boxes)."""
+    """Compshare's stand-in, its ids numbered from ``ID_FROM`` (``uhost-005001`` is
+    ``box5001``, apart from the other platforms' boxes)."""
 
     def next_id(self) -> str:
         return str(ID_FROM + int(super().next_id()))
-
-    def lose_answers(
-        self, times: int = 1, *, method: str | None = None, path: str | None = None
-    ) -> None:
-        if method != "DELETE":
-            super().lose_answers(times, method=method, path=path)
-            return
-        for action in RELEASE_ACTIONS:
-            super().lose_answers(times, method="POST", path=action)
 
 
 class CompshareCloud(PlatformCloud):
@@ -113,6 +103,11 @@ class CompshareCloud(PlatformCloud):
 
     def _lock(self, provider_id: str, locked: bool) -> None:
         self.standin.lock_instance(provider_id, locked)
+
+    def _lose_release_answer(self, mode: str) -> None:
+        del mode
+        for action in RELEASE_ACTIONS:  # the Stop or the Terminate, whichever is sent
+            self.standin.lose_answers(1, method="POST", path=action)
 
     def _rate_limit(self) -> None:
         self.standin.retcode_next(153, "Request too frequently")

@@ -31,7 +31,6 @@ from typing import Any
 
 from bench.sim.platforms import PlatformCloud, Registration
 from bench.sim.world import Machine
-from bot.providers.base import ProviderInstance, ReleaseOutcome
 from bot.providers.http import JsonApi
 from bot.providers.lambda_cloud import CENTS_TO_MICROS, LambdaProvider, is_not_found_document
 from tests.fixtures.platforms.base import StandIn
@@ -91,25 +90,9 @@ class LambdaCloud(PlatformCloud):
         else:
             self.standin.plain_429(1)
 
-    def get(self, provider_id: str) -> ProviderInstance:
-        found = super().get(provider_id)
-        machine = self.machines.get(provider_id)
-        if found.is_gone and machine is not None:
-            self._told(machine, self.clock())
-        return found
-
-    def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
-        now = self.clock()
-        machine = self.machines.get(provider_id)
-        live = machine is not None and machine.ended_at is None
-        if live and self.world.fires("platform_lost_answer", 0.05):
-            self.standin.lose_answers(1, method="POST", path=TERMINATE_PATH)
-        outcome: ReleaseOutcome = self._call(
-            "release", provider_id, lambda: self.client.release(provider_id, mode)
-        )
-        if outcome.confirmed and outcome.state == "terminated" and machine is not None:
-            self._told(machine, now)
-        return outcome
+    def _lose_release_answer(self, mode: str) -> None:
+        del mode
+        self.standin.lose_answers(1, method="POST", path=TERMINATE_PATH)
 
     def owed_micros(self, machine: Machine, until: datetime) -> int:
         """The platform's bill, plus, where Lambda told the bot only later that the machine was

@@ -159,6 +159,11 @@ class PlatformCloud(ABC):
         """Lock the machine mid-transition (where the platform ``locks``)."""
         raise NotImplementedError(f"{self.name} locks nothing")
 
+    def _lose_release_answer(self, mode: str) -> None:
+        """Arm the release's request to be done and its answer dropped (a DELETE by default)."""
+        del mode
+        self.standin.lose_answers(1, method="DELETE")
+
     def _rate_limit(self) -> None:
         """Arm the platform's next request to answer 429, as the platform sends it."""
         self.standin.plain_429(1)
@@ -191,7 +196,7 @@ class PlatformCloud(ABC):
     def list_instances(self) -> list[ProviderInstance]:
         listed: list[ProviderInstance] = self._call("list", None, self.client.list_instances)
         now = self.clock()
-        held = {item.provider_id for item in listed}
+        held = {item.provider_id for item in listed if not item.is_gone}
         for machine in self._own():
             if machine.provider_id not in held:
                 self._told(machine, now)
@@ -207,6 +212,9 @@ class PlatformCloud(ABC):
             if machine is not None:
                 self._told(machine, self.clock())
             raise
+        machine = self.machines.get(provider_id)
+        if found.is_gone and machine is not None:
+            self._told(machine, self.clock())  # a look that answers "terminated"
         return found
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
@@ -218,7 +226,7 @@ class PlatformCloud(ABC):
             self._lock(provider_id, True)
             self.world.log(now, f"[{box_name(provider_id)}] {self.name} is busy with it (409)")
         if live and self.world.fires("platform_lost_answer", 0.05):
-            self.standin.lose_answers(1, method="DELETE")
+            self._lose_release_answer(mode)
         try:
             outcome: ReleaseOutcome = self._call(
                 "release", provider_id, lambda: self.client.release(provider_id, mode)
