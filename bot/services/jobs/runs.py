@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import CursorResult, and_, or_, update
+from sqlalchemy import CursorResult, and_, func, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import (
@@ -555,8 +555,9 @@ def poll_jobs(rt: Runtime, instance_id: int, now: datetime | None = None) -> Pol
 
 def unfinished_count(rt: Runtime, instance_id: int) -> int:
     """How many jobs of ``instance_id`` the store holds as not finished yet."""
+    query = select(func.count()).where(Job.instance_id == instance_id, poll_clause())
     with rt.db.session() as session:
-        return len(_active_rows(session, instance_id))
+        return int(session.exec(query).one())
 
 
 def send_replies(rt: Runtime, now: datetime | None = None, instance_id: int | None = None) -> int:
