@@ -4,7 +4,7 @@ platform's API, the agents), all misbehaving on a seeded schedule; the product's
 checked at the end as figures and a list of violations.
 
     python bench/team_month.py --seed 7 --days 3 [--people 10 --instances 40 --jobs 50
-        --store sqlite|postgresql --processes 2 --start 2027-03-30]
+        --store sqlite|postgresql --processes 2 --start 2027-03-30[T18:00]]
         [--break skip_warning|double_post|drop_charge|drop_reply]
 
 What it drives: each instance is a machine rented on RunPod, Vast.ai or Lambda Cloud (the
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], Counter[st
     report = {
         "seed": args.seed,
         "days": args.days,
-        "start": f"{start:%Y-%m-%d}",
+        "start": f"{start:%Y-%m-%d}" if start.hour == 0 else f"{start:%Y-%m-%dT%H:%M}",
         "people": args.people,
         "instances": len(team.rentals),
         "jobs_asked": dict(sorted(team.jobs_asked.items())),
@@ -602,7 +602,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--start",
         type=_day,
         default=START,
-        help="the first day, YYYY-MM-DD (UTC midnight); near a month's end to cross it",
+        help="the first moment, YYYY-MM-DD (UTC midnight) or YYYY-MM-DDTHH:00 (a whole UTC "
+        "hour); near a month's end to cross it",
     )
     parser.add_argument("--tick-s", type=int, default=TICK_S, help="the clock's step, seconds")
     parser.add_argument("--break", dest="breaks", action="append", choices=BREAKS)
@@ -635,7 +636,16 @@ def _platforms(text: str) -> tuple[str, ...]:
 
 
 def _day(text: str) -> datetime:
-    return datetime.combine(date.fromisoformat(text), datetime.min.time())
+    """``YYYY-MM-DD`` (UTC midnight) or ``YYYY-MM-DDTHH:00`` (a whole UTC hour)."""
+    try:
+        if "T" not in text:
+            return datetime.combine(date.fromisoformat(text), datetime.min.time())
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not YYYY-MM-DD or YYYY-MM-DDTHH:00") from exc
+    if moment.tzinfo is not None or moment.minute or moment.second or moment.microsecond:
+        raise argparse.ArgumentTypeError(f"{text!r}: start at a whole UTC hour, without a zone")
+    return moment
 
 
 def main(argv: Sequence[str] | None = None) -> int:

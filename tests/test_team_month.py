@@ -129,7 +129,7 @@ def test_the_same_seed_gives_the_same_report(clean: dict[str, Any]) -> None:
     ],
 )
 def test_a_build_broken_on_purpose_is_caught(broken: str, figure: str) -> None:
-    report = _month("--break", broken)
+    report = _month("--break", broken, days=0.25)
     assert report[figure] > 0
     assert report["violations"]
 
@@ -162,9 +162,9 @@ def test_the_admin_and_strangers_act_and_nobody_acts_on_what_is_not_theirs(
 
 
 def test_a_run_across_a_month_end_checks_the_closed_months_digest() -> None:
-    report = _month("--start", "2027-03-31", seed=3, days=1.0)
+    report = _month("--start", "2027-03-31T18:00", seed=3, days=0.3)
     assert report["closed_months"] == 1
-    assert report["start"] == "2027-03-31"
+    assert report["start"] == "2027-03-31T18:00"
     assert set(report["spend_micros_by_month"]) == {"2027-03", "2027-04"}
     assert report["closed_digest_vs_platform_micros"] == 0
     assert report["digests_missing"] == 0
@@ -425,3 +425,15 @@ def test_a_platform_tells_of_an_end_only_when_asked_and_the_rule_allows_no_more(
         early = platforms.settle({machine.provider_id: start + timedelta(minutes=50)}, told)
         assert len(early) == 1
         assert "before the machine ended" in early[0]
+
+
+@pytest.mark.parametrize("start", ["2027-03-31T18:30", "2027-03-31T18:00+08:00", "31.03.2027"])
+def test_a_start_off_the_hour_or_in_a_zone_is_refused_with_what_to_give(
+    start: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        HARNESS.parse_args(["--start", start])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--start" in err
+    assert "YYYY-MM-DDTHH:00" in err or "whole UTC hour" in err

@@ -22,7 +22,7 @@ START = datetime(2027, 3, 1, 12, 0)
 def _month(*extra: str, seed: int = 5) -> dict[str, Any]:
     args = HARNESS.parse_args(
         [
-            *("--seed", str(seed), "--days", "0.5", "--jobs", "10"),
+            *("--seed", str(seed), "--days", "0.25", "--jobs", "10"),
             *("--people", "4", "--instances", "6", "--platforms", "aws"),
             *extra,
         ]

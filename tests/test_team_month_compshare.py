@@ -15,7 +15,7 @@ from tests.test_team_month import HARNESS
 def month() -> dict[str, Any]:
     args = HARNESS.parse_args(
         [
-            *("--seed", "11", "--days", "0.5", "--jobs", "20"),
+            *("--seed", "11", "--days", "0.25", "--jobs", "20"),
             *("--people", "4", "--instances", "6", "--platforms", "compshare"),
         ]
     )

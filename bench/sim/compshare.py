@@ -7,10 +7,11 @@ compares each currency with the bills in it (bench/sim/promise.py).
 
 What Compshare does its own way:
 
-- A release takes two calls: the first stops the instance (``StopCompShareInstance``; its
-  compute bill ends there), a later one terminates it once it is Stopped. The machine's end
-  is the stop; the bot is told it is gone when the terminate is answered, or when a look no
-  longer finds it.
+- A release takes two steps: a stop (``StopCompShareInstance``; its compute bill ends there),
+  then, once the instance is Stopped, a terminate; the bot's client looks for Stopped after
+  its stop and terminates in the same call, or leaves it to a later call where the terminate
+  is refused or its answer lost. The machine's end is the stop; the bot is told it is gone
+  when the terminate is answered, or when a look no longer finds it.
 - It bills by the hour, each hour in full as it begins, so the rule for an end told late is
   hourly too (:meth:`CompshareCloud.owed_micros`): the bot may count the hours of compute that
   begin before the moment the platform told it that the machine was gone.
@@ -80,7 +81,9 @@ class CompshareCloud(PlatformCloud):
             private_key=COMPSHARE_PRIVATE_KEY,
             region=COMPSHARE_REGION,
         )
-        return CompshareProvider(api, billing_increment=INCREMENT)
+        # The month's clock stands still during a call and the stand-in's instance moves on at
+        # each look, so the bot's looks after a Stop need no real pause between them.
+        return CompshareProvider(api, billing_increment=INCREMENT, pause=_no_pause)
 
     def _add(self, price_per_s: int, port: int) -> str:
         uid = self.standin.add(price=price_per_s * 3600 / 1_000_000)
@@ -136,6 +139,10 @@ class CompshareCloud(PlatformCloud):
             return 0
         metered_s = max(0, int((until - machine.started_at).total_seconds()))
         return self.owed_micros(machine, until) - metered_s * machine.price_per_s
+
+
+def _no_pause(seconds: float) -> None:
+    del seconds
 
 
 def _hours(start: datetime, end: datetime) -> int:

@@ -16,8 +16,11 @@ Actions: ``DescribeCompShareInstance`` (paged by ``Offset`` and ``Limit``, at mo
 ``Offset`` past ``TotalCount`` is an error), ``StopCompShareInstance`` (only a Running instance;
 it goes Stopping, then Stopped) and ``TerminateCompShareInstance`` (only a Stopped instance;
 ``ReleaseUDisk`` true deletes its data disks too). Terminating a running instance therefore
-takes two steps: the first release call stops it and reports ``terminating``, a later one
-(the release engine looks again) terminates it once it is Stopped. One instance takes one
+takes two steps: a release call stops it, looks again for Stopped (``STOP_LOOKS`` times at
+most, ``STOP_LOOK_S`` seconds apart) and terminates it in the same call once it is, so the
+bot's meter stops seconds after the platform's compute bill does; an instance still Stopping
+after the looks is reported ``terminating`` and a later call (the release engine looks again)
+terminates it. A stop looks again the same way before it reports. One instance takes one
 operation at a time (a second one answers ``InstanceOperationInProgress``): a refused stop or
 terminate is looked up again, and counts as under way when the instance moved on.
 
@@ -57,7 +60,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -113,6 +117,11 @@ FATAL_CODES: dict[int, str] = {
     226601: N_("the Compshare account is in arrears: top it up in the console"),
     226606: N_("the Compshare account has no real-name verification: complete it in the console"),
 }
+#: After a Stop: how many looks for Stopped (the first at once) and the real seconds between
+#: them, so one release call waits at most (STOP_LOOKS - 1) * STOP_LOOK_S seconds besides its
+#: HTTP calls before it leaves the rest to the release engine's next attempt.
+STOP_LOOKS = 4
+STOP_LOOK_S = 2.0
 _ZONE_SUFFIX = re.compile(r"-\d+$")
 _SSH_PORT = re.compile(r"(?:^|\s)-p\s*(\d{1,5})(?:\s|$)")
 
@@ -223,8 +232,16 @@ class CompshareProvider:
         can_start=True,
     )
 
-    def __init__(self, api: CompshareApi, *, billing_increment: str = "hour") -> None:
+    def __init__(
+        self,
+        api: CompshareApi,
+        *,
+        billing_increment: str = "hour",
+        pause: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """``pause`` waits between the looks after a Stop (seconds; ``time.sleep``)."""
         self.api = api
+        self._pause = pause
         documented = CompshareProvider.capabilities
         self.capabilities = replace(
             documented, billing=replace(documented.billing, increment=billing_increment)
@@ -270,8 +287,9 @@ class CompshareProvider:
         return _instance(self._describe(provider_id))
 
     def release(self, provider_id: str, mode: str) -> ReleaseOutcome:
-        """Stop, or terminate with its data disks: a running instance is stopped first and
-        reported ``terminating`` until a later call finds it Stopped and terminates it.
+        """Stop, or terminate with its data disks: a running instance is stopped first, looked
+        at until it is Stopped (bounded: ``STOP_LOOKS``) and then terminated; one still
+        Stopping is reported ``terminating`` (or, for a stop, ``stopping``) for a later call.
         Already stopped (for stop), or unknown, counts as done."""
         check_mode(self, mode)
         try:
@@ -284,11 +302,14 @@ class CompshareProvider:
         if mode == "stop" and current.state == "stopped":
             return ReleaseOutcome(provider_id, mode, confirmed=True, state="stopped")
         try:
-            if mode == "terminate" and current.state == "stopped":
-                self._act("TerminateCompShareInstance", item, ReleaseUDisk=True)
-            elif current.state != "stopping":
+            if current.state not in ("stopped", "stopping"):
                 self._act("StopCompShareInstance", item)
-            after = self.get(provider_id)
+            if current.state != "stopped":
+                item = self._looked_until_stopped(provider_id)
+            if mode == "terminate" and _instance(item).state == "stopped":
+                self._act("TerminateCompShareInstance", item, ReleaseUDisk=True)
+                item = self._describe(provider_id)  # refused, but the instance moved on
+            after = _instance(item)
         except ProviderNotFound:
             return ReleaseOutcome(provider_id, mode, confirmed=True, state="terminated")
         except _Terminated as answered:
@@ -333,6 +354,17 @@ class CompshareProvider:
             if str(item.get("UHostId")) == provider_id:
                 return item
         raise ProviderNotFound(t("compshare: no instance {provider_id}", provider_id=provider_id))
+
+    def _looked_until_stopped(self, provider_id: str) -> dict[str, Any]:
+        """The instance as Describe lists it once it is no longer Stopping, or after
+        ``STOP_LOOKS`` looks, ``STOP_LOOK_S`` seconds apart."""
+        item = self._describe(provider_id)
+        for _ in range(STOP_LOOKS - 1):
+            if _instance(item).state != "stopping":
+                return item
+            self._pause(STOP_LOOK_S)
+            item = self._describe(provider_id)
+        return item
 
     def _act(self, action: str, item: dict[str, Any], **params: Any) -> None:
         """Stop or terminate one instance. A refusal (not of the keys or the rate) is looked up

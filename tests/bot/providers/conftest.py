@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from bot.providers import compshare
 from bot.providers.compshare import CompshareProvider
 from bot.providers.registry import ProviderRegistry
 from bot.settings import Settings
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
+
+
+@pytest.fixture(autouse=True)
+def _compshare_looks_without_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-in's instances move on at each look, so the bot's looks after a Stop need no
+    real pause between them here."""
+    monkeypatch.setattr(compshare, "STOP_LOOK_S", 0.0)
 
 
 @pytest.fixture

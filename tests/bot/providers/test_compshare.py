@@ -1,4 +1,5 @@
-"""Compshare beyond the shared contract: UCloud's signature, paging, the two-step terminate,
+"""Compshare beyond the shared contract: UCloud's signature, paging, the two-step terminate
+(in one call, or two when the stop is slow),
 refusals by RetCode, and prices in CNY (against the stand-in written from its documents)."""
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from bot.errors import (
     ProviderNotFound,
     ProviderRateLimited,
 )
-from bot.providers.compshare import CompshareAccountError, CompshareProvider, flatten, signature
+from bot.providers import compshare
+from bot.providers.compshare import (
+    STOP_LOOKS,
+    CompshareAccountError,
+    CompshareProvider,
+    flatten,
+    signature,
+)
 from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.settings import Settings
-from tests.fixtures.providers import CompshareStandIn
+from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, CompshareStandIn
 
 pytestmark = pytest.mark.integration
 
@@ -92,15 +100,48 @@ def test_what_an_instance_says(provider, compshare_cloud: CompshareStandIn):
 
 def test_terminate_stops_first_and_deletes_the_disks(provider, compshare_cloud: CompshareStandIn):
     uid = compshare_cloud.add()
+    outcome = provider.release(uid, "terminate")
+    # Stopped, looked at until Stopped, and terminated in the one call.
+    assert (outcome.confirmed, outcome.state) == (True, "terminated")
+    assert not outcome.already_gone
+    assert uid not in compshare_cloud.instances
+    assert compshare_cloud.released_disks == {uid: True}
+    actions = [p.rsplit("/", 1)[-1] for m, p, s in compshare_cloud.answered]
+    assert actions == [
+        "DescribeCompShareInstance",
+        "StopCompShareInstance",
+        "DescribeCompShareInstance",  # Stopping
+        "DescribeCompShareInstance",  # Stopped
+        "TerminateCompShareInstance",
+    ]
+
+
+def test_a_slow_stop_is_waited_for_boundedly_then_left_for_the_next_call(
+    compshare_cloud: CompshareStandIn, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(compshare, "STOP_LOOK_S", 2.0)  # as deployed
+    pauses: list[float] = []
+
+    def slow_stop(seconds: float) -> None:  # the instance is still Stopping at every look
+        pauses.append(seconds)
+        with compshare_cloud.lock:
+            compshare_cloud.instances[uid]["State"] = "Stopping"
+
+    settings = Settings(
+        compshare_api_url=compshare_cloud.url,
+        compshare_public_key=compshare_cloud.api_key,
+        compshare_private_key=COMPSHARE_PRIVATE_KEY,
+    )
+    provider = CompshareProvider(CompshareProvider.from_settings(settings).api, pause=slow_stop)
+    uid = compshare_cloud.add()
     first = provider.release(uid, "terminate")
     assert (first.confirmed, first.state) == (False, "terminating")
     assert "only once it is stopped" in first.detail
+    assert pauses == [2.0] * (STOP_LOOKS - 1)  # at most 6 s of waiting in the call
     assert uid in compshare_cloud.instances
+    # The release engine's next attempt finds it Stopped and terminates it.
     second = provider.release(uid, "terminate")
-    assert second.confirmed
-    assert not second.already_gone
-    assert uid not in compshare_cloud.instances
-    assert compshare_cloud.released_disks == {uid: True}
+    assert (second.confirmed, second.state) == (True, "terminated")
     actions = [p.rsplit("/", 1)[-1] for m, p, s in compshare_cloud.answered]
     assert actions.count("StopCompShareInstance") == 1
     assert actions.count("TerminateCompShareInstance") == 1
@@ -110,10 +151,23 @@ def test_an_operation_under_way_is_not_an_error(provider, compshare_cloud: Comps
     uid = compshare_cloud.add()
     with compshare_cloud.lock:
         compshare_cloud.instances[uid]["State"] = "Starting"  # someone started it meanwhile
-    # Starting answers InstanceOperationInProgress to a stop; the next look sees it Running.
+    # The start ends as the bot looks; the stop follows and is looked at until it is done.
     outcome = provider.release(uid, "stop")
-    assert not outcome.confirmed
-    assert provider.release(uid, "stop").state in ("stopping", "stopped")
+    assert (outcome.confirmed, outcome.state) == (True, "stopped")
+
+
+def test_a_terminate_refused_while_the_instance_is_locked_changes_nothing(
+    provider, compshare_cloud: CompshareStandIn
+):
+    uid = compshare_cloud.add()
+    assert provider.release(uid, "stop").confirmed
+    compshare_cloud.lock_instance(uid, True)
+    with pytest.raises(ProviderError, match="InstanceOperationInProgress") as caught:
+        provider.release(uid, "terminate")
+    assert caught.value.retryable
+    assert compshare_cloud.instances[uid]["State"] == "Stopped"
+    compshare_cloud.lock_instance(uid, False)
+    assert provider.release(uid, "terminate").confirmed
 
 
 def test_a_refusal_that_changed_nothing_is_raised(provider, compshare_cloud: CompshareStandIn):

@@ -35,14 +35,14 @@ def test_a_running_instance_bills_each_hour_as_it_begins(compshare_cloud: Compsh
     )
 
 
-def test_a_release_stops_the_compute_bill_and_the_stopped_disks_bill_until_terminated(
+def test_a_stop_ends_the_compute_bill_and_the_stopped_disks_bill_until_terminated(
     provider: CompshareProvider, compshare_cloud: CompshareStandIn
 ):
     compshare_cloud.now = T0
     uid = compshare_cloud.add(price=1.98)
     compshare_cloud.now = T0 + timedelta(minutes=70)
-    first = provider.release(uid, "terminate")
-    assert (first.confirmed, first.state) == (False, "terminating")
+    first = provider.release(uid, "stop")
+    assert (first.confirmed, first.state) == (True, "stopped")
     assert [state for _, _, state in compshare_cloud.history[uid]] == ["running", "stopped"]
     compshare_cloud.now = T0 + timedelta(minutes=200)
     second = provider.release(uid, "terminate")

@@ -425,9 +425,10 @@ def test_a_release_whose_answer_is_lost_is_an_unknown_outcome_that_was_done(rest
     method, fragment = RELEASE_CALLS[platform.provider.name]
     platform.standin.lose_answers(1, method=method, path=fragment)
     if platform.provider.name == "compshare":
-        # Compshare looks again after any act that failed, and finds the stop under way.
+        # Compshare looks again after any act that failed, finds the stop under way, waits
+        # for it and terminates.
         outcome = platform.provider.release(iid, "terminate")
-        assert (outcome.confirmed, outcome.state) == (False, "terminating")
+        assert (outcome.confirmed, outcome.state) == (True, "terminated")
     else:
         with pytest.raises(ProviderUnknownOutcome, match="no answer came") as caught:
             platform.provider.release(iid, "terminate")

@@ -134,10 +134,10 @@ def test_a_stopped_instance_lives_a_month_on_its_disk_and_runs_again_when_starte
         lifecycle.extend(rt, OWNER, "box", timedelta(hours=1))
 
     # Through the old deadline and a fortnight: nothing is released, reminders widen.
-    _ticks(rt, clock, stopped_at + 15 * DAY, timedelta(hours=6))
+    _ticks(rt, clock, stopped_at + 15 * DAY, timedelta(hours=12))
     # The bot restarts (a new runtime on the same store) and the month goes on.
     rt = _runtime(db, clock, vast_cloud, notifier)
-    _ticks(rt, clock, stopped_at + 31 * DAY, timedelta(hours=6))
+    _ticks(rt, clock, stopped_at + 31 * DAY, timedelta(hours=12))
     with rt.db.session() as session:
         rows = session.exec(select(Release.reason, Release.mode, Release.state)).all()
     assert rows == [("user", "stop", "confirmed")]
