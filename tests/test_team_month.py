@@ -8,7 +8,9 @@ reproduced."""
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import json
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -56,15 +58,35 @@ def _month(
     return dict(report)
 
 
-@pytest.fixture(scope="module")
-def clean() -> dict[str, Any]:
-    return _month()
+def _made_once(factory: pytest.TempPathFactory, worker_id: str, name: str, **kw: Any) -> Any:
+    """The report of ``_month(**kw)``, made once for all of a run's test workers: the first
+    worker to need it makes it and keeps it in the run's temporary folder (shared by its
+    workers), the others wait for it and read it (pytest-xdist's recipe for a fixture made
+    once). A worker that fails to make it leaves nothing behind, so the next one tries."""
+    if worker_id == "master":  # not distributed
+        return _month(**kw)
+    root = factory.getbasetemp().parent
+    kept = root / f"team_month_{name}.json"
+    with (root / f"team_month_{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if kept.exists():
+            return json.loads(kept.read_text())
+        report = _month(**kw)
+        kept.write_text(json.dumps(report))
+        return report
 
 
 @pytest.fixture(scope="module")
-def day() -> dict[str, Any]:
+def clean(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
+    return dict(_made_once(tmp_path_factory, worker_id, "clean"))
+
+
+@pytest.fixture(scope="module")
+def day(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
     """A day with more people and machines: every kind of fault fires in it."""
-    return _month(seed=5, days=1.0, people=6, instances=10)
+    return dict(
+        _made_once(tmp_path_factory, worker_id, "day", seed=5, days=1.0, people=6, instances=10)
+    )
 
 
 def test_a_clean_run_keeps_every_promise(clean: dict[str, Any]) -> None:
@@ -113,9 +135,10 @@ def test_people_also_ask_through_the_bolt_app_with_signed_requests(
 
 
 def test_the_same_seed_gives_the_same_report(clean: dict[str, Any]) -> None:
-    again = _month()
+    again = json.loads(json.dumps(_month()))  # as the shared report is kept
+    first = json.loads(json.dumps(clean))
     assert {k: v for k, v in again.items() if k != "wall_s"} == {
-        k: v for k, v in clean.items() if k != "wall_s"
+        k: v for k, v in first.items() if k != "wall_s"
     }
 
 

@@ -16,6 +16,7 @@ from bot.errors import (
 from bot.providers.aws import AwsProvider
 from bot.providers.base import LaunchRequest
 from bot.settings import Settings
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.platforms.ec2_proxy import Ec2Proxy
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def aws(aws_endpoint):
 @pytest.fixture
 def image(aws_endpoint):
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
-    return ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    return amazon_image(ec2)
 
 
 @pytest.mark.parametrize(
@@ -106,8 +107,14 @@ def test_release_of_a_gone_instance_through_errors(ec2_error_server):
     assert outcome.already_gone
 
 
-def test_unreachable_endpoint_is_retryable():
+def test_unreachable_endpoint_is_retryable(monkeypatch: pytest.MonkeyPatch):
     import socket
+
+    # Credentials present (they are not what this is about): alone, without them, botocore
+    # stops before it connects.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -31,6 +31,7 @@ from bot.providers.base import (
 from bot.providers.http import USER_AGENT
 from bot.providers.registry import ProviderRegistry, platform_billing
 from bot.settings import Settings
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.providers import COMPSHARE_PRIVATE_KEY, StandIn
 
 pytestmark = pytest.mark.integration
@@ -95,7 +96,7 @@ def _platform(request: pytest.FixtureRequest, name: str) -> Iterator[Platform]:
     if name == "aws":
         url = request.getfixturevalue("aws_endpoint")
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = amazon_image(ec2)
 
         def create() -> str:
             answer = ec2.run_instances(

@@ -35,6 +35,7 @@ from tests.bot.services.support import (
     grant_key,
     make_runtime,
 )
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.providers import (
     COMPSHARE_PRIVATE_KEY,
     CompshareStandIn,
@@ -88,7 +89,7 @@ def account(request: pytest.FixtureRequest) -> Iterator[Account]:
         return
     url = request.getfixturevalue("aws_endpoint")
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = amazon_image(ec2)
 
     def create() -> str:
         answer = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)
@@ -528,7 +529,7 @@ def test_the_meter_stops_when_ec2_says_it_stopped_and_terminated(db, aws_endpoin
     """EC2 writes when a user stopped or terminated an instance ("User initiated (... GMT)"):
     reconcile, looking later, stops the meter there, not when it happened to look."""
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = amazon_image(ec2)
     provider = AwsProvider.from_settings(Settings(aws_endpoint_url=aws_endpoint))
     # moto stamps transitions with the real time: the bot's clock looks 40 minutes after it.
     started = datetime.now(UTC).replace(tzinfo=None, microsecond=0)

@@ -41,6 +41,7 @@ from bot.settings import Settings
 from bot.store.db import Database
 from bot.store.models import AuditLog, Instance, OutboxMessage
 from tests.bot.services.support import Clock, RecordingNotifier, grant_key, make_runtime
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.providers import (
     COMPSHARE_PRIVATE_KEY,
     CompshareStandIn,
@@ -143,7 +144,7 @@ def elsewhere(request: pytest.FixtureRequest) -> Iterator[Platform]:
     if request.param == "aws":
         url = request.getfixturevalue("aws_endpoint")
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = amazon_image(ec2)
         answer = ec2.run_instances(ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1)
         iid = answer["Instances"][0]["InstanceId"]
         provider = AwsProvider.from_settings(Settings(aws_endpoint_url=url))

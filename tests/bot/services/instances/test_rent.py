@@ -37,6 +37,7 @@ from tests.bot.services.support import (
     grant_key,
     make_runtime,
 )
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.providers import RunpodStandIn
 from tests.fixtures.sshd import SshServer
 
@@ -179,7 +180,7 @@ def test_aws_needs_a_price_and_gives_back_what_it_cannot_reach(rt, aws_endpoint)
     aws = AwsProvider.from_settings(rt.settings.with_(aws_endpoint_url=aws_endpoint))
     rt.providers.add(aws)
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=aws_endpoint)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = amazon_image(ec2)
 
     with pytest.raises(UsageError, match="publishes no price") as caught:
         rent.plan_rent(rt, OWNER, rent.RentRequest("aws", "g5.xlarge", image=image))

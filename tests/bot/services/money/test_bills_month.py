@@ -35,6 +35,7 @@ from bot.store.db import Database
 from bot.store.models import Instance, OutboxMessage
 from bot.values import format_money
 from tests.bot.services.support import Clock, RecordingNotifier, add_instance, make_runtime
+from tests.fixtures.platforms.aws import amazon_image
 from tests.fixtures.platforms.cost_explorer import CostExplorerStandIn, cost_explorer_standin
 from tests.fixtures.platforms.runpod import RunpodStandIn
 from tests.fixtures.platforms.vast import VastStandIn
@@ -170,7 +171,7 @@ class Month:
         minute, in Cost Explorer's row for the day."""
 
         def begin() -> None:
-            image = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+            image = amazon_image(self.ec2)
             answer = self.ec2.run_instances(
                 ImageId=image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1
             )
