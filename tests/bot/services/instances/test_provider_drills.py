@@ -198,10 +198,10 @@ def test_a_platform_down_for_an_hour_is_retried_with_backoff_and_released_once_a
         assert len(rt.notifier.containing(f"*{name}* is released")) == 1
         assert len(rt.notifier.containing(f"*{name}* will be released")) == 2
 
-    # The clock kept its cadence: every tick ran every step, within its budgets and well
-    # inside its interval.
+    # The clock kept its cadence: every tick ran every step, well inside its interval. (Whether
+    # each step kept its own budget of real time depends on the machine's load, not on the
+    # bot: bench/tick_scale.py measures that.)
     assert len(reports) == int((END - T0).total_seconds()) // 30 + 1
-    assert all(r.over_budget == [] for r in reports)
     assert max(sum(r.durations_s.values()) for r in reports) < INTERVAL_S / 3
 
 
