@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, or_, update
+from sqlalchemy import and_, case, func, or_, update
 from sqlmodel import Session, col, select
 
 from agents.protocol import StatusSnapshot
@@ -106,15 +106,24 @@ def _poll_batch(
         answers = {name: a for name, a in answers.items() if not isinstance(a, FleetError)}
         claimed = [c for c in claimed if c[1].name in answers]
     results: list[PollResult] = []
+    new_samples: list[UtilSample] = []
     with rt.db.session() as session:
-        # One query loads the batch; each record below finds its row in the session.
+        # One query each loads the batch's rows (held here: the session keeps only weak
+        # references) and counts their jobs; the samples are recorded together.
         ids = [instance_id for instance_id, _, _ in claimed]
-        session.exec(select(Instance).where(col(Instance.id).in_(ids))).all()
+        loaded = session.exec(select(Instance).where(col(Instance.id).in_(ids))).all()
+        rows = {inst.id: inst for inst in loaded if inst.id is not None}
+        active = _active_jobs(session, ids)
         for instance_id, target, previous in claimed:
             answer = answers.get(target.name)
             if answer is None:
                 answer = FleetError(t("no answer"), instance=target.name)
-            results.append(_record(rt, session, instance_id, answer, previous, now))
+            result, sample = _record(
+                rt, rows[instance_id], answer, previous, now, active.get(instance_id, 0)
+            )
+            results.append(result)
+            new_samples.append(sample)
+        samples.record_all(session, new_samples, rt.settings.tz(), rows)
     _alert_host_key_changes(rt, claimed, answers)
     return results
 
@@ -237,52 +246,47 @@ def _claim(
 
 def _record(
     rt: Runtime,
-    session: Session,
-    instance_id: int,
+    inst: Instance,
     answer: StatusSnapshot | FleetError,
     previous_poll: datetime | None,
     now: datetime,
-) -> PollResult:
-    inst = session.get(Instance, instance_id)
-    assert inst is not None
+    running_jobs: int,
+) -> tuple[PollResult, UtilSample]:
+    """One instance's poll written into its row; returns the result and the sample to record."""
+    instance_id = inst.id
+    assert instance_id is not None
     if isinstance(answer, FleetError):
-        samples.record(
-            session, UtilSample(instance_id=instance_id, at=now, ok=False), rt.settings.tz()
-        )
+        failed = UtilSample(instance_id=instance_id, at=now, ok=False)
+        samples.settle_gpus(failed, inst)  # from the row as it was before this poll
         inst.last_poll_ok = False
         inst.last_error = answer.user_text()[:2000]
         inst.idle_since = None
-        session.add(inst)
         log.info(
             "poll %s failed: %s",
             inst.name,
             answer,
             extra=log_ids(instance_id=instance_id, instance=inst.name),
         )
-        return PollResult(
+        result = PollResult(
             instance_id, ok=False, idle=False, util_avg_pct=None, error=inst.last_error
         )
+        return result, failed
     util, procs, jobs, idle = sample_from(
-        answer,
-        running_jobs=_active_jobs(session, instance_id),
-        threshold_pct=rt.settings.idle_threshold_pct,
+        answer, running_jobs=running_jobs, threshold_pct=rt.settings.idle_threshold_pct
     )
     gpus = samples.judge_gpus(answer, rt.settings.idle_threshold_pct)
-    samples.record(
-        session,
-        UtilSample(
-            instance_id=instance_id,
-            at=now,
-            ok=True,
-            util_avg_pct=util,
-            gpu_procs=procs,
-            running_jobs=jobs,
-            gpus_idle=gpus.idle,
-            gpus_busy=gpus.busy,
-            gpus_unmeasured=gpus.unmeasured,
-        ),
-        rt.settings.tz(),
+    sample = UtilSample(
+        instance_id=instance_id,
+        at=now,
+        ok=True,
+        util_avg_pct=util,
+        gpu_procs=procs,
+        running_jobs=jobs,
+        gpus_idle=gpus.idle,
+        gpus_busy=gpus.busy,
+        gpus_unmeasured=gpus.unmeasured,
     )
+    samples.settle_gpus(sample, inst)  # from the row as it was before this poll
     gap = timedelta(seconds=rt.settings.poll_interval_s * GAP_FACTOR)
     continuous = previous_poll is not None and now - previous_poll <= gap and inst.last_poll_ok
     if not idle:
@@ -293,15 +297,14 @@ def _record(
     inst.last_error = None
     for column, value in status_columns(answer).items():
         setattr(inst, column, value)
-    session.add(inst)
-    return PollResult(instance_id, ok=True, idle=idle, util_avg_pct=util)
+    return PollResult(instance_id, ok=True, idle=idle, util_avg_pct=util), sample
 
 
-def _active_jobs(session: Session, instance_id: int) -> int:
-    return len(
-        session.exec(
-            select(Job.id).where(
-                Job.instance_id == instance_id, col(Job.state).in_(("queued", "running"))
-            )
-        ).all()
-    )
+def _active_jobs(session: Session, instance_ids: list[int]) -> dict[int, int]:
+    """Queued and running jobs by instance, of ``instance_ids`` (absent: none); one query."""
+    rows = session.exec(
+        select(Job.instance_id, func.count())
+        .where(col(Job.instance_id).in_(instance_ids), col(Job.state).in_(("queued", "running")))
+        .group_by(col(Job.instance_id))
+    ).all()
+    return {int(instance_id): int(count) for instance_id, count in rows if instance_id is not None}

@@ -122,17 +122,22 @@ def month_to_date(db: Database, now: datetime, tz: ZoneInfo) -> dict[int, Instan
         charged = ledger.month_charged_micros(session, month, tz)
         pending = pending_now(session, now)
         ids = set(charged) | set(pending)
-        instances = session.exec(select(Instance).where(col(Instance.id).in_(ids))).all()
+        # Only the columns the sums need: a month's instances, not their status snapshots.
+        owners = session.exec(
+            select(Instance.id, Instance.owner_id, Instance.project).where(
+                col(Instance.id).in_(ids)
+            )
+        ).all()
     return {
-        item.id: InstanceMonth(
-            instance_id=item.id,
-            owner_id=item.owner_id,
-            project=item.project,
-            charged_micros=charged.get(item.id, 0),
-            pending_micros=pending.get(item.id, 0),
+        instance_id: InstanceMonth(
+            instance_id=instance_id,
+            owner_id=owner_id,
+            project=project,
+            charged_micros=charged.get(instance_id, 0),
+            pending_micros=pending.get(instance_id, 0),
         )
-        for item in instances
-        if item.id is not None
+        for instance_id, owner_id, project in owners
+        if instance_id is not None
     }
 
 

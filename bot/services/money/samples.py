@@ -90,18 +90,70 @@ def record(session: Session, sample: UtilSample, tz: ZoneInfo) -> None:
     the poll's claim keeps two processes from racing here). A failed sample, or one that
     judged no GPU (:func:`judge_gpus`), counts every GPU of the instance
     (:func:`instance_gpus`) as not measured."""
-    instance = session.get(Instance, sample.instance_id)
+    record_all(session, [sample], tz)
+
+
+def record_all(
+    session: Session,
+    new_samples: list[UtilSample],
+    tz: ZoneInfo,
+    instances: dict[int, Instance] | None = None,
+) -> None:
+    """:func:`record` for each of ``new_samples``, with their instances (read in one query
+    unless given, by id) and roll-ups (one query) read together, not two queries a sample."""
+    if instances is None:
+        ids = sorted({sample.instance_id for sample in new_samples})
+        rows = session.exec(select(Instance).where(col(Instance.id).in_(ids))).all()
+        instances = {inst.id: inst for inst in rows if inst.id is not None}
+    starts = {
+        sample.instance_id: ledger.bucket_start(instances[sample.instance_id], sample.at, tz)
+        for sample in new_samples
+        if sample.instance_id in instances
+    }
+    buckets = _buckets(session, starts)
+    for sample in new_samples:
+        instance = instances.get(sample.instance_id)
+        if instance is not None:
+            settle_gpus(sample, instance)
+        session.add(sample)
+        if instance is None:
+            continue
+        start = starts[sample.instance_id]
+        key = (sample.instance_id, start)
+        bucket = buckets.get(key) or UtilHour(instance_id=sample.instance_id, bucket_start=start)
+        buckets[key] = bucket
+        _count(bucket, sample)
+        session.add(bucket)
+
+
+def _buckets(session: Session, starts: dict[int, datetime]) -> dict[tuple[int, datetime], UtilHour]:
+    """The existing roll-ups of ``starts`` (instance id → bucket start), by key; one query."""
+    if not starts:
+        return {}
+    rows = session.exec(
+        select(UtilHour).where(
+            col(UtilHour.instance_id).in_(sorted(starts)),
+            col(UtilHour.bucket_start).in_(sorted(set(starts.values()))),
+        )
+    ).all()
+    wanted = set(starts.items())
+    return {
+        (row.instance_id, row.bucket_start): row
+        for row in rows
+        if (row.instance_id, row.bucket_start) in wanted
+    }
+
+
+def settle_gpus(sample: UtilSample, instance: Instance) -> None:
+    """A failed ``sample``, or one that judged no GPU, counts every GPU of ``instance``
+    (:func:`instance_gpus`, read from the row as it is now) as not measured."""
     judged = sample.gpus_idle + sample.gpus_busy + sample.gpus_unmeasured
-    if instance is not None and (not sample.ok or judged == 0):
+    if not sample.ok or judged == 0:
         sample.gpus_idle = sample.gpus_busy = 0
         sample.gpus_unmeasured = instance_gpus(instance)
-    session.add(sample)
-    if instance is None:
-        return
-    start = ledger.bucket_start(instance, sample.at, tz)
-    bucket = session.get(UtilHour, (sample.instance_id, start))
-    if bucket is None:
-        bucket = UtilHour(instance_id=sample.instance_id, bucket_start=start)
+
+
+def _count(bucket: UtilHour, sample: UtilSample) -> None:
     bucket.polls += 1
     if not sample.ok or sample.util_avg_pct is None:
         bucket.bad_polls += 1
@@ -110,7 +162,6 @@ def record(session: Session, sample: UtilSample, tz: ZoneInfo) -> None:
     bucket.idle_gpu_samples += sample.gpus_idle
     bucket.busy_gpu_samples += sample.gpus_busy
     bucket.unmeasured_gpu_samples += sample.gpus_unmeasured
-    session.add(bucket)
 
 
 def prune(rt: Runtime, now: datetime, *, box: Timebox | None = None) -> int:
