@@ -14,6 +14,7 @@ import pytest
 from agents import nvml, protocol, wire
 from agents.protocol import NVML_ERROR_CODES, NvmlError, StatusSnapshot
 from agents.schema import HOST_FIELDS
+from tests.agents.spinning import SpinningChild, assert_reads_what_it_used, measured
 
 GIB = 1024**3
 MIB = 1024**2
@@ -621,19 +622,11 @@ def test_a_driver_lacking_a_new_call_gives_null_for_it_only(fake_nvml, symbol):
 # --- per-process utilisation and the /proc join --------------------------------------------------
 
 
-def _spinning_child() -> subprocess.Popen[bytes]:
-    code = "import sys\nprint('go', flush=True)\nwhile True: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    assert child.stdout is not None
-    assert child.stdout.readline() == b"go\n"
-    return child
-
-
 def test_processes_carry_sm_use_and_the_proc_view(fake_nvml, monkeypatch):
     monkeypatch.setenv("GPU_AGENT_CPU_WINDOW_S", "0.3")
-    child = _spinning_child()
     idle = os.getpid()
-    try:
+    statuses = []
+    with SpinningChild() as child:
         fake_nvml.gpus(
             1,
             processes=[
@@ -646,19 +639,15 @@ def test_processes_carry_sm_use_and_the_proc_view(fake_nvml, monkeypatch):
                 {"pid": _unused_pid(), "sm": 50, "mem": 5},  # not on the GPU any more
             ],
         )
-        status = nvml.collect_status()
-    finally:
-        child.kill()
-        child.wait()
-    procs = {p.pid: p for p in status.processes}
+        used_s, span_s = measured(child, lambda: statuses.append(nvml.collect_status()))
+    procs = {p.pid: p for p in statuses[0].processes}
     busy, quiet = procs[child.pid], procs[idle]
     assert (busy.sm_util_pct, busy.mem_bw_util_pct) == (88, 30)
     assert (quiet.sm_util_pct, quiet.mem_bw_util_pct) == (0, 0)  # no sample: no use
-    assert busy.cpu_pct is not None
     assert quiet.cpu_pct is not None
-    # Spinning: 100 % on an idle machine, its share of the cores on a loaded one.
-    assert busy.cpu_pct > 10
-    assert busy.cpu_pct > 3 * quiet.cpu_pct
+    # Spinning: 100 % on an idle machine, its share of the cores on a loaded one, as the
+    # child itself counts it.
+    assert_reads_what_it_used(busy.cpu_pct, 0.3, used_s, span_s)
     assert busy.rss_bytes is not None
     assert busy.rss_bytes > MIB
     assert busy.elapsed_s is not None

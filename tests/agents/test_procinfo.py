@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agents import procinfo
+from tests.agents.spinning import SpinningChild, assert_reads_what_it_used, measured
 
 HZ = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -120,24 +119,19 @@ def test_join_fills_status_documents_in_place(tmp_path):
     assert docs[0]["cpu_pct"] == 0.0
 
 
-def test_a_real_busy_process(tmp_path):
-    code = "import sys\nprint('go', flush=True)\nwhile True: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"go\n"
-        found = procinfo.sample([child.pid, os.getpid()], window_s=0.3)
-    finally:
-        child.kill()
-        child.wait()
+def test_a_real_busy_process():
+    found: dict[int, dict] = {}
+    with SpinningChild() as child:
+        used_s, span_s = measured(
+            child, lambda: found.update(procinfo.sample([child.pid, os.getpid()], window_s=0.3))
+        )
     busy = found[child.pid]
-    assert busy["cpu_pct"] is not None
-    # One core spinning: 100 % on an idle machine, its share of the cores on a loaded one;
-    # the sampler itself sleeps through the window.
-    assert busy["cpu_pct"] > 10
-    assert busy["cpu_pct"] > 3 * found[os.getpid()]["cpu_pct"]
+    # One core spinning: 100 % on an idle machine, its share of the cores on a loaded one,
+    # as the child itself counts it.
+    assert_reads_what_it_used(busy["cpu_pct"], 0.3, used_s, span_s)
     assert busy["rss_bytes"] > 1024**2
     assert 0 <= busy["elapsed_s"] < 60
+    assert found[os.getpid()]["cpu_pct"] is not None
 
 
 @pytest.mark.parametrize(
