@@ -288,6 +288,7 @@ class _Due:
     def __init__(self, rt: Runtime, now: datetime, *, full: bool) -> None:
         self.rt, self.now, self.full = rt, now, full
         self.known: dict[str, bool] | None = None
+        self.probe: Any = None  # built once a tick: the same statement at the same ``now``
 
     def __call__(self, name: str) -> bool:
         if self.full or name not in DUE_CLAUSES:
@@ -301,9 +302,10 @@ class _Due:
 
     def _look(self) -> dict[str, bool]:
         try:
-            probe = _probe(self.rt, self.now)
+            if self.probe is None:
+                self.probe = _probe(self.rt, self.now)
             with self.rt.db.session() as session:
-                row = session.execute(probe).one()
+                row = session.execute(self.probe).one()
         except Exception as exc:  # noqa: BLE001 - logged; a failed check holds no step back
             _log_failure(self.now, "due", exc)
             self.full = True
