@@ -5,12 +5,14 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import event
 from sqlmodel import select
 
 from bot.blocks import render, render_files
@@ -303,3 +305,23 @@ def grant_key(db: Database, key_name: str, *people: str) -> None:
                 session.add(Person(slack_id=person_id))
                 session.flush()
             session.add(KeyGrant(key_name=key_name, person_id=person_id, granted_by="UADMIN"))
+
+
+@contextmanager
+def counting_statements(db: Database) -> Iterator[list[str]]:
+    """The SQL statements ``db`` runs inside the block, in order."""
+    seen: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    event.listen(db.engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        event.remove(db.engine, "before_cursor_execute", count)
+
+
+def selects(statements: list[str]) -> list[str]:
+    """The SELECTs among ``statements``."""
+    return [s for s in statements if s.lstrip().upper().startswith("SELECT")]

@@ -6,13 +6,11 @@ finds a row."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, literal_column
+from sqlalchemy import literal_column
 from sqlmodel import select
 
 from bot.runtime import Runtime
@@ -24,30 +22,19 @@ from bot.services.jobs.views import FINAL_STATES
 from bot.services.money import ledger
 from bot.services.speaking import outbox, prompts
 from bot.services.tick import DUE_CLAUSES, tick
-from bot.store.db import Database
 from bot.store.models import Instance, Job, Launch, OutboxMessage, Prompt, Release
-from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    add_instance,
+    counting_statements,
+    get_instance,
+    make_runtime,
+    selects,
+)
 
 #: Not the first tick of a FULL_TICK_EVERY_S slot: the checks decide.
 MID_SLOT = T0 + timedelta(seconds=90)
-
-
-@contextmanager
-def _counting(db: Database) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", count)
-
-
-def _selects(statements: list[str]) -> list[str]:
-    return [s for s in statements if s.lstrip().upper().startswith("SELECT")]
 
 
 def test_a_tick_with_nothing_due_asks_once_and_skips_the_checked_steps(db):
@@ -62,13 +49,13 @@ def test_a_tick_with_nothing_due_asks_once_and_skips_the_checked_steps(db):
             poll_due_at=MID_SLOT + timedelta(seconds=30),
             ledger_due_at=T0 + timedelta(hours=1),
         )
-    with _counting(rt.db) as statements:
+    with counting_statements(rt.db) as statements:
         report = tick(rt, clock.now)
     assert report.errors == []
     assert sorted(report.skipped) == sorted(DUE_CLAUSES)
     assert all(report.durations_s[name] == 0.0 for name in DUE_CLAUSES)
     # One SELECT for every checked step, and the digest's own (it has no check).
-    assert len(_selects(statements)) == 3, _selects(statements)
+    assert len(selects(statements)) == 3, selects(statements)
 
 
 def test_the_first_tick_of_a_slot_runs_every_step(sqlite_db):

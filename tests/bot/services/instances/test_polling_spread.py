@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from datetime import timedelta
 from itertools import pairwise
 
-from sqlalchemy import event
 from sqlmodel import select
 
 from bot.errors import FleetError
@@ -17,7 +16,15 @@ from bot.runtime import Runtime
 from bot.services.instances import polling
 from bot.services.tick import tick
 from bot.store.models import UtilHour
-from tests.bot.services.support import T0, Clock, add_instance, get_instance, make_runtime
+from tests.bot.services.support import (
+    T0,
+    Clock,
+    add_instance,
+    counting_statements,
+    get_instance,
+    make_runtime,
+    selects,
+)
 
 POLL_S = 60
 TICK_S = 5
@@ -131,20 +138,12 @@ def test_a_batch_s_reads_do_not_grow_with_its_size(db):
 def _selects_of_one_batch(db, size: int) -> int:
     rt, clock, _ = _runtime(db)
     ids = {add_instance(rt.db, name=f"batch{size}-{n}") for n in range(size)}
-    seen: list[str] = []
-
-    def count(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", count)
-    try:
+    with counting_statements(db) as seen:
         results = polling.poll_instances(rt, clock.now)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", count)
     assert {r.instance_id for r in results} == ids
     assert all(get_instance(rt.db, iid).last_poll_ok is False for iid in ids)  # none answered
     with db.session() as session:
         hours = [h for h in session.exec(select(UtilHour)).all() if h.instance_id in ids]
     assert sum(h.polls for h in hours) == size
     assert sum(h.bad_polls for h in hours) == size
-    return sum(s.lstrip().upper().startswith("SELECT") for s in seen)
+    return len(selects(seen))
