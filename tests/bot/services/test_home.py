@@ -4,19 +4,14 @@ built from the store in a constant number of queries."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
-
-from sqlalchemy import event
 
 from agents.protocol import dumps
 from bot.services.home import home_view
 from bot.store.db import Database
 from bot.store.models import Budget, Job
 from tests.agents.factories import make_gpu, make_status
-from tests.bot.services.support import T0, Clock, add_instance, make_runtime
+from tests.bot.services.support import T0, Clock, add_instance, counting_statements, make_runtime
 
 ALICE = "UALICE"
 BOB = "UBOB"
@@ -34,20 +29,6 @@ def _job(db: Database, instance_id: int, requested_by: str, command: list[str]) 
                 started_at=T0,
             )
         )
-
-
-@contextmanager
-def _statements(db: Database) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", note)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", note)
 
 
 def test_the_home_holds_my_instances_jobs_spend_budget_and_the_fleet(db: Database) -> None:
@@ -89,12 +70,12 @@ def test_the_home_costs_the_same_queries_for_one_instance_or_thirty(sqlite_db: D
     rt = make_runtime(sqlite_db, Clock(T0 + timedelta(hours=1)))
     add_instance(sqlite_db, name="box0", owner_id=ALICE)
     home_view(rt, ALICE)  # the ledger catches up once
-    with _statements(sqlite_db) as one:
+    with counting_statements(sqlite_db) as one:
         home_view(rt, ALICE)
     for n in range(1, 30):
         add_instance(sqlite_db, name=f"box{n}", owner_id=ALICE if n % 2 else BOB)
     home_view(rt, ALICE)
-    with _statements(sqlite_db) as thirty:
+    with counting_statements(sqlite_db) as thirty:
         view = home_view(rt, ALICE)
     assert len(view.fleet) == 30
     assert len(thirty) == len(one)

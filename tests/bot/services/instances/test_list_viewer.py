@@ -4,13 +4,11 @@ at a time; through the real parser and renderer, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event, insert
+from sqlalchemy import insert
 from sqlmodel import select
 
 from bot.blocks import instance_list as list_blocks
@@ -24,7 +22,7 @@ from bot.services.instances import fleet_views
 from bot.store.db import Database
 from bot.store.models import Instance, Person
 from tests.bot.blocks.slack_limits import check_message
-from tests.bot.services.support import T0, Clock, add_instance, make_runtime
+from tests.bot.services.support import T0, Clock, add_instance, counting_statements, make_runtime
 from tests.chinese import assert_chinese
 
 REGISTRY = build_registry()
@@ -67,20 +65,6 @@ def _team(db: Database, size: int, *, mine: int = 3, start: int = 0) -> None:
         if new:
             session.execute(insert(Person), new)
         session.execute(insert(Instance), rows)
-
-
-@contextmanager
-def _statements(db: Database) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    event.listen(db.engine, "before_cursor_execute", note)
-    try:
-        yield seen
-    finally:
-        event.remove(db.engine, "before_cursor_execute", note)
 
 
 def _names(text: str) -> list[str]:
@@ -152,10 +136,10 @@ def test_the_team_part_costs_the_same_statements_for_10_or_250(sqlite_db: Databa
     rt = make_runtime(sqlite_db, Clock(NOW))
     _team(sqlite_db, 10, mine=3)
     fleet_views.viewer_list(rt, "UALICE", paged=True)
-    with _statements(sqlite_db) as small:
+    with counting_statements(sqlite_db) as small:
         small_view = fleet_views.viewer_list(rt, "UALICE", paged=True)
     _team(sqlite_db, 240, mine=0, start=10)
-    with _statements(sqlite_db) as large:
+    with counting_statements(sqlite_db) as large:
         large_view = fleet_views.viewer_list(rt, "UALICE", paged=True)
     assert large_view.summary.count == 250
     assert len(large_view.mine) == len(small_view.mine) == 3
