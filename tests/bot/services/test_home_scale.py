@@ -30,8 +30,7 @@ from bot.services.money import budgets
 from bot.store.db import Database
 from bot.store.models import Instance, Job, Person
 from tests.agents.factories import make_gpu, make_nvml_error, make_process, make_status
-from tests.bot.services.support import T0, Clock, add_instance, make_runtime
-from tests.bot.services.test_home import _statements
+from tests.bot.services.support import T0, Clock, add_instance, counting_statements, make_runtime
 
 ALICE = "UALICE"
 BOB = "UBOB"
@@ -256,11 +255,11 @@ def test_a_large_team_is_counted_not_listed(sqlite_db: Database) -> None:
 
     grow(10)
     home_view(rt, ALICE)
-    with _statements(sqlite_db) as small:
+    with counting_statements(sqlite_db) as small:
         home_view(rt, ALICE)
     grow(FLEET_SHOWN + 50)
     home_view(rt, ALICE)
-    with _statements(sqlite_db) as large:
+    with counting_statements(sqlite_db) as large:
         view = home_view(rt, ALICE)
     assert len(large) == len(small)
     assert len(view.fleet) == FLEET_SHOWN
