@@ -143,7 +143,9 @@ def rent(
 def live(rt: Runtime, team: Team) -> list[tuple[Rental, Instance]]:
     """The rentals whose instance is active now, with the instance as stored."""
     with rt.db.session() as session:
-        rows = session.exec(select(Instance).where(Instance.state == "active")).all()
+        rows = session.exec(
+            select(Instance).where(Instance.state == "active").order_by(col(Instance.id))
+        ).all()
         by_id = {row.id: row for row in rows}
         for row in rows:
             session.expunge(row)
@@ -285,11 +287,13 @@ def _snapshot(rt: Runtime, instance_id: int) -> tuple[object, ...]:
 def _open_warning(rt: Runtime, instance_id: int) -> int | None:
     with rt.db.session() as session:
         return session.exec(
-            select(Prompt.id).where(
+            select(Prompt.id)
+            .where(
                 Prompt.instance_id == instance_id,
                 Prompt.kind == deadlines.KIND_WARNING,
                 col(Prompt.resolved_at).is_(None),
             )
+            .order_by(col(Prompt.id))
         ).first()
 
 
@@ -304,11 +308,13 @@ def people_act(
     """Each person answers the warnings posted to them, by habit."""
     with rt.db.session() as session:
         open_warnings = session.exec(
-            select(Prompt.id, Prompt.recipient, Prompt.instance_id).where(
+            select(Prompt.id, Prompt.recipient, Prompt.instance_id)
+            .where(
                 Prompt.kind == deadlines.KIND_WARNING,
                 col(Prompt.resolved_at).is_(None),
                 col(Prompt.first_attempt_at).is_not(None),
             )
+            .order_by(col(Prompt.id))
         ).all()
     habits = {r.instance_id: r for r in team.rentals}
     for prompt_id, recipient, instance_id in open_warnings:

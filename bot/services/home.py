@@ -170,7 +170,9 @@ def month_spent_micros(rt: Runtime, user_id: str, now: datetime, tz: ZoneInfo) -
     Micro-units. Raises StoreError when the database fails."""
     with rt.db.session() as session:
         due = session.exec(
-            select(Instance.id).where(Instance.owner_id == user_id, ledger.due_clause(now))
+            select(Instance.id)
+            .where(Instance.owner_id == user_id, ledger.due_clause(now))
+            .order_by(col(Instance.id))
         ).all()
     for instance_id in due:  # the clock charges everyone's; only theirs are waited for here
         if instance_id is not None:

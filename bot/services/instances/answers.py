@@ -266,12 +266,14 @@ def _close_warnings(rt: Runtime, clicked: _Clicked, *, by: Caller) -> None:
     closed: list[Prompt] = []
     with rt.db.session() as session:
         open_warnings = session.exec(
-            select(Prompt).where(
+            select(Prompt)
+            .where(
                 Prompt.instance_id == clicked.prompt.instance_id,
                 Prompt.kind == deadlines.KIND_WARNING,
                 col(Prompt.key).startswith(prefix),
                 col(Prompt.resolved_at).is_(None),
             )
+            .order_by(col(Prompt.id))
         ).all()
         for prompt in open_warnings:
             assert prompt.id is not None
@@ -307,13 +309,15 @@ def _show_decision(rt: Runtime, clicked: _Clicked, *, delta: timedelta, by: Call
     resolution = f"extended_{duration_code(delta)}"
     with rt.db.session() as session:
         closed = session.exec(
-            select(Prompt).where(
+            select(Prompt)
+            .where(
                 Prompt.instance_id == clicked.prompt.instance_id,
                 Prompt.kind == clicked.prompt.kind,
                 col(Prompt.key).startswith(prefix),
                 Prompt.resolution == resolution,
                 Prompt.resolved_by == by.user_id,
             )
+            .order_by(col(Prompt.id))
         ).all()
         inst = session.get(Instance, clicked.prompt.instance_id)
         assert inst is not None

@@ -249,7 +249,9 @@ def check_deadlines(rt: Runtime, now: datetime) -> list[int]:
     # Only deadlines close enough to need a warning or a release (indexed ranges): the cost
     # follows what is due, not the size of the fleet.
     with rt.db.session() as session:
-        instances = session.exec(select(Instance).where(deadlines_due_clause(rt, now))).all()
+        instances = session.exec(
+            select(Instance).where(deadlines_due_clause(rt, now)).order_by(col(Instance.id))
+        ).all()
         for inst in instances:
             reason = _deadline_step(rt, session, inst, now)
             deadline = effective_deadline(inst)
@@ -462,7 +464,9 @@ def check_stopped(rt: Runtime, now: datetime) -> list[int]:
     bot was down through several; none after the last). Returns the instance ids reminded."""
     reminded: list[int] = []
     with rt.db.session() as session:
-        instances = session.exec(select(Instance).where(stopped_due_clause(rt, now))).all()
+        instances = session.exec(
+            select(Instance).where(stopped_due_clause(rt, now)).order_by(col(Instance.id))
+        ).all()
         for inst in instances:
             assert inst.id is not None
             stopped_at = inst.stopped_at or now
@@ -533,7 +537,9 @@ def check_idle(rt: Runtime, now: datetime) -> list[int]:
     window = timedelta(seconds=rt.settings.idle_window_s)
     due: list[int] = []
     with rt.db.session() as session:
-        instances = session.exec(select(Instance).where(idle_due_clause(rt, now))).all()
+        instances = session.exec(
+            select(Instance).where(idle_due_clause(rt, now)).order_by(col(Instance.id))
+        ).all()
         for inst in instances:
             assert inst.id is not None
             assert inst.idle_since is not None
@@ -580,7 +586,9 @@ def check_jobs_done(rt: Runtime, now: datetime) -> list[int]:
     with rt.db.session() as session:
         # Only instances that asked to be released when done, or have a job that asked: one
         # query, whatever the fleet's size.
-        instances = session.exec(select(Instance).where(jobs_done_due_clause(rt, now))).all()
+        instances = session.exec(
+            select(Instance).where(jobs_done_due_clause(rt, now)).order_by(col(Instance.id))
+        ).all()
         for inst in instances:
             assert inst.id is not None
             latest = session.exec(
@@ -623,7 +631,9 @@ def refresh_prompts(rt: Runtime, now: datetime) -> int:
     edits: list[tuple[Prompt, Notice]] = []
     tz_name = rt.settings.timezone
     with rt.db.session() as session:
-        open_prompts = session.exec(select(Prompt).where(refresh_due_clause(rt, now))).all()
+        open_prompts = session.exec(
+            select(Prompt).where(refresh_due_clause(rt, now)).order_by(col(Prompt.id))
+        ).all()
         for prompt in open_prompts:
             inst = session.get(Instance, prompt.instance_id)
             assert inst is not None

@@ -412,7 +412,9 @@ def recent_launches(rt: Runtime) -> RecentLaunches:
     """The rentals in progress, as the Launch table holds them (launching, launched, checked,
     orphaned), whichever process works on them."""
     with rt.db.session() as session:
-        rows = session.exec(select(Launch).where(col(Launch.state).in_(IN_PROGRESS))).all()
+        rows = session.exec(
+            select(Launch).where(col(Launch.state).in_(IN_PROGRESS)).order_by(col(Launch.id))
+        ).all()
     ids = {(r.provider, r.provider_id) for r in rows if r.provider_id}
     names = {
         (r.provider, r.platform_name) for r in rows if r.state == LAUNCHING and r.platform_name

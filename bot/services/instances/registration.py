@@ -792,11 +792,13 @@ def _re_register(rt: Runtime, session: Session, caller: Caller, reg: _Registrati
     session.add(inst)
     session.flush()
     for prompt in session.exec(
-        select(Prompt).where(
+        select(Prompt)
+        .where(
             Prompt.instance_id == inst.id,
             Prompt.kind == KIND_HOST_KEY_CHANGED,
             col(Prompt.resolved_at).is_(None),
         )
+        .order_by(col(Prompt.id))
     ).all():
         assert prompt.id is not None
         prompts.resolve(

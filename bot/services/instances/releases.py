@@ -1144,11 +1144,13 @@ def _resolve_release_prompts(
 ) -> list[Prompt]:
     """Close the manual ask and reminders; returns those that were posted (to update them)."""
     open_prompts = session.exec(
-        select(Prompt).where(
+        select(Prompt)
+        .where(
             Prompt.instance_id == instance_id,
             col(Prompt.kind).in_((KIND_MANUAL_ASK, KIND_MANUAL_REMINDER)),
             col(Prompt.resolved_at).is_(None),
         )
+        .order_by(col(Prompt.id))
     ).all()
     posted: list[Prompt] = []
     for prompt in open_prompts:

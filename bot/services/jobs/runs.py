@@ -710,7 +710,7 @@ def _refresh(
         query = select(Job).where(poll_clause())
         if instance_ids is not None:
             query = query.where(col(Job.instance_id).in_(instance_ids))
-        rows = session.exec(query).all()
+        rows = session.exec(query.order_by(col(Job.id))).all()
         by_instance: dict[int, list[Job]] = {}
         for row in rows:
             by_instance.setdefault(row.instance_id, []).append(row)
@@ -754,7 +754,9 @@ def _apply_listing(rt: Runtime, instance_id: int, listing: JobList, now: datetim
         if inst is None:
             return 0
         rows = session.exec(
-            select(Job).where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+            select(Job)
+            .where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+            .order_by(col(Job.id))
         ).all()
         for row in rows:
             if row.agent_job_id.startswith(PENDING_PREFIX):
@@ -944,7 +946,9 @@ def _fleet_jobs(rt: Runtime, now: datetime) -> JobListView:
 def _active_rows(session: Session, instance_id: int | None) -> list[Job]:
     return list(
         session.exec(
-            select(Job).where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+            select(Job)
+            .where(Job.instance_id == instance_id, col(Job.state).in_(ACTIVE_STATES))
+            .order_by(col(Job.id))
         ).all()
     )
 

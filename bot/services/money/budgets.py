@@ -222,10 +222,12 @@ def check_budget(rt: Runtime, caller: Caller, owner_id: str, project: str | None
     with rt.db.session() as session:
         budgets = list(
             session.exec(
-                select(Budget).where(
+                select(Budget)
+                .where(
                     ((Budget.scope == "user") & (Budget.subject == owner_id))
                     | ((Budget.scope == "project") & (Budget.subject == (project or "")))
                 )
+                .order_by(col(Budget.id))
             ).all()
         )
     if not budgets:
@@ -256,7 +258,7 @@ def check_alerts(rt: Runtime, now: datetime) -> list[tuple[int, int]]:
     tz = rt.settings.tz()
     month = ledger.month_of(now, tz)
     with rt.db.session() as session:
-        budgets = list(session.exec(select(Budget)).all())
+        budgets = list(session.exec(select(Budget).order_by(col(Budget.id))).all())
         sent = {
             (alert.budget_id, alert.threshold_pct)
             for alert in session.exec(

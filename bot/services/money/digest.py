@@ -303,6 +303,7 @@ def top_jobs(
                 col(Job.finished_at) < end,
                 col(Job.started_at).is_not(None),
             )
+            .order_by(col(Job.id))
         ).all()
     jobs: list[JobSpend] = []
     for job, instance in rows:

@@ -460,7 +460,9 @@ def _post(rt: Runtime, claim: _Claim) -> MessageRef:
 def _deliver_files(rt: Runtime, message_id: int, now: datetime) -> None:
     with rt.db.session() as session:
         files = session.exec(
-            select(OutboxMessage.id).where(OutboxMessage.thread_of == message_id)
+            select(OutboxMessage.id)
+            .where(OutboxMessage.thread_of == message_id)
+            .order_by(col(OutboxMessage.id))
         ).all()
     for file_id in files:
         assert file_id is not None

@@ -287,12 +287,14 @@ def resolve_group(
     prefix = clicked.key.rsplit(":", 1)[0] + ":"
     closed = [clicked]
     for other in session.exec(
-        select(Prompt).where(
+        select(Prompt)
+        .where(
             Prompt.instance_id == clicked.instance_id,
             Prompt.kind == clicked.kind,
             col(Prompt.key).startswith(prefix),
             col(Prompt.resolved_at).is_(None),
         )
+        .order_by(col(Prompt.id))
     ).all():
         assert other.id is not None
         if resolve(session, other.id, resolution=resolution, by=by, now=now):
