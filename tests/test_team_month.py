@@ -144,6 +144,62 @@ def test_the_same_seed_gives_the_same_report() -> None:
     }
 
 
+#: The tables whose rows the bot reads in batches (small beside charges and samples), with the
+#: key they are reversed by.
+SHUFFLED = {
+    "instance": "id",
+    "prompt": "id",
+    "job": "id",
+    "launch": "id",
+    "release": "id",
+    "outbox": "id",
+    "budget": "id",
+    "budgetalert": "id",
+    "stepclaim": "id",
+    "keygrant": "id",
+    "instanceaccess": "id",
+    "person": "slack_id",
+    "ledgerstate": "instance_id",
+    "billfetch": "provider",
+    "platformbill": "start_at",
+}
+
+
+def _reverse_heaps(db: Database) -> None:
+    """Rewrite every row of :data:`SHUFFLED`'s tables, last key first, in one round trip: an
+    unordered read on PostgreSQL follows the heap, so it now meets them newest first."""
+    loops = "".join(
+        f"FOR r IN SELECT ctid AS at FROM {table} ORDER BY {key} DESC LOOP "
+        f"UPDATE {table} SET {key} = {key} WHERE ctid = r.at; END LOOP; "
+        for table, key in SHUFFLED.items()
+    )
+    with db.engine.begin() as conn:
+        conn.exec_driver_sql(f"DO $$ DECLARE r record; BEGIN {loops}END $$;")
+
+
+@pytest.mark.integration
+def test_the_same_seed_gives_the_same_report_on_postgresql_whatever_order_rows_lie_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two bot processes on PostgreSQL, twice: as they come, then with the rows rewritten newest
+    first before every tick. PostgreSQL's unordered reads follow the heap, which updates and
+    vacuum reorder as they please; a read whose order matters says so, and the report holds."""
+    plain = _month("--store", "postgresql", seed=5, days=1.0, people=6, instances=10)
+    real_tick = HARNESS.tick
+
+    def after_a_reversal(rt: Any, now: datetime) -> Any:
+        _reverse_heaps(rt.db)
+        return real_tick(rt, now)
+
+    monkeypatch.setattr(HARNESS, "tick", after_a_reversal)
+    reversed_ = _month("--store", "postgresql", seed=5, days=1.0, people=6, instances=10)
+    assert plain["processes"] == 2
+    assert plain["instances"] >= 6
+    assert {k: v for k, v in reversed_.items() if k != "wall_s"} == {
+        k: v for k, v in plain.items() if k != "wall_s"
+    }
+
+
 @pytest.mark.parametrize(
     ("broken", "figure"),
     [

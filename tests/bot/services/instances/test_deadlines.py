@@ -388,3 +388,27 @@ def test_manual_instance_at_its_deadline_asks_the_owner(rt, clock):
         release = releases.open_release(session, iid)
         assert release is not None
         assert release.state == "awaiting_owner"
+
+
+def test_instances_due_in_one_tick_are_warned_in_id_order_however_the_store_reads_them(
+    rt, clock
+):
+    """The steps take what is due by id, so the same history makes the same prompts in the
+    same order. On PostgreSQL an unordered read follows the heap, where an update (or vacuum)
+    moves a row: two runs of one team-month seed differed there until the steps ordered theirs.
+    Here the earlier deadline and the heap (the first row updated last) both put the second
+    instance first."""
+    first = _instance(rt, name="box-a")
+    second = _instance(
+        rt, name="box-b", provider_instance_id="i-2", deadline_at=D - timedelta(minutes=1)
+    )
+    _set(rt, first, last_polled_at=T0)  # a new row version, after the second's
+    clock.set(D - timedelta(minutes=25))  # both inside the 30-minute warning at one tick
+    _run(rt, clock, until=clock.now)
+    with rt.db.session() as session:
+        warned = session.exec(
+            select(Prompt.instance_id)
+            .where(Prompt.kind == deadlines.KIND_WARNING)
+            .order_by(col(Prompt.id))
+        ).all()
+    assert warned == [first, second]
