@@ -94,7 +94,10 @@ besides answering warnings), ``slack_requests`` (signed requests by kind and the
 status), one object per platform (``runpod``, ``vast``: its answers by HTTP status, ``lost`` for
 those dropped; how many were checked against its published document, and how many did not fit:
 each one a violation), ``violations``, the figures above and ``wall_s``; the same seed gives the
-same line but ``wall_s``. Exit status 0 only without violations.
+same line but ``wall_s``, on PostgreSQL with two processes too: the bot's steps take the rows due
+in id order (an unordered read there follows the heap, which updates and vacuum reorder), and
+the processes tick one after the other, each waiting for its Slack work to end. Exit status 0
+only without violations.
 
 The parts live in bench/sim/: the world outside the bot (world.py), the platforms (platforms.py,
 runpod.py, vast.py), the agents and their jobs (agents.py), the team (team.py), Slack's side of
