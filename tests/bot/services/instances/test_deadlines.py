@@ -390,9 +390,7 @@ def test_manual_instance_at_its_deadline_asks_the_owner(rt, clock):
         assert release.state == "awaiting_owner"
 
 
-def test_instances_due_in_one_tick_are_warned_in_id_order_however_the_store_reads_them(
-    rt, clock
-):
+def test_instances_due_in_one_tick_are_warned_in_id_order_however_the_store_reads_them(rt, clock):
     """The steps take what is due by id, so the same history makes the same prompts in the
     same order. On PostgreSQL an unordered read follows the heap, where an update (or vacuum)
     moves a row: two runs of one team-month seed differed there until the steps ordered theirs.
