@@ -479,8 +479,10 @@ def test_a_slow_home_holds_none_of_its_persons_command_places(sqlite_db: Databas
     try:
         homes.opened("UALICE")
         assert executor.wait_idle(5)
-        executor.submit_command("UALICE", homes.changed, "UALICE")  # a command ends
-        assert client.entered.wait(5)  # its Home is on the way, slowly
+        command = executor.submit_command("UALICE", homes.changed, "UALICE")
+        assert command.result(5) is None  # the command ended ...
+        assert client.entered.wait(5)  # ... and its Home is on the way, slowly
+        assert executor.pending_for("UALICE") == 0
         assert executor.submit_command("UALICE", lambda: "next").result(5) == "next"
     finally:
         client.go.set()
