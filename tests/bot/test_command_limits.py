@@ -194,7 +194,7 @@ def test_a_command_whose_answer_was_seen_holds_no_place() -> None:
     try:
         for spinner in spinners:
             spinner.start()
-        for round_no in range(5_000):
+        for round_no in range(15_000):
             try:
                 executor.submit_command("U1", lambda: None).result(10)
             except Busy:
