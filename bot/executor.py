@@ -162,28 +162,26 @@ class BotExecutor(ThreadPoolExecutor):
         self, user_id: str | None, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
     ) -> Future[T]:
         submitted_s = time.monotonic()
-        ended = threading.Event()
 
         def after_acks() -> T:
             try:
                 ACKS.wait_turn(submitted_s)
                 return fn(*args, **kwargs)
             finally:  # before the future holds the result: whoever saw it may submit again
-                self._finished(user_id, ended)
+                self._finished(user_id)
 
         try:
             future = super().submit(after_acks)
         except BaseException:
-            self._finished(user_id, ended)
+            self._finished(user_id)
             raise
-        future.add_done_callback(lambda _future: self._finished(user_id, ended))  # cancelled
+        # Only a command cancelled before it ran skips after_acks (the pool has no initializer
+        # that could break it), so only that one gives its place back here.
+        future.add_done_callback(lambda done: self._finished(user_id) if done.cancelled() else None)
         return future
 
-    def _finished(self, user_id: str | None, ended: threading.Event) -> None:
+    def _finished(self, user_id: str | None) -> None:
         with self._idle:
-            if ended.is_set():
-                return
-            ended.set()
             self._pending -= 1
             self._completed += 1
             if user_id is not None:
